@@ -1,0 +1,169 @@
+//! Inspection, forced release with audit, and truthful TTLs.
+
+use std::time::Duration;
+
+use lockcore::{FencedResource, LeaseKind, LockError, ReleaseOutcome, audit};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+
+use crate::{CaseResult, Ctx, Failure, Outcome, ensure};
+
+/// `inspect` shows nobody on a free name and the holder's fence and remaining
+/// TTL on a held one.
+pub async fn inspect_reports_the_holder(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.client().await?, cx.client().await?);
+    let name = cx.name("inspected");
+    ensure!(
+        b.inspect(&name).await?.is_none(),
+        "a never-used name must have no holder"
+    );
+    let lease = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
+    let holder = b
+        .inspect(&name)
+        .await?
+        .ok_or_else(|| Failure::new("inspect saw no holder of a held lock"))?;
+    ensure!(
+        holder.fence == lease.fence(),
+        "inspect fence {} != lease fence {}",
+        holder.fence,
+        lease.fence()
+    );
+    if let Some(owner) = holder.owner {
+        ensure!(owner == lease.owner(), "inspect shows another owner");
+    }
+    if let Some(left) = holder.expires_in {
+        ensure!(
+            left <= lease.ttl() + cx.caps().ttl_granularity && !left.is_zero(),
+            "remaining TTL {left:?} is not within (0, {:?}]",
+            lease.ttl()
+        );
+    }
+    a.release(&lease).await?;
+    ensure!(
+        b.inspect(&name).await?.is_none(),
+        "inspect must show no holder after release"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A forced release evicts the holder, emits exactly one audit event, fences
+/// the old holder out (its renew, release and fenced writes are refused), and
+/// the next holder gets a larger token.
+pub async fn force_release_fences_out_the_holder(cx: &Ctx) -> CaseResult {
+    let (a, b, admin) = (cx.client().await?, cx.client().await?, cx.client().await?);
+    let name = cx.name("forced");
+    let mut events = audit::subscribe();
+    let old = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
+    let resource = FencedResource::new(0_u32);
+    resource
+        .write(old.fence(), |v| *v += 1)
+        .map_err(|e| Failure::new(format!("first write refused: {e}")))?;
+    let evicted = admin
+        .force_release(&name, "conformance: operator eviction")
+        .await?;
+    ensure!(
+        evicted.as_ref().map(|h| h.fence) == Some(old.fence()),
+        "force_release should report the evicted holder (fence {}), got {evicted:?}",
+        old.fence()
+    );
+    // Exactly one event for this name: wait for it, then make sure no second follows.
+    let mut seen = Vec::new();
+    let give_up = Instant::now() + cx.scaled(Duration::from_millis(500));
+    loop {
+        match tokio::time::timeout_at(give_up, events.recv()).await {
+            Ok(Ok(event)) if event.name == name => seen.push(event),
+            Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => continue,
+            Ok(Err(RecvError::Closed)) | Err(_) => break,
+        }
+    }
+    ensure!(
+        seen.len() == 1,
+        "expected exactly one audit event for {name}, got {}",
+        seen.len()
+    );
+    ensure!(
+        seen[0].reason.contains("operator eviction"),
+        "the audit event must carry the reason"
+    );
+    let renewed = a.renew(&old).await;
+    ensure!(
+        matches!(renewed, Err(LockError::NotHeld { .. })),
+        "the evicted holder's renew must be NotHeld, got {renewed:?}"
+    );
+    let next = cx.must_acquire(&b, &name, cx.long_ttl()).await?;
+    ensure!(
+        next.fence() > old.fence(),
+        "the next holder's fence {} must exceed {}",
+        next.fence(),
+        old.fence()
+    );
+    ensure!(
+        a.release(&old).await? == ReleaseOutcome::NotHeld,
+        "the evicted holder's release must be NotHeld"
+    );
+    ensure!(
+        b.inspect(&name).await?.map(|h| h.fence) == Some(next.fence()),
+        "the evicted holder must not disturb the next holder"
+    );
+    resource
+        .write(next.fence(), |v| *v += 1)
+        .map_err(|e| Failure::new(format!("the new holder's write was refused: {e}")))?;
+    ensure!(
+        resource.write(old.fence(), |v| *v += 1).is_err(),
+        "the evicted holder's late write must be refused"
+    );
+    ensure!(
+        admin
+            .force_release(&cx.name("never-held"), "conformance: no-op")
+            .await?
+            .is_none(),
+        "force_release of a free name evicts nobody"
+    );
+    b.release(&next).await?;
+    Ok(Outcome::Passed)
+}
+
+/// The lease reports the TTL the store enforces: what `Capabilities`
+/// predicts, never less than asked (per-lock leases), and a local deadline
+/// counted from the send time.
+pub async fn effective_ttl_is_truthful(cx: &Ctx) -> CaseResult {
+    let a = cx.client().await?;
+    let caps = cx.caps().clone();
+    let base = cx.short_ttl();
+    let asks = [
+        base,
+        base + caps.ttl_granularity / 2 + Duration::from_nanos(1),
+        base * 3 / 2,
+    ];
+    for (i, ask) in asks.into_iter().enumerate() {
+        let name = cx.name(&format!("ttl-{i}"));
+        let expected = caps.effective_ttl(ask)?;
+        let sent = Instant::now();
+        let lease = cx.must_acquire(&a, &name, ask).await?;
+        ensure!(
+            lease.ttl() == expected,
+            "asked {ask:?}: lease says {:?}, capabilities predict {expected:?}",
+            lease.ttl()
+        );
+        if matches!(caps.lease_kind, LeaseKind::PerLock) {
+            ensure!(
+                lease.ttl() >= ask,
+                "asked {ask:?} but the store enforces only {:?}",
+                lease.ttl()
+            );
+        }
+        ensure!(
+            lease.deadline() <= sent + lease.ttl(),
+            "the local deadline must count from the send time"
+        );
+        if let Some(left) = a.inspect(&name).await?.and_then(|h| h.expires_in) {
+            ensure!(
+                left <= lease.ttl() + caps.ttl_granularity,
+                "the store reports {left:?} left of a {:?} lease",
+                lease.ttl()
+            );
+        }
+        a.release(&lease).await?;
+    }
+    Ok(Outcome::Passed)
+}

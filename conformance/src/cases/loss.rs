@@ -1,0 +1,147 @@
+//! The guard's loss signal, `with_lock`, and release on drop.
+
+use std::time::Duration;
+
+use lockcore::{LockError, LossReason, ReleaseOutcome};
+use tokio::time::Instant;
+
+use crate::{CaseResult, Ctx, Failure, Outcome, ensure};
+
+/// When an admin force-releases a held lock, the holder's guard learns at its
+/// next renewal: `lost()` fires and `is_held()` turns false.
+pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
+    let (a, admin) = (cx.client().await?, cx.client().await?);
+    let name = cx.name("evicted");
+    let ttl = cx.short_ttl().max(cx.scaled(Duration::from_secs(2)));
+    let ttl = cx.caps().effective_ttl(ttl).unwrap_or(ttl);
+    let every = ttl / 4;
+    let guard = cx.locker(&a, ttl).renew_every(every).acquire(&name).await?;
+    ensure!(guard.is_held(), "a fresh guard must be held");
+    admin
+        .force_release(&name, "conformance: evict holder")
+        .await?;
+    let evicted = Instant::now();
+    let reason = tokio::time::timeout(every + cx.slack(), guard.lost())
+        .await
+        .map_err(|_| {
+            Failure::new(
+                "lost() did not fire within one renew interval + slack of a forced release",
+            )
+        })?;
+    ensure!(
+        matches!(
+            reason,
+            LossReason::RenewalRefused | LossReason::StoreReported
+        ),
+        "unexpected loss reason {reason:?}"
+    );
+    ensure!(!guard.is_held(), "is_held() must be false once lost");
+    ensure!(
+        matches!(guard.ensure_held(), Err(LockError::Lost { .. })),
+        "ensure_held() must fail once lost"
+    );
+    ensure!(
+        evicted.elapsed() <= every + cx.slack(),
+        "loss noticed too late"
+    );
+    let outcome = guard.release().await?;
+    ensure!(
+        outcome == ReleaseOutcome::NotHeld,
+        "releasing a lost lease must report NotHeld, got {outcome:?}"
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Without renewal, the guard counts the lock lost exactly at its local
+/// deadline: not before, and promptly after.
+pub async fn lost_fires_at_the_deadline(cx: &Ctx) -> CaseResult {
+    let a = cx.client().await?;
+    let name = cx.name("deadline");
+    let guard = cx
+        .locker(&a, cx.short_ttl())
+        .auto_renew(false)
+        .acquire(&name)
+        .await?;
+    let deadline = guard.lease().deadline();
+    let reason = tokio::time::timeout(cx.short_ttl() + cx.slack(), guard.lost())
+        .await
+        .map_err(|_| Failure::new("lost() did not fire after the deadline"))?;
+    let fired = Instant::now();
+    ensure!(
+        fired >= deadline,
+        "lost() fired {:?} before the deadline",
+        deadline - fired
+    );
+    ensure!(
+        reason == LossReason::DeadlinePassed,
+        "unexpected loss reason {reason:?}"
+    );
+    ensure!(
+        !guard.is_held(),
+        "is_held() must be false after the deadline"
+    );
+    drop(guard);
+    Ok(Outcome::Passed)
+}
+
+/// `with_lock` stops the critical section the moment the lease is lost and
+/// returns `Lost`.
+pub async fn with_lock_stops_when_lost(cx: &Ctx) -> CaseResult {
+    let (a, admin) = (cx.client().await?, cx.client().await?);
+    let name = cx.name("critical");
+    let ttl = cx
+        .caps()
+        .effective_ttl(cx.short_ttl().max(cx.scaled(Duration::from_secs(2))))
+        .unwrap_or(cx.short_ttl());
+    let every = ttl / 4;
+    let locker = cx.locker(&a, ttl).renew_every(every);
+    let evict_after = cx.scaled(Duration::from_millis(200));
+    let evictor = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(evict_after).await;
+            admin
+                .force_release(&name, "conformance: stop the critical section")
+                .await
+        })
+    };
+    let started = Instant::now();
+    let outcome = locker
+        .with_lock(&name, |_fence| std::future::pending::<()>())
+        .await;
+    evictor
+        .await
+        .map_err(|e| Failure::new(format!("evictor failed: {e}")))??;
+    ensure!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "expected Lost, got {outcome:?}"
+    );
+    ensure!(
+        started.elapsed() <= evict_after + every + cx.slack(),
+        "the critical section ran {:?} after the eviction",
+        started.elapsed()
+    );
+    Ok(Outcome::Passed)
+}
+
+/// Dropping a guard releases the lock in the background, long before its TTL.
+pub async fn guard_drop_releases(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.client().await?, cx.client().await?);
+    let name = cx.name("dropped");
+    let guard = cx.locker(&a, cx.long_ttl()).acquire(&name).await?;
+    let fence = guard.fencing_token();
+    drop(guard);
+    let next = cx
+        .eventually(
+            cx.slack(),
+            "acquisition after the guard was dropped",
+            || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+        )
+        .await?;
+    ensure!(next.fence() > fence, "fence must grow");
+    ensure!(
+        b.release(&next).await? == ReleaseOutcome::Released,
+        "release should succeed"
+    );
+    Ok(Outcome::Passed)
+}

@@ -1,0 +1,52 @@
+//! The cases, one module per concern. Each case is a plain
+//! `pub async fn(&Ctx) -> CaseResult`; the list in [`__for_each_case`](crate::__for_each_case)
+//! is the single place that names them all.
+
+pub mod admin;
+pub mod bad_input;
+pub mod concurrency;
+pub mod exclusion;
+pub mod expiry;
+pub mod fencing;
+pub mod loss;
+pub mod release;
+pub mod renewal;
+pub mod waiting;
+
+/// Calls macro `$cb` with `$args` followed by every case as `group::case`.
+/// This list is the suite: [`CASES`](crate::CASES) and [`suite!`](crate::suite)
+/// both come from it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __for_each_case {
+    ($cb:ident $args:tt) => {
+        $crate::$cb! { $args
+            exclusion::exclusive_between_clients,
+            exclusion::independent_names,
+            release::release_is_owner_checked,
+            release::release_is_idempotent,
+            renewal::renew_extends_and_keeps_fence,
+            renewal::renew_after_expiry_fails,
+            expiry::expiry_frees_the_name,
+            expiry::waiter_wakes_on_expiry,
+            fencing::fences_increase_across_cycles,
+            waiting::acquire_times_out_within_bounds,
+            waiting::waiter_wakes_on_release,
+            waiting::cancelled_acquire_leaves_nothing,
+            waiting::every_waiter_is_served,
+            loss::lost_fires_on_force_release,
+            loss::lost_fires_at_the_deadline,
+            loss::with_lock_stops_when_lost,
+            loss::guard_drop_releases,
+            admin::inspect_reports_the_holder,
+            admin::force_release_fences_out_the_holder,
+            admin::effective_ttl_is_truthful,
+            concurrency::fenced_counter_is_exact,
+            concurrency::random_workload_history_is_clean,
+            bad_input::odd_names_are_distinct_locks,
+            bad_input::invalid_ttls_and_waits_are_rejected,
+            bad_input::invalid_names_are_rejected,
+            bad_input::forged_leases_are_refused,
+        }
+    };
+}

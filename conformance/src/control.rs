@@ -1,0 +1,29 @@
+//! What the fault cases may do to a store process.
+
+use std::io;
+use std::net::SocketAddr;
+
+use async_trait::async_trait;
+
+/// A store process the suite may hurt: kill, pause, restart.
+#[async_trait]
+pub trait StoreControl: Send + Sync {
+    /// Where clients reach it.
+    fn addr(&self) -> SocketAddr;
+
+    /// Whether a `kill -9` + restart keeps the store's data (its durability
+    /// settings are the ones the backend's docs recommend).
+    fn durable(&self) -> bool;
+
+    /// `kill -9`.
+    async fn kill(&self) -> io::Result<()>;
+
+    /// Starts it again on the same data directory and port, and waits until it serves.
+    async fn restart(&self) -> io::Result<()>;
+
+    /// `SIGSTOP`.
+    async fn pause(&self) -> io::Result<()>;
+
+    /// `SIGCONT`.
+    async fn resume(&self) -> io::Result<()>;
+}

@@ -1,0 +1,182 @@
+//! `Ctx`: what a case gets: clients, unique names, and timings scaled to the
+//! backend's TTL range and the machine's speed.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{Attempt, Backoff, Capabilities, Lease, LeaseKind, LockBackend, LockName, Locker};
+use tokio::time::Instant;
+
+use crate::{Factory, Failure};
+
+/// The context of one case run.
+pub struct Ctx {
+    factory: Arc<dyn Factory>,
+    caps: Capabilities,
+    prefix: String,
+    scale: f64,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("backend", &self.caps.backend)
+            .field("prefix", &self.prefix)
+            .field("scale", &self.scale)
+            .finish()
+    }
+}
+
+impl Ctx {
+    /// A context for `case`, with a random name prefix so cases and reruns
+    /// never share a lock name. Reads `LOCK_TEST_TIME_SCALE` (default 1.0)
+    /// to stretch every timing on slow machines.
+    pub async fn new(factory: Arc<dyn Factory>, case: &str) -> Result<Self, Failure> {
+        let probe = factory
+            .client()
+            .await
+            .map_err(|e| Failure::new(format!("the factory could not connect a client: {e}")))?;
+        let scale = std::env::var("LOCK_TEST_TIME_SCALE")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or(1.0);
+        Ok(Ctx {
+            caps: probe.capabilities(),
+            factory,
+            prefix: format!("conformance/{case}/{:08x}", rand::random::<u32>()),
+            scale,
+        })
+    }
+
+    /// The backend's capabilities.
+    pub fn caps(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// The factory.
+    pub fn factory(&self) -> &Arc<dyn Factory> {
+        &self.factory
+    }
+
+    /// A new independent client.
+    pub async fn client(&self) -> Result<Arc<dyn LockBackend>, Failure> {
+        self.factory
+            .client()
+            .await
+            .map_err(|e| Failure::new(format!("could not connect a client: {e}")))
+    }
+
+    /// A lock name unique to this run.
+    pub fn name(&self, suffix: &str) -> LockName {
+        LockName::new(format!("{}/{suffix}", self.prefix)).expect("suite names are valid")
+    }
+
+    /// `d` stretched by the time scale.
+    pub fn scaled(&self, d: Duration) -> Duration {
+        d.mul_f64(self.scale)
+    }
+
+    /// A short TTL for cases that wait for expiry: 500 ms (scaled), or the
+    /// backend's minimum if larger, rounded to what it enforces.
+    pub fn short_ttl(&self) -> Duration {
+        let want = self
+            .scaled(Duration::from_millis(500))
+            .max(self.caps.min_ttl);
+        self.caps.effective_ttl(want).unwrap_or(want)
+    }
+
+    /// A TTL that outlives any case: 60 s (scaled), within the backend's range.
+    pub fn long_ttl(&self) -> Duration {
+        let want = self
+            .scaled(Duration::from_secs(60))
+            .clamp(self.caps.min_ttl, self.caps.max_ttl);
+        self.caps.effective_ttl(want).unwrap_or(want)
+    }
+
+    /// Extra time the store may take beyond a TTL (its declared slack plus
+    /// 1 s scaled for scheduling on a loaded machine).
+    pub fn slack(&self) -> Duration {
+        self.caps.expiry_slack + self.scaled(Duration::from_secs(1))
+    }
+
+    /// Whether leases have their own TTL (vs. living as long as a session).
+    pub fn per_lock_leases(&self) -> bool {
+        matches!(self.caps.lease_kind, LeaseKind::PerLock)
+    }
+
+    /// A `Locker` on `client` with test-friendly settings: TTL `ttl`, short
+    /// backoff, waits up to 30 s (scaled).
+    pub fn locker(&self, client: &Arc<dyn LockBackend>, ttl: Duration) -> Locker {
+        Locker::from_arc(client.clone())
+            .ttl(ttl)
+            .max_wait(self.scaled(Duration::from_secs(30)))
+            .backoff(Backoff::new(
+                Duration::from_millis(5),
+                Duration::from_millis(100),
+            ))
+            .recheck(self.scaled(Duration::from_millis(500)))
+    }
+
+    /// `try_acquire` that must succeed.
+    pub async fn must_acquire(
+        &self,
+        client: &Arc<dyn LockBackend>,
+        name: &LockName,
+        ttl: Duration,
+    ) -> Result<Lease, Failure> {
+        match client.try_acquire(name, ttl).await? {
+            Attempt::Acquired(lease) => Ok(lease),
+            Attempt::Held { .. } => Err(Failure::new(format!(
+                "expected to acquire free lock {name}, but it was held"
+            ))),
+        }
+    }
+
+    /// `try_acquire` that must find the lock held (S1). A wrongful grant is
+    /// released before failing.
+    pub async fn must_be_held(
+        &self,
+        client: &Arc<dyn LockBackend>,
+        name: &LockName,
+        why: &str,
+    ) -> Result<(), Failure> {
+        match client.try_acquire(name, self.long_ttl()).await? {
+            Attempt::Held { .. } => Ok(()),
+            Attempt::Acquired(lease) => {
+                let _ = client.release(&lease).await;
+                Err(Failure::new(format!(
+                    "S1 violated: {name} was granted (fence {}) while {why}",
+                    lease.fence()
+                )))
+            }
+        }
+    }
+
+    /// Polls `check` every 10 ms (scaled) until it returns `Some`, or fails
+    /// after `within` with `what`.
+    pub async fn eventually<T, F, Fut>(
+        &self,
+        within: Duration,
+        what: &str,
+        mut check: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Option<T>, Failure>>,
+    {
+        let give_up = Instant::now() + within;
+        loop {
+            if let Some(value) = check().await? {
+                return Ok(value);
+            }
+            if Instant::now() >= give_up {
+                return Err(Failure::new(format!(
+                    "{what} did not happen within {within:?}"
+                )));
+            }
+            tokio::time::sleep(self.scaled(Duration::from_millis(10))).await;
+        }
+    }
+}

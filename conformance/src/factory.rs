@@ -1,0 +1,109 @@
+//! How the suite gets clients of the store under test.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lockcore::{LockBackend, LockError};
+
+use crate::control::StoreControl;
+
+/// Hands out independent clients of one store.
+///
+/// Cases need several clients (a holder, a contender, an admin), each with
+/// its own connection, the way separate processes would have. A factory may
+/// also expose the store's process ([`store`](Self::store)) and connect
+/// through an address of the suite's choosing ([`client_via`](Self::client_via))
+/// so the fault cases can kill, pause or cut it off; without them those cases
+/// are skipped, and the report says so.
+#[async_trait]
+pub trait Factory: Send + Sync + 'static {
+    /// A new client with its own connection(s) to the store.
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError>;
+
+    /// The store's process and address, for fault cases.
+    fn store(&self) -> Option<Arc<dyn StoreControl>> {
+        None
+    }
+
+    /// A new client that reaches the store through `addr` (a fault proxy in
+    /// front of [`StoreControl::addr`]) instead of the store's own address.
+    async fn client_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
+        let _ = addr;
+        None
+    }
+}
+
+/// A factory handing out clones of one backend value: for backends whose
+/// clones are independent clients of one store, like `MemoryBackend`.
+pub fn shared<B: LockBackend + Clone>(backend: B) -> SharedFactory<B> {
+    SharedFactory(backend)
+}
+
+/// See [`shared`].
+#[derive(Debug, Clone)]
+pub struct SharedFactory<B>(B);
+
+#[async_trait]
+impl<B: LockBackend + Clone> Factory for SharedFactory<B> {
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(Arc::new(self.0.clone()))
+    }
+}
+
+/// A factory from an async closure that connects a new client.
+///
+/// ```no_run
+/// # use lockcore::MemoryBackend;
+/// let factory = lock_conformance::from_fn(|| async { Ok(MemoryBackend::new()) });
+/// ```
+pub fn from_fn<F, Fut, B>(connect: F) -> FnFactory<F>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<B, LockError>> + Send,
+    B: LockBackend,
+{
+    FnFactory(connect)
+}
+
+/// See [`from_fn`].
+pub struct FnFactory<F>(F);
+
+impl<F> fmt::Debug for FnFactory<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnFactory")
+    }
+}
+
+#[async_trait]
+impl<F, Fut, B> Factory for FnFactory<F>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<B, LockError>> + Send,
+    B: LockBackend,
+{
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(Arc::new((self.0)().await?))
+    }
+}
+
+#[async_trait]
+impl<T: Factory + ?Sized> Factory for Arc<T> {
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        (**self).client().await
+    }
+    fn store(&self) -> Option<Arc<dyn StoreControl>> {
+        (**self).store()
+    }
+    async fn client_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
+        (**self).client_via(addr).await
+    }
+}

@@ -1,0 +1,164 @@
+//! A recorded history of grants, and the checkers run over it.
+//!
+//! Clients record each grant (when they asked, when they got it, and when
+//! they stopped counting on it) and each fenced write. The checkers then look
+//! for the violations Jepsen-style analyses look for: fences out of real-time
+//! order (F1), two holders at once (S1), and valid writes refused.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use lockcore::{FencingToken, LockName};
+use tokio::time::Instant;
+
+/// One grant, as the client saw it.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// Which client.
+    pub client: usize,
+    /// The lock.
+    pub name: LockName,
+    /// Its fencing token.
+    pub fence: FencingToken,
+    /// When the acquire was sent.
+    pub invoked: Instant,
+    /// When the grant arrived.
+    pub granted: Instant,
+    /// When the client stopped counting on it: release sent, or its local
+    /// deadline when it let it lapse. `None` while still held.
+    pub ended: Option<Instant>,
+}
+
+/// A thread-safe log of grants and violations.
+#[derive(Debug, Default)]
+pub struct History {
+    grants: Mutex<Vec<Grant>>,
+    violations: Mutex<Vec<String>>,
+}
+
+impl History {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a grant and returns its index, for [`end`](Self::end).
+    pub fn granted(
+        &self,
+        client: usize,
+        name: &LockName,
+        fence: FencingToken,
+        invoked: Instant,
+    ) -> usize {
+        let mut grants = self.grants.lock().unwrap();
+        grants.push(Grant {
+            client,
+            name: name.clone(),
+            fence,
+            invoked,
+            granted: Instant::now(),
+            ended: None,
+        });
+        grants.len() - 1
+    }
+
+    /// Records that the client stopped counting on grant `index` at `at`.
+    pub fn end(&self, index: usize, at: Instant) {
+        if let Some(grant) = self.grants.lock().unwrap().get_mut(index) {
+            grant.ended = Some(grant.ended.map_or(at, |e| e.min(at)));
+        }
+    }
+
+    /// Sets how long the client counts on grant `index` (its latest local
+    /// deadline); a later [`end`](Self::end) can only shorten it.
+    pub fn counts_until(&self, index: usize, deadline: Instant) {
+        if let Some(grant) = self.grants.lock().unwrap().get_mut(index) {
+            grant.ended = Some(deadline);
+        }
+    }
+
+    /// Records a violation seen while running (a valid write refused...).
+    pub fn violation(&self, what: String) {
+        self.violations.lock().unwrap().push(what);
+    }
+
+    /// All grants so far.
+    pub fn grants(&self) -> Vec<Grant> {
+        self.grants.lock().unwrap().clone()
+    }
+
+    /// Runs every checker; returns the violations found (empty = clean).
+    pub fn check(&self) -> Vec<String> {
+        let grants = self.grants();
+        let mut found = self.violations.lock().unwrap().clone();
+        found.extend(check_fence_order(&grants));
+        found.extend(check_no_overlap(&grants));
+        found
+    }
+}
+
+fn by_name(grants: &[Grant]) -> HashMap<&LockName, Vec<&Grant>> {
+    let mut map: HashMap<&LockName, Vec<&Grant>> = HashMap::new();
+    for g in grants {
+        map.entry(&g.name).or_default().push(g);
+    }
+    map
+}
+
+/// F1: per name, tokens are unique, and a grant that completed before
+/// another was asked for has the smaller token.
+pub fn check_fence_order(grants: &[Grant]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (name, gs) in by_name(grants) {
+        for (i, x) in gs.iter().enumerate() {
+            for y in &gs[i + 1..] {
+                if x.fence == y.fence {
+                    found.push(format!(
+                        "F1: {name}: fence {} granted twice (clients {} and {})",
+                        x.fence, x.client, y.client
+                    ));
+                }
+                let (first, second) = if x.granted < y.invoked {
+                    (x, y)
+                } else if y.granted < x.invoked {
+                    (y, x)
+                } else {
+                    continue;
+                };
+                if first.fence >= second.fence {
+                    found.push(format!(
+                        "F1: {name}: client {} got fence {} after client {} had got fence {}",
+                        second.client, second.fence, first.client, first.fence
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// S1: per name, the intervals during which clients counted on a grant
+/// (`granted..ended`) never intersect.
+pub fn check_no_overlap(grants: &[Grant]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (name, mut gs) in by_name(grants) {
+        gs.sort_by_key(|g| g.granted);
+        for (i, x) in gs.iter().enumerate() {
+            let x_end = x.ended.unwrap_or_else(Instant::now);
+            for y in &gs[i + 1..] {
+                if y.granted >= x_end {
+                    break;
+                }
+                found.push(format!(
+                    "S1: {name}: client {} (fence {}) was granted {:?} before client {} (fence {}) stopped counting on its grant",
+                    y.client,
+                    y.fence,
+                    x_end - y.granted,
+                    x.client,
+                    x.fence
+                ));
+            }
+        }
+    }
+    found
+}

@@ -1,0 +1,219 @@
+//! What a backend can promise, so callers and the conformance suite need not guess.
+
+use std::time::Duration;
+
+use crate::LockError;
+
+/// A backend's limits and guarantees, returned by
+/// [`LockBackend::capabilities`](crate::LockBackend::capabilities).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Short backend name, e.g. `"redis"`.
+    pub backend: &'static str,
+    /// Smallest TTL the store enforces as asked.
+    pub min_ttl: Duration,
+    /// Largest TTL accepted.
+    pub max_ttl: Duration,
+    /// TTLs are rounded *up* to a multiple of this (etcd: whole seconds).
+    pub ttl_granularity: Duration,
+    /// Whether each lock has its own TTL or lives as long as a client session.
+    pub lease_kind: LeaseKind,
+    /// The order in which waiters are granted the lock.
+    pub fairness: Fairness,
+    /// What fencing monotonicity survives.
+    pub fence_durability: FenceDurability,
+    /// Whether waiters are woken by the store ([`LockBackend::watch`](crate::LockBackend::watch))
+    /// rather than by polling.
+    pub notifications: bool,
+    /// How long after its TTL the store may still hold an abandoned lock
+    /// (expiry sweeps, leader changes). The L1 liveness bound is TTL + slack.
+    pub expiry_slack: Duration,
+}
+
+/// How a lease's lifetime is tied to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseKind {
+    /// Each lock has its own TTL, extended by renewals.
+    PerLock,
+    /// Locks live as long as the client's session, whose timeout (negotiated
+    /// with the server) is the effective TTL of every lease.
+    Session {
+        /// The negotiated session timeout.
+        timeout: Duration,
+    },
+}
+
+/// Waiter ordering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fairness {
+    /// No order promised: whoever retries first after a release wins.
+    None,
+    /// Waiters are granted in the order they started waiting.
+    Fifo,
+}
+
+/// What fencing-token monotonicity (guarantees F1/F2) survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FenceDurability {
+    /// Survives a crash and restart of the store with its default settings.
+    Durable,
+    /// Survives a restart only under the stated assumption.
+    Conditional(&'static str),
+    /// Lives as long as the store process (the in-memory backend).
+    Volatile,
+}
+
+impl Capabilities {
+    /// Capabilities with neutral defaults: TTL from 1 ms to 1 year at 1 ms
+    /// granularity, per-lock leases, no fairness, volatile fences, no
+    /// notifications, no slack. Backends adjust them with the setters.
+    pub fn new(backend: &'static str) -> Self {
+        Capabilities {
+            backend,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: Duration::from_secs(365 * 24 * 3600),
+            ttl_granularity: Duration::from_millis(1),
+            lease_kind: LeaseKind::PerLock,
+            fairness: Fairness::None,
+            fence_durability: FenceDurability::Volatile,
+            notifications: false,
+            expiry_slack: Duration::ZERO,
+        }
+    }
+
+    /// Sets the accepted TTL range.
+    pub fn ttl_range(mut self, min: Duration, max: Duration) -> Self {
+        self.min_ttl = min;
+        self.max_ttl = max;
+        self
+    }
+
+    /// Sets the TTL granularity.
+    pub fn ttl_granularity(mut self, granularity: Duration) -> Self {
+        self.ttl_granularity = granularity;
+        self
+    }
+
+    /// Sets the lease kind.
+    pub fn lease_kind(mut self, kind: LeaseKind) -> Self {
+        self.lease_kind = kind;
+        self
+    }
+
+    /// Sets the fairness.
+    pub fn fairness(mut self, fairness: Fairness) -> Self {
+        self.fairness = fairness;
+        self
+    }
+
+    /// Sets the fence durability.
+    pub fn fence_durability(mut self, durability: FenceDurability) -> Self {
+        self.fence_durability = durability;
+        self
+    }
+
+    /// Sets whether the store wakes waiters.
+    pub fn notifications(mut self, yes: bool) -> Self {
+        self.notifications = yes;
+        self
+    }
+
+    /// Sets the expiry slack.
+    pub fn expiry_slack(mut self, slack: Duration) -> Self {
+        self.expiry_slack = slack;
+        self
+    }
+
+    /// The TTL the store will enforce for a request of `requested`: rounded up
+    /// to the granularity (session leases: the session timeout).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidTtl`] when `requested` is zero, or the effective TTL
+    /// is outside `min_ttl..=max_ttl`. Nothing is ever silently clamped.
+    pub fn effective_ttl(&self, requested: Duration) -> Result<Duration, LockError> {
+        let invalid = |reason: String| LockError::InvalidTtl {
+            ttl: requested,
+            reason,
+        };
+        if requested.is_zero() {
+            return Err(invalid("a TTL must be positive".into()));
+        }
+        if requested > self.max_ttl {
+            return Err(invalid(format!(
+                "{} accepts TTLs up to {:?}",
+                self.backend, self.max_ttl
+            )));
+        }
+        let effective = match self.lease_kind {
+            LeaseKind::Session { timeout } => timeout,
+            LeaseKind::PerLock => round_up(requested, self.ttl_granularity),
+        };
+        if effective < self.min_ttl || requested < self.min_ttl {
+            return Err(invalid(format!(
+                "{} enforces TTLs of at least {:?}",
+                self.backend, self.min_ttl
+            )));
+        }
+        if effective > self.max_ttl {
+            return Err(invalid(format!(
+                "{} accepts TTLs up to {:?}",
+                self.backend, self.max_ttl
+            )));
+        }
+        Ok(effective)
+    }
+}
+
+fn round_up(d: Duration, granularity: Duration) -> Duration {
+    let g = granularity.as_nanos().max(1);
+    let n = d.as_nanos().div_ceil(g) * g;
+    u64::try_from(n)
+        .map(Duration::from_nanos)
+        .unwrap_or(Duration::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_up_and_rejects_out_of_range() {
+        let caps = Capabilities::new("etcd")
+            .ttl_range(Duration::from_secs(2), Duration::from_secs(100))
+            .ttl_granularity(Duration::from_secs(1));
+        assert_eq!(
+            caps.effective_ttl(Duration::from_millis(2500)).unwrap(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            caps.effective_ttl(Duration::from_secs(2)).unwrap(),
+            Duration::from_secs(2)
+        );
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(1500),
+            Duration::from_secs(101),
+            Duration::MAX,
+        ] {
+            assert!(
+                matches!(caps.effective_ttl(bad), Err(LockError::InvalidTtl { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn session_leases_report_the_session_timeout() {
+        let caps = Capabilities::new("zk").lease_kind(LeaseKind::Session {
+            timeout: Duration::from_secs(4),
+        });
+        assert_eq!(
+            caps.effective_ttl(Duration::from_secs(1)).unwrap(),
+            Duration::from_secs(4)
+        );
+    }
+}
