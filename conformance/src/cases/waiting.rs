@@ -130,15 +130,12 @@ pub async fn cancelled_acquire_leaves_nothing(cx: &Ctx) -> CaseResult {
         started.elapsed()
     );
     a.release(&lease).await?;
-    // No queue entry of b or c may stand in the way (the TTL is long, so
-    // only leftovers could block).
-    let next = cx
-        .eventually(
-            cx.slack(),
-            "acquisition after the cancelled waiters",
-            || async { Ok(d.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
-        )
-        .await?;
+    // Give anything the cancelled waiters left behind (a queue entry, a
+    // detached retry) the time to take the lock: it must not.
+    tokio::time::sleep(cx.scaled(Duration::from_millis(300))).await;
+    let leftover = d.inspect(&name).await?;
+    ensure!(leftover.is_none(), "a cancelled waiter took the lock after giving up: {leftover:?}");
+    let next = cx.must_acquire(&d, &name, cx.long_ttl()).await?;
     d.release(&next).await?;
     Ok(Outcome::Passed)
 }

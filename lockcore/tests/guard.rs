@@ -1,0 +1,227 @@
+//! The guard's renewal state machine on a virtual clock (tokio paused time):
+//! when it renews, what counts as lost, and that a late reply never
+//! resurrects a lease.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lockcore::{
+    Attempt, Capabilities, Holder, Lease, LockBackend, LockError, LockName, Locker, LossReason, MemoryBackend,
+    ReleaseOutcome, async_trait,
+};
+use tokio::time::{Instant, advance, sleep};
+
+/// What the next renewals do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Renewal {
+    Ok,
+    Slow(Duration),
+    Unavailable,
+    Refused,
+}
+
+/// `MemoryBackend` with scripted renewals, counting calls.
+#[derive(Debug, Default)]
+struct Scripted {
+    store: MemoryBackend,
+    next: Mutex<Vec<Renewal>>,
+    renews: AtomicUsize,
+    releases: AtomicUsize,
+}
+
+impl Scripted {
+    fn script(&self, steps: &[Renewal]) {
+        let mut next = self.next.lock().unwrap();
+        next.clear();
+        next.extend(steps.iter().rev());
+    }
+}
+
+#[async_trait]
+impl LockBackend for Scripted {
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+        self.store.try_acquire(name, ttl).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.renews.fetch_add(1, Ordering::SeqCst);
+        let step = self.next.lock().unwrap().pop().unwrap_or(Renewal::Ok);
+        match step {
+            Renewal::Ok => self.store.renew(lease).await,
+            Renewal::Slow(delay) => {
+                let sent = Instant::now();
+                sleep(delay).await;
+                // The store did renew, late: the reply still counts from its send time.
+                self.store.renew(lease).await.map(|l| l.renewed(l.ttl(), sent))
+            }
+            Renewal::Unavailable => Err(LockError::unavailable("scripted", "connection reset")),
+            Renewal::Refused => Err(LockError::NotHeld {
+                name: lease.name().clone(),
+            }),
+        }
+    }
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.store.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        self.store.inspect(name).await
+    }
+    async fn force_release(&self, name: &LockName, reason: &str) -> Result<Option<Holder>, LockError> {
+        self.store.force_release(name, reason).await
+    }
+}
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn setup() -> (Arc<Scripted>, Locker) {
+    let backend = Arc::new(Scripted::default());
+    let locker = Locker::new(backend.clone()).ttl(TTL);
+    (backend, locker)
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_every_third_of_the_ttl_and_keeps_the_fence() {
+    let (backend, locker) = setup();
+    let guard = locker.acquire("n").await.unwrap();
+    let fence = guard.fencing_token();
+    advance(Duration::from_millis(900)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 0, "no renewal before TTL/3");
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 1, "one renewal at TTL/3");
+    sleep(TTL * 3).await;
+    assert!(backend.renews.load(Ordering::SeqCst) >= 9);
+    assert!(guard.is_held());
+    assert_eq!(guard.fencing_token(), fence);
+    assert!(guard.lease().deadline() > Instant::now() + TTL / 2);
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_renewal_loses_the_lease_at_once() {
+    let (backend, locker) = setup();
+    backend.script(&[Renewal::Refused]);
+    let guard = locker.acquire("n").await.unwrap();
+    let started = Instant::now();
+    assert_eq!(guard.lost().await, LossReason::RenewalRefused);
+    assert!(started.elapsed() <= TTL / 3 + Duration::from_millis(10));
+    assert!(!guard.is_held());
+    assert!(matches!(guard.ensure_held(), Err(LockError::Lost { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_renewal_reply_never_resurrects_the_lease() {
+    let (backend, locker) = setup();
+    backend.script(&[Renewal::Slow(TTL * 2)]);
+    let guard = locker.acquire("n").await.unwrap();
+    let deadline = guard.lease().deadline();
+    assert_eq!(guard.lost().await, LossReason::RenewalUnanswered);
+    assert!(Instant::now() >= deadline, "lost before the deadline");
+    assert!(Instant::now() <= deadline + Duration::from_millis(1), "lost late");
+    sleep(TTL * 2).await; // the slow reply would have arrived by now
+    assert!(!guard.is_held(), "a late reply resurrected the lease");
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_errors_are_retried_until_the_deadline() {
+    let (backend, locker) = setup();
+    backend.script(&[Renewal::Unavailable, Renewal::Unavailable, Renewal::Ok]);
+    let guard = locker.acquire("n").await.unwrap();
+    sleep(TTL * 2).await;
+    assert!(guard.is_held(), "recovered after two transient failures");
+    assert!(backend.renews.load(Ordering::SeqCst) >= 3);
+
+    backend.script(&[Renewal::Unavailable; 10_000]);
+    let deadline = guard.lease().deadline();
+    assert_eq!(guard.lost().await, LossReason::RenewalUnanswered);
+    assert!(Instant::now() >= deadline);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_renewal_the_lease_is_lost_at_its_deadline() {
+    let (backend, locker) = setup();
+    let guard = locker.auto_renew(false).acquire("n").await.unwrap();
+    let deadline = guard.lease().deadline();
+    assert_eq!(deadline, guard.lease().issued_at() + TTL - Lease::drift(TTL));
+    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(Instant::now(), deadline);
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_loss_signal_is_reported() {
+    let store = MemoryBackend::new();
+    let signal = lockcore::CancellationToken::new();
+    let name = LockName::new("n").unwrap();
+    let lease = store
+        .try_acquire(&name, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap()
+        .with_loss_signal(signal.clone());
+    // Hand the lease to a guard through a backend that returns it as is.
+    #[derive(Debug)]
+    struct Fixed(MemoryBackend, Mutex<Option<Lease>>);
+    #[async_trait]
+    impl LockBackend for Fixed {
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(&self, _: &LockName, _: Duration) -> Result<Attempt, LockError> {
+            Ok(self.1.lock().unwrap().take().map_or(Attempt::Held { expires_in: None }, Attempt::Acquired))
+        }
+        async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+            self.0.renew(lease).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+            self.0.release(lease).await
+        }
+        async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+            self.0.inspect(name).await
+        }
+        async fn force_release(&self, name: &LockName, reason: &str) -> Result<Option<Holder>, LockError> {
+            self.0.force_release(name, reason).await
+        }
+    }
+    let locker = Locker::new(Fixed(store, Mutex::new(Some(lease)))).ttl(TTL);
+    let guard = locker.try_acquire("n").await.unwrap().expect("the fixed lease");
+    sleep(Duration::from_millis(100)).await;
+    assert!(guard.is_held());
+    signal.cancel();
+    assert_eq!(guard.lost().await, LossReason::StoreReported);
+    assert!(!guard.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_stops_renewing_and_drop_releases_in_the_background() {
+    let (backend, locker) = setup();
+    let guard = locker.acquire("n").await.unwrap();
+    guard.release().await.unwrap();
+    let renews = backend.renews.load(Ordering::SeqCst);
+    sleep(TTL * 2).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), renews, "renewed after release");
+
+    let guard = locker.acquire("n").await.unwrap();
+    drop(guard);
+    let other = Locker::new(backend.store.clone()).ttl(TTL);
+    sleep(Duration::from_millis(1)).await;
+    assert!(other.try_acquire("n").await.unwrap().is_some(), "drop did not release");
+    assert_eq!(backend.releases.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lock_stops_the_critical_section_on_loss() {
+    let (backend, locker) = setup();
+    backend.script(&[Renewal::Refused]);
+    let started = Instant::now();
+    let outcome = locker.with_lock("n", |_| std::future::pending::<()>()).await;
+    assert!(matches!(outcome, Err(LockError::Lost { reason: LossReason::RenewalRefused, .. })), "{outcome:?}");
+    assert!(started.elapsed() <= TTL / 3 + Duration::from_millis(10));
+    let done = locker.with_lock("n", |fence| async move { fence.get() }).await.unwrap();
+    assert!(done >= 2);
+}
