@@ -15,6 +15,13 @@ pub trait StoreControl: Send + Sync {
     /// settings are the ones the backend's docs recommend).
     fn durable(&self) -> bool;
 
+    /// `Some(why)` when the suite did not start this server (one named by a
+    /// `LOCK_TEST_*` variable): kill, pause and restart then fail, and the
+    /// cases that need them skip with `why`.
+    fn external(&self) -> Option<String> {
+        None
+    }
+
     /// `kill -9`.
     async fn kill(&self) -> io::Result<()>;
 

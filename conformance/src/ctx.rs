@@ -8,7 +8,17 @@ use std::time::Duration;
 use lockcore::{Attempt, Backoff, Capabilities, Lease, LeaseKind, LockBackend, LockName, Locker};
 use tokio::time::Instant;
 
-use crate::{Factory, Failure};
+use crate::{Factory, Failure, StoreControl};
+
+/// How to start a lock-taker process: re-run `exe` (a test binary generated
+/// by `suite!`) with only its `test` (the ignored `lock_taker_process`).
+#[derive(Debug, Clone)]
+pub struct TakerCommand {
+    /// The test binary.
+    pub exe: std::path::PathBuf,
+    /// The libtest name of its taker test.
+    pub test: String,
+}
 
 /// The context of one case run.
 pub struct Ctx {
@@ -16,6 +26,7 @@ pub struct Ctx {
     caps: Capabilities,
     prefix: String,
     scale: f64,
+    taker: Option<TakerCommand>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -47,7 +58,49 @@ impl Ctx {
             factory,
             prefix: format!("conformance/{case}/{:08x}", rand::random::<u32>()),
             scale,
+            taker: None,
         })
+    }
+
+    /// Lets the cross-process cases start lock-taker processes.
+    pub fn with_taker(mut self, taker: Option<TakerCommand>) -> Self {
+        self.taker = taker;
+        self
+    }
+
+    /// How to start a lock-taker, if this run can (`suite!` tests can;
+    /// [`run_all`](crate::run_all) cannot).
+    pub fn taker(&self) -> Option<&TakerCommand> {
+        self.taker.as_ref()
+    }
+
+    /// The store process behind the factory, if it exposes one.
+    pub fn store(&self) -> Option<Arc<dyn StoreControl>> {
+        self.factory.store()
+    }
+
+    /// A factory over a store only this case uses (to kill, pause or
+    /// restart), or `None` with [`why_no_private`](Self::why_no_private).
+    pub async fn private_factory(&self) -> Result<Option<Arc<dyn Factory>>, Failure> {
+        match self.factory.private().await {
+            None => Ok(None),
+            Some(Ok(factory)) => Ok(Some(factory)),
+            Some(Err(e)) => Err(Failure::new(format!(
+                "could not launch a private store: {e}"
+            ))),
+        }
+    }
+
+    /// Why [`private_factory`](Self::private_factory) gave nothing.
+    pub fn why_no_private(&self) -> String {
+        match self.factory.store().and_then(|s| s.external()) {
+            Some(why) => why,
+            None => {
+                "the factory offers no private store to kill, pause or restart (Factory::private; \
+                     the `stores` feature's factories do)"
+                    .to_owned()
+            }
+        }
     }
 
     /// The backend's capabilities.

@@ -37,6 +37,27 @@ pub trait Factory: Send + Sync + 'static {
         let _ = addr;
         None
     }
+
+    /// A factory over a fresh store of the same kind that only the calling
+    /// case uses, for cases that kill, pause or restart the store (doing that
+    /// to a store other tests share would break them). `None`: not offered
+    /// (an external store, or no launcher), and those cases skip.
+    async fn private(&self) -> Option<Result<Arc<dyn Factory>, LockError>> {
+        None
+    }
+
+    /// `Some(why)` when every case must be skipped: the store is missing in an
+    /// explicitly partial local run (`LOCK_TEST_PARTIAL=1`).
+    fn skip_all(&self) -> Option<String> {
+        None
+    }
+
+    /// Environment for a helper process (the lock-taker, a re-run of this
+    /// test binary) so that it evaluates the same factory against the *same*
+    /// store instead of launching its own: e.g. `LOCK_TEST_REDIS_URL=...`.
+    fn helper_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// A factory handing out clones of one backend value: for backends whose
@@ -105,5 +126,14 @@ impl<T: Factory + ?Sized> Factory for Arc<T> {
         addr: SocketAddr,
     ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
         (**self).client_via(addr).await
+    }
+    async fn private(&self) -> Option<Result<Arc<dyn Factory>, LockError>> {
+        (**self).private().await
+    }
+    fn skip_all(&self) -> Option<String> {
+        (**self).skip_all()
+    }
+    fn helper_env(&self) -> Vec<(String, String)> {
+        (**self).helper_env()
     }
 }

@@ -18,7 +18,24 @@
 //! want to leave out on purpose go in `suite!(factory, skip = [case, ...])`.
 //!
 //! [`run_all`] runs every case in one call and returns a [`Report`], for
-//! custom harnesses.
+//! custom harnesses (without lock-taker processes: the cross-process cases
+//! skip there).
+//!
+//! # Real stores and faults (feature `stores`)
+//!
+//! `stores` launches Redis, PostgreSQL, etcd and ZooKeeper as child processes
+//! (or uses servers named by `LOCK_TEST_*` variables), `proxy` is a TCP fault
+//! proxy, and `taker` a lock-holding helper process. An adapter's whole suite,
+//! fault cases included, is then:
+//!
+//! ```ignore
+//! use lock_conformance::stores::redis;
+//! lock_conformance::suite!(redis::factory(|url| async move { MyBackend::connect(&url).await }));
+//! ```
+//!
+//! `suite!` also generates an ignored `lock_taker_process` test: the
+//! cross-process cases re-run the test binary as that test to get a real,
+//! separate lock holder they can `kill -9` or `SIGSTOP`.
 //!
 //! # What it checks
 //!
@@ -33,6 +50,11 @@
 //!   and refused valid writes ([`history`]).
 //! - **bad_input** (T4): invalid names, TTLs and waits are typed errors; odd
 //!   valid names (paths, globs, SQL, unicode, 255 bytes) are distinct locks.
+//! - **processes, faults** (T2.6, T3): a holder process killed or paused
+//!   (the GC pause), the holder partitioned, slowed or reset by a fault proxy,
+//!   the store killed and restarted or paused. They need the `stores`
+//!   feature and a factory that exposes its store (the factories in
+//!   the `stores` module do); otherwise they skip, saying why.
 //!
 //! Every case is a plain `async fn(&Ctx) -> CaseResult` in [`cases`]; the
 //! suite's own tests run each one against deliberately broken backends to
@@ -46,6 +68,12 @@ mod control;
 mod ctx;
 mod factory;
 pub mod history;
+#[cfg(feature = "stores")]
+pub mod proxy;
+#[cfg(feature = "stores")]
+pub mod stores;
+#[cfg(feature = "stores")]
+pub mod taker;
 
 use std::fmt;
 use std::sync::Arc;
@@ -56,7 +84,7 @@ use tokio::time::Instant;
 
 pub use case::{Case, CaseResult, Failure, Outcome};
 pub use control::StoreControl;
-pub use ctx::Ctx;
+pub use ctx::{Ctx, TakerCommand};
 pub use factory::{Factory, FnFactory, SharedFactory, from_fn, shared};
 
 #[doc(hidden)]
@@ -99,9 +127,17 @@ macro_rules! __suite_tests {
         $(
             #[test]
             fn $case() {
-                $crate::__private::run_test(stringify!($case), __LOCK_CONFORMANCE_SKIP, || async { $factory });
+                $crate::__private::run_test(stringify!($case), __LOCK_CONFORMANCE_SKIP, module_path!(), || async { $factory });
             }
         )*
+
+        /// Not a test: the lock-taker helper process the cross-process cases
+        /// start by re-running this binary (see `lock_conformance::taker`).
+        #[test]
+        #[ignore = "helper process for cross-process cases, run by the suite itself"]
+        fn lock_taker_process() {
+            $crate::__private::taker_main(|| async { $factory });
+        }
     };
 }
 
@@ -172,11 +208,27 @@ impl fmt::Display for Report {
 }
 
 /// Runs one case against `factory`, with a time limit of 120 s (scaled).
+/// Cross-process cases skip: use [`run_case_with`] to give them a taker.
 pub async fn run_case(case: &Case, factory: Arc<dyn Factory>) -> CaseReport {
+    run_case_with(case, factory, None).await
+}
+
+/// [`run_case`] with a way to start lock-taker processes (what `suite!`
+/// tests pass; see [`taker`](crate::taker)).
+pub async fn run_case_with(
+    case: &Case,
+    factory: Arc<dyn Factory>,
+    taker: Option<TakerCommand>,
+) -> CaseReport {
     let started = Instant::now();
-    let result = match Ctx::new(factory, case.name).await {
-        Err(failure) => Err(failure),
+    let ctx = match factory.skip_all() {
+        Some(why) => Err(Ok(Outcome::Skipped(why))),
+        None => Ctx::new(factory, case.name).await.map_err(Err),
+    };
+    let result = match ctx {
+        Err(result) => result,
         Ok(cx) => {
+            let cx = cx.with_taker(taker);
             let cx = Arc::new(cx);
             let limit = cx.scaled(Duration::from_secs(120));
             match tokio::spawn(tokio::time::timeout(limit, (case.run)(cx))).await {
@@ -218,10 +270,11 @@ pub mod __private {
     use std::future::Future;
     use std::sync::Arc;
 
-    use crate::{CASES, Factory, Outcome, run_case};
+    use crate::{CASES, Factory, Outcome, TakerCommand, run_case_with};
 
-    /// The body of every test `suite!` generates.
-    pub fn run_test<F, Fut>(name: &str, skip: &[&str], make: impl FnOnce() -> Fut)
+    /// The body of every test `suite!` generates. `module` is the
+    /// `module_path!()` of the invocation, to name the taker test.
+    pub fn run_test<F, Fut>(name: &str, skip: &[&str], module: &str, make: impl FnOnce() -> Fut)
     where
         F: Factory,
         Fut: Future<Output = F>,
@@ -239,9 +292,13 @@ pub mod __private {
             .enable_all()
             .build()
             .expect("a tokio runtime");
+        let taker = std::env::current_exe().ok().map(|exe| TakerCommand {
+            exe,
+            test: taker_test_name(module),
+        });
         let report = runtime.block_on(async {
             let factory = make().await;
-            run_case(case, Arc::new(factory)).await
+            run_case_with(case, Arc::new(factory), taker).await
         });
         match report.result {
             Ok(Outcome::Passed) => {}
@@ -250,6 +307,66 @@ pub mod __private {
                 "{}::{name} failed after {:.1?}: {failure}",
                 case.group, report.elapsed
             ),
+        }
+    }
+
+    /// The libtest name of the taker test: the invocation's module path
+    /// without the crate name.
+    fn taker_test_name(module: &str) -> String {
+        match module.split_once("::") {
+            Some((_, path)) => format!("{path}::lock_taker_process"),
+            None => "lock_taker_process".to_owned(),
+        }
+    }
+
+    /// The body of the `lock_taker_process` helper test: serves the taker
+    /// protocol when started by the suite, does nothing otherwise.
+    pub fn taker_main<F, Fut>(make: impl FnOnce() -> Fut)
+    where
+        F: Factory,
+        Fut: Future<Output = F>,
+    {
+        #[cfg(feature = "stores")]
+        {
+            if std::env::var(crate::taker::TAKER_ENV).as_deref() != Ok("1") {
+                eprintln!(
+                    "lock_taker_process: helper process, started by the cross-process cases; nothing to do"
+                );
+                return;
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a tokio runtime");
+            runtime.block_on(async {
+                let factory = make().await;
+                let via = std::env::var(crate::taker::TAKER_VIA_ENV)
+                    .ok()
+                    .and_then(|v| v.parse::<std::net::SocketAddr>().ok());
+                let client = match via {
+                    Some(addr) => factory.client_via(addr).await.unwrap_or_else(|| {
+                        Err(lockcore::LockError::config(
+                            "the factory cannot connect through a proxy",
+                        ))
+                    }),
+                    None => factory.client().await,
+                };
+                match client {
+                    Ok(client) => crate::taker::serve(client).await,
+                    Err(e) => println!(
+                        "TAKER error cannot connect: {}",
+                        e.to_string().replace('\n', " ")
+                    ),
+                }
+            });
+        }
+        #[cfg(not(feature = "stores"))]
+        {
+            let _ = make;
+            eprintln!(
+                "lock_taker_process: needs lock-conformance's `stores` feature; nothing to do"
+            );
         }
     }
 }

@@ -7,8 +7,10 @@ pub mod bad_input;
 pub mod concurrency;
 pub mod exclusion;
 pub mod expiry;
+pub mod faults;
 pub mod fencing;
 pub mod loss;
+pub mod processes;
 pub mod release;
 pub mod renewal;
 pub mod waiting;
@@ -47,6 +49,14 @@ macro_rules! __for_each_case {
             bad_input::invalid_ttls_and_waits_are_rejected,
             bad_input::invalid_names_are_rejected,
             bad_input::forged_leases_are_refused,
+            processes::killed_holder_frees_the_name,
+            faults::partitioned_holder_is_fenced_out,
+            faults::slow_renewal_counts_as_lost,
+            faults::reset_mid_hold_keeps_or_reports,
+            faults::lost_release_reply_frees_within_ttl,
+            faults::fences_survive_store_crash,
+            faults::store_pause_keeps_invariants,
+            processes::paused_client_is_fenced_out,
         }
     };
 }

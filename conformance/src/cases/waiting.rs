@@ -134,7 +134,10 @@ pub async fn cancelled_acquire_leaves_nothing(cx: &Ctx) -> CaseResult {
     // detached retry) the time to take the lock: it must not.
     tokio::time::sleep(cx.scaled(Duration::from_millis(300))).await;
     let leftover = d.inspect(&name).await?;
-    ensure!(leftover.is_none(), "a cancelled waiter took the lock after giving up: {leftover:?}");
+    ensure!(
+        leftover.is_none(),
+        "a cancelled waiter took the lock after giving up: {leftover:?}"
+    );
     let next = cx.must_acquire(&d, &name, cx.long_ttl()).await?;
     d.release(&next).await?;
     Ok(Outcome::Passed)

@@ -1,0 +1,596 @@
+//! T3: network and store faults. A fault proxy between one client and the
+//! store cuts, delays or resets its traffic; a private store is killed or
+//! paused. What must hold: a holder's `lost()` fires by its local deadline,
+//! nobody else is granted the lock before that deadline, fences keep growing
+//! (across a crash too), and the fenced resource refuses the old holder.
+//!
+//! These cases need the `stores` feature, a factory exposing its store
+//! ([`Factory::store`](crate::Factory::store)), proxied clients
+//! ([`Factory::client_via`](crate::Factory::client_via)) and, for crash and
+//! pause, a private store ([`Factory::private`](crate::Factory::private));
+//! without them they skip and say which is missing.
+
+pub use imp::*;
+
+#[cfg(not(feature = "stores"))]
+mod imp {
+    use crate::{CaseResult, Ctx, skip};
+
+    const WHY: &str =
+        "fault cases need lock-conformance's `stores` feature (fault proxy, process control)";
+
+    /// T3.1 (see the `stores` feature).
+    pub async fn partitioned_holder_is_fenced_out(_cx: &Ctx) -> CaseResult {
+        skip!("{WHY}")
+    }
+    /// T3.4 (see the `stores` feature).
+    pub async fn slow_renewal_counts_as_lost(_cx: &Ctx) -> CaseResult {
+        skip!("{WHY}")
+    }
+    /// T3.5 (see the `stores` feature).
+    pub async fn reset_mid_hold_keeps_or_reports(_cx: &Ctx) -> CaseResult {
+        skip!("{WHY}")
+    }
+    /// T3.3 (see the `stores` feature).
+    pub async fn lost_release_reply_frees_within_ttl(_cx: &Ctx) -> CaseResult {
+        skip!("{WHY}")
+    }
+    /// T3.6 (see the `stores` feature).
+    pub async fn fences_survive_store_crash(_cx: &Ctx) -> CaseResult {
+        skip!("{WHY}")
+    }
+    /// T3.7 (see the `stores` feature).
+    pub async fn store_pause_keeps_invariants(_cx: &Ctx) -> CaseResult {
+        skip!("{WHY}")
+    }
+}
+
+#[cfg(feature = "stores")]
+mod imp {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use lockcore::{Attempt, FenceDurability, FencedResource, LockBackend, ReleaseOutcome};
+    use tokio::time::Instant;
+
+    use crate::history::History;
+    use crate::proxy::{FaultProxy, Mode};
+    use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
+
+    /// A TTL for fault cases: at least 1 s (scaled), so a renewal interval
+    /// leaves room for scheduling on a loaded machine.
+    pub(crate) fn fault_ttl(cx: &Ctx) -> Duration {
+        let want = cx.short_ttl().max(cx.scaled(Duration::from_secs(1)));
+        cx.caps().effective_ttl(want).unwrap_or(want)
+    }
+
+    /// How late after its deadline `lost()` may be observed: timer and
+    /// scheduling granularity, not protocol slack.
+    pub(crate) fn timer_slack(cx: &Ctx) -> Duration {
+        cx.scaled(Duration::from_millis(60))
+    }
+
+    /// A proxy in front of the store and a client through it, or why not.
+    async fn proxied(
+        cx: &Ctx,
+    ) -> Result<Result<(FaultProxy, Arc<dyn LockBackend>), String>, Failure> {
+        let Some(store) = cx.store() else {
+            return Ok(Err(
+                "no store process to put a proxy in front of (Factory::store)".into(),
+            ));
+        };
+        let proxy = FaultProxy::start(store.addr())
+            .await
+            .map_err(|e| Failure::new(format!("cannot start a fault proxy: {e}")))?;
+        match cx.factory().client_via(proxy.addr()).await {
+            None => Ok(Err(
+                "the factory cannot connect through a proxy (Factory::client_via)".into(),
+            )),
+            Some(Err(e)) => Err(Failure::new(format!(
+                "cannot connect through the proxy: {e}"
+            ))),
+            Some(Ok(client)) => Ok(Ok((proxy, client))),
+        }
+    }
+
+    fn stale_write_refused(
+        resource: &FencedResource<Vec<&'static str>>,
+        old: lockcore::FencingToken,
+        who: &str,
+    ) -> Result<(), Failure> {
+        match resource.write(old, |v| v.push("stale")) {
+            Err(_) => Ok(()),
+            Ok(()) => Err(Failure::new(format!(
+                "C1: {who}'s write with old fence {old} was accepted after a newer holder wrote"
+            ))),
+        }
+    }
+
+    fn check_history(history: &History) -> Result<(), Failure> {
+        let violations = history.check();
+        ensure!(
+            violations.is_empty(),
+            "history violations:\n{}",
+            violations.join("\n")
+        );
+        Ok(())
+    }
+
+    /// T3.1: the holder is partitioned (blackhole, no RST) for longer than
+    /// its TTL. Its `lost()` fires by its local deadline; another client gets
+    /// the lock within TTL + slack, never before that deadline; after the
+    /// partition heals, the old holder's fenced write is refused and its
+    /// guard stays lost.
+    pub async fn partitioned_holder_is_fenced_out(cx: &Ctx) -> CaseResult {
+        let (proxy, a) = match proxied(cx).await? {
+            Ok(p) => p,
+            Err(why) => skip!("{why}"),
+        };
+        let (b, observer) = (cx.client().await?, cx.client().await?);
+        let name = cx.name("partitioned");
+        let ttl = fault_ttl(cx);
+        let history = History::new();
+        let resource = FencedResource::new(Vec::new());
+
+        let invoked = Instant::now();
+        let guard = cx.locker(&a, ttl).acquire(&name).await?;
+        let fence_a = guard.fencing_token();
+        let grant_a = history.granted(0, &name, fence_a, invoked);
+        resource
+            .write(fence_a, |v| v.push("a"))
+            .map_err(|e| Failure::new(format!("A's first write refused: {e}")))?;
+
+        proxy.set(Mode::Blackhole);
+        let partitioned = Instant::now();
+        let reason = tokio::time::timeout(ttl + cx.slack(), guard.lost())
+            .await
+            .map_err(|_| {
+                Failure::new("C6: A's lost() did not fire within TTL + slack of the partition")
+            })?;
+        let fired = Instant::now();
+        let deadline = guard.lease().deadline();
+        history.end(grant_a, fired.min(deadline));
+        ensure!(
+            fired <= deadline + timer_slack(cx),
+            "C6: A's lost() ({reason}) fired {:?} after its deadline",
+            fired - deadline
+        );
+        ensure!(!guard.is_held(), "is_held() must be false once lost");
+
+        let invoked = Instant::now();
+        let lease_b = cx
+            .eventually(
+                (partitioned + ttl + cx.slack()).saturating_duration_since(Instant::now()),
+                "B's acquisition while A is partitioned",
+                || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+            )
+            .await?;
+        let grant_b = history.granted(1, &name, lease_b.fence(), invoked);
+        ensure!(
+            lease_b.fence() > fence_a,
+            "F1: B's fence {} is not above A's {fence_a}",
+            lease_b.fence()
+        );
+        resource
+            .write(lease_b.fence(), |v| v.push("b"))
+            .map_err(|e| Failure::new(format!("B's write refused: {e}")))?;
+
+        proxy.set(Mode::Pass);
+        stale_write_refused(&resource, fence_a, "A")?;
+        tokio::time::sleep(ttl / 3 + cx.scaled(Duration::from_millis(100))).await;
+        ensure!(
+            !guard.is_held(),
+            "A's guard counts the lock held again after the partition healed"
+        );
+        cx.must_be_held(&observer, &name, "B held it after the partition healed")
+            .await?;
+        drop(guard);
+        history.end(grant_b, Instant::now());
+        b.release(&lease_b).await?;
+        check_history(&history)?;
+        Ok(Outcome::Passed)
+    }
+
+    /// T3.4: renewal replies are delayed beyond the lease's remaining
+    /// validity (the store renews, the client hears too late). The guard
+    /// counts the lease lost at its deadline and the late reply does not
+    /// resurrect it; whoever acquires next does so after that deadline, and
+    /// the old holder's fenced write is refused.
+    pub async fn slow_renewal_counts_as_lost(cx: &Ctx) -> CaseResult {
+        let (proxy, a) = match proxied(cx).await? {
+            Ok(p) => p,
+            Err(why) => skip!("{why}"),
+        };
+        let b = cx.client().await?;
+        let name = cx.name("slow-renewal");
+        let ttl = fault_ttl(cx);
+        let history = History::new();
+        let resource = FencedResource::new(Vec::new());
+
+        let invoked = Instant::now();
+        let guard = cx.locker(&a, ttl).acquire(&name).await?;
+        let fence_a = guard.fencing_token();
+        let grant_a = history.granted(0, &name, fence_a, invoked);
+        resource
+            .write(fence_a, |v| v.push("a"))
+            .map_err(|e| Failure::new(format!("A's first write refused: {e}")))?;
+
+        proxy.set(Mode::DelayDownstream {
+            base: ttl,
+            jitter: Duration::ZERO,
+        });
+        let delayed = Instant::now();
+        let reason = tokio::time::timeout(ttl + cx.slack(), guard.lost())
+            .await
+            .map_err(|_| {
+                Failure::new(
+                    "C6: lost() did not fire although no renewal reply could arrive in time",
+                )
+            })?;
+        let fired = Instant::now();
+        let deadline = guard.lease().deadline();
+        history.end(grant_a, fired.min(deadline));
+        ensure!(
+            fired <= deadline + timer_slack(cx),
+            "C6: lost() ({reason}) fired {:?} after the deadline",
+            fired - deadline
+        );
+        // Every delayed reply sent so far has arrived by now.
+        tokio::time::sleep_until(delayed + ttl + ttl / 2).await;
+        ensure!(
+            !guard.is_held(),
+            "a renewal answered after the deadline resurrected the lease (S4)"
+        );
+        // Stop A's client from renewing anything further.
+        drop(guard);
+
+        // The store renewed at most once more (up to TTL/3 after the delay
+        // started), so the lock is free by delayed + 4/3 TTL + slack.
+        let bound =
+            (delayed + ttl + ttl / 3 + cx.slack()).saturating_duration_since(Instant::now());
+        let invoked = Instant::now();
+        let acquired = cx
+            .eventually(bound, "B's acquisition after A's late renewal", || async {
+                Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease())
+            })
+            .await;
+        let lease_b = match acquired {
+            Ok(lease) => lease,
+            Err(failure) if cx.per_lock_leases() => return Err(failure),
+            Err(_) => {
+                // A session store may keep the session (and the lock) alive
+                // while A's client stays connected; only safety is checked.
+                proxy.set(Mode::Pass);
+                check_history(&history)?;
+                return Ok(Outcome::Passed);
+            }
+        };
+        let grant_b = history.granted(1, &name, lease_b.fence(), invoked);
+        resource
+            .write(lease_b.fence(), |v| v.push("b"))
+            .map_err(|e| Failure::new(format!("B's write refused: {e}")))?;
+        stale_write_refused(&resource, fence_a, "A")?;
+        proxy.set(Mode::Pass);
+        history.end(grant_b, Instant::now());
+        b.release(&lease_b).await?;
+        check_history(&history)?;
+        Ok(Outcome::Passed)
+    }
+
+    /// T3.5: the holder's connections are reset (RST) mid-hold. Either the
+    /// client reconnects and keeps the lock (the store still shows it as the
+    /// holder and nobody else gets it), or it reports the loss; never both
+    /// silently: nobody is granted the lock while the holder's guard still
+    /// counts on it.
+    pub async fn reset_mid_hold_keeps_or_reports(cx: &Ctx) -> CaseResult {
+        let (proxy, a) = match proxied(cx).await? {
+            Ok(p) => p,
+            Err(why) => skip!("{why}"),
+        };
+        let b = cx.client().await?;
+        let name = cx.name("reset");
+        let ttl = fault_ttl(cx);
+        let guard = cx.locker(&a, ttl).acquire(&name).await?;
+        let fence_a = guard.fencing_token();
+        let lost_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let watcher = {
+            let (token, lost_at) = (guard.lost_token(), lost_at.clone());
+            tokio::spawn(async move {
+                token.cancelled().await;
+                *lost_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            })
+        };
+
+        proxy.reset_existing();
+        let until = Instant::now() + ttl * 2 + cx.slack();
+        let mut taken = None;
+        while Instant::now() < until {
+            match b.try_acquire(&name, cx.long_ttl()).await {
+                Ok(Attempt::Acquired(lease)) => {
+                    taken = Some((lease, Instant::now()));
+                    break;
+                }
+                Ok(Attempt::Held { .. }) | Err(_) => {}
+            }
+            tokio::time::sleep(ttl / 10).await;
+        }
+        let outcome = match taken {
+            None => {
+                ensure!(
+                    guard.is_held(),
+                    "nobody could take the lock for 2 TTL after the reset, yet A's guard says it lost it ({:?})",
+                    guard.loss_reason()
+                );
+                let holder = b.inspect(&name).await?;
+                ensure!(
+                    holder.as_ref().map(|h| h.fence) == Some(fence_a),
+                    "A's guard keeps the lock but the store shows {holder:?}"
+                );
+                guard.release().await?;
+                Outcome::Passed
+            }
+            Some((lease_b, granted)) => {
+                // B got it: A must have reported the loss, by its deadline and
+                // no later than a moment after B's grant (a session lock dies
+                // with its connection on both sides at about the same time).
+                let reason = tokio::time::timeout(ttl + cx.slack(), guard.lost())
+                    .await
+                    .map_err(|_| {
+                        Failure::new(format!(
+                            "B was granted the lock (fence {}) but A's guard never reported the loss",
+                            lease_b.fence()
+                        ))
+                    })?;
+                let _ = watcher.await;
+                let lost = (*lost_at.lock().unwrap_or_else(|p| p.into_inner()))
+                    .ok_or_else(|| Failure::new("loss time not recorded"))?;
+                let deadline = guard.lease().deadline();
+                ensure!(
+                    lost <= granted + cx.scaled(Duration::from_millis(250)) || deadline <= granted,
+                    "A's guard counted on the lock until {:?} after B was granted it ({reason})",
+                    lost - granted
+                );
+                ensure!(lease_b.fence() > fence_a, "F1: fence did not grow");
+                b.release(&lease_b).await?;
+                drop(guard);
+                Outcome::Passed
+            }
+        };
+        drop(proxy);
+        Ok(outcome)
+    }
+
+    /// T3.3: the reply to a release is lost. The caller gets an error or a
+    /// timeout, never a hang; the lock is free again within one TTL (+
+    /// slack) and the next grant has a larger fence.
+    pub async fn lost_release_reply_frees_within_ttl(cx: &Ctx) -> CaseResult {
+        let (proxy, a) = match proxied(cx).await? {
+            Ok(p) => p,
+            Err(why) => skip!("{why}"),
+        };
+        let b = cx.client().await?;
+        let name = cx.name("release-reply-lost");
+        let ttl = fault_ttl(cx);
+        let lease = cx.must_acquire(&a, &name, ttl).await?;
+        proxy.set(Mode::DropDownstream);
+        let started = Instant::now();
+        // Whatever the answer (an error, a timeout, or Released from a retry on
+        // a fresh connection), the lock must be free within TTL + slack.
+        let _ = tokio::time::timeout(ttl + cx.slack(), a.release(&lease)).await;
+        let next = cx
+            .eventually(
+                (started + ttl + cx.slack()).saturating_duration_since(Instant::now()),
+                "acquisition after a release whose reply was lost",
+                || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+            )
+            .await?;
+        ensure!(next.fence() > lease.fence(), "F1: fence did not grow");
+        proxy.set(Mode::Pass);
+        b.release(&next).await?;
+        Ok(Outcome::Passed)
+    }
+
+    /// T3.6: the store is killed with `kill -9` and restarted on the same
+    /// data, in its durable configuration. The first fence after the restart
+    /// is above the last one before it (F2), and a lock held at the crash is
+    /// either still held or re-granted with a larger fence.
+    pub async fn fences_survive_store_crash(cx: &Ctx) -> CaseResult {
+        if matches!(cx.caps().fence_durability, FenceDurability::Volatile) {
+            skip!("the backend declares volatile fences (FenceDurability::Volatile)");
+        }
+        let Some(private) = cx.private_factory().await? else {
+            skip!("{}", cx.why_no_private());
+        };
+        let Some(store) = private.store() else {
+            skip!("the private factory exposes no store process");
+        };
+        if !store.durable() {
+            skip!("the private store is not in its durable configuration (StoreControl::durable)");
+        }
+        let c = private
+            .client()
+            .await
+            .map_err(|e| Failure::new(format!("cannot connect to the private store: {e}")))?;
+        let name = cx.name("crash");
+        let held_name = cx.name("crash-held");
+        let mut last = None;
+        for round in 0..50 {
+            let lease = cx.must_acquire(&c, &name, cx.long_ttl()).await?;
+            if let Some(prev) = last {
+                ensure!(
+                    lease.fence() > prev,
+                    "round {round}: fence {} not above {prev}",
+                    lease.fence()
+                );
+            }
+            last = Some(lease.fence());
+            c.release(&lease).await?;
+        }
+        let last = last.ok_or_else(|| Failure::new("no grant before the crash"))?;
+        let held = cx.must_acquire(&c, &held_name, cx.long_ttl()).await?;
+
+        store
+            .kill()
+            .await
+            .map_err(|e| Failure::new(format!("kill -9 failed: {e}")))?;
+        store
+            .restart()
+            .await
+            .map_err(|e| Failure::new(format!("restart failed: {e}")))?;
+        let fresh = private
+            .client()
+            .await
+            .map_err(|e| Failure::new(format!("cannot connect after the restart: {e}")))?;
+        let first = cx
+            .eventually(
+                cx.slack() * 5,
+                "the first grant after the restart",
+                || async {
+                    match fresh.try_acquire(&name, cx.long_ttl()).await {
+                        Ok(attempt) => Ok(attempt.into_lease()),
+                        Err(e) if e.is_retryable() => Ok(None),
+                        Err(e) => Err(e.into()),
+                    }
+                },
+            )
+            .await?;
+        ensure!(
+            first.fence() > last,
+            "F2: first fence after kill -9 + restart is {}, not above the last before, {last}",
+            first.fence()
+        );
+        fresh.release(&first).await?;
+        let mut prev = first.fence();
+        for round in 0..10 {
+            let lease = cx.must_acquire(&fresh, &name, cx.long_ttl()).await?;
+            ensure!(
+                lease.fence() > prev,
+                "round {round} after restart: fence {} not above {prev}",
+                lease.fence()
+            );
+            prev = lease.fence();
+            fresh.release(&lease).await?;
+        }
+        match fresh.try_acquire(&held_name, cx.long_ttl()).await? {
+            Attempt::Held { .. } => {}
+            Attempt::Acquired(lease) => {
+                ensure!(
+                    lease.fence() > held.fence(),
+                    "F2: the lock held at the crash was re-granted with fence {}, not above {}",
+                    lease.fence(),
+                    held.fence()
+                );
+                fresh.release(&lease).await?;
+            }
+        }
+        Ok(Outcome::Passed)
+    }
+
+    /// T3.7: the store is stopped (`SIGSTOP`) for longer than the TTL while
+    /// a holder renews and a waiter waits, then resumed. The holder's
+    /// `lost()` fires by its deadline; once resumed the waiter gets the lock
+    /// within TTL + slack, after the holder's deadline, with a larger fence;
+    /// the old holder's fenced write is refused.
+    pub async fn store_pause_keeps_invariants(cx: &Ctx) -> CaseResult {
+        let Some(private) = cx.private_factory().await? else {
+            skip!("{}", cx.why_no_private());
+        };
+        let Some(store) = private.store() else {
+            skip!("the private factory exposes no store process");
+        };
+        let connect = || async {
+            private
+                .client()
+                .await
+                .map_err(|e| Failure::new(format!("cannot connect to the private store: {e}")))
+        };
+        let (a, b) = (connect().await?, connect().await?);
+        let name = cx.name("store-paused");
+        let ttl = fault_ttl(cx);
+        let history = Arc::new(History::new());
+        let resource = FencedResource::new(Vec::new());
+
+        let invoked = Instant::now();
+        let guard = cx.locker(&a, ttl).acquire(&name).await?;
+        let fence_a = guard.fencing_token();
+        let grant_a = history.granted(0, &name, fence_a, invoked);
+        resource
+            .write(fence_a, |v| v.push("a"))
+            .map_err(|e| Failure::new(format!("A's first write refused: {e}")))?;
+        let waiter = {
+            let (locker, name, history) =
+                (cx.locker(&b, cx.long_ttl()), name.clone(), history.clone());
+            let wait = cx.scaled(Duration::from_secs(30)) + ttl * 4;
+            tokio::spawn(async move {
+                let invoked = Instant::now();
+                let guard = locker.acquire_timeout(&name, wait).await?;
+                let at = history.granted(1, &name, guard.fencing_token(), invoked);
+                Ok::<_, lockcore::LockError>((guard, at, Instant::now()))
+            })
+        };
+
+        store
+            .pause()
+            .await
+            .map_err(|e| Failure::new(format!("SIGSTOP failed: {e}")))?;
+        let paused = Instant::now();
+        let lost = tokio::time::timeout(ttl + cx.slack(), guard.lost()).await;
+        let fired = Instant::now();
+        tokio::time::sleep_until(paused + ttl + ttl / 2).await;
+        store
+            .resume()
+            .await
+            .map_err(|e| Failure::new(format!("SIGCONT failed: {e}")))?;
+        let resumed = Instant::now();
+        let reason = lost.map_err(|_| {
+            Failure::new(format!(
+                "C6: A's lost() did not fire while the store was stopped ({:?} after SIGSTOP; guard: held={}, \
+                 deadline in {:?}, loss={:?})",
+                fired - paused,
+                guard.is_held(),
+                guard.lease().deadline().checked_duration_since(Instant::now()),
+                guard.loss_reason()
+            ))
+        })?;
+        let deadline = guard.lease().deadline();
+        history.end(grant_a, fired.min(deadline));
+        ensure!(
+            fired <= deadline + timer_slack(cx),
+            "C6: A's lost() ({reason}) fired {:?} after its deadline",
+            fired - deadline
+        );
+
+        let within = ttl + cx.slack();
+        let (guard_b, grant_b, granted) = tokio::time::timeout(within, waiter)
+            .await
+            .map_err(|_| {
+                Failure::new(format!(
+                    "L1: the waiter did not get the lock within {within:?} after SIGCONT"
+                ))
+            })?
+            .map_err(|e| Failure::new(format!("waiter task failed: {e}")))??;
+        ensure!(
+            granted.saturating_duration_since(resumed) <= within,
+            "L1: granted {:?} after resume",
+            granted - resumed
+        );
+        ensure!(
+            guard_b.fencing_token() > fence_a,
+            "F1: fence {} not above A's {fence_a}",
+            guard_b.fencing_token()
+        );
+        resource
+            .write(guard_b.fencing_token(), |v| v.push("b"))
+            .map_err(|e| Failure::new(format!("B's write refused: {e}")))?;
+        stale_write_refused(&resource, fence_a, "A")?;
+        history.end(grant_b, Instant::now());
+        let released = guard_b.release().await?;
+        ensure!(
+            released == ReleaseOutcome::Released,
+            "B's release: {released:?}"
+        );
+        drop(guard);
+        check_history(&history)?;
+        Ok(Outcome::Passed)
+    }
+}

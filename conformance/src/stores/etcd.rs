@@ -1,0 +1,263 @@
+//! etcd: single member, or a 3-member cluster on loopback.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, process};
+
+/// Launch options.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Options {
+    /// `--heartbeat-interval` in ms (default 10).
+    pub heartbeat_ms: u32,
+    /// `--election-timeout` in ms (default 100). etcd's smallest lease TTL is
+    /// 1.5 × this rounded up to whole seconds, so 100 ms allows 1 s leases
+    /// (the default 1 s election timeout silently turns 1 s leases into 2 s).
+    pub election_timeout_ms: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            heartbeat_ms: 10,
+            election_timeout_ms: 100,
+        }
+    }
+}
+
+impl Options {
+    /// Sets heartbeat and election timeout (ms).
+    pub fn timing(mut self, heartbeat_ms: u32, election_timeout_ms: u32) -> Self {
+        self.heartbeat_ms = heartbeat_ms;
+        self.election_timeout_ms = election_timeout_ms;
+        self
+    }
+}
+
+fn program() -> io::Result<PathBuf> {
+    super::which("etcd").ok_or_else(|| super::missing(Kind::Etcd, "etcd"))
+}
+
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spec(
+    program: PathBuf,
+    member: &Member,
+    initial_cluster: String,
+    token: String,
+    options: &Options,
+    stop_signal: Signal,
+) -> io::Result<Spec> {
+    let dir = Arc::new(super::data_dir(Kind::Etcd)?);
+    let data = dir.path().join("data");
+    let log = dir.path().join("etcd.log");
+    let (name, client, peer) = (member.name.clone(), member.client, member.peer);
+    let options = options.clone();
+    let command = move || {
+        let mut cmd = Command::new(&program);
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        cmd.args(["--name", &name])
+            .arg("--data-dir")
+            .arg(&data)
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args([
+                "--initial-cluster",
+                &initial_cluster,
+                "--initial-cluster-state",
+                "new",
+            ])
+            .args(["--initial-cluster-token", &token])
+            .args(["--heartbeat-interval", &options.heartbeat_ms.to_string()])
+            .args([
+                "--election-timeout",
+                &options.election_timeout_ms.to_string(),
+            ])
+            .args(["--logger", "zap", "--log-level", "warn"]);
+        cmd
+    };
+    Ok(Spec {
+        kind: Kind::Etcd,
+        label: format!("etcd {} on 127.0.0.1:{client}", member.name),
+        addr: process::loopback(client),
+        durable: true,
+        dir,
+        log,
+        clock_file: None,
+        launch: Launch {
+            command: Box::new(command),
+            stop_signal,
+            stop_grace: Duration::from_secs(10),
+            ready_within: Duration::from_secs(60),
+            probe: None,
+        },
+    })
+}
+
+/// Starts a private single-member etcd on free loopback ports (client and
+/// peer) and waits until `/health` says true.
+pub fn start(options: Options) -> io::Result<Store> {
+    let program = program()?;
+    let mut last = None;
+    for _ in 0..3 {
+        let member = Member {
+            name: "solo".into(),
+            client: process::free_port()?,
+            peer: process::free_port()?,
+        };
+        let cluster = format!("solo=http://127.0.0.1:{}", member.peer);
+        let token = format!("distlock-{}", member.client);
+        match Store::launch(spec(
+            program.clone(),
+            &member,
+            cluster,
+            token,
+            &options,
+            Signal::SIGTERM,
+        )?) {
+            Err(e) if super::port_clash(&e) => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("etcd did not start")))
+}
+
+/// Starts a `size`-member cluster on loopback (heartbeat 50 ms, election
+/// timeout 500 ms: calmer than the single-member default on a busy 2-core
+/// machine, still 1 s leases) and waits until every member is healthy.
+pub fn start_cluster(size: usize) -> io::Result<Cluster> {
+    let program = program()?;
+    let options = Options::default().timing(50, 500);
+    let members: Vec<Member> = (1..=size)
+        .map(|i| {
+            Ok(Member {
+                name: format!("m{i}"),
+                client: process::free_port()?,
+                peer: process::free_port()?,
+            })
+        })
+        .collect::<io::Result<_>>()?;
+    let initial: Vec<String> = members
+        .iter()
+        .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+        .collect();
+    let initial = initial.join(",");
+    let token = format!("distlock-cluster-{}", members[0].client);
+    // Members wait for each other before /health turns true: launch each on
+    // its own thread, in parallel.
+    let handles: Vec<_> = members
+        .iter()
+        .map(|m| {
+            let spec = spec(
+                program.clone(),
+                m,
+                initial.clone(),
+                token.clone(),
+                &options,
+                Signal::SIGKILL,
+            );
+            std::thread::spawn(move || Store::launch(spec?))
+        })
+        .collect();
+    let mut stores = Vec::new();
+    let mut errors = Vec::new();
+    for handle in handles {
+        match handle.join() {
+            Ok(Ok(store)) => stores.push(store),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(_) => errors.push("launcher thread panicked".into()),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(io::Error::other(format!(
+            "etcd cluster did not form: {}",
+            errors.join("; ")
+        )));
+    }
+    Ok(Cluster { members: stores })
+}
+
+/// Whether the member at `addr` is the raft leader (`/v3/maintenance/status`:
+/// its own member id equals the leader id).
+pub fn is_leader(addr: SocketAddr) -> io::Result<bool> {
+    let reply = process::exchange(
+        addr,
+        b"POST /v3/maintenance/status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        Duration::from_millis(500),
+        |_| false,
+    )?;
+    let text = String::from_utf8_lossy(&reply);
+    let member = json_string(&text, "member_id");
+    let leader = json_string(&text, "leader");
+    match (member, leader) {
+        (Some(m), Some(l)) => Ok(m == l),
+        _ => Err(io::Error::other(format!("unexpected status reply: {text}"))),
+    }
+}
+
+fn json_string(text: &str, key: &str) -> Option<String> {
+    let at = text.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let end = text[at..].find('"')?;
+    Some(text[at..at + end].to_owned())
+}
+
+static SHARED: SharedSlot = SharedSlot::new();
+
+/// The etcd of this test binary, or the server named by
+/// `LOCK_TEST_ETCD_ENDPOINTS` (first endpoint).
+///
+/// # Panics
+/// When it cannot be started, with what to install.
+pub fn shared() -> Arc<Store> {
+    try_shared().unwrap_or_else(|e| panic!("etcd store unavailable: {e}"))
+}
+
+/// [`shared`] without the panic.
+pub fn try_shared() -> io::Result<Arc<Store>> {
+    super::shared_store(Kind::Etcd, &SHARED, || start(Options::default()))
+}
+
+/// [`shared`], or `None` after a loud SKIP line when etcd is missing and the
+/// run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
+pub fn shared_or_skip() -> Option<Arc<Store>> {
+    super::shared_or_skip(Kind::Etcd, try_shared)
+}
+
+/// A conformance [`Factory`](crate::Factory) over the shared etcd, with a
+/// private one for the crash cases. `connect` gets an endpoint URL.
+pub fn factory<F, Fut, B>(connect: F) -> super::StoreFactory
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
+    B: lockcore::LockBackend,
+{
+    super::factory(
+        Kind::Etcd,
+        try_shared,
+        || start(Options::default()),
+        connect,
+    )
+}

@@ -1,0 +1,187 @@
+//! `StoreFactory`: the conformance [`Factory`] over a launched (or external)
+//! store, for adapters' `suite!` invocations.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use lockcore::{LockBackend, LockError};
+
+use super::{Kind, Store};
+use crate::{Factory, StoreControl};
+
+type Connect = Arc<
+    dyn Fn(String) -> BoxFuture<'static, Result<Arc<dyn LockBackend>, LockError>> + Send + Sync,
+>;
+type Launcher = Arc<dyn Fn() -> io::Result<Store> + Send + Sync>;
+
+/// Hands out clients of one store by calling `connect(url)`: the store's URL
+/// for [`client`](Factory::client), the URL rewritten to a fault proxy for
+/// [`client_via`](Factory::client_via), and a freshly launched private store
+/// for [`private`](Factory::private) (crash and pause cases must not hurt the
+/// store other tests share).
+pub struct StoreFactory {
+    kind: Kind,
+    store: Result<Arc<Store>, String>,
+    private: Option<Launcher>,
+    connect: Connect,
+}
+
+impl fmt::Debug for StoreFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreFactory")
+            .field("kind", &self.kind)
+            .field("store", &self.store)
+            .field("private", &self.private.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn boxed<F, Fut, B>(connect: F) -> Connect
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+    B: LockBackend,
+{
+    Arc::new(move |url| {
+        let fut = connect(url);
+        Box::pin(async move { Ok(Arc::new(fut.await?) as Arc<dyn LockBackend>) })
+    })
+}
+
+/// A factory over the shared store of `kind` (`try_shared`), launching
+/// private ones with `private`. Used by each store module's `factory`.
+///
+/// # Panics
+/// When the shared store cannot be had, unless its binaries are missing in
+/// an explicitly partial run, where every case then skips, loudly.
+pub fn factory<F, Fut, B>(
+    kind: Kind,
+    try_shared: fn() -> io::Result<Arc<Store>>,
+    private: fn() -> io::Result<Store>,
+    connect: F,
+) -> StoreFactory
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+    B: LockBackend,
+{
+    let store = match try_shared() {
+        Ok(store) => Ok(store),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && super::partial_run_allowed() => {
+            eprintln!("SKIP: {kind} conformance cases skipped (LOCK_TEST_PARTIAL=1): {e}");
+            Err(format!(
+                "{kind} is not installed and this is a partial run (LOCK_TEST_PARTIAL=1): {e}"
+            ))
+        }
+        Err(e) => panic!("{kind} store unavailable: {e}"),
+    };
+    StoreFactory {
+        kind,
+        store,
+        private: Some(Arc::new(private)),
+        connect: boxed(connect),
+    }
+}
+
+impl StoreFactory {
+    /// A factory over `store` (say, one started with custom options), with no
+    /// private store unless [`with_private`](Self::with_private) adds one.
+    pub fn new<F, Fut, B>(store: Arc<Store>, connect: F) -> Self
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+        B: LockBackend,
+    {
+        StoreFactory {
+            kind: store.kind(),
+            store: Ok(store),
+            private: None,
+            connect: boxed(connect),
+        }
+    }
+
+    /// Sets how private stores for the crash and pause cases are launched.
+    pub fn with_private(
+        mut self,
+        launch: impl Fn() -> io::Result<Store> + Send + Sync + 'static,
+    ) -> Self {
+        self.private = Some(Arc::new(launch));
+        self
+    }
+
+    /// The store, unless it was skipped in a partial run.
+    pub fn store_handle(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref().ok()
+    }
+
+    fn require(&self) -> Result<&Arc<Store>, LockError> {
+        self.store
+            .as_ref()
+            .map_err(|why| LockError::config(format!("no {} store: {why}", self.kind)))
+    }
+}
+
+#[async_trait]
+impl Factory for StoreFactory {
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        let url = self.require()?.url();
+        (self.connect)(url).await
+    }
+
+    fn store(&self) -> Option<Arc<dyn StoreControl>> {
+        let store = self.store.as_ref().ok()?;
+        Some(store.clone())
+    }
+
+    async fn client_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
+        let url = match self.require() {
+            Ok(store) => store.url_via(addr),
+            Err(e) => return Some(Err(e)),
+        };
+        Some((self.connect)(url).await)
+    }
+
+    async fn private(&self) -> Option<Result<Arc<dyn Factory>, LockError>> {
+        let store = self.store.as_ref().ok()?;
+        if store.is_external() {
+            return None;
+        }
+        let launch = self.private.clone()?;
+        let kind = self.kind;
+        let launched = tokio::task::spawn_blocking(move || launch())
+            .await
+            .map_err(|e| io::Error::other(format!("launcher panicked: {e}")))
+            .and_then(|r| r);
+        Some(match launched {
+            Ok(store) => Ok(Arc::new(StoreFactory {
+                kind,
+                store: Ok(Arc::new(store)),
+                private: None,
+                connect: self.connect.clone(),
+            }) as Arc<dyn Factory>),
+            Err(e) => Err(LockError::config_caused_by(
+                format!("could not launch a private {kind} store"),
+                e,
+            )),
+        })
+    }
+
+    fn skip_all(&self) -> Option<String> {
+        self.store.as_ref().err().cloned()
+    }
+
+    fn helper_env(&self) -> Vec<(String, String)> {
+        match &self.store {
+            Ok(store) => vec![(self.kind.env_var().to_owned(), store.url())],
+            Err(_) => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Child processes that die with the test binary, signals, free ports and
+//! readiness polling: the plumbing under every store and the lock-taker.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs `f` on the one thread that spawns every child.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits,
+/// not the process. Test threads come and go, so children are forked from a
+/// thread that lives as long as the test binary: they then die with it even
+/// though a `static` store is never dropped.
+fn on_spawner_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> io::Result<R> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let sender = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("lock-conformance-spawner".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .expect("the spawner thread starts");
+        Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    let job: Job = Box::new(move || {
+        let _ = reply_tx.send(f());
+    });
+    sender
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send(job)
+        .map_err(|_| io::Error::other("the process spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| io::Error::other("the process spawner thread dropped the request"))
+}
+
+/// Spawns `cmd` so that the child gets `SIGKILL` when the test binary exits
+/// (however it exits), in its own process group so signals reach the
+/// server's helpers too (PostgreSQL backends, a Redis AOF rewrite child).
+pub(crate) fn spawn(mut cmd: Command, what: &str) -> io::Result<Child> {
+    let parent = std::process::id() as libc::pid_t;
+    cmd.process_group(0);
+    // SAFETY: prctl and getppid are async-signal-safe; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    on_spawner_thread(move || cmd.spawn())?.map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{what}: `{program}` is not installed ({e})"),
+            )
+        } else {
+            io::Error::new(e.kind(), format!("{what}: cannot start `{program}`: {e}"))
+        }
+    })
+}
+
+/// Whether `pid` still runs. A zombie does not: kill(0) succeeds on zombies,
+/// and PID 1 on some machines reaps orphans seconds late.
+pub(crate) fn alive(pid: u32) -> bool {
+    if kill(Pid::from_raw(pid as i32), None).is_err() {
+        return false;
+    }
+    match fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => !status
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Sends `sig` to the process group led by `pid` (every store is started as
+/// a group leader), falling back to the process itself.
+pub(crate) fn signal_group(pid: u32, sig: Signal) -> io::Result<()> {
+    let pid = Pid::from_raw(pid as i32);
+    killpg(pid, sig)
+        .or_else(|_| kill(pid, sig))
+        .map_err(|e| io::Error::other(format!("cannot send {sig} to process {pid}: {e}")))
+}
+
+/// Sends `sig` to `pid` only.
+pub(crate) fn signal(pid: u32, sig: Signal) -> io::Result<()> {
+    kill(Pid::from_raw(pid as i32), sig)
+        .map_err(|e| io::Error::other(format!("cannot send {sig} to process {pid}: {e}")))
+}
+
+/// Waits up to `grace` for `child` to exit (reaping it), returning whether it did.
+pub(crate) fn wait_exit(child: &mut Child, grace: Duration) -> bool {
+    let give_up = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return true,
+            Ok(None) => {}
+        }
+        if Instant::now() >= give_up {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `pid` and all its descendants (by parent pid, from /proc).
+pub(crate) fn tree(root: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // Fields after the ")" closing the command name: state ppid ...
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parents.push((pid, ppid));
+            }
+        }
+    }
+    let mut found = vec![root];
+    let mut at = 0;
+    while at < found.len() {
+        let parent = found[at];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        at += 1;
+    }
+    found
+}
+
+/// Sends `sig` to `root`'s process group and to every descendant of `root`:
+/// PostgreSQL backends each call `setsid()`, so a group signal alone would
+/// leave them serving (or, after a kill, holding shared memory). The root is
+/// signalled first so it forks nothing new meanwhile. Returns the pids hit.
+pub(crate) fn signal_tree(root: u32, sig: Signal) -> io::Result<Vec<u32>> {
+    if sig == Signal::SIGKILL {
+        // Killed children are re-parented at once and drop out of the tree:
+        // freeze the tree first, then kill everything found.
+        let hit = signal_tree(root, Signal::SIGSTOP)?;
+        let _ = signal_group(root, Signal::SIGKILL);
+        for &pid in &hit {
+            let _ = signal(pid, Signal::SIGKILL);
+        }
+        return Ok(hit);
+    }
+    signal_group(root, sig)?;
+    let mut hit = vec![root];
+    for _ in 0..3 {
+        let mut new = false;
+        for pid in tree(root) {
+            if !hit.contains(&pid) {
+                let _ = signal(pid, sig);
+                hit.push(pid);
+                new = true;
+            }
+        }
+        if !new {
+            break;
+        }
+    }
+    Ok(hit)
+}
+
+/// Waits until none of `pids` runs any more (zombies count as gone).
+pub(crate) fn wait_all_gone(pids: &[u32], within: Duration) -> bool {
+    let give_up = Instant::now() + within;
+    loop {
+        if !pids.iter().any(|&p| alive(p)) {
+            return true;
+        }
+        if Instant::now() >= give_up {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The range ports are handed out from: below Linux's ephemeral range, so an
+/// outgoing connection never takes a store's port while the store is down
+/// for a restart.
+const PORTS: std::ops::Range<u16> = 20000..32000;
+
+/// A loopback port nothing listens on and this process has not handed out
+/// before. Another process may still take it before the server binds it;
+/// launchers retry on "address in use".
+pub(crate) fn free_port() -> io::Result<u16> {
+    static TAKEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let taken = TAKEN.get_or_init(Default::default);
+    for _ in 0..200 {
+        let port = rand::random_range(PORTS);
+        let mut taken = taken.lock().unwrap_or_else(|p| p.into_inner());
+        if taken.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            taken.insert(port);
+            return Ok(port);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("no free loopback port in {PORTS:?} after 200 tries"),
+    ))
+}
+
+/// `127.0.0.1:port`.
+pub(crate) fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// Connects, writes `request`, and reads until `done` says the reply is
+/// complete, EOF, or the timeout. Returns what was read.
+pub(crate) fn exchange(
+    addr: SocketAddr,
+    request: &[u8],
+    timeout: Duration,
+    done: impl Fn(&[u8]) -> bool,
+) -> io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(request)?;
+    let mut reply = Vec::new();
+    let mut buf = [0_u8; 4096];
+    let give_up = Instant::now() + timeout;
+    while !done(&reply) {
+        if Instant::now() >= give_up {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no complete reply in time",
+            ));
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(reply)
+}
+
+/// The last `max` bytes of a log file, for error messages.
+pub(crate) fn tail(path: &Path, max: usize) -> String {
+    match fs::read(path) {
+        Ok(bytes) => {
+            let start = bytes.len().saturating_sub(max);
+            let text = String::from_utf8_lossy(&bytes[start..]).into_owned();
+            if start > 0 {
+                format!("…{text}")
+            } else {
+                text
+            }
+        }
+        Err(e) => format!("(no log at {}: {e})", path.display()),
+    }
+}
+
+/// Where store data dirs go: `LOCK_TEST_TMPDIR`, else the system temp dir.
+/// It must be traversable by the unprivileged PostgreSQL user, so not /root.
+pub(crate) fn temp_root() -> PathBuf {
+    std::env::var_os("LOCK_TEST_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Removes data dirs left by test binaries that died without cleaning up
+/// (named `distlock-<kind>-<pid>-*`), once per process.
+pub(crate) fn sweep_stale_dirs() {
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| {
+        let Ok(entries) = fs::read_dir(temp_root()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(rest) = name.strip_prefix("distlock-") else {
+                continue;
+            };
+            let pid = rest.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && pid != std::process::id()
+                && !alive(pid)
+            {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    });
+}
+
+/// Polls `ready` until it returns `Ok(true)`, the process exits, or `within`
+/// passes; the error says which and carries the last probe error.
+pub(crate) fn wait_ready(
+    what: &str,
+    within: Duration,
+    mut exited: impl FnMut() -> Option<String>,
+    mut ready: impl FnMut() -> io::Result<bool>,
+) -> io::Result<()> {
+    let give_up = Instant::now() + within;
+    loop {
+        let last = match ready() {
+            Ok(true) => return Ok(()),
+            Ok(false) => "not serving yet".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        if let Some(status) = exited() {
+            return Err(io::Error::other(format!(
+                "{what} exited during start-up ({status})"
+            )));
+        }
+        if Instant::now() >= give_up {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} not serving after {within:?} (last probe: {last})"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

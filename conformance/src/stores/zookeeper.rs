@@ -1,0 +1,247 @@
+//! ZooKeeper: standalone (`ZooKeeperServerMain`) or a 3-server ensemble
+//! (`QuorumPeerMain`), from a generated `zoo.cfg`.
+
+use std::fs;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, process};
+
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// Launch options.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Options {
+    /// `tickTime` in ms (default 250). Session expiry is checked per tick, so
+    /// a small tick keeps 1 s sessions precise.
+    pub tick_ms: u32,
+    /// `minSessionTimeout` in ms (default 1000: 1 s sessions are allowed).
+    pub min_session_ms: u32,
+    /// `maxSessionTimeout` in ms (default 60000).
+    pub max_session_ms: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tick_ms: 250,
+            min_session_ms: 1000,
+            max_session_ms: 60_000,
+        }
+    }
+}
+
+fn java() -> io::Result<(PathBuf, String)> {
+    if !Path::new(JAR).is_file() {
+        return Err(super::missing(Kind::ZooKeeper, JAR));
+    }
+    let java = super::which("java").ok_or_else(|| super::missing(Kind::ZooKeeper, "java"))?;
+    // zookeeper.jar's manifest Class-Path names its dependencies; slf4j-simple
+    // only turns the NOP logger into log lines.
+    let mut classpath = JAR.to_owned();
+    if Path::new(SLF4J_SIMPLE).is_file() {
+        classpath.push(':');
+        classpath.push_str(SLF4J_SIMPLE);
+    }
+    Ok((java, classpath))
+}
+
+fn config(options: &Options, data: &Path, client: u16, servers: &[(u16, u16)]) -> String {
+    let mut cfg = format!(
+        "tickTime={}\nminSessionTimeout={}\nmaxSessionTimeout={}\ndataDir={}\n\
+         clientPort={client}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n\
+         admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr,conf,cons\n",
+        options.tick_ms,
+        options.min_session_ms,
+        options.max_session_ms,
+        data.display()
+    );
+    if !servers.is_empty() {
+        // initLimit/syncLimit are in ticks: 10 s / 2.5 s at the default tick.
+        cfg.push_str("initLimit=40\nsyncLimit=10\n");
+        for (i, (quorum, election)) in servers.iter().enumerate() {
+            cfg.push_str(&format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1));
+        }
+    }
+    cfg
+}
+
+fn spec(
+    main_class: &'static str,
+    options: &Options,
+    client: u16,
+    servers: &[(u16, u16)],
+    myid: Option<usize>,
+    stop_signal: Signal,
+) -> io::Result<Spec> {
+    let (java, classpath) = java()?;
+    let dir = Arc::new(super::data_dir(Kind::ZooKeeper)?);
+    let data = dir.path().join("data");
+    fs::create_dir(&data)?;
+    if let Some(id) = myid {
+        fs::write(data.join("myid"), format!("{id}\n"))?;
+    }
+    let cfg = dir.path().join("zoo.cfg");
+    fs::write(&cfg, config(options, &data, client, servers))?;
+    let log = dir.path().join("zookeeper.log");
+    let command = move || {
+        let mut cmd = Command::new(&java);
+        cmd.args(["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC"])
+            .args([
+                "-Dzookeeper.admin.enableServer=false",
+                "-Djava.net.preferIPv4Stack=true",
+            ])
+            .args(["-cp", &classpath, main_class])
+            .arg(&cfg);
+        cmd
+    };
+    let label = match myid {
+        Some(id) => format!("zookeeper server.{id} on 127.0.0.1:{client}"),
+        None => format!("zookeeper on 127.0.0.1:{client}"),
+    };
+    Ok(Spec {
+        kind: Kind::ZooKeeper,
+        label,
+        addr: process::loopback(client),
+        durable: true,
+        dir,
+        log,
+        clock_file: None,
+        launch: Launch {
+            command: Box::new(command),
+            stop_signal,
+            stop_grace: Duration::from_secs(10),
+            ready_within: Duration::from_secs(60),
+            probe: None,
+        },
+    })
+}
+
+/// Starts a private standalone ZooKeeper on a free loopback port (admin
+/// server off) and waits until `srvr` prints a `Mode:` line: it answers
+/// `ruok` and accepts connections before it serves requests.
+pub fn start(options: Options) -> io::Result<Store> {
+    let mut last = None;
+    for _ in 0..3 {
+        let client = process::free_port()?;
+        let spec = spec(
+            "org.apache.zookeeper.server.ZooKeeperServerMain",
+            &options,
+            client,
+            &[],
+            None,
+            Signal::SIGTERM,
+        )?;
+        match Store::launch(spec) {
+            Err(e) if super::port_clash(&e) => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("zookeeper did not start")))
+}
+
+/// Starts a `size`-server ensemble on loopback and waits until every server
+/// serves (one leader, the others followers).
+pub fn start_ensemble(size: usize) -> io::Result<Cluster> {
+    let options = Options::default();
+    let ports = (0..size)
+        .map(|_| {
+            Ok((
+                process::free_port()?,
+                process::free_port()?,
+                process::free_port()?,
+            ))
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    let servers: Vec<(u16, u16)> = ports.iter().map(|&(_, q, e)| (q, e)).collect();
+    let handles: Vec<_> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &(client, _, _))| {
+            let spec = spec(
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                &options,
+                client,
+                &servers,
+                Some(i + 1),
+                Signal::SIGKILL,
+            );
+            std::thread::spawn(move || Store::launch(spec?))
+        })
+        .collect();
+    let mut stores = Vec::new();
+    let mut errors = Vec::new();
+    for handle in handles {
+        match handle.join() {
+            Ok(Ok(store)) => stores.push(store),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(_) => errors.push("launcher thread panicked".into()),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(io::Error::other(format!(
+            "zookeeper ensemble did not form: {}",
+            errors.join("; ")
+        )));
+    }
+    Ok(Cluster { members: stores })
+}
+
+/// Whether the server at `addr` is the ensemble leader (`srvr`: `Mode: leader`).
+pub fn is_leader(addr: SocketAddr) -> io::Result<bool> {
+    Ok(mode(addr)?.as_deref() == Some("leader"))
+}
+
+/// The server's `Mode:` (`standalone`, `leader`, `follower`), if it serves.
+pub fn mode(addr: SocketAddr) -> io::Result<Option<String>> {
+    let reply = process::exchange(addr, b"srvr", Duration::from_millis(500), |_| false)?;
+    Ok(String::from_utf8_lossy(&reply)
+        .lines()
+        .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_owned())))
+}
+
+static SHARED: SharedSlot = SharedSlot::new();
+
+/// The ZooKeeper of this test binary, or the server named by
+/// `LOCK_TEST_ZOOKEEPER` (a connect string; first host).
+///
+/// # Panics
+/// When it cannot be started, with what to install.
+pub fn shared() -> Arc<Store> {
+    try_shared().unwrap_or_else(|e| panic!("zookeeper store unavailable: {e}"))
+}
+
+/// [`shared`] without the panic.
+pub fn try_shared() -> io::Result<Arc<Store>> {
+    super::shared_store(Kind::ZooKeeper, &SHARED, || start(Options::default()))
+}
+
+/// [`shared`], or `None` after a loud SKIP line when ZooKeeper is missing and
+/// the run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
+pub fn shared_or_skip() -> Option<Arc<Store>> {
+    super::shared_or_skip(Kind::ZooKeeper, try_shared)
+}
+
+/// A conformance [`Factory`](crate::Factory) over the shared ZooKeeper, with
+/// a private one for the crash cases. `connect` gets a connect string.
+pub fn factory<F, Fut, B>(connect: F) -> super::StoreFactory
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
+    B: lockcore::LockBackend,
+{
+    super::factory(
+        Kind::ZooKeeper,
+        try_shared,
+        || start(Options::default()),
+        connect,
+    )
+}

@@ -1,0 +1,103 @@
+//! The container files users' CI runs the suite with: they must parse and
+//! agree with each other and with the launcher's settings.
+
+use std::path::PathBuf;
+
+use yaml_rust2::{Yaml, YamlLoader};
+
+fn load(relative: &str) -> Yaml {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut docs = YamlLoader::load_from_str(&text)
+        .unwrap_or_else(|e| panic!("{relative} is not valid YAML: {e}"));
+    assert_eq!(docs.len(), 1, "{relative}: one document");
+    docs.remove(0)
+}
+
+fn words(y: &Yaml) -> String {
+    match y {
+        Yaml::Array(items) => items.iter().map(words).collect::<Vec<_>>().join(" "),
+        Yaml::String(s) => s.clone(),
+        Yaml::Integer(i) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[test]
+fn compose_file_starts_the_four_stores_durably() {
+    let compose = load("ci/docker-compose.yml");
+    let services = &compose["services"];
+    for (name, port) in [
+        ("redis", "6379"),
+        ("postgres", "5432"),
+        ("etcd", "2379"),
+        ("zookeeper", "2181"),
+    ] {
+        let service = &services[name];
+        assert!(service["image"].as_str().is_some(), "{name} has an image");
+        let ports = words(&service["ports"]);
+        assert!(
+            ports.contains(&format!("127.0.0.1:{port}:{port}")),
+            "{name} publishes {port} on loopback: {ports}"
+        );
+        assert!(
+            !service["healthcheck"]["test"].is_badvalue(),
+            "{name} has a health check (for up --wait)"
+        );
+    }
+    let redis = words(&services["redis"]["command"]);
+    assert!(
+        redis.contains("--appendonly yes") && redis.contains("--appendfsync always"),
+        "{redis}"
+    );
+    let etcd = words(&services["etcd"]["command"]);
+    assert!(
+        etcd.contains("--election-timeout=100"),
+        "1 s leases need a short election timeout: {etcd}"
+    );
+    let zk = &services["zookeeper"]["environment"];
+    assert!(words(&zk["ZOO_CFG_EXTRA"]).contains("minSessionTimeout=1000"));
+    assert!(words(&zk["ZOO_4LW_COMMANDS_WHITELIST"]).contains("srvr"));
+    assert_eq!(
+        words(&services["postgres"]["environment"]["POSTGRES_HOST_AUTH_METHOD"]),
+        "trust"
+    );
+}
+
+#[test]
+fn workflow_runs_the_suite_against_the_containers() {
+    let workflow = load(".github/workflows/stores.yml");
+    assert!(!workflow["on"].is_badvalue(), "the workflow has triggers");
+    let job = &workflow["jobs"]["conformance"];
+    let env = &job["env"];
+    assert_eq!(words(&env["CI"]), "true");
+    for (var, want) in [
+        ("LOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
+        (
+            "LOCK_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        ),
+        ("LOCK_TEST_ETCD_ENDPOINTS", "http://127.0.0.1:2379"),
+        ("LOCK_TEST_ZOOKEEPER", "127.0.0.1:2181"),
+    ] {
+        assert_eq!(words(&env[var]), want, "{var}");
+    }
+    let steps = job["steps"].as_vec().expect("steps");
+    let runs: Vec<String> = steps.iter().map(|s| words(&s["run"])).collect();
+    let up = runs
+        .iter()
+        .position(|r| r.contains("docker compose -f ci/docker-compose.yml up -d --wait"));
+    let test = runs
+        .iter()
+        .position(|r| r.contains("cargo test --workspace --all-features"));
+    assert!(
+        matches!((up, test), (Some(u), Some(t)) if u < t),
+        "stores start before the tests: {runs:?}"
+    );
+    assert!(
+        runs.iter().any(|r| r.contains("protobuf-compiler")),
+        "protoc for etcd-client"
+    );
+}
