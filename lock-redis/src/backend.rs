@@ -1,0 +1,475 @@
+//! `RedisBackend`: the lock operations, each one Lua script round trip.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::audit::{self, ForcedRelease};
+use lockcore::{
+    Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LockBackend,
+    LockError, LockName, OwnerToken, ReleaseOutcome, Wakeup,
+};
+use redis::Script;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::time::Instant;
+
+use crate::connection::{self, Commands};
+use crate::durability::{FENCE_ASSUMPTION, Persistence};
+use crate::error::{self, BACKEND};
+use crate::fenced::{self, Fenced};
+use crate::keys::Keys;
+use crate::notify::Notifier;
+use crate::{RedisConfig, scripts};
+
+/// The longest TTL accepted: one year. Redis itself accepts `PX` values of
+/// hundreds of thousands of years, so the cap is ours.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Locks in one Redis server (or one Redis Cluster slot per name).
+///
+/// Clones share the connections; connect another backend for an
+/// independent client. Each backend holds one multiplexed connection for
+/// commands (reconnected automatically) and, once something waits, one
+/// pub/sub connection shared by all its waiters.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lockcore::LockError> {
+/// use lock_redis::RedisBackend;
+/// use lockcore::Locker;
+///
+/// let locker = Locker::new(RedisBackend::connect("redis://127.0.0.1:6379").await?);
+/// let guard = locker.acquire("nightly-settlement").await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    commands: Commands,
+    prefix: String,
+    endpoint: String,
+    op_timeout: Duration,
+    caps: Capabilities,
+    notifier: Arc<Notifier>,
+    persistence: Persistence,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.notifier.shutdown();
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the server `url` names (see [`RedisConfig::from_url`]).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a bad URL, [`LockError::Unavailable`]
+    /// when the server cannot be reached in time, [`LockError::Store`] when it
+    /// refuses the credentials.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(RedisConfig::from_url(url)?).await
+    }
+
+    /// Connects with a full configuration (an existing client or connection,
+    /// key prefix, timeouts, durability requirement).
+    ///
+    /// Reads the server's persistence settings: without `appendfsync always`
+    /// it logs a warning (fences then rely on the server clock, see the crate
+    /// docs), or refuses with [`RedisConfig::require_durable_fences`].
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), plus [`LockError::InvalidConfig`] for an
+    /// invalid prefix or timeout, or non-durable persistence when required.
+    pub async fn connect_with(config: RedisConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        if config.uses_tls() {
+            install_tls_provider();
+        }
+        let endpoint = config.endpoint();
+        let op_timeout = config.connect_timeout + config.response_timeout;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1));
+        let mut con = match config.connection.clone() {
+            Some(con) => con,
+            None => {
+                let connecting = config
+                    .client
+                    .get_connection_manager_with_config(manager.clone());
+                match tokio::time::timeout(config.connect_timeout * 2, connecting).await {
+                    Ok(Ok(con)) => con,
+                    Ok(Err(e)) => return Err(error::map(e)),
+                    Err(_) => {
+                        return Err(error::timed_out(
+                            &format!("connect to {endpoint}"),
+                            config.connect_timeout * 2,
+                        ));
+                    }
+                }
+            }
+        };
+        // A first command proves the credentials and the link; the
+        // persistence probe may be refused (ACL), that is not fatal.
+        let ping_cmd = redis::cmd("PING");
+        let ping = ping_cmd.query_async::<String>(&mut con);
+        match tokio::time::timeout(op_timeout, ping).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(error::map(e)),
+            Err(_) => return Err(error::timed_out(&format!("PING {endpoint}"), op_timeout)),
+        }
+        let persistence = tokio::time::timeout(op_timeout, Persistence::probe(&mut con))
+            .await
+            .unwrap_or_else(|_| Persistence::Unknown("CONFIG GET timed out".into()));
+        if !persistence.is_durable() {
+            if config.require_durable_fences {
+                return Err(LockError::config(format!(
+                    "{endpoint} persists with {persistence}; durable fences need \
+                     `appendonly yes` and `appendfsync always`"
+                )));
+            }
+            tracing::warn!(
+                endpoint = %endpoint,
+                persistence = %persistence,
+                "redis without `appendfsync always`: after a crash, fencing tokens stay \
+                 monotonic only if the server clock does not step back, and held locks may be forgotten"
+            );
+        }
+        let caps = Capabilities::new(BACKEND)
+            .ttl_range(Duration::from_millis(1), MAX_TTL)
+            .ttl_granularity(Duration::from_millis(1))
+            .fairness(Fairness::None)
+            .fence_durability(FenceDurability::Conditional(FENCE_ASSUMPTION))
+            .notifications(true)
+            .expiry_slack(Duration::from_millis(1));
+        let notifier = Notifier::new(config.client.clone(), op_timeout);
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                commands: Commands::new(config.client.clone(), manager, op_timeout, con),
+                prefix: config.key_prefix,
+                endpoint,
+                op_timeout,
+                caps,
+                notifier,
+                persistence,
+            }),
+        })
+    }
+
+    /// The connection lock commands use, for your own commands (e.g.
+    /// [`fenced_apply`](Self::fenced_apply) on data kept in the same server).
+    pub fn connection(&self) -> ConnectionManager {
+        self.inner.commands.get().1
+    }
+
+    /// The server's persistence settings, as read at connect.
+    pub fn persistence(&self) -> &Persistence {
+        &self.inner.persistence
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Applies `command` only if `token` is not older than the last token
+    /// applied through `fence_key`; see [`fenced_apply`](crate::fenced_apply).
+    ///
+    /// # Errors
+    /// As [`fenced_apply`](crate::fenced_apply).
+    pub async fn fenced_apply<T: redis::FromRedisValue>(
+        &self,
+        fence_key: &str,
+        token: FencingToken,
+        command: &redis::Cmd,
+    ) -> Result<Fenced<T>, LockError> {
+        let mut con = self.connection();
+        tokio::time::timeout(
+            self.inner.op_timeout,
+            fenced::fenced_apply(&mut con, fence_key, token, command),
+        )
+        .await
+        .unwrap_or_else(|_| Err(error::timed_out("fenced write", self.inner.op_timeout)))
+    }
+
+    fn keys(&self, name: &LockName) -> Keys {
+        Keys::new(&self.inner.prefix, name)
+    }
+
+    /// A script invocation whose first argument is a fresh nonce.
+    fn prepare(script: &'static Script) -> (redis::ScriptInvocation<'static>, String) {
+        let nonce = connection::nonce();
+        let mut invocation = script.prepare_invoke();
+        invocation.arg(&nonce);
+        (invocation, nonce)
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        (invocation, nonce): &(redis::ScriptInvocation<'static>, String),
+    ) -> Result<T, LockError> {
+        self.inner.commands.invoke(what, nonce, invocation).await
+    }
+
+    /// Best effort, after an acquire whose outcome is unknown: frees the lock
+    /// if that attempt got it, so it does not block the name for a whole TTL.
+    /// Retries (the network that lost the reply may heal) until it gets an
+    /// answer, the grant would have expired anyway, or the backend is dropped.
+    fn abandon(&self, keys: Keys, owner: OwnerToken, until: Instant) {
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let retry = lockcore::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            for attempt in 0_u32.. {
+                let Some(backend) = inner.upgrade() else {
+                    return;
+                };
+                let mut call = Self::prepare(&scripts::ABANDON);
+                call.0
+                    .key(&keys.lock)
+                    .arg(owner.encode())
+                    .arg(keys.channel());
+                let outcome = backend
+                    .commands
+                    .invoke::<(i64,)>("abandon", &call.1, &call.0)
+                    .await;
+                drop(backend);
+                match outcome {
+                    Ok((freed,)) => {
+                        if freed == 1 {
+                            tracing::debug!(key = %keys.lock, "freed the lock of an acquire whose reply was lost");
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_retryable() => {
+                        let next = Instant::now() + retry.delay(attempt);
+                        if next >= until {
+                            return;
+                        }
+                        tokio::time::sleep_until(next).await;
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+}
+
+/// `"<owner>:<fence>"`: what the lock key holds for `lease`.
+fn lease_value(lease: &Lease) -> String {
+    format!("{}:{}", lease.owner().encode(), lease.fence())
+}
+
+/// Parses what the lock key holds.
+fn parse_value(key: &str, value: &str) -> Result<(OwnerToken, FencingToken), LockError> {
+    value
+        .split_once(':')
+        .and_then(|(owner, fence)| {
+            Some((
+                OwnerToken::decode(owner)?,
+                FencingToken::new(fence.parse().ok()?)?,
+            ))
+        })
+        .ok_or_else(|| {
+            error::unexpected(format!(
+                "{key} holds a value distlock did not write ({} bytes)",
+                value.len()
+            ))
+        })
+}
+
+fn remaining(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// `rediss://` needs a rustls crypto provider; install ring's unless the
+/// process already chose one.
+fn install_tls_provider() {
+    #[cfg(feature = "tls")]
+    {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("endpoint", &self.inner.endpoint)
+            .field("key_prefix", &self.inner.prefix)
+            .field("persistence", &self.inner.persistence)
+            .field("notifier", &self.inner.notifier)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+        let ttl = self.inner.caps.effective_ttl(ttl)?;
+        let keys = self.keys(name);
+        let owner = OwnerToken::new();
+        let mut call = Self::prepare(&scripts::ACQUIRE);
+        call.0
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(owner.encode())
+            .arg(ttl.as_millis() as u64);
+        let sent_at = Instant::now();
+        let acquired = self
+            .inner
+            .commands
+            .invoke_tracked("acquire", &call.1, &call.0)
+            .await;
+        let (granted, value): (i64, i64) = match acquired {
+            Ok(reply) => reply,
+            Err((e, maybe_ran)) => {
+                if maybe_ran {
+                    self.abandon(keys, owner, sent_at + ttl);
+                }
+                return Err(e);
+            }
+        };
+        if granted == 1 {
+            let fence = u64::try_from(value)
+                .ok()
+                .and_then(FencingToken::new)
+                .ok_or_else(|| error::unexpected(format!("acquire returned fence {value}")))?;
+            Ok(Attempt::Acquired(Lease::new(
+                name.clone(),
+                owner,
+                fence,
+                ttl,
+                sent_at,
+            )))
+        } else {
+            Ok(Attempt::Held {
+                expires_in: remaining(value),
+            })
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let ttl = self.inner.caps.effective_ttl(lease.ttl())?;
+        let keys = self.keys(lease.name());
+        let mut call = Self::prepare(&scripts::RENEW);
+        call.0
+            .key(&keys.lock)
+            .arg(lease_value(lease))
+            .arg(ttl.as_millis() as u64);
+        let sent_at = Instant::now();
+        match self.invoke::<(i64,)>("renew", &call).await? {
+            (1,) => Ok(lease.renewed(ttl, sent_at)),
+            _ => Err(LockError::NotHeld {
+                name: lease.name().clone(),
+            }),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let keys = self.keys(lease.name());
+        let mut call = Self::prepare(&scripts::RELEASE);
+        call.0
+            .key(&keys.lock)
+            .arg(lease_value(lease))
+            .arg(keys.channel());
+        match self.invoke::<(i64,)>("release", &call).await? {
+            (1,) => Ok(ReleaseOutcome::Released),
+            _ => Ok(ReleaseOutcome::NotHeld),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        let keys = self.keys(name);
+        let mut call = Self::prepare(&scripts::INSPECT);
+        call.0.key(&keys.lock);
+        let (pttl, value): (i64, Option<String>) = self.invoke("inspect", &call).await?;
+        value
+            .map(|value| {
+                let (owner, fence) = parse_value(&keys.lock, &value)?;
+                Ok(Holder::new(fence, Some(owner), remaining(pttl)))
+            })
+            .transpose()
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        reason: &str,
+    ) -> Result<Option<Holder>, LockError> {
+        let keys = self.keys(name);
+        let mut call = Self::prepare(&scripts::FORCE_RELEASE);
+        call.0.key(&keys.lock).key(&keys.fence).arg(keys.channel());
+        let (_fence, pttl, value): (i64, i64, Option<String>) =
+            self.invoke("force_release", &call).await?;
+        // The eviction happened: record it even if the old value is odd.
+        let evicted = match value.as_deref().map(|v| parse_value(&keys.lock, v)) {
+            Some(Ok((owner, fence))) => Some(Holder::new(fence, Some(owner), remaining(pttl))),
+            Some(Err(e)) => {
+                tracing::warn!(key = %keys.lock, error = %e, "force_release removed a foreign value");
+                None
+            }
+            None => None,
+        };
+        audit::emit(ForcedRelease::new(
+            BACKEND,
+            name.clone(),
+            evicted.clone(),
+            reason,
+        ));
+        Ok(evicted)
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        let keys = self.keys(name);
+        self.inner.notifier.watch(keys.channel()).await.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_and_foreign_values_are_errors() {
+        let lease = Lease::new(
+            LockName::new("n").unwrap(),
+            OwnerToken::new(),
+            FencingToken::new(1_795_940_012_062_115).unwrap(),
+            Duration::from_secs(1),
+            Instant::now(),
+        );
+        let value = lease_value(&lease);
+        assert_eq!(
+            parse_value("k", &value).unwrap(),
+            (lease.owner(), lease.fence())
+        );
+        for bad in [
+            "",
+            "x",
+            "abc:1",
+            &format!("{}:0", lease.owner().encode()),
+            &format!("{}:-1", lease.owner().encode()),
+        ] {
+            assert!(
+                matches!(parse_value("k", bad), Err(LockError::Store { .. })),
+                "{bad}"
+            );
+        }
+        assert_eq!(remaining(-2), None);
+        assert_eq!(remaining(-1), None);
+        assert_eq!(remaining(1500), Some(Duration::from_millis(1500)));
+    }
+}

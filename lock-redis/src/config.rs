@@ -1,0 +1,297 @@
+//! `RedisConfig`: where the server is, how to reach it, and the lock options.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lockcore::LockError;
+use redis::aio::ConnectionManager;
+use redis::{ConnectionAddr, IntoConnectionInfo};
+
+use crate::keys::{self, DEFAULT_PREFIX};
+
+/// How to connect a [`RedisBackend`](crate::RedisBackend), from a URL or an
+/// existing [`redis::Client`], plus the lock options.
+///
+/// URLs: `redis://[user[:password]@]host[:port][/db]`, `rediss://...` for TLS
+/// (feature `tls`, on by default), `redis+unix:///path`. `Debug` never shows
+/// the password.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_redis::RedisConfig;
+///
+/// let config = RedisConfig::from_url("redis://locks:s3cret@10.0.0.5:6379/2")?
+///     .key_prefix("billing:locks:")
+///     .response_timeout(Duration::from_millis(500));
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// # Ok::<(), lockcore::LockError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisConfig {
+    pub(crate) client: redis::Client,
+    pub(crate) connection: Option<ConnectionManager>,
+    pub(crate) key_prefix: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) require_durable_fences: bool,
+}
+
+impl RedisConfig {
+    /// Default time to establish a connection.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+    /// Default time to wait for a reply.
+    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Parses a `redis://`, `rediss://` or `redis+unix://` URL. Nothing is
+    /// connected yet.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a URL the client cannot use (the
+    /// message never contains the password).
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        if !cfg!(feature = "tls") && scheme.as_deref().is_some_and(|s| s.starts_with("rediss")) {
+            return Err(LockError::config(format!(
+                "{} needs TLS, but lock-redis was built without its `tls` feature",
+                redact(url)
+            )));
+        }
+        let info = url.into_connection_info().map_err(|e| {
+            LockError::config(format!(
+                "{} is not a usable Redis URL: {}",
+                redact(url),
+                e.detail().unwrap_or("it does not parse")
+            ))
+        })?;
+        let client = redis::Client::open(info)
+            .map_err(|e| LockError::config(format!("{} cannot be used: {e}", redact(url))))?;
+        Ok(Self::from_client(client))
+    }
+
+    /// Uses an existing client (any connection info, TLS settings included)
+    /// with default lock options.
+    pub fn from_client(client: redis::Client) -> Self {
+        RedisConfig {
+            client,
+            connection: None,
+            key_prefix: DEFAULT_PREFIX.to_string(),
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
+            require_durable_fences: false,
+        }
+    }
+
+    /// Sends lock commands over this existing connection manager instead of
+    /// opening one. The client still opens the one pub/sub connection that
+    /// wakes waiters.
+    pub fn connection(mut self, manager: ConnectionManager) -> Self {
+        self.connection = Some(manager);
+        self
+    }
+
+    /// Prefix of every key and channel (default `distlock:`). 1 to 128
+    /// printable ASCII characters, no spaces or braces; checked at connect.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Time to establish a connection (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Time to wait for a reply (default 1 s). An operation that waits longer
+    /// fails with a retryable [`LockError::Unavailable`].
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Refuses to connect unless the server runs `appendonly yes` with
+    /// `appendfsync always`, the one setting under which fencing tokens
+    /// survive a machine crash without relying on the server's clock.
+    /// Off by default: the connection then logs a warning instead.
+    pub fn require_durable_fences(mut self, required: bool) -> Self {
+        self.require_durable_fences = required;
+        self
+    }
+
+    /// Reaches the same server (credentials, database, TLS settings) through
+    /// another address, e.g. a proxy.
+    pub fn address(mut self, host: impl Into<String>, port: u16) -> Self {
+        let info = self.client.get_connection_info().clone();
+        let addr = match info.addr().clone() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.into(),
+                port,
+                insecure,
+                tls_params,
+            },
+            _ => ConnectionAddr::Tcp(host.into(), port),
+        };
+        // Same connection info with another address: opening cannot fail.
+        if let Ok(client) = redis::Client::open(info.set_addr(addr)) {
+            self.client = client;
+            self.connection = None;
+        }
+        self
+    }
+
+    /// The client this configuration connects with.
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        keys::validate_prefix(&self.key_prefix)?;
+        for (what, d) in [
+            ("connect timeout", self.connect_timeout),
+            ("response timeout", self.response_timeout),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(3600) {
+                return Err(LockError::config(format!(
+                    "{what} {d:?} must be between 1 ns and 1 h"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn uses_tls(&self) -> bool {
+        matches!(
+            self.client.get_connection_info().addr(),
+            ConnectionAddr::TcpTls { .. }
+        )
+    }
+
+    /// The server address, for logs and `Debug`.
+    pub(crate) fn endpoint(&self) -> String {
+        match self.client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
+            ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}"),
+            ConnectionAddr::Unix(path) => format!("redis+unix://{}", path.display()),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+impl FromStr for RedisConfig {
+    type Err = LockError;
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        RedisConfig::from_url(url)
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let settings = self.client.get_connection_info().redis_settings();
+        f.debug_struct("RedisConfig")
+            .field("endpoint", &self.endpoint())
+            .field("db", &settings.db())
+            .field("username", &settings.username())
+            .field("password", &settings.password().map(|_| "<redacted>"))
+            .field("shared_connection", &self.connection.is_some())
+            .field("key_prefix", &self.key_prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("require_durable_fences", &self.require_durable_fences)
+            .finish()
+    }
+}
+
+/// The URL with its password replaced, for error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return format!("{:?}", url.chars().take(64).collect::<String>());
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let shown = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_string(),
+    };
+    format!("{:?}", shown.chars().take(200).collect::<String>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_and_errors_never_show_the_password() {
+        let config = RedisConfig::from_url("redis://alice:hunter2@127.0.0.1:6390/3").unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("alice") && shown.contains("<redacted>") && shown.contains("6390"));
+        let err = RedisConfig::from_url("redis://alice:hunter2@127.0.0.1:notaport/3").unwrap_err();
+        assert!(matches!(err, LockError::InvalidConfig { .. }));
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for bad in [
+            "",
+            "nope",
+            "http://127.0.0.1:6379",
+            "redis://127.0.0.1:6379/notadb",
+        ] {
+            assert!(
+                matches!(
+                    RedisConfig::from_url(bad),
+                    Err(LockError::InvalidConfig { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!("redis://127.0.0.1".parse::<RedisConfig>().is_ok());
+    }
+
+    #[test]
+    fn options_are_validated() {
+        let base = RedisConfig::from_url("redis://127.0.0.1").unwrap();
+        assert!(base.validate().is_ok());
+        assert!(base.clone().key_prefix("a{b").validate().is_err());
+        assert!(
+            base.clone()
+                .response_timeout(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            base.clone()
+                .connect_timeout(Duration::MAX)
+                .validate()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn address_keeps_credentials_and_database() {
+        let config = RedisConfig::from_url("redis://bob:pw@10.1.2.3:6379/4")
+            .unwrap()
+            .address("127.0.0.1", 7000);
+        let info = config.client().get_connection_info();
+        assert_eq!(info.addr(), &ConnectionAddr::Tcp("127.0.0.1".into(), 7000));
+        assert_eq!(info.redis_settings().db(), 4);
+        assert_eq!(info.redis_settings().password(), Some("pw"));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn rediss_is_tls() {
+        let config = RedisConfig::from_url("rediss://example.com:6380").unwrap();
+        assert!(config.uses_tls());
+        assert!(config.endpoint().starts_with("rediss://"));
+    }
+}

@@ -1,0 +1,12 @@
+//! The whole conformance suite against a real `redis-server` launched by the
+//! suite's harness (durable: AOF with `appendfsync always`, the configuration
+//! the crate docs recommend), or the server `LOCK_TEST_REDIS_URL` names.
+//! Crash cases get a private server of their own; fault cases connect
+//! through the harness's fault proxy.
+
+use lock_conformance::stores::redis;
+use lock_redis::RedisBackend;
+
+lock_conformance::suite!(redis::factory(|url| async move {
+    RedisBackend::connect(&url).await
+}));

@@ -1,0 +1,682 @@
+//! Redis-specific behaviour, against real `redis-server`s from the suite's
+//! launcher: fence durability per persistence setting, the key scheme on the
+//! server, TTL caps, wake-ups (one subscription, one waiter woken per
+//! release, recovery after the subscription drops), lost replies, ACLs, and
+//! the resource-side fenced write.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_conformance::StoreControl;
+use lock_conformance::proxy::{FaultProxy, Mode};
+use lock_conformance::stores::Store;
+use lock_conformance::stores::redis::{self as launcher, Options, Persistence as Stored};
+use lock_redis::redis::{self, AsyncCommands};
+use lock_redis::{Fenced, MAX_TTL, Persistence, RedisBackend, RedisConfig, fenced_apply};
+use lockcore::{
+    Attempt, Backoff, FencingToken, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
+};
+use tokio::time::Instant;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn unique(what: &str) -> String {
+    format!("redis-test/{what}/{:016x}", rand_u64())
+}
+
+fn rand_u64() -> u64 {
+    // Good enough to keep reruns against one server apart.
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32)
+}
+
+fn name(what: &str) -> LockName {
+    LockName::new(unique(what)).unwrap()
+}
+
+async fn private(options: Options) -> Store {
+    tokio::task::spawn_blocking(move || launcher::start(options))
+        .await
+        .expect("launcher thread")
+        .expect("redis-server must be installed (apt-get install redis-server)")
+}
+
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+async fn acquire(backend: &RedisBackend, name: &LockName, ttl: Duration) -> lockcore::Lease {
+    match backend.try_acquire(name, ttl).await.expect("try_acquire") {
+        Attempt::Acquired(lease) => lease,
+        Attempt::Held { .. } => panic!("{name} should be free"),
+    }
+}
+
+/// Polls `check` every 10 ms until it holds, or panics after `within`.
+async fn until<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let give_up = Instant::now() + within;
+    while !check().await {
+        assert!(
+            Instant::now() < give_up,
+            "{what} did not happen within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn evalsha_calls(con: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|stats| stats.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aof_always_keeps_locks_and_fences_across_kill_9() {
+    let store = private(Options::durable()).await;
+    let backend = RedisBackend::connect(&store.url()).await.unwrap();
+    assert_eq!(backend.persistence(), &Persistence::AofAlways);
+    let (cycled, held_name) = (name("cycled"), name("held"));
+    let mut last = None;
+    for _ in 0..20 {
+        let lease = acquire(&backend, &cycled, LONG).await;
+        assert!(last < Some(lease.fence()));
+        last = Some(lease.fence());
+        backend.release(&lease).await.unwrap();
+    }
+    let held = acquire(&backend, &held_name, LONG).await;
+
+    store.kill().await.unwrap();
+    store.restart().await.unwrap();
+
+    let after = RedisBackend::connect(&store.url()).await.unwrap();
+    let holder = after.inspect(&held_name).await.unwrap();
+    assert_eq!(
+        holder.map(|h| h.fence),
+        Some(held.fence()),
+        "with appendfsync always a held lock survives the crash"
+    );
+    let first = acquire(&after, &cycled, LONG).await;
+    assert!(
+        Some(first.fence()) > last,
+        "F2 across kill -9 with AOF always"
+    );
+    // The lease from before the crash still renews and releases.
+    let renewed = after.renew(&held).await.unwrap();
+    assert_eq!(
+        after.release(&renewed).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+/// T3.6b, the documented limit: without persistence a restart forgets every
+/// lock (a second holder can be granted while the first still believes it
+/// holds, until its next renewal fails) and every counter. Fences still grow,
+/// because a lost counter restarts at the server clock in microseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_persistence_forgets_locks_but_fences_still_grow() {
+    let store = private(Options::default().persistence(Stored::None)).await;
+    let url = store.url();
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    assert_eq!(backend.persistence(), &Persistence::None);
+    let refused = RedisBackend::connect_with(
+        RedisConfig::from_url(&url)
+            .unwrap()
+            .require_durable_fences(true),
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(LockError::InvalidConfig { .. })),
+        "{refused:?}"
+    );
+
+    let lock = name("forgotten");
+    let held = acquire(&backend, &lock, LONG).await;
+    store.kill().await.unwrap();
+    store.restart().await.unwrap();
+
+    let after = RedisBackend::connect(&url).await.unwrap();
+    assert_eq!(
+        after.inspect(&lock).await.unwrap(),
+        None,
+        "the held lock is forgotten"
+    );
+    let fence_key = format!("distlock:{{{}}}:fence", lock.as_str());
+    let counter: Option<String> = raw(&url).await.get(&fence_key).await.unwrap();
+    assert_eq!(counter, None, "the fence counter is gone too");
+    let second = acquire(&after, &lock, LONG).await;
+    assert!(
+        second.fence() > held.fence(),
+        "the clock floor keeps fences growing: {} after {}",
+        second.fence(),
+        held.fence()
+    );
+    // The forgotten holder learns at its next renewal.
+    assert!(matches!(
+        after.renew(&held).await,
+        Err(LockError::NotHeld { .. })
+    ));
+    assert_eq!(after.release(&held).await.unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistence_is_read_at_connect() {
+    let store = private(Options::default().persistence(Stored::AofEverysec)).await;
+    let backend = RedisBackend::connect(&store.url()).await.unwrap();
+    assert_eq!(backend.persistence(), &Persistence::AofEverysec);
+    assert!(!backend.persistence().is_durable());
+}
+
+/// What an `everysec` power loss or an old snapshot does to the counter: it
+/// goes back. The next fence is still above every fence issued before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_counter_still_grows() {
+    let url = launcher::shared().url();
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let lock = name("rolled-back");
+    let first = acquire(&backend, &lock, LONG).await;
+    backend.release(&first).await.unwrap();
+    let fence_key = format!("distlock:{{{}}}:fence", lock.as_str());
+    let () = raw(&url).await.set(&fence_key, "5").await.unwrap();
+    let second = acquire(&backend, &lock, LONG).await;
+    assert!(
+        second.fence() > first.fence(),
+        "{} after {}",
+        second.fence(),
+        first.fence()
+    );
+    backend.release(&second).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_the_server_are_as_documented() {
+    let url = launcher::shared().url();
+    let prefix = format!("t{:x}:", rand_u64());
+    let backend =
+        RedisBackend::connect_with(RedisConfig::from_url(&url).unwrap().key_prefix(&prefix))
+            .await
+            .unwrap();
+    let lock = LockName::new(format!("orders/{{42}}*?[x]%{:x}", rand_u64())).unwrap();
+    let ttl = Duration::from_millis(30_000);
+    let lease = acquire(&backend, &lock, ttl).await;
+    let encoded = lock
+        .as_str()
+        .replace('%', "%25")
+        .replace('{', "%7B")
+        .replace('}', "%7D");
+    let lock_key = format!("{prefix}{{{encoded}}}");
+    let mut con = raw(&url).await;
+    let value: String = con.get(&lock_key).await.unwrap();
+    assert_eq!(
+        value,
+        format!("{}:{}", lease.owner().encode(), lease.fence())
+    );
+    let pttl: i64 = con.pttl(&lock_key).await.unwrap();
+    assert!(pttl > 0 && pttl <= 30_000, "PX must be the TTL: {pttl}");
+    let fence: u64 = con.get(format!("{lock_key}:fence")).await.unwrap();
+    assert_eq!(fence, lease.fence().get());
+    let keys: Vec<String> = con.keys(format!("{prefix}*")).await.unwrap();
+    assert_eq!(keys.len(), 2, "one lock key and one fence key: {keys:?}");
+
+    // Another prefix is another namespace.
+    let other = RedisBackend::connect_with(
+        RedisConfig::from_url(&url)
+            .unwrap()
+            .key_prefix(format!("u{:x}:", rand_u64())),
+    )
+    .await
+    .unwrap();
+    let elsewhere = acquire(&other, &lock, ttl).await;
+    other.release(&elsewhere).await.unwrap();
+    backend.release(&lease).await.unwrap();
+
+    let bad =
+        RedisBackend::connect_with(RedisConfig::from_url(&url).unwrap().key_prefix("a{b}:")).await;
+    assert!(
+        matches!(bad, Err(LockError::InvalidConfig { .. })),
+        "{bad:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_are_capped_and_rounded_before_any_io() {
+    let url = launcher::shared().url();
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let lock = name("ttl");
+    for bad in [
+        Duration::ZERO,
+        Duration::from_micros(500),
+        MAX_TTL + Duration::from_millis(1),
+        Duration::from_millis(9_223_372_036_854_775),
+        Duration::MAX,
+    ] {
+        let outcome = backend.try_acquire(&lock, bad).await;
+        assert!(
+            matches!(outcome, Err(LockError::InvalidTtl { .. })),
+            "{bad:?}: {outcome:?}"
+        );
+    }
+    assert_eq!(backend.inspect(&lock).await.unwrap(), None);
+    let lease = acquire(&backend, &lock, Duration::from_micros(1_500)).await;
+    assert_eq!(
+        lease.ttl(),
+        Duration::from_millis(2),
+        "rounded up to whole ms"
+    );
+    let lease = loop {
+        // A 2 ms lease may already be gone; wait for it and take the name with the longest TTL.
+        match backend.try_acquire(&lock, MAX_TTL).await.unwrap() {
+            Attempt::Acquired(l) => break l,
+            Attempt::Held { .. } => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    };
+    let pttl: i64 = raw(&url)
+        .await
+        .pttl(format!("distlock:{{{}}}", lock.as_str()))
+        .await
+        .unwrap();
+    assert!(pttl > MAX_TTL.as_millis() as i64 - 60_000, "{pttl}");
+    backend.release(&lease).await.unwrap();
+}
+
+/// One subscription connection serves every waiter of a backend, and a
+/// release wakes one of them, not all: 5 waiters handed the lock one by one
+/// cost 5 first attempts + 5 grants + 5 releases + the first holder's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_share_one_subscription_and_a_release_wakes_one() {
+    const WAITERS: usize = 5;
+    let store = private(Options::durable()).await;
+    let url = store.url();
+    let holder = RedisBackend::connect(&url).await.unwrap();
+    let waiters = RedisBackend::connect(&url).await.unwrap();
+    let lock = name("herd");
+    let warm = acquire(&holder, &lock, LONG).await;
+    holder.release(&warm).await.unwrap();
+    let first = acquire(&holder, &lock, LONG).await;
+    let mut con = raw(&url).await;
+    let before = evalsha_calls(&mut con).await;
+
+    let locker = Locker::new(waiters.clone())
+        .ttl(LONG)
+        .max_wait(Duration::from_secs(60))
+        .recheck(Duration::from_secs(60))
+        .backoff(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ));
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (locker, lock) = (locker.clone(), lock.clone());
+            tokio::spawn(async move {
+                let guard = locker.acquire(&lock).await?;
+                let fence = guard.fencing_token();
+                guard.release().await?;
+                Ok::<_, LockError>(fence)
+            })
+        })
+        .collect();
+    until(
+        Duration::from_secs(10),
+        "every waiter's first attempt",
+        || {
+            let mut con = con.clone();
+            async move { evalsha_calls(&mut con).await >= before + WAITERS as u64 }
+        },
+    )
+    .await;
+    let channel = format!("distlock:{{{}}}", lock.as_str());
+    let subscribers: Vec<(String, u64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channel)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        subscribers[0].1, 1,
+        "one subscription for all waiters of a backend"
+    );
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        clients.lines().count(),
+        1,
+        "one pub/sub connection: {clients}"
+    );
+
+    let started = Instant::now();
+    holder.release(&first).await.unwrap();
+    let mut fences = Vec::new();
+    for task in tasks {
+        fences.push(task.await.unwrap().unwrap());
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "woken by the store, not the 60 s re-check"
+    );
+    assert!(fences.iter().all(|f| *f > first.fence()));
+    let calls = evalsha_calls(&mut con).await - before;
+    let expected = (WAITERS * 3 + 1) as u64;
+    assert_eq!(
+        calls, expected,
+        "a release woke more than one waiter (herd)"
+    );
+}
+
+/// The subscription connection dies while a waiter waits: it is
+/// re-established and the next release still wakes the waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_survives_a_dropped_subscription() {
+    let store = private(Options::durable()).await;
+    let url = store.url();
+    let holder = RedisBackend::connect(&url).await.unwrap();
+    let waiter = RedisBackend::connect(&url).await.unwrap();
+    let lock = name("resubscribe");
+    let lease = acquire(&holder, &lock, LONG).await;
+    let locker = Locker::new(waiter)
+        .ttl(LONG)
+        .recheck(Duration::from_secs(60))
+        .backoff(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ));
+    let task = tokio::spawn({
+        let lock = lock.clone();
+        async move { locker.acquire(&lock).await.map(|g| (g, Instant::now())) }
+    });
+    let channel = format!("distlock:{{{}}}", lock.as_str());
+    let mut con = raw(&url).await;
+    let subscribed = |con: &redis::aio::MultiplexedConnection| {
+        let (mut con, channel) = (con.clone(), channel.clone());
+        async move {
+            let n: Vec<(String, u64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            n[0].1 == 1
+        }
+    };
+    until(Duration::from_secs(10), "the waiter's subscription", || {
+        subscribed(&con)
+    })
+    .await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    until(Duration::from_secs(10), "the re-subscription", || {
+        subscribed(&con)
+    })
+    .await;
+    let released = Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (guard, woke) = task.await.unwrap().unwrap();
+    assert!(
+        woke - released < Duration::from_secs(5),
+        "took {:?}",
+        woke - released
+    );
+    guard.release().await.unwrap();
+}
+
+/// T3.2: the reply to an acquire is lost. The caller gets a retryable error;
+/// the grant the store did make is cleaned up as soon as the network heals,
+/// long before its TTL; the client then works again on a fresh connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_reply_leaves_no_phantom_holder() {
+    let store = launcher::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let via = RedisConfig::from_url(&store.url())
+        .unwrap()
+        .address(proxy.addr().ip().to_string(), proxy.addr().port())
+        .response_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300));
+    let cut = RedisBackend::connect_with(via).await.unwrap();
+    let direct = RedisBackend::connect(&store.url()).await.unwrap();
+    let lock = name("phantom");
+    // Load the scripts first, so the lost request really runs on the server.
+    let warm = acquire(&cut, &lock, LONG).await;
+    cut.release(&warm).await.unwrap();
+
+    proxy.set(Mode::DropDownstream);
+    let outcome = cut.try_acquire(&lock, LONG).await;
+    assert!(
+        matches!(&outcome, Err(e) if e.is_retryable()),
+        "a lost reply is a retryable error: {outcome:?}"
+    );
+    let fence_key = format!("distlock:{{{}}}:fence", lock.as_str());
+    let counter: u64 = raw(&store.url()).await.get(&fence_key).await.unwrap();
+    assert!(
+        counter > warm.fence().get(),
+        "the lost acquire ran on the server"
+    );
+
+    proxy.set(Mode::Pass);
+    let healed = Instant::now();
+    until(
+        Duration::from_secs(10),
+        "cleanup of the phantom grant",
+        || async { direct.inspect(&lock).await.unwrap().is_none() },
+    )
+    .await;
+    assert!(
+        healed.elapsed() < LONG / 4,
+        "cleaned up long before the TTL"
+    );
+    let lease = acquire(&cut, &lock, LONG).await;
+    assert!(lease.fence().get() > counter);
+    assert_eq!(cut.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// T4.11: passwords and ACL users. Wrong credentials are a permanent error,
+/// never shown; a user limited to its prefix locks there and nowhere else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_and_acl_users() {
+    let store = private(Options::durable()).await;
+    let addr = store.addr();
+    let mut con = raw(&store.url()).await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locker")
+        .arg("on")
+        .arg(">locker-pw-123")
+        .arg("~app:*")
+        .arg("&app:*")
+        .arg("+@all")
+        .arg("-@dangerous")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("admin-pw-456")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    for (url, what) in [
+        (format!("redis://{addr}"), "no password"),
+        (format!("redis://:wrong-pw-789@{addr}"), "wrong password"),
+        (
+            format!("redis://locker:wrong-pw-789@{addr}"),
+            "wrong user password",
+        ),
+    ] {
+        let err = RedisBackend::connect(&url).await.unwrap_err();
+        assert!(matches!(err, LockError::Store { .. }), "{what}: {err:?}");
+        assert!(!err.is_retryable(), "{what}");
+        assert!(
+            !format!("{err} {err:?}").contains("wrong-pw-789"),
+            "{what}: {err:?}"
+        );
+    }
+
+    let admin = RedisBackend::connect(&format!("redis://:admin-pw-456@{addr}"))
+        .await
+        .unwrap();
+    assert!(!format!("{admin:?}").contains("admin-pw-456"));
+    assert_eq!(admin.persistence(), &Persistence::AofAlways);
+
+    let user_url = format!("redis://locker:locker-pw-123@{addr}");
+    let config = RedisConfig::from_url(&user_url).unwrap().key_prefix("app:");
+    assert!(!format!("{config:?}").contains("locker-pw-123"));
+    let user = RedisBackend::connect_with(config).await.unwrap();
+    assert!(
+        matches!(user.persistence(), Persistence::Unknown(_)),
+        "CONFIG is denied to this user: {:?}",
+        user.persistence()
+    );
+    let lock = name("acl");
+    let lease = acquire(&user, &lock, LONG).await;
+    let waiting = user.watch(&lock).await.unwrap();
+    assert!(
+        waiting.is_some(),
+        "the user may subscribe to its own channels"
+    );
+    assert_eq!(
+        user.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+
+    let outside = RedisBackend::connect_with(
+        RedisConfig::from_url(&user_url)
+            .unwrap()
+            .key_prefix("other:"),
+    )
+    .await
+    .unwrap();
+    let denied = outside.try_acquire(&lock, LONG).await;
+    assert!(matches!(denied, Err(LockError::Store { .. })), "{denied:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_prompt_retryable_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = RedisConfig::from_url(&format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500));
+    let started = Instant::now();
+    let err = RedisBackend::connect_with(config).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_refuse_older_tokens() {
+    let url = launcher::shared().url();
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let mut con = backend.connection();
+    let tag = format!("{{order:{:x}}}", rand_u64());
+    let (fence_key, data_key) = (format!("{tag}:fence"), format!("{tag}:data"));
+    let token = |n: u64| FencingToken::new(n).unwrap();
+    let set = |v: &str| redis::cmd("SET").arg(&data_key).arg(v).clone();
+
+    let applied: Fenced<String> = fenced_apply(&mut con, &fence_key, token(5), &set("five"))
+        .await
+        .unwrap();
+    assert_eq!(applied, Fenced::Applied("OK".into()));
+    let again: Fenced<String> = backend
+        .fenced_apply(&fence_key, token(5), &set("five again"))
+        .await
+        .unwrap();
+    assert!(matches!(again, Fenced::Applied(_)), "equal tokens pass");
+    let stale: Fenced<String> = fenced_apply(&mut con, &fence_key, token(4), &set("four"))
+        .await
+        .unwrap();
+    assert_eq!(stale, Fenced::Stale { last: 5 });
+    let data: String = con.get(&data_key).await.unwrap();
+    assert_eq!(data, "five again");
+
+    // Exact for every u64, beyond Lua's 2^53.
+    let big = u64::MAX - 1;
+    let applied: Fenced<String> = fenced_apply(&mut con, &fence_key, token(big), &set("big"))
+        .await
+        .unwrap();
+    assert!(matches!(applied, Fenced::Applied(_)));
+    let stale: Fenced<String> = fenced_apply(&mut con, &fence_key, token(big - 1), &set("no"))
+        .await
+        .unwrap();
+    assert_eq!(stale, Fenced::Stale { last: big });
+
+    // A failing command changes nothing, the fence included.
+    let incr = redis::cmd("INCR").arg(&data_key).clone();
+    let failed = fenced_apply::<i64, _>(&mut con, &fence_key, token(u64::MAX), &incr).await;
+    assert!(matches!(failed, Err(LockError::Store { .. })), "{failed:?}");
+    let last: String = con.get(&fence_key).await.unwrap();
+    assert_eq!(last, big.to_string());
+
+    let empty =
+        fenced_apply::<(), _>(&mut con, &fence_key, token(u64::MAX), &redis::Cmd::new()).await;
+    assert!(
+        matches!(empty, Err(LockError::InvalidConfig { .. })),
+        "{empty:?}"
+    );
+    let () = con.set(&fence_key, "garbage").await.unwrap();
+    let garbage = fenced_apply::<String, _>(&mut con, &fence_key, token(9), &set("x")).await;
+    assert!(
+        matches!(garbage, Err(LockError::Store { .. })),
+        "{garbage:?}"
+    );
+    let _: () = con.del(&[&fence_key, &data_key]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_value_under_the_prefix_is_an_error_not_a_panic() {
+    let url = launcher::shared().url();
+    let backend = Arc::new(RedisBackend::connect(&url).await.unwrap());
+    let lock = name("foreign");
+    let () = raw(&url)
+        .await
+        .set(format!("distlock:{{{}}}", lock.as_str()), "not ours")
+        .await
+        .unwrap();
+    assert!(matches!(
+        backend.inspect(&lock).await,
+        Err(LockError::Store { .. })
+    ));
+    assert!(matches!(
+        backend.try_acquire(&lock, LONG).await,
+        Ok(Attempt::Held { .. })
+    ));
+    let evicted = backend
+        .force_release(&lock, "test: clear a foreign value")
+        .await
+        .unwrap();
+    assert_eq!(evicted, None);
+    let lease = acquire(&backend, &lock, LONG).await;
+    backend.release(&lease).await.unwrap();
+}
