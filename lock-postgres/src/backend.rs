@@ -1,0 +1,490 @@
+//! `PostgresBackend`: the lease table, as a `LockBackend`.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::audit::{self, ForcedRelease};
+use lockcore::{
+    Attempt, Capabilities, FenceDurability, FencingToken, Holder, Lease, LockBackend, LockError,
+    LockName, OwnerToken, ReleaseOutcome, Wakeup, async_trait,
+};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::config::{PostgresConfig, Server, Source};
+use crate::error::{self, BACKEND};
+use crate::notify::Wakeups;
+use crate::sql::Sql;
+
+/// The oldest server this crate runs on (`hashtextextended`, `ON CONFLICT`).
+const MIN_SERVER_VERSION: i32 = 110_000;
+
+/// Locks in a PostgreSQL table, fenced by a sequence, with waiters woken by
+/// LISTEN/NOTIFY. See the crate docs for the design and its guarantees.
+///
+/// Clones share one connection pool and one listener: to model separate
+/// processes, connect several backends.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    sql: Sql,
+    caps: Capabilities,
+    op_timeout: Duration,
+    server: String,
+    wakeups: Wakeups,
+}
+
+/// What the server said about itself at connect.
+struct Facts {
+    version: i32,
+    encoding: String,
+    fsync: String,
+    synchronous_commit: String,
+    objects_exist: bool,
+}
+
+impl PostgresBackend {
+    /// Connects to the server `url` names (`postgres://user:password@host:port/db?sslmode=...`),
+    /// creating the lock table and sequence if they are missing.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a bad URL or option,
+    /// [`LockError::Unavailable`] when the server cannot be reached within the
+    /// operation timeout, [`LockError::Store`] when it refuses (authentication,
+    /// permissions, an unsupported server).
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(PostgresConfig::from_url(url)?).await
+    }
+
+    /// Uses `pool` for lock statements (default table and schema); the
+    /// listener opens one extra connection with the pool's connect options.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn from_pool(pool: PgPool) -> Result<Self, LockError> {
+        Self::connect_with(PostgresConfig::from_pool(pool)).await
+    }
+
+    /// Connects with a full configuration.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(config: PostgresConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let (schema, table, sequence) = config.idents()?;
+        let sql = Sql::new(&schema, &table, &sequence);
+        let (pool, options) = match config.source {
+            Source::Options(options) => {
+                let options = if options.get_application_name().is_none() {
+                    options.application_name("distlock")
+                } else {
+                    *options
+                };
+                let pool = PgPoolOptions::new()
+                    .max_connections(config.pool_size)
+                    .min_connections(0)
+                    .acquire_timeout(config.op_timeout)
+                    // sqlx would otherwise ping before every statement: one
+                    // round trip per lock operation for nothing; a dead
+                    // connection fails the statement, which is retryable.
+                    .test_before_acquire(false)
+                    .connect_lazy_with(options.clone());
+                (pool, options)
+            }
+            Source::Pool(pool) => {
+                let options: PgConnectOptions = (*pool.connect_options()).clone();
+                (pool, options)
+            }
+        };
+        let server = Server(&options).to_string();
+        let op_timeout = config.op_timeout;
+        let facts = timed("connect", op_timeout, probe(&pool, &sql)).await?;
+        if facts.version < MIN_SERVER_VERSION {
+            return Err(LockError::store(
+                BACKEND,
+                format!(
+                    "{server} runs PostgreSQL {}; lock-postgres needs 11 or later",
+                    facts.version
+                ),
+            ));
+        }
+        if facts.encoding != "UTF8" {
+            return Err(LockError::config(format!(
+                "{server}: the database encoding is {}; lock names are UTF-8, so the database must use UTF8",
+                facts.encoding
+            )));
+        }
+        if !facts.objects_exist {
+            if !config.create_schema {
+                return Err(LockError::config(format!(
+                    "{server}: {} or {} is missing and create_schema is off; create them (see the lock-postgres README) or turn create_schema on",
+                    sql.table_regclass, sql.sequence_regclass
+                )));
+            }
+            timed("schema creation", op_timeout, create_schema(&pool, &sql)).await?;
+        }
+        let durability = if facts.fsync == "on" && facts.synchronous_commit != "off" {
+            FenceDurability::Durable
+        } else {
+            tracing::warn!(
+                %server, fsync = %facts.fsync, synchronous_commit = %facts.synchronous_commit,
+                "PostgreSQL runs with relaxed durability: fencing tokens survive a server crash but may go back after an OS crash or power loss"
+            );
+            FenceDurability::Conditional(
+                "the server runs with fsync or synchronous_commit off: fences survive a PostgreSQL crash, not an OS crash or power loss",
+            )
+        };
+        let caps = Capabilities::new(BACKEND)
+            // Below ~10 ms a lease would be spent by one round trip plus the
+            // drift margin before the caller could use it.
+            .ttl_range(
+                Duration::from_millis(10),
+                Duration::from_secs(365 * 24 * 3600),
+            )
+            // timestamptz has microsecond resolution; TTLs are sent in µs.
+            .ttl_granularity(Duration::from_micros(1))
+            .fence_durability(durability)
+            .notifications(true);
+        let wakeups = Wakeups::new(options, sql.channel.clone(), op_timeout);
+        Ok(PostgresBackend {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                caps,
+                op_timeout,
+                server,
+                wakeups,
+            }),
+        })
+    }
+
+    /// The pool lock statements run on; handy for [`fence_check`](crate::fence_check)
+    /// transactions when the protected data lives in the same database.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The lock table, schema-qualified and quoted.
+    pub fn table(&self) -> &str {
+        &self.inner.sql.table_regclass
+    }
+
+    /// The NOTIFY channel waiters listen on.
+    pub fn channel(&self) -> &str {
+        &self.inner.sql.channel
+    }
+
+    /// Deletes the rows of names that have been free for at least
+    /// `older_than`, and returns how many. Released rows are kept so a
+    /// name's row outlives its holders; call this from a periodic job when
+    /// names are many and short-lived. Fences stay monotonic regardless:
+    /// they come from the sequence, not the row.
+    ///
+    /// # Errors
+    /// A store error; [`LockError::InvalidTimeout`] for an age that does not fit.
+    pub async fn purge_free(&self, older_than: Duration) -> Result<u64, LockError> {
+        let micros = micros(older_than).ok_or_else(|| LockError::InvalidTimeout {
+            timeout: older_than,
+            reason: "the age does not fit PostgreSQL's interval".into(),
+        })?;
+        let sql = format!(
+            "DELETE FROM {} WHERE expires_at <= clock_timestamp()
+               AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'",
+            self.inner.sql.table_regclass
+        );
+        let done = self
+            .timed(
+                "purge",
+                sqlx::query(&sql).bind(micros).execute(&self.inner.pool),
+            )
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Waiters of this instance currently registered for wake-ups.
+    pub fn waiting(&self) -> usize {
+        self.inner.wakeups.waiting()
+    }
+
+    async fn timed<T>(
+        &self,
+        what: &str,
+        op: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, LockError> {
+        timed(what, self.inner.op_timeout, op).await
+    }
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("server", &self.inner.server)
+            .field("table", &self.inner.sql.table_regclass)
+            .field(
+                "pool_size",
+                &self.inner.pool.options().get_max_connections(),
+            )
+            .field("op_timeout", &self.inner.op_timeout)
+            .field("wakeups", &self.inner.wakeups)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl LockBackend for PostgresBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+        let ttl = self.inner.caps.effective_ttl(ttl)?;
+        let ttl_us = micros(ttl).ok_or_else(|| LockError::InvalidTtl {
+            ttl,
+            reason: "does not fit PostgreSQL's interval".into(),
+        })?;
+        let owner = OwnerToken::new();
+        let sent_at = Instant::now();
+        let rows: Vec<(Option<i64>, Option<i64>)> = self
+            .timed(
+                "acquire",
+                sqlx::query_as(&self.inner.sql.acquire)
+                    .bind(name.as_str())
+                    .bind(owner.as_uuid())
+                    .bind(ttl_us)
+                    .fetch_all(&self.inner.pool),
+            )
+            .await?;
+        // A grant row wins over a holder row: the holder seen by the
+        // snapshot may have expired by the time the row was locked.
+        if let Some(fence) = rows.iter().find_map(|(fence, _)| *fence) {
+            return Ok(Attempt::Acquired(Lease::new(
+                name.clone(),
+                owner,
+                fence_token(fence)?,
+                ttl,
+                sent_at,
+            )));
+        }
+        // No row: a contender is taking the lock right now, or took it after
+        // this statement's snapshot.
+        Ok(Attempt::Held {
+            expires_in: rows.iter().find_map(|(_, left)| left.map(from_micros)),
+        })
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let not_held = || LockError::NotHeld {
+            name: lease.name().clone(),
+        };
+        // A lease whose fence or TTL this backend could never have issued
+        // is not ours: NotHeld, without asking the server.
+        let (Some(fence), Ok(ttl)) = (
+            db_fence(lease.fence()),
+            self.inner.caps.effective_ttl(lease.ttl()),
+        ) else {
+            return Err(not_held());
+        };
+        let ttl_us = micros(ttl).ok_or_else(not_held)?;
+        let sent_at = Instant::now();
+        let done = self
+            .timed(
+                "renew",
+                sqlx::query(&self.inner.sql.renew)
+                    .bind(lease.name().as_str())
+                    .bind(lease.owner().as_uuid())
+                    .bind(fence)
+                    .bind(ttl_us)
+                    .execute(&self.inner.pool),
+            )
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(lease.renewed(ttl, sent_at))
+        } else {
+            Err(not_held())
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let Some(fence) = db_fence(lease.fence()) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let released: i64 = self
+            .timed(
+                "release",
+                sqlx::query_scalar(&self.inner.sql.release)
+                    .bind(lease.name().as_str())
+                    .bind(lease.owner().as_uuid())
+                    .bind(fence)
+                    .bind(&self.inner.sql.channel)
+                    .fetch_one(&self.inner.pool),
+            )
+            .await?;
+        Ok(if released == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        let row: Option<(i64, Option<Uuid>, i64)> = self
+            .timed(
+                "inspect",
+                sqlx::query_as(&self.inner.sql.inspect)
+                    .bind(name.as_str())
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        row.map(holder).transpose()
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        reason: &str,
+    ) -> Result<Option<Holder>, LockError> {
+        let sql = &self.inner.sql;
+        let evicted = self
+            .timed("force release", async {
+                let mut tx = self.inner.pool.begin().await?;
+                let row: Option<(i64, Option<Uuid>, i64)> = sqlx::query_as(&sql.force_select)
+                    .bind(name.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if row.is_some() {
+                    sqlx::query(&sql.force_free)
+                        .bind(name.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(sql.notify)
+                        .bind(&sql.channel)
+                        .bind(name.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(row)
+            })
+            .await?
+            .map(holder)
+            .transpose()?;
+        audit::emit(ForcedRelease::new(
+            BACKEND,
+            name.clone(),
+            evicted.clone(),
+            reason,
+        ));
+        Ok(evicted)
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        Ok(self.inner.wakeups.watch(name).await)
+    }
+}
+
+async fn timed<T>(
+    what: &str,
+    limit: Duration,
+    op: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(result) => result.map_err(error::map),
+        Err(_) => Err(error::timed_out(what, limit)),
+    }
+}
+
+async fn probe(pool: &PgPool, sql: &Sql) -> Result<Facts, sqlx::Error> {
+    let (version, encoding, fsync, synchronous_commit, objects_exist): (
+        i32,
+        String,
+        String,
+        String,
+        bool,
+    ) = sqlx::query_as(sql.probe)
+        .bind(&sql.table_regclass)
+        .bind(&sql.sequence_regclass)
+        .bind(&sql.resource_fence_regclass)
+        .fetch_one(pool)
+        .await?;
+    Ok(Facts {
+        version,
+        encoding,
+        fsync,
+        synchronous_commit,
+        objects_exist,
+    })
+}
+
+/// Creates what is missing, serialised by an advisory lock so concurrent
+/// first uses cannot race on the catalog.
+async fn create_schema(pool: &PgPool, sql: &Sql) -> Result<(), sqlx::Error> {
+    let ddl = &sql.ddl;
+    let mut tx = pool.begin().await?;
+    sqlx::query(ddl.lock)
+        .bind(format!("distlock ddl {}", sql.table_regclass))
+        .execute(&mut *tx)
+        .await?;
+    // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when
+    // the schema exists; only try it when it is missing.
+    let schema_exists: bool = sqlx::query_scalar(ddl.schema_exists)
+        .bind(sql.schema.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+    if !schema_exists {
+        sqlx::query(&ddl.create_schema).execute(&mut *tx).await?;
+    }
+    let sequence_existed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&sql.sequence_regclass)
+        .fetch_one(&mut *tx)
+        .await?;
+    sqlx::query(&ddl.create_sequence).execute(&mut *tx).await?;
+    sqlx::query(&ddl.create_table).execute(&mut *tx).await?;
+    if !sequence_existed {
+        sqlx::query(&ddl.resync_sequence).execute(&mut *tx).await?;
+    }
+    sqlx::query(&ddl.create_resource_fence)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+fn holder((fence, owner, remaining): (i64, Option<Uuid>, i64)) -> Result<Holder, LockError> {
+    Ok(Holder::new(
+        fence_token(fence)?,
+        owner.map(OwnerToken::from_uuid),
+        Some(from_micros(remaining)),
+    ))
+}
+
+fn fence_token(value: i64) -> Result<FencingToken, LockError> {
+    u64::try_from(value)
+        .ok()
+        .and_then(FencingToken::new)
+        .ok_or_else(|| {
+            error::corrupt(format!(
+                "the lock table holds fence {value}, not a positive number"
+            ))
+        })
+}
+
+/// The fence as stored, if it could be one of ours (sequences stay below
+/// `i64::MAX`).
+fn db_fence(fence: FencingToken) -> Option<i64> {
+    i64::try_from(fence.get()).ok()
+}
+
+fn micros(d: Duration) -> Option<i64> {
+    i64::try_from(d.as_micros()).ok()
+}
+
+fn from_micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}

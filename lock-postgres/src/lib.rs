@@ -1,0 +1,23 @@
+#![doc = include_str!("../README.md")]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+
+mod backend;
+mod config;
+mod error;
+mod fence;
+mod ident;
+mod notify;
+mod sql;
+
+pub use backend::PostgresBackend;
+pub use config::PostgresConfig;
+pub use fence::{FenceError, ResourceFence, fence_check};
+
+/// The sqlx version this crate speaks, for [`PostgresConfig::from_options`]
+/// and [`PostgresConfig::from_pool`].
+pub use sqlx;

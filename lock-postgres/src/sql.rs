@@ -1,0 +1,256 @@
+//! Every SQL statement the backend runs, built once per backend from the
+//! validated, quoted identifiers. Lock names, owners, fences and TTLs are
+//! always bind parameters.
+//!
+//! Expiry is judged with `clock_timestamp()` (the server's clock at the
+//! moment the row is examined), never `now()` (the transaction start) and
+//! never the client's clock. Released rows are kept with `owner = NULL` and
+//! `expires_at = '-infinity'`, so a name's row (and its last fence) outlives
+//! its holders; fences come from one sequence that is never reset.
+
+use crate::ident::Ident;
+
+/// The sequence of a lock table is `<table>` + this.
+pub(crate) const SEQUENCE_SUFFIX: &str = "_fence_seq";
+
+/// The resource-side fencing table created next to the lock table.
+pub(crate) const RESOURCE_FENCE_TABLE: &str = "resource_fence";
+
+/// Remaining lease time in whole microseconds, at least 1 (the row was
+/// live when selected; a later clock read must not make it look free).
+/// Released rows (`-infinity`) are guarded: PostgreSQL cannot subtract
+/// infinite timestamps.
+const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
+    ELSE GREATEST((extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint, 1) END";
+
+/// The statements of one lock table.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    /// `$1` name, `$2` owner, `$3` TTL µs → `(fence, remaining_us)`:
+    /// `(Some, None)` acquired; `(None, Some)` held; no row: held by a
+    /// grant this statement's snapshot cannot see yet.
+    pub(crate) acquire: String,
+    /// `$1` name, `$2` owner, `$3` fence, `$4` TTL µs → rows affected.
+    pub(crate) renew: String,
+    /// `$1` name, `$2` owner, `$3` fence, `$4` channel → released count.
+    pub(crate) release: String,
+    /// `$1` name → `(fence, owner, remaining_us)` of a live holder.
+    pub(crate) inspect: String,
+    /// `$1` name → the live holder, row-locked until commit.
+    pub(crate) force_select: String,
+    /// `$1` name: free the row and move its fence past the evicted grant.
+    pub(crate) force_free: String,
+    /// `$1` channel, `$2` payload.
+    pub(crate) notify: &'static str,
+    /// Server facts checked at connect; `$1`, `$2`, `$3` the regclass texts
+    /// of table, sequence and resource-fence table.
+    pub(crate) probe: &'static str,
+    /// The NOTIFY channel of this table.
+    pub(crate) channel: String,
+    /// `"schema"."table"` and friends, as text for `to_regclass`.
+    pub(crate) table_regclass: String,
+    pub(crate) sequence_regclass: String,
+    pub(crate) resource_fence_regclass: String,
+    pub(crate) schema: Ident,
+    pub(crate) ddl: Ddl,
+}
+
+/// Schema creation, run under a transaction-scoped advisory lock so
+/// concurrent first uses do not race on the catalog.
+#[derive(Debug)]
+pub(crate) struct Ddl {
+    /// `$1` key text → serialises creators.
+    pub(crate) lock: &'static str,
+    /// `$1` schema name → whether it exists.
+    pub(crate) schema_exists: &'static str,
+    pub(crate) create_schema: String,
+    pub(crate) create_sequence: String,
+    pub(crate) create_table: String,
+    /// Starts a re-created sequence above every fence left in the table,
+    /// so an operator who dropped the sequence cannot make fences go back.
+    pub(crate) resync_sequence: String,
+    pub(crate) create_resource_fence: String,
+}
+
+impl Sql {
+    pub(crate) fn new(schema: &Ident, table: &Ident, sequence: &Ident) -> Sql {
+        let t = format!("{}.{}", schema.quoted(), table.quoted());
+        let seq = format!("{}.{}", schema.quoted(), sequence.quoted());
+        let resource_fence = format!(
+            "{}.{}",
+            schema.quoted(),
+            Ident::new("table", RESOURCE_FENCE_TABLE, Ident::MAX_BYTES)
+                .expect("constant identifier")
+                .quoted()
+        );
+        // `seq` holds only identifier characters and double quotes, so it
+        // is safe inside a single-quoted literal.
+        let nextval = format!("nextval('{seq}'::regclass)");
+        let ttl = "$3 * interval '1 microsecond'";
+        // One statement, three exclusive paths, decided on the row itself:
+        // - `live`: the snapshot shows a live holder: report it, write nothing
+        //   (no row lock, no transaction id, so no WAL flush at commit);
+        // - `taken`: the row is free or expired: lock it (skipping it if
+        //   another transaction holds it, i.e. a contender is taking it right
+        //   now), re-check the expiry under the lock, take it;
+        // - `inserted`: the name has no row yet: insert one, and if a
+        //   concurrent insert won, do nothing.
+        // Contenders that lose write nothing, so a herd woken by one release
+        // costs one WAL flush (the winner's), not one per contender.
+        let acquire = format!(
+            "WITH live AS (
+                SELECT expires_at FROM {t}
+                 WHERE name = $1 AND expires_at > clock_timestamp()
+            ), free AS (
+                SELECT name FROM {t}
+                 WHERE name = $1 AND expires_at <= clock_timestamp()
+                   FOR UPDATE SKIP LOCKED
+            ), taken AS (
+                UPDATE {t} AS l
+                   SET owner = $2, fence = {nextval},
+                       expires_at = clock_timestamp() + {ttl},
+                       updated_at = clock_timestamp()
+                  FROM free
+                 WHERE l.name = free.name AND l.expires_at <= clock_timestamp()
+                RETURNING l.fence
+            ), inserted AS (
+                INSERT INTO {t} (name, owner, fence, expires_at, updated_at)
+                SELECT $1, $2, {nextval}, clock_timestamp() + {ttl}, clock_timestamp()
+                 WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = $1)
+                ON CONFLICT (name) DO NOTHING
+                RETURNING fence
+            )
+            SELECT fence, NULL::bigint AS remaining_us FROM taken
+            UNION ALL
+            SELECT fence, NULL FROM inserted
+            UNION ALL
+            SELECT NULL, {REMAINING_US} FROM live"
+        );
+        let renew = format!(
+            "UPDATE {t}
+                SET expires_at = clock_timestamp() + $4 * interval '1 microsecond',
+                    updated_at = clock_timestamp()
+              WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()"
+        );
+        let release = format!(
+            "WITH released AS (
+                UPDATE {t}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (SELECT pg_notify($4, name) FROM released) notified"
+        );
+        let inspect = format!(
+            "SELECT fence, owner, {REMAINING_US} FROM {t}
+              WHERE name = $1 AND expires_at > clock_timestamp()"
+        );
+        let force_select = format!(
+            "SELECT fence, owner, {REMAINING_US} FROM {t}
+              WHERE name = $1 AND expires_at > clock_timestamp() FOR UPDATE"
+        );
+        let force_free = format!(
+            "UPDATE {t}
+                SET owner = NULL, expires_at = '-infinity', fence = {nextval},
+                    updated_at = clock_timestamp()
+              WHERE name = $1"
+        );
+        let ddl = Ddl {
+            lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            schema_exists: "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            create_schema: format!("CREATE SCHEMA IF NOT EXISTS {}", schema.quoted()),
+            create_sequence: format!(
+                "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
+            ),
+            create_table: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    name       text COLLATE \"C\" PRIMARY KEY,
+                    owner      uuid,
+                    fence      bigint NOT NULL CHECK (fence > 0),
+                    expires_at timestamptz NOT NULL,
+                    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+                )"
+            ),
+            resync_sequence: format!(
+                "SELECT setval('{seq}'::regclass, max(fence)) FROM {t} HAVING max(fence) IS NOT NULL"
+            ),
+            create_resource_fence: crate::fence::create_table_sql(&resource_fence),
+        };
+        Sql {
+            acquire,
+            renew,
+            release,
+            inspect,
+            force_select,
+            force_free,
+            notify: "SELECT pg_notify($1, $2)",
+            probe: "SELECT current_setting('server_version_num')::int4,
+                           current_setting('server_encoding'),
+                           current_setting('fsync'),
+                           current_setting('synchronous_commit'),
+                           to_regclass($1) IS NOT NULL
+                             AND to_regclass($2) IS NOT NULL
+                             AND to_regclass($3) IS NOT NULL",
+            channel: channel(schema, table),
+            table_regclass: t,
+            sequence_regclass: seq,
+            resource_fence_regclass: resource_fence,
+            schema: schema.clone(),
+            ddl,
+        }
+    }
+}
+
+/// The NOTIFY channel of a table: readable when it fits PostgreSQL's
+/// 63-byte identifier limit, hashed otherwise. Two tables sharing a channel
+/// would only cost spurious wake-ups.
+fn channel(schema: &Ident, table: &Ident) -> String {
+    let readable = format!("distlock:{}.{}", schema.as_str(), table.as_str());
+    if readable.len() <= Ident::MAX_BYTES {
+        return readable;
+    }
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = readable.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("distlock:{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ident(s: &str) -> Ident {
+        Ident::new("x", s, 63).unwrap()
+    }
+
+    #[test]
+    fn channels_fit_identifiers() {
+        let short = channel(&ident("public"), &ident("distlock_locks"));
+        assert_eq!(short, "distlock:public.distlock_locks");
+        let long = channel(&ident(&"s".repeat(63)), &ident(&"t".repeat(53)));
+        assert!(long.len() <= 63, "{long}");
+        assert_ne!(
+            long,
+            channel(&ident(&"s".repeat(63)), &ident(&"u".repeat(53)))
+        );
+    }
+
+    #[test]
+    fn identifiers_are_quoted_everywhere() {
+        let sql = Sql::new(&ident("Sch"), &ident("select"), &ident("select_fence_seq"));
+        for text in [
+            &sql.acquire,
+            &sql.renew,
+            &sql.release,
+            &sql.inspect,
+            &sql.force_free,
+        ] {
+            assert!(text.contains("\"Sch\".\"select\""), "{text}");
+        }
+        assert!(
+            sql.acquire
+                .contains("nextval('\"Sch\".\"select_fence_seq\"'::regclass)")
+        );
+    }
+}
