@@ -1,0 +1,778 @@
+//! `EtcdBackend`: the `LockBackend` on etcd v3.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
+    Identity, KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse, WatchFilterType, WatchOptions,
+};
+use lockcore::audit::{self, ForcedRelease};
+use lockcore::{
+    Attempt, CancellationToken, Capabilities, Fairness, FenceDurability, FencingToken, Holder,
+    Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
+    async_trait,
+};
+use tokio::time::Instant;
+
+use crate::config::EtcdConfig;
+use crate::error::{self, BACKEND, lease_not_found, protocol, timed};
+use crate::keys::Keys;
+use crate::leases::{Grant, Pool, Slot};
+use crate::queue;
+
+/// etcd refuses lease TTLs above this (`MaxLeaseTTL`, 9e9 s).
+pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
+
+/// Locks in etcd. See the crate docs for the design and guarantees.
+///
+/// Clones share one connection and one lease pool; call
+/// [`connect_with`](Self::connect_with) again for an independent client.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) keys: Keys,
+    pub(crate) caps: Capabilities,
+    pub(crate) timeout: Duration,
+    pub(crate) pool: Pool,
+    pub(crate) watches: crate::loss::Watches,
+    /// Tells this instance's leases from other clients' in `Grant::pool`.
+    pub(crate) id: u64,
+    endpoints: Vec<String>,
+    prefix: String,
+}
+
+impl EtcdBackend {
+    /// Connects with an `etcd://` or `etcds://` URL (see
+    /// [`EtcdConfig::from_url`]).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a bad URL; otherwise as
+    /// [`connect_with`](Self::connect_with).
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(EtcdConfig::from_url(url)?).await
+    }
+
+    /// Connects, authenticates if a user is configured, and learns the
+    /// smallest lease TTL the cluster enforces (by granting a 1 s lease and
+    /// reading back what etcd made of it), so [`capabilities`](LockBackend::capabilities)
+    /// never promises a TTL etcd would silently raise.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for an invalid configuration,
+    /// [`LockError::Unavailable`] when etcd cannot be reached in time,
+    /// [`LockError::Store`] when it refuses (bad credentials, no permission).
+    pub async fn connect_with(config: EtcdConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            // etcd's default `--grpc-keepalive-min-time` is 5 s: ping no faster.
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            // A member cut off from the leader fails requests instead of
+            // serving stale reads or silent watches.
+            .with_require_leader(true);
+        if let Some((user, password)) = &config.user {
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
+        }
+        if let Some(tls) = &config.tls {
+            let mut tls_options = TlsOptions::new();
+            if let Some(ca) = &tls.ca_pem {
+                tls_options = tls_options.ca_certificate(Certificate::from_pem(ca));
+            } else {
+                tls_options = tls_options.with_native_roots();
+            }
+            if let Some((cert, key)) = &tls.identity_pem {
+                tls_options = tls_options.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(domain) = &tls.domain {
+                tls_options = tls_options.domain_name(domain.clone());
+            }
+            options = options.with_tls(tls_options);
+        }
+        let endpoints = config.endpoints();
+        let limit = config.connect_timeout + config.request_timeout;
+        let client = timed(
+            limit,
+            "connect",
+            Client::connect(endpoints.clone(), Some(options)),
+        )
+        .await?;
+        let keys = Keys::new(&config.prefix);
+        let mut inner = Inner {
+            client,
+            keys,
+            caps: Capabilities::new(BACKEND),
+            timeout: config.request_timeout,
+            pool: Pool::default(),
+            watches: Default::default(),
+            id: rand_id(),
+            endpoints,
+            prefix: config.prefix.clone(),
+        };
+        // Probe: etcd raises any TTL below its minimum without saying so.
+        let sent = Instant::now();
+        let probe = timed(
+            inner.timeout,
+            "lease grant",
+            inner.client.lease_client().grant(1, None),
+        )
+        .await?;
+        let min_secs = u64::try_from(probe.ttl()).unwrap_or(0).max(1);
+        let min_ttl = Duration::from_secs(min_secs);
+        inner.caps = Capabilities::new(BACKEND)
+            .ttl_range(min_ttl, MAX_TTL)
+            .ttl_granularity(Duration::from_secs(1))
+            .fairness(Fairness::Fifo)
+            .fence_durability(FenceDurability::Durable)
+            .notifications(true)
+            // The leader sweeps expired leases every 500 ms, then revokes
+            // through raft.
+            .expiry_slack(Duration::from_secs(1));
+        // The probe lease is a perfectly good lease of the minimum TTL.
+        inner.pool.give_back(Slot {
+            id: probe.id(),
+            ttl: min_ttl,
+            refreshed: sent,
+        });
+        Ok(EtcdBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The underlying etcd client (shares this backend's connection), for
+    /// your own transactions with [`fence_compare`](Self::fence_compare).
+    pub fn etcd_client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// The key that represents `lease`'s grant in etcd (`None` for a lease
+    /// this backend did not grant).
+    pub fn key_of(&self, lease: &Lease) -> Option<Vec<u8>> {
+        let grant = lease.extension::<Grant>()?;
+        Some(self.inner.keys.entry(lease.name(), grant.lease_id))
+    }
+
+    /// A `Compare` that holds only while `lease`'s grant still holds the
+    /// lock: the grant's key exists with the lease's fencing token as its
+    /// create revision. Add it to your own `Txn` so a write into etcd happens
+    /// only under the lock (resource-side fencing, done atomically by etcd).
+    /// The transaction needs a write or a plain (linearizable) range: etcd
+    /// answers a transaction of compares alone from the member's local,
+    /// possibly stale, state.
+    ///
+    /// ```no_run
+    /// # async fn demo(backend: lock_etcd::EtcdBackend, lease: lockcore::Lease) -> Result<(), etcd_client::Error> {
+    /// use etcd_client::{Txn, TxnOp};
+    /// let txn = Txn::new()
+    ///     .when([backend.fence_compare(&lease)])
+    ///     .and_then([TxnOp::put("inventory/sku-42", "41", None)]);
+    /// let applied = backend.etcd_client().txn(txn).await?.succeeded();
+    /// // `applied == false`: the lock was lost (expired, released or evicted); nothing was written.
+    /// # Ok(()) }
+    /// ```
+    pub fn fence_compare(&self, lease: &Lease) -> Compare {
+        // A lease we did not grant, or a fence beyond i64, is no etcd
+        // grant: compare against a revision that never matches (create
+        // revisions are >= 0).
+        let revision = i64::try_from(lease.fence().get()).unwrap_or(-1);
+        match self.key_of(lease) {
+            Some(key) => Compare::create_revision(key, CompareOp::Equal, revision),
+            None => {
+                Compare::create_revision(self.inner.keys.queue(lease.name()), CompareOp::Equal, -1)
+            }
+        }
+    }
+
+    /// Idle leases this client keeps for reuse (for tests and metrics).
+    pub fn idle_leases(&self) -> usize {
+        self.inner.pool.idle()
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.inner.endpoints)
+            .field("prefix", &self.inner.prefix)
+            .field("min_ttl", &self.inner.caps.min_ttl)
+            .field("idle_leases", &self.inner.pool.idle())
+            .finish()
+    }
+}
+
+fn rand_id() -> u64 {
+    let uuid = OwnerToken::new().as_uuid();
+    uuid.as_u64_pair().0
+}
+
+/// Whether this head-of-queue key is still the holder we think it is.
+pub(crate) enum Check {
+    /// No entry before ours: we hold the lock.
+    Head,
+    /// This key is the closest entry before ours.
+    Behind(Vec<u8>),
+    /// Our entry is gone (our lease expired while waiting).
+    Gone,
+}
+
+impl Inner {
+    pub(crate) fn fence(&self, revision: i64) -> Result<FencingToken, LockError> {
+        u64::try_from(revision)
+            .ok()
+            .and_then(FencingToken::new)
+            .ok_or_else(|| protocol(format!("create revision {revision}")))
+    }
+
+    /// A lease for one lock: an idle one (refreshed first if it is getting
+    /// old), or a new grant.
+    pub(crate) async fn take_lease(&self, ttl: Duration) -> Result<Slot, LockError> {
+        while let Some(mut slot) = self.pool.take(ttl) {
+            if slot.fresh() {
+                return Ok(slot);
+            }
+            if slot.stale() {
+                continue;
+            }
+            let sent = Instant::now();
+            if self.keep_alive(slot.id).await? {
+                slot.refreshed = sent;
+                return Ok(slot);
+            }
+        }
+        self.grant(ttl).await
+    }
+
+    pub(crate) async fn grant(&self, ttl: Duration) -> Result<Slot, LockError> {
+        let secs = i64::try_from(ttl.as_secs()).map_err(|_| LockError::InvalidTtl {
+            ttl,
+            reason: "too large for etcd".into(),
+        })?;
+        let sent = Instant::now();
+        let granted = timed(
+            self.timeout,
+            "lease grant",
+            self.client.lease_client().grant(secs, None),
+        )
+        .await?;
+        if !granted.error().is_empty() {
+            return Err(LockError::store(BACKEND, granted.error().to_owned()));
+        }
+        if granted.ttl() != secs {
+            // The cluster's minimum changed under us: never hand out a lease
+            // whose real TTL differs from what we report.
+            self.spawn_revoke(granted.id());
+            return Err(LockError::InvalidTtl {
+                ttl,
+                reason: format!(
+                    "etcd granted {} s instead of {secs} s (its minimum lease TTL is larger)",
+                    granted.ttl()
+                ),
+            });
+        }
+        Ok(Slot {
+            id: granted.id(),
+            ttl,
+            refreshed: sent,
+        })
+    }
+
+    /// One keep-alive round trip: `true` if the lease lives on, `false` if
+    /// etcd says it is gone.
+    pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool, LockError> {
+        let mut leases = self.client.lease_client();
+        let outcome = tokio::time::timeout(self.timeout, async move {
+            // The first reply is read inside `keep_alive`: an error with
+            // "lease not found" means TTL <= 0. Dropping the keeper and the
+            // stream ends the gRPC stream.
+            leases.keep_alive(id).await.map(|_| ())
+        })
+        .await;
+        match outcome {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) if lease_not_found(&e) => Ok(false),
+            Ok(Err(e)) => Err(error::map(e)),
+            Err(_) => Err(LockError::unavailable(
+                BACKEND,
+                format!("lease keep-alive got no answer within {:?}", self.timeout),
+            )),
+        }
+    }
+
+    fn spawn_revoke(&self, id: i64) {
+        let mut leases = self.client.lease_client();
+        let limit = self.timeout;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
+            });
+        }
+    }
+
+    pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, LockError> {
+        timed(self.timeout, what, self.client.kv_client().txn(txn)).await
+    }
+
+    /// Deletes the entry of one grant (`key` created at `revision` for
+    /// `owner`) if it still exists; `true` if this call deleted it.
+    pub(crate) async fn delete_entry(
+        &self,
+        key: &[u8],
+        revision: i64,
+        owner: OwnerToken,
+    ) -> Result<bool, LockError> {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.to_vec(), CompareOp::Equal, revision),
+                Compare::value(key.to_vec(), CompareOp::Equal, owner.encode()),
+            ])
+            .and_then([TxnOp::delete(key.to_vec(), None)]);
+        Ok(self.txn("release", txn).await?.succeeded())
+    }
+
+    /// Deletes our entry in the background (an acquire whose outcome is
+    /// unknown, or that was cancelled), then pools its lease.
+    pub(crate) fn spawn_cleanup(
+        self: &Arc<Self>,
+        key: Vec<u8>,
+        grant: Option<(i64, OwnerToken)>,
+        slot: Slot,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the entry expires with its lease
+        };
+        let inner = self.clone();
+        runtime.spawn(async move {
+            let deleted = match grant {
+                Some((revision, owner)) => inner.delete_entry(&key, revision, owner).await,
+                // Unknown revision (the reply was lost): the key is named
+                // after our lease, which nobody else holds, so it is ours.
+                None => timed(
+                    inner.timeout,
+                    "cleanup",
+                    inner.client.kv_client().delete(key.clone(), None::<DeleteOptions>),
+                )
+                .await
+                .map(|_| true),
+            };
+            match deleted {
+                Ok(true) => inner.pool.give_back(slot),
+                Ok(false) => {}
+                Err(e) => tracing::debug!(error = %e, "cleanup of a queue entry failed; it expires with its lease"),
+            }
+        });
+    }
+
+    /// The lease of a grant (entry created at `fence`), with its loss
+    /// signal wired to a watch on its key.
+    pub(crate) fn lease_for(
+        self: &Arc<Self>,
+        name: &LockName,
+        owner: OwnerToken,
+        fence: FencingToken,
+        slot: Slot,
+    ) -> Lease {
+        let lost = CancellationToken::new();
+        let done = CancellationToken::new();
+        if let Ok(revision) = i64::try_from(fence.get()) {
+            crate::loss::register(
+                self,
+                self.keys.entry(name, slot.id),
+                revision,
+                slot.ttl,
+                lost.clone(),
+                done.clone(),
+            );
+        }
+        Lease::new(name.clone(), owner, fence, slot.ttl, slot.refreshed)
+            .with_loss_signal(lost)
+            .with_extension(Grant {
+                lease_id: slot.id,
+                pool: self.id,
+                done,
+            })
+    }
+
+    /// Where we stand in the queue.
+    ///
+    /// With `at: Some(revision)` (a revision this client has seen etcd
+    /// reach: a watch reply's header), the read is a serializable snapshot at
+    /// that revision, answered by the member without a raft round. That is
+    /// exact, not stale: once no entry older than ours exists at some
+    /// revision, none ever will (entries only get newer revisions), and if
+    /// ours was gone then, it is gone for good. A member that has not reached
+    /// `at`, or has compacted it, makes us fall back to a linearizable read.
+    pub(crate) async fn check(
+        &self,
+        name: &LockName,
+        key: &[u8],
+        revision: i64,
+        at: Option<i64>,
+    ) -> Result<Check, LockError> {
+        if let Some(at) = at {
+            match self.check_at(name, key, revision, at).await {
+                Err(e) if !e.is_retryable() => {}
+                pinned => return pinned,
+            }
+        }
+        let queue = self.keys.queue(name);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.to_vec(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::get(
+                queue.clone(),
+                Some(older_than(&queue, revision)),
+            )]);
+        let reply = self.txn("queue check", txn).await?;
+        if !reply.succeeded() {
+            return Ok(Check::Gone);
+        }
+        match first_range(&reply)?.first() {
+            None => Ok(Check::Head),
+            Some(kv) => Ok(Check::Behind(kv.key().to_vec())),
+        }
+    }
+
+    async fn check_at(
+        &self,
+        name: &LockName,
+        key: &[u8],
+        revision: i64,
+        at: i64,
+    ) -> Result<Check, LockError> {
+        let queue = self.keys.queue(name);
+        let mine = GetOptions::new()
+            .with_keys_only()
+            .with_serializable()
+            .with_revision(at);
+        let older = older_than(&queue, revision)
+            .with_serializable()
+            .with_revision(at);
+        // Only serializable ranges: etcd answers it from the member's store.
+        let txn = Txn::new().and_then([
+            TxnOp::get(key.to_vec(), Some(mine)),
+            TxnOp::get(queue, Some(older)),
+        ]);
+        let reply = self.txn("queue check", txn).await?;
+        let mut ranges = reply.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+            _ => None,
+        });
+        let (Some(mine), Some(older)) = (ranges.next(), ranges.next()) else {
+            return Err(protocol("a queue check without its two ranges"));
+        };
+        if !mine.iter().any(|kv| kv.create_revision() == revision) {
+            return Ok(Check::Gone);
+        }
+        match older.first() {
+            None => Ok(Check::Head),
+            Some(kv) => Ok(Check::Behind(kv.key().to_vec())),
+        }
+    }
+
+    /// The holder: the queue's oldest entry.
+    async fn head(&self, name: &LockName) -> Result<Option<(KeyValue, i64)>, LockError> {
+        let queue = self.keys.queue(name);
+        let end = Keys::queue_end(&queue);
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut reply = timed(
+            self.timeout,
+            "inspect",
+            self.client.kv_client().get(queue, Some(options)),
+        )
+        .await?;
+        let revision = reply.header().map_or(0, |h| h.revision());
+        Ok(reply.take_kvs().into_iter().next().map(|kv| (kv, revision)))
+    }
+
+    async fn holder_of(&self, kv: &KeyValue) -> Result<Holder, LockError> {
+        let fence = self.fence(kv.create_revision())?;
+        let owner = kv.value_str().ok().and_then(OwnerToken::decode);
+        let expires_in = if kv.lease() == 0 {
+            None
+        } else {
+            let ttl = timed(
+                self.timeout,
+                "lease time-to-live",
+                self.client.lease_client().time_to_live(kv.lease(), None),
+            )
+            .await?;
+            // etcd truncates the remaining TTL to whole seconds: report the
+            // upper end, never more than the granted TTL.
+            let left = u64::try_from(ttl.ttl()).map_or(0, |s| s + 1);
+            let granted = u64::try_from(ttl.granted_ttl()).unwrap_or(0);
+            Some(Duration::from_secs(left.min(granted)))
+        };
+        Ok(Holder::new(fence, owner, expires_in))
+    }
+}
+
+/// The newest queue entry older than `revision`.
+fn older_than(queue: &[u8], revision: i64) -> GetOptions {
+    GetOptions::new()
+        .with_range(Keys::queue_end(queue))
+        // 0 would mean "no bound"; revision 1 is etcd's empty initial state.
+        .with_max_create_revision((revision - 1).max(1))
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1)
+        .with_keys_only()
+}
+
+pub(crate) fn first_range(reply: &TxnResponse) -> Result<Vec<KeyValue>, LockError> {
+    reply
+        .op_responses()
+        .into_iter()
+        .find_map(|r| match r {
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+            _ => None,
+        })
+        .ok_or_else(|| protocol("a transaction reply without its range"))
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+        let inner = &self.inner;
+        let ttl = inner.caps.effective_ttl(ttl)?;
+        let queue = inner.keys.queue(name);
+        let end = Keys::queue_end(&queue);
+        // A pooled lease may have been revoked behind our back: one retry
+        // with a fresh grant.
+        for fresh_grant in [false, true] {
+            let slot = if fresh_grant {
+                inner.grant(ttl).await?
+            } else {
+                inner.take_lease(ttl).await?
+            };
+            let owner = OwnerToken::new();
+            let key = inner.keys.entry(name, slot.id);
+            let txn = Txn::new()
+                .when(
+                    [Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
+                        .with_range(end.clone())],
+                )
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    owner.encode(),
+                    Some(PutOptions::new().with_lease(slot.id)),
+                )]);
+            let reply =
+                tokio::time::timeout(inner.timeout, inner.client.kv_client().txn(txn)).await;
+            match reply {
+                Ok(Ok(reply)) if reply.succeeded() => {
+                    // The queue was empty, so the key is new: its create
+                    // revision is the revision this transaction wrote at,
+                    // which etcd returns as the header's revision.
+                    let revision = reply.header().map_or(0, |h| h.revision());
+                    let fence = inner.fence(revision)?;
+                    return Ok(Attempt::Acquired(inner.lease_for(name, owner, fence, slot)));
+                }
+                Ok(Ok(_)) => {
+                    inner.pool.give_back(slot);
+                    return Ok(Attempt::Held { expires_in: None });
+                }
+                Ok(Err(e)) if lease_not_found(&e) && !fresh_grant => continue,
+                Ok(Err(e)) => {
+                    // The put may or may not have happened.
+                    inner.spawn_cleanup(key, None, slot);
+                    return Err(error::map(e));
+                }
+                Err(_) => {
+                    inner.spawn_cleanup(key, None, slot);
+                    return Err(LockError::unavailable(
+                        BACKEND,
+                        format!("acquire got no answer within {:?}", inner.timeout),
+                    ));
+                }
+            }
+        }
+        Err(protocol("a freshly granted lease was not found"))
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let not_held = || LockError::NotHeld {
+            name: lease.name().clone(),
+        };
+        let Some(grant) = lease.extension::<Grant>() else {
+            return Err(not_held());
+        };
+        let Ok(revision) = i64::try_from(lease.fence().get()) else {
+            return Err(not_held());
+        };
+        let key = self.inner.keys.entry(lease.name(), grant.lease_id);
+        let sent = Instant::now();
+        // Keep-alive first, then check the key: if the key (unique per
+        // grant) still exists after the keep-alive, it existed throughout,
+        // so the keep-alive extended exactly this grant.
+        if !self.inner.keep_alive(grant.lease_id).await? {
+            mark_lost(lease);
+            return Err(not_held());
+        }
+        // The range makes the transaction linearizable: etcd serves a
+        // transaction of compares alone like a serializable read, from the
+        // member's possibly stale state.
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, revision),
+                Compare::value(key.clone(), CompareOp::Equal, lease.owner().encode()),
+                Compare::lease(key.clone(), CompareOp::Equal, grant.lease_id),
+            ])
+            .and_then([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
+        if !self.inner.txn("renew check", txn).await?.succeeded() {
+            mark_lost(lease);
+            return Err(not_held());
+        }
+        Ok(lease.renewed(lease.ttl(), sent))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        // Without our extension the lease was not granted by this backend
+        // kind: there is no entry it could name.
+        let (Some(grant), Ok(revision)) = (
+            lease.extension::<Grant>(),
+            i64::try_from(lease.fence().get()),
+        ) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let key = self.inner.keys.entry(lease.name(), grant.lease_id);
+        // Our own delete must not read as a loss.
+        grant.done.cancel();
+        if self
+            .inner
+            .delete_entry(&key, revision, lease.owner())
+            .await?
+        {
+            if grant.pool == self.inner.id {
+                // Deleted by this call, so the lease has nothing attached:
+                // pool it (exactly once per grant).
+                self.inner.pool.give_back(Slot {
+                    id: grant.lease_id,
+                    ttl: lease.ttl(),
+                    refreshed: lease.issued_at(),
+                });
+            }
+            Ok(ReleaseOutcome::Released)
+        } else {
+            Ok(ReleaseOutcome::NotHeld)
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        match self.inner.head(name).await? {
+            None => Ok(None),
+            Some((kv, _)) => Ok(Some(self.inner.holder_of(&kv).await?)),
+        }
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        reason: &str,
+    ) -> Result<Option<Holder>, LockError> {
+        let inner = &self.inner;
+        // Delete the head only if it is still the head we read (same create
+        // revision); retry if it changed meanwhile. Waiters behind it keep
+        // their place, and their revisions are all larger than the evicted
+        // fence. The holder's lease is left alone (it may carry nothing else,
+        // but it is the holder's to pool or let expire).
+        for _ in 0..32 {
+            let Some((kv, _)) = inner.head(name).await? else {
+                audit::emit(ForcedRelease::new(BACKEND, name.clone(), None, reason));
+                return Ok(None);
+            };
+            let holder = inner.holder_of(&kv).await?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    kv.key().to_vec(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                )])
+                .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+            if inner.txn("force release", txn).await?.succeeded() {
+                audit::emit(ForcedRelease::new(
+                    BACKEND,
+                    name.clone(),
+                    Some(holder.clone()),
+                    reason,
+                ));
+                return Ok(Some(holder));
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            format!("force release of \"{name}\": the holder kept changing"),
+        ))
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        let inner = &self.inner;
+        let Some((kv, revision)) = inner.head(name).await? else {
+            return Ok(Some(Box::pin(async {})));
+        };
+        // From the revision after the read: the holder's delete cannot be
+        // missed, even if it happens before the watch is registered.
+        let options = WatchOptions::new()
+            .with_start_revision(revision + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream = timed(
+            inner.timeout,
+            "watch",
+            inner
+                .client
+                .watch_client()
+                .watch(kv.key().to_vec(), Some(options)),
+        )
+        .await?;
+        Ok(Some(Box::pin(async move {
+            loop {
+                match stream.message().await {
+                    Ok(Some(reply)) => {
+                        if reply.canceled()
+                            || reply
+                                .events()
+                                .iter()
+                                .any(|e| e.event_type() == EventType::Delete)
+                        {
+                            return;
+                        }
+                    }
+                    // Stream closed or failed: wake the caller to look again.
+                    Ok(None) | Err(_) => return,
+                }
+            }
+        })))
+    }
+
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        queue::acquire(&self.inner, name, ttl, wait).await
+    }
+}
+
+/// Fires the lease's loss signal (the guard watches it).
+fn mark_lost(lease: &Lease) {
+    if let Some(signal) = lease.loss_signal() {
+        signal.cancel();
+    }
+}

@@ -1,0 +1,84 @@
+//! etcd client errors mapped to `LockError`: retryable (transport, leader
+//! changes, timeouts) or permanent (auth, permission, bad request).
+
+use std::future::Future;
+use std::time::Duration;
+
+use lockcore::LockError;
+
+pub(crate) const BACKEND: &str = "etcd";
+
+// gRPC status codes (stable numbers of the gRPC spec).
+type Code = i32;
+const CANCELLED: Code = 1;
+const UNKNOWN: Code = 2;
+const DEADLINE_EXCEEDED: Code = 4;
+const NOT_FOUND: Code = 5;
+const RESOURCE_EXHAUSTED: Code = 8;
+const ABORTED: Code = 10;
+const INTERNAL: Code = 13;
+const UNAVAILABLE: Code = 14;
+
+/// Whether the server said the lease does not exist (expired or revoked).
+pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() as i32 == NOT_FOUND && status.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(msg) => msg.contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// Maps a client error: transport trouble and transient server states are
+/// retryable, everything else is permanent.
+pub(crate) fn map(e: etcd_client::Error) -> LockError {
+    use etcd_client::Error as E;
+    let retryable = match &e {
+        E::GRpcStatus(status) => {
+            let code = status.code() as Code;
+            matches!(
+                code,
+                CANCELLED
+                    | UNKNOWN
+                    | DEADLINE_EXCEEDED
+                    | RESOURCE_EXHAUSTED
+                    | ABORTED
+                    | UNAVAILABLE
+            ) || (code == INTERNAL && status.message().contains("transport"))
+        }
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) | E::EndpointError(_) => {
+            return LockError::config_caused_by("the etcd client rejected its configuration", e);
+        }
+        _ => false,
+    };
+    if retryable {
+        LockError::unavailable(BACKEND, e)
+    } else {
+        LockError::store(BACKEND, e)
+    }
+}
+
+/// Runs one request with a time limit; running out is retryable.
+pub(crate) async fn timed<T>(
+    limit: Duration,
+    what: &'static str,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => result.map_err(map),
+        Err(_) => Err(LockError::unavailable(
+            BACKEND,
+            format!("{what} got no answer within {limit:?}"),
+        )),
+    }
+}
+
+/// A reply that does not have the shape etcd promises.
+pub(crate) fn protocol(what: impl Into<String>) -> LockError {
+    LockError::store(
+        BACKEND,
+        format!("unexpected reply from etcd: {}", what.into()),
+    )
+}

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+
+mod backend;
+mod config;
+mod error;
+mod keys;
+mod leases;
+mod loss;
+mod queue;
+
+pub use backend::{EtcdBackend, MAX_TTL};
+pub use config::{EtcdConfig, MAX_PREFIX_BYTES, TlsConfig};
+/// The etcd client this backend is built on, for [`EtcdBackend::fence_compare`]
+/// in your own transactions.
+pub use etcd_client;
