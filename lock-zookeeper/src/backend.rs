@@ -1,0 +1,552 @@
+//! `ZooKeeperBackend`: the queue recipe behind the `LockBackend` contract.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::audit::{self, ForcedRelease};
+use lockcore::{
+    Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LeaseKind,
+    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::config::ZooKeeperConfig;
+use crate::error::{BACKEND, map, transient};
+use crate::held::{Held, Over, gone};
+use crate::names::segment;
+use crate::queue::{Acls, Entry, delete_node, list, retry};
+use crate::session::Session;
+
+/// A ZooKeeper lock client: one session, shared by its clones.
+///
+/// See the crate documentation for the recipe and what it guarantees.
+#[derive(Clone)]
+pub struct ZooKeeperBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ZooKeeperConfig,
+    acls: Arc<Acls>,
+    session: Mutex<Arc<Session>>,
+    reconnecting: tokio::sync::Mutex<()>,
+    /// The latest negotiated session timeout, for `capabilities()`.
+    timeout_ms: AtomicU64,
+}
+
+/// How many times inspect and force_release look again when the holder
+/// changes under them.
+const LOOKS: usize = 8;
+
+impl ZooKeeperBackend {
+    /// Connects with a `zk://` URL or a plain connect string (see
+    /// [`ZooKeeperConfig::from_url`]).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a bad URL; [`LockError::Unavailable`]
+    /// when no server answers; [`LockError::Store`] when the lock root cannot
+    /// be created (an ACL of another identity).
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(ZooKeeperConfig::from_url(url)?).await
+    }
+
+    /// Connects with `config`: opens a session and creates the lock root if
+    /// it is missing.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(config: ZooKeeperConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let acls = Arc::new(Acls::new(config.digest.is_some()));
+        let session = Session::open(&config).await?;
+        let root = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&acls.dirs));
+        retry(|| session.client.mkdir(&config.root, &root))
+            .await
+            .map_err(|e| map(format!("creating the lock root {}", config.root), e))?;
+        Ok(ZooKeeperBackend {
+            inner: Arc::new(Inner {
+                timeout_ms: AtomicU64::new(millis(session.timeout)),
+                session: Mutex::new(session),
+                reconnecting: tokio::sync::Mutex::new(()),
+                acls,
+                config,
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZooKeeperConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the server granted: the TTL of every lease.
+    pub fn session_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// The client of the current session, for diagnostics and tests (its
+    /// [`session`](zk::Client::session) identifies the owner of this
+    /// backend's lock nodes).
+    pub fn zk_client(&self) -> zk::Client {
+        self.inner.current().client.clone()
+    }
+
+    /// The ZooKeeper path of `name`'s queue: one child of the root.
+    pub fn lock_path(&self, name: &LockName) -> String {
+        format!("{}/{}", self.inner.config.root, segment(name))
+    }
+
+    /// Validates `ttl` before any I/O. Whatever is asked, a lease lasts the
+    /// negotiated session timeout.
+    fn effective_ttl(&self, ttl: Duration) -> Result<Duration, LockError> {
+        self.capabilities().effective_ttl(ttl)
+    }
+
+    /// The lease's node, if `lease` is a grant of this backend kind that
+    /// matches its own fields (a forged lease has none).
+    fn held<'l>(&self, lease: &'l Lease) -> Option<&'l Arc<Held>> {
+        lease.extension::<Arc<Held>>().filter(|h| {
+            h.name == *lease.name() && h.guid == lease.owner().as_uuid() && h.fence == lease.fence()
+        })
+    }
+
+    /// Turns the head of the queue into a lease. `alive_since`: the send time
+    /// of a request answered after the session was last heard of, so the
+    /// server keeps the session (and the node) at least until
+    /// `alive_since + timeout`.
+    fn grant(
+        &self,
+        name: &LockName,
+        entry: Entry,
+        alive_since: Instant,
+    ) -> Result<Lease, LockError> {
+        let czxid = entry.node.as_ref().map_or(0, |n| n.czxid);
+        let Some(fence) = u64::try_from(czxid).ok().and_then(FencingToken::new) else {
+            return Err(LockError::store(
+                BACKEND,
+                format!(
+                    "lock node under {} has no valid czxid ({czxid})",
+                    entry.parent
+                ),
+            ));
+        };
+        let (session, parent, guid, strays) = (
+            entry.session.clone(),
+            entry.parent.clone(),
+            entry.guid,
+            entry.strays,
+        );
+        let node = entry
+            .granted()
+            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
+        let lease = Lease::new(
+            name.clone(),
+            OwnerToken::from_uuid(guid),
+            fence,
+            session.timeout,
+            alive_since,
+        );
+        let held = Held::start(
+            session,
+            name.clone(),
+            parent,
+            node.path,
+            guid,
+            fence,
+            strays,
+            lease.deadline(),
+        );
+        Ok(lease
+            .with_loss_signal(held.lost.clone())
+            .with_extension(held))
+    }
+
+    /// Waits in line until granted, the deadline, or an error retrying
+    /// cannot fix.
+    async fn wait_in_line(
+        &self,
+        name: &LockName,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        let parent = self.lock_path(name);
+        let mut failures: u32 = 0;
+        // Sleeps after a transient failure; `Err` once the deadline passed.
+        let pause = |failures: &mut u32, e: LockError| {
+            let delay = wait.backoff.delay(*failures);
+            *failures = failures.saturating_add(1);
+            let now = Instant::now();
+            async move {
+                if now >= wait.deadline {
+                    return Err(e);
+                }
+                tracing::debug!(%name, error = %e, "waiting for a lock: store trouble, will retry");
+                tokio::time::sleep_until((now + delay).min(wait.deadline)).await;
+                Ok(())
+            }
+        };
+        'session: loop {
+            let session = match self.inner.session().await {
+                Ok(session) => session,
+                Err(e) if e.is_retryable() => {
+                    pause(&mut failures, e).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut entry = Entry::new(session.clone(), parent.clone(), self.inner.acls.clone());
+            // The send time of the latest answered request of this entry.
+            let mut alive_since = Instant::now();
+            let mut queue = match entry.enqueue().await {
+                Ok(queue) => queue,
+                Err(e) if e.is_retryable() => {
+                    pause(&mut failures, e).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            loop {
+                match entry.prune(&queue).await {
+                    Ok(Some(fresh)) => queue = fresh,
+                    Ok(None) => {}
+                    Err(e) if e.is_retryable() => {
+                        pause(&mut failures, e).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+                let ours = entry.name().unwrap_or_default().to_owned();
+                let at = match queue.position(&ours) {
+                    Some(0) => return self.grant(name, entry, alive_since).map(Some),
+                    Some(at) => at,
+                    // Our node is gone (its session ended, or it was deleted
+                    // by hand): queue again.
+                    None if Instant::now() >= wait.deadline => return Ok(None),
+                    None => continue 'session,
+                };
+                if Instant::now() >= wait.deadline {
+                    if let Err(e) = entry.remove().await {
+                        tracing::debug!(%name, error = %e, "could not remove a timed-out queue node now; retrying in the background");
+                    }
+                    return Ok(None);
+                }
+                // Watch only the node just ahead: one waiter wakes per release.
+                let ahead = queue
+                    .predecessor(&ours)
+                    .map(|n| format!("{parent}/{}", n.name))
+                    .unwrap_or_default();
+                // Nodes ahead of ours only ever go away (sequence numbers
+                // grow), so once the only node ahead is gone, we are first.
+                let next_in_line = at == 1;
+                let sent = Instant::now();
+                let ahead_gone = match session.client.check_and_watch_stat(&ahead).await {
+                    Ok((Some(_), watcher)) => {
+                        alive_since = sent;
+                        let recheck = (Instant::now() + wait.recheck).min(wait.deadline);
+                        tokio::select! {
+                            event = watcher.changed() => event.event_type == zk::EventType::NodeDeleted,
+                            _ = tokio::time::sleep_until(recheck) => false,
+                            _ = session.ended.cancelled() => false,
+                        }
+                    }
+                    Ok((None, _)) => {
+                        alive_since = sent;
+                        true
+                    }
+                    Err(e) if transient(&e) => {
+                        pause(&mut failures, map("watching the queue", e)).await?;
+                        false
+                    }
+                    Err(e) => return Err(map(format!("watching {ahead}"), e)),
+                };
+                if session.is_ended() {
+                    continue 'session;
+                }
+                // Fast path: no read needed, as long as the session was
+                // heard of recently enough to leave a useful deadline.
+                if ahead_gone && next_in_line && alive_since.elapsed() <= session.timeout / 4 {
+                    return self.grant(name, entry, alive_since).map(Some);
+                }
+                // No `sync` needed: a listing that shows us first reflects
+                // every deletion ahead of us, which the server got from the
+                // leader, and the grant's deadline counts from its send time.
+                let sent = Instant::now();
+                queue = match entry.relist(false).await {
+                    Ok(queue) => {
+                        alive_since = sent;
+                        queue
+                    }
+                    Err(e) if e.is_retryable() => {
+                        pause(&mut failures, e).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn current(&self) -> Arc<Session> {
+        self.session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The live session, or a new one if it ended (expired: every lock it
+    /// held is already gone on the server).
+    async fn session(&self) -> Result<Arc<Session>, LockError> {
+        let current = self.current();
+        if !current.is_ended() {
+            return Ok(current);
+        }
+        let _one_at_a_time = self.reconnecting.lock().await;
+        let current = self.current();
+        if !current.is_ended() {
+            return Ok(current);
+        }
+        if current.client.state() == zk::SessionState::AuthFailed {
+            return Err(LockError::store(
+                BACKEND,
+                "ZooKeeper refused the session's credentials (AuthFailed)",
+            ));
+        }
+        tracing::info!(timeout = ?current.timeout, "zookeeper session ended; opening a new one");
+        let fresh = Session::open(&self.config).await?;
+        self.timeout_ms
+            .store(millis(fresh.timeout), Ordering::Relaxed);
+        *self.session.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl fmt::Debug for ZooKeeperBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperBackend")
+            .field("config", &self.inner.config)
+            .field("session", &self.inner.current())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZooKeeperBackend {
+    fn capabilities(&self) -> Capabilities {
+        let timeout = self.session_timeout();
+        // Any TTL from 1 ms to a year is accepted and means the session
+        // timeout, which `LeaseKind::Session` declares and every lease reports.
+        Capabilities::new(BACKEND)
+            .lease_kind(LeaseKind::Session { timeout })
+            .fairness(Fairness::Fifo)
+            .fence_durability(FenceDurability::Durable)
+            .notifications(true)
+            // Sessions expire on tick boundaries (a tick is at most half the
+            // minimum session timeout); leader changes restart session clocks.
+            .expiry_slack(timeout / 2)
+    }
+
+    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+        self.effective_ttl(ttl)?;
+        let session = self.inner.session().await?;
+        let mut entry = Entry::new(session, self.lock_path(name), self.inner.acls.clone());
+        let sent_at = Instant::now();
+        let mut queue = entry.enqueue().await?;
+        if let Some(fresh) = entry.prune(&queue).await? {
+            queue = fresh;
+        }
+        let at = entry.name().and_then(|ours| queue.position(ours));
+        if at == Some(0) {
+            return Ok(Attempt::Acquired(self.grant(name, entry, sent_at)?));
+        }
+        if let Err(e) = entry.remove().await {
+            tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
+        }
+        Ok(Attempt::Held { expires_in: None })
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let not_held = || LockError::NotHeld {
+            name: lease.name().clone(),
+        };
+        let Some(held) = self.held(lease) else {
+            return Err(not_held());
+        };
+        let sent_at = Instant::now();
+        if held.expire_if_due(sent_at) {
+            let _ = held.delete().await;
+            return Err(not_held());
+        }
+        if held.over() != Over::No || held.session.is_ended() {
+            return Err(not_held());
+        }
+        // `sync` then a read of the node: the leader has seen the session
+        // alive after `sent_at`, and the node is still this grant's.
+        let client = &held.session.client;
+        let synced = client.sync(&held.path);
+        let stat = client.check_stat(&held.path);
+        let outcome = match synced.await {
+            Ok(()) | Err(zk::Error::NoNode) => stat.await,
+            Err(e) => Err(e),
+        };
+        let stat = match outcome {
+            Ok(stat) => stat,
+            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => {
+                gone(held);
+                return Err(not_held());
+            }
+            Err(e) => return Err(map(format!("renewing {}", held.path), e)),
+        };
+        let ours = stat.is_some_and(|s| {
+            u64::try_from(s.czxid).ok() == Some(lease.fence().get())
+                && s.ephemeral_owner == held.session.id()
+        });
+        if !ours {
+            gone(held);
+            return Err(not_held());
+        }
+        let renewed = lease.renewed(held.session.timeout, sent_at);
+        if !held.extend(Instant::now(), renewed.deadline()) {
+            return Err(not_held());
+        }
+        Ok(renewed)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let Some(held) = self.held(lease) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        if held.expire_if_due(Instant::now()) {
+            let _ = held.delete().await;
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        if held.over() != Over::No {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        if held.session.is_ended() {
+            gone(held);
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let deleted = held
+            .delete()
+            .await
+            .map_err(|e| map(format!("releasing {}", held.path), e))?;
+        held.finish(Over::Released);
+        held.stop();
+        Ok(if deleted {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        let session = self.inner.session().await?;
+        let parent = self.lock_path(name);
+        for _ in 0..LOOKS {
+            let queue = list(&session.client, &parent, true).await?;
+            let Some(head) = queue.head() else {
+                return Ok(None);
+            };
+            let path = format!("{parent}/{}", head.name);
+            let stat = retry(|| session.client.check_stat(&path))
+                .await
+                .map_err(|e| map(format!("reading {path}"), e))?;
+            if let Some(stat) = stat {
+                return Ok(Some(holder(&path, head.guid, &stat)?));
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            format!("the holder of {parent} kept changing while being read"),
+        ))
+    }
+
+    async fn force_release(
+        &self,
+        name: &LockName,
+        reason: &str,
+    ) -> Result<Option<Holder>, LockError> {
+        let session = self.inner.session().await?;
+        let parent = self.lock_path(name);
+        let mut evicted = None;
+        for _ in 0..LOOKS {
+            let queue = list(&session.client, &parent, true).await?;
+            let Some(head) = queue.head() else {
+                break;
+            };
+            let path = format!("{parent}/{}", head.name);
+            let stat = retry(|| session.client.check_stat(&path))
+                .await
+                .map_err(|e| map(format!("reading {path}"), e))?;
+            let Some(stat) = stat else {
+                continue;
+            };
+            // The path names one grant (its owner's uuid and sequence), so
+            // this deletes exactly the holder just read.
+            if delete_node(&session.client, &path)
+                .await
+                .map_err(|e| map(format!("force-releasing {path}"), e))?
+            {
+                evicted = Some(holder(&path, head.guid, &stat)?);
+                break;
+            }
+        }
+        audit::emit(ForcedRelease::new(
+            BACKEND,
+            name.clone(),
+            evicted.clone(),
+            reason,
+        ));
+        Ok(evicted)
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        let session = self.inner.session().await?;
+        let parent = self.lock_path(name);
+        let queue = list(&session.client, &parent, false).await?;
+        let Some(head) = queue.head() else {
+            return Ok(Some(Box::pin(async {})));
+        };
+        let path = format!("{parent}/{}", head.name);
+        match session.client.check_and_watch_stat(&path).await {
+            Ok((Some(_), watcher)) => Ok(Some(Box::pin(async move {
+                watcher.changed().await;
+            }))),
+            Ok((None, _)) => Ok(Some(Box::pin(async {}))),
+            Err(e) => Err(map(format!("watching {path}"), e)),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        self.effective_ttl(ttl)?;
+        // Requests wait out a disconnection; never let one hold the caller
+        // past its deadline (dropping the queue entry removes its node).
+        let stuck = wait.deadline + Duration::from_millis(250);
+        match tokio::time::timeout_at(stuck, self.wait_in_line(name, wait)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+fn holder(path: &str, guid: uuid::Uuid, stat: &zk::Stat) -> Result<Holder, LockError> {
+    let fence = u64::try_from(stat.czxid)
+        .ok()
+        .and_then(FencingToken::new)
+        .ok_or_else(|| LockError::store(BACKEND, format!("{path} has no valid czxid")))?;
+    Ok(Holder::new(fence, Some(OwnerToken::from_uuid(guid)), None))
+}

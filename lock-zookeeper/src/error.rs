@@ -1,0 +1,72 @@
+//! ZooKeeper client errors as `LockError`s.
+
+use std::fmt;
+
+use lockcore::LockError;
+use zookeeper_client as zk;
+
+pub(crate) const BACKEND: &str = "zookeeper";
+
+/// A client error with what we were doing.
+#[derive(Debug)]
+pub(crate) struct ZkError {
+    what: String,
+    source: zk::Error,
+}
+
+impl fmt::Display for ZkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.what, self.source)?;
+        if self.source == zk::Error::NoAuth {
+            f.write_str(
+                " (the node's ACL belongs to another identity: check the digest credentials)",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ZkError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Whether the connection broke under a request, so its outcome is unknown:
+/// the client fails in-flight requests with the error that broke the
+/// connection (`ConnectionLoss`, or its own "no response" and I/O errors,
+/// which it reports as `Custom`). Server replies are never `Custom`.
+pub(crate) fn connection_lost(e: &zk::Error) -> bool {
+    matches!(e, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+}
+
+/// Whether retrying (on this or a fresh session) may succeed.
+pub(crate) fn transient(e: &zk::Error) -> bool {
+    use zk::Error::*;
+    connection_lost(e)
+        || matches!(
+            e,
+            Timeout
+                | NoHosts
+                | SessionExpired
+                | SessionMoved
+                | ClientClosed
+                | Throttled
+                | NotReadOnly
+        )
+}
+
+/// Maps `e`, raised while doing `what`: transient trouble is
+/// [`LockError::Unavailable`], everything else [`LockError::Store`].
+pub(crate) fn map(what: impl Into<String>, e: zk::Error) -> LockError {
+    let retry = transient(&e);
+    let err = ZkError {
+        what: what.into(),
+        source: e,
+    };
+    if retry {
+        LockError::unavailable(BACKEND, err)
+    } else {
+        LockError::store(BACKEND, err)
+    }
+}

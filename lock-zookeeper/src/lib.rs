@@ -1,0 +1,22 @@
+#![doc = include_str!("../README.md")]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+
+mod backend;
+mod config;
+mod error;
+mod held;
+mod names;
+mod queue;
+mod session;
+
+pub use backend::ZooKeeperBackend;
+pub use config::ZooKeeperConfig;
+pub use names::decode_segment;
+/// The ZooKeeper client this backend is built on, re-exported so callers use
+/// the same version (see [`ZooKeeperBackend::zk_client`]).
+pub use zookeeper_client as zk;

@@ -1,0 +1,416 @@
+//! A place in a lock's queue: the ephemeral sequential node, created in
+//! protected mode, and removed again by whoever gives it up, including a
+//! dropped future.
+
+use std::sync::Arc;
+
+use lockcore::LockError;
+use uuid::Uuid;
+use zookeeper_client as zk;
+
+use crate::error::{connection_lost, map};
+use crate::names::{Queue, node_prefix};
+use crate::session::Session;
+
+/// ACLs for the lock root and lock parents, and for the queue nodes.
+#[derive(Debug, Clone)]
+pub(crate) struct Acls {
+    pub(crate) dirs: Vec<zk::Acl>,
+    pub(crate) nodes: Vec<zk::Acl>,
+}
+
+impl Acls {
+    /// Open ACLs, or (with digest credentials) nodes only this identity may
+    /// touch under parents everyone may read but only it may change.
+    pub(crate) fn new(digest: bool) -> Acls {
+        if digest {
+            Acls {
+                dirs: vec![
+                    zk::Acl::new(zk::Permission::ALL, zk::AuthId::authed()),
+                    zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone()),
+                ],
+                nodes: zk::Acls::creator_all().to_vec(),
+            }
+        } else {
+            Acls {
+                dirs: zk::Acls::anyone_all().to_vec(),
+                nodes: zk::Acls::anyone_all().to_vec(),
+            }
+        }
+    }
+}
+
+/// Our node, once we know it.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    pub(crate) name: String,
+    pub(crate) path: String,
+    pub(crate) czxid: i64,
+}
+
+/// A queue entry being created or waiting. Dropping it while armed removes
+/// its node in the background, so a cancelled acquire never blocks others.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) session: Arc<Session>,
+    pub(crate) parent: String,
+    pub(crate) guid: Uuid,
+    acls: Arc<Acls>,
+    pub(crate) node: Option<Node>,
+    /// A create's reply was lost: a second node of ours may show up.
+    pub(crate) strays: bool,
+    armed: bool,
+}
+
+/// How many times a create is retried after its parent vanished or its
+/// reply was lost, before giving up.
+const CREATE_ATTEMPTS: usize = 8;
+
+impl Entry {
+    pub(crate) fn new(session: Arc<Session>, parent: String, acls: Arc<Acls>) -> Entry {
+        Entry {
+            session,
+            parent,
+            guid: Uuid::new_v4(),
+            acls,
+            node: None,
+            strays: false,
+            armed: true,
+        }
+    }
+
+    /// Creates our node and reads the queue right behind it: two requests
+    /// sent back to back, which the server answers in order, so the listing
+    /// includes our node and costs no extra round trip.
+    ///
+    /// Creates the lock's parent (a container node the server deletes once
+    /// empty) when missing. When a create's reply is lost, finds the node by
+    /// its owner uuid instead of leaving it orphaned.
+    pub(crate) async fn enqueue(&mut self) -> Result<Queue, LockError> {
+        let session = self.session.clone();
+        let client = &session.client;
+        let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
+        let acls = self.acls.clone();
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&acls.nodes));
+        let mut last = None;
+        for _ in 0..CREATE_ATTEMPTS {
+            let create = client.create(&prefix, &[], &mode);
+            let list = client.list_children(&self.parent);
+            match create.await {
+                Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", node_prefix(self.guid));
+                    self.node = Some(Node {
+                        path: format!("{}/{name}", self.parent),
+                        name,
+                        czxid: stat.czxid,
+                    });
+                    return match list.await {
+                        Ok(children) => Ok(Queue::new(&children)),
+                        Err(_) => self.relist(false).await,
+                    };
+                }
+                Err(zk::Error::NoNode) => {
+                    drop(list);
+                    self.create_parent().await?;
+                    last = Some(zk::Error::NoNode);
+                }
+                Err(e) if connection_lost(&e) => {
+                    drop(list);
+                    self.strays = true;
+                    last = Some(e);
+                    if let Some(queue) = self.recover().await? {
+                        return Ok(queue);
+                    }
+                }
+                Err(e) => {
+                    return Err(map(
+                        format!("creating a queue node under {}", self.parent),
+                        e,
+                    ));
+                }
+            }
+        }
+        Err(map(
+            format!("creating a queue node under {}", self.parent),
+            last.unwrap_or(zk::Error::ConnectionLoss),
+        ))
+    }
+
+    /// After a lost create reply: our node, if the create happened.
+    async fn recover(&mut self) -> Result<Option<Queue>, LockError> {
+        // `sync` first: a create that reached the leader through the lost
+        // connection is then visible here.
+        let queue = self.relist(true).await?;
+        let Some(ours) = queue.first_of(self.guid).cloned() else {
+            return Ok(None);
+        };
+        let path = format!("{}/{}", self.parent, ours.name);
+        let stat = retry(|| self.session.client.check_stat(&path))
+            .await
+            .map_err(|e| map(format!("reading {path}"), e))?;
+        match stat {
+            Some(stat) => {
+                tracing::debug!(%path, "found our queue node after a lost create reply");
+                self.node = Some(Node {
+                    name: ours.name,
+                    path,
+                    czxid: stat.czxid,
+                });
+                Ok(Some(queue))
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn create_parent(&self) -> Result<(), LockError> {
+        let client = &self.session.client;
+        let dir = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.acls.dirs));
+        match client.create(&self.parent, &[], &dir).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(zk::Error::NoNode) => {
+                // The root itself is gone (deleted by hand): recreate it.
+                let root = &self.parent[..self.parent.rfind('/').unwrap_or(0)];
+                let persistent =
+                    zk::CreateMode::Persistent.with_acls(zk::Acls::new(&self.acls.dirs));
+                client
+                    .mkdir(root, &persistent)
+                    .await
+                    .map_err(|e| map(format!("creating the lock root {root}"), e))
+            }
+            Err(e) => Err(map(format!("creating the lock parent {}", self.parent), e)),
+        }
+    }
+
+    /// The queue now; with `sync`, after the server caught up with the leader.
+    pub(crate) async fn relist(&self, sync: bool) -> Result<Queue, LockError> {
+        list(&self.session.client, &self.parent, sync).await
+    }
+
+    /// After a lost create reply, a create sent through the old connection
+    /// may still land after we looked, possibly ahead of the node we made
+    /// instead: such a stray of ours ahead of our node would block us (and
+    /// everyone behind us). Deletes it and reads the queue again.
+    pub(crate) async fn prune(&self, queue: &Queue) -> Result<Option<Queue>, LockError> {
+        let Some(ours) = self.name().and_then(|n| queue.position(n)) else {
+            return Ok(None);
+        };
+        let ahead = |name: &str| queue.position(name).is_some_and(|at| at < ours);
+        if !self.strays || !queue.all_of(self.guid).any(|n| ahead(&n.name)) {
+            return Ok(None);
+        }
+        for stray in queue.all_of(self.guid).filter(|n| ahead(&n.name)) {
+            let path = format!("{}/{}", self.parent, stray.name);
+            tracing::debug!(%path, "deleting a stray queue node of ours ahead of ours");
+            delete_node(&self.session.client, &path)
+                .await
+                .map_err(|e| map(format!("deleting {path}"), e))?;
+        }
+        self.relist(false).await.map(Some)
+    }
+
+    /// Our node's name.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.node.as_ref().map(|n| n.name.as_str())
+    }
+
+    /// Removes our node (and strays), waiting for the server. On failure
+    /// the entry stays armed, so dropping it retries in the background.
+    pub(crate) async fn remove(mut self) -> Result<(), LockError> {
+        let outcome = remove(
+            &self.session,
+            &self.parent,
+            self.guid,
+            self.node.clone(),
+            self.strays,
+        )
+        .await;
+        match outcome {
+            Ok(()) => {
+                self.armed = false;
+                Ok(())
+            }
+            Err(e) => Err(map(
+                format!("removing a queue node under {}", self.parent),
+                e,
+            )),
+        }
+    }
+
+    /// Hands over the node of a grant; the entry no longer removes it.
+    pub(crate) fn granted(mut self) -> Option<Node> {
+        self.armed = false;
+        self.node.take()
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (session, parent, guid, node) = (
+            self.session.clone(),
+            std::mem::take(&mut self.parent),
+            self.guid,
+            self.node.take(),
+        );
+        // Requests go out in call order, so a create still in flight when
+        // the future was dropped reaches the server before the sweep below.
+        let strays = self.strays || node.is_none();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(e) = remove(&session, &parent, guid, node, strays).await {
+                        tracing::debug!(%parent, error = %e, "could not remove an abandoned queue node; its session will");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::debug!(%parent, "queue entry dropped outside a runtime; its session removes the node")
+            }
+        }
+    }
+}
+
+async fn remove(
+    session: &Session,
+    parent: &str,
+    guid: Uuid,
+    node: Option<Node>,
+    strays: bool,
+) -> Result<(), zk::Error> {
+    if session.is_ended() {
+        return Ok(()); // ephemerals went with the session
+    }
+    if let Some(node) = node {
+        delete_node(&session.client, &node.path).await?;
+    }
+    if strays {
+        sweep_owner(&session.client, parent, guid).await;
+    }
+    Ok(())
+}
+
+/// Deletes `path`, retrying a lost connection; `Ok(true)` if it existed
+/// (or an earlier attempt whose reply was lost most likely deleted it).
+pub(crate) async fn delete_node(client: &zk::Client, path: &str) -> Result<bool, zk::Error> {
+    let mut ambiguous = false;
+    for _ in 0..CREATE_ATTEMPTS {
+        match client.delete(path, None).await {
+            Ok(()) => return Ok(true),
+            Err(zk::Error::NoNode) => return Ok(ambiguous),
+            Err(e) if connection_lost(&e) => ambiguous = true,
+            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(zk::Error::ConnectionLoss)
+}
+
+/// Deletes every queue node of owner `guid` under `parent` (best effort).
+pub(crate) async fn sweep_owner(client: &zk::Client, parent: &str, guid: Uuid) {
+    let Ok(children) = retry(|| client.list_children(parent)).await else {
+        return;
+    };
+    for node in Queue::new(&children).all_of(guid) {
+        let _ = delete_node(client, &format!("{parent}/{}", node.name)).await;
+    }
+}
+
+/// The queue under `parent` (empty if the parent is gone); with `sync`, read
+/// after the server caught up with the leader.
+pub(crate) async fn list(
+    client: &zk::Client,
+    parent: &str,
+    sync: bool,
+) -> Result<Queue, LockError> {
+    let mut last = zk::Error::ConnectionLoss;
+    for _ in 0..CREATE_ATTEMPTS {
+        let synced = sync.then(|| client.sync(parent));
+        let children = client.list_children(parent);
+        if let Some(synced) = synced {
+            match synced.await {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(e) if connection_lost(&e) => {
+                    last = e;
+                    continue;
+                }
+                Err(e) => return Err(map(format!("syncing {parent}"), e)),
+            }
+        }
+        match children.await {
+            Ok(children) => return Ok(Queue::new(&children)),
+            Err(zk::Error::NoNode) => return Ok(Queue::default()),
+            Err(e) if connection_lost(&e) => last = e,
+            Err(e) => return Err(map(format!("listing {parent}"), e)),
+        }
+    }
+    Err(map(format!("listing {parent}"), last))
+}
+
+/// Runs a read again while the connection is lost (requests wait for the
+/// reconnection; a session that ends fails them for good).
+pub(crate) async fn retry<T, F, Fut>(op: F) -> Result<T, zk::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    let mut last = zk::Error::ConnectionLoss;
+    for _ in 0..CREATE_ATTEMPTS {
+        match op().await {
+            Err(e) if connection_lost(&e) => last = e,
+            other => return other,
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ZooKeeperConfig;
+
+    /// A create sent through a lost connection may land after the client
+    /// looked for it and made another node: if that stray lands ahead of the
+    /// new node, `prune` deletes it so the client does not wait behind
+    /// itself (and block everyone behind it) until its session ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stray_of_ours_ahead_of_our_node_is_deleted() {
+        let store = lock_conformance::stores::zookeeper::shared();
+        let config = ZooKeeperConfig::new(store.url());
+        let session = Session::open(&config).await.unwrap();
+        let acls = Arc::new(Acls::new(false));
+        let parent = format!("/zk-unit-prune-{}", Uuid::new_v4().simple());
+        let mut entry = Entry::new(session.clone(), parent.clone(), acls);
+        let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        session.client.create(&parent, &[], &open).await.unwrap();
+        // The "late" create of the lost reply, landing first.
+        let stray = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let prefix = format!("{parent}/{}", node_prefix(entry.guid));
+        session.client.create(&prefix, &[], &stray).await.unwrap();
+
+        let queue = entry.enqueue().await.unwrap();
+        assert_eq!(
+            queue.position(entry.name().unwrap()),
+            Some(1),
+            "behind our own stray"
+        );
+        assert!(
+            entry.prune(&queue).await.unwrap().is_none(),
+            "nothing pruned without a lost reply"
+        );
+        entry.strays = true;
+        let queue = entry
+            .prune(&queue)
+            .await
+            .unwrap()
+            .expect("the stray was deleted");
+        assert_eq!(queue.position(entry.name().unwrap()), Some(0));
+        assert_eq!(
+            session.client.list_children(&parent).await.unwrap().len(),
+            1
+        );
+        entry.remove().await.unwrap();
+        session.client.delete(&parent, None).await.unwrap();
+    }
+}
