@@ -28,7 +28,11 @@ struct Shop {
 
 impl Shop {
     fn log(&self, who: &str, what: impl AsRef<str>) {
-        println!("  +{:>5.3}s  {who:<8} {}", self.started.elapsed().as_secs_f64(), what.as_ref());
+        println!(
+            "  +{:>5.3}s  {who:<8} {}",
+            self.started.elapsed().as_secs_f64(),
+            what.as_ref()
+        );
     }
 
     /// Sells one unit under `fence` from a stock level read earlier.
@@ -36,7 +40,10 @@ impl Shop {
         *self.unfenced.lock().unwrap() = seen - 1;
         match self.stock.write(fence, |units| *units = seen - 1) {
             Ok(()) => {
-                self.log(who, format!("sold 1 unit  (fence {fence}) -> stock {}", seen - 1));
+                self.log(
+                    who,
+                    format!("sold 1 unit  (fence {fence}) -> stock {}", seen - 1),
+                );
                 true
             }
             Err(stale) => {
@@ -51,7 +58,10 @@ async fn worker(who: &'static str, locker: Locker, shop: Arc<Shop>) -> Result<bo
     let guard = locker.acquire("sku-42").await?;
     let fence = guard.fencing_token();
     let seen = shop.stock.read();
-    shop.log(who, format!("acquired     (fence {fence}), reads stock = {seen}"));
+    shop.log(
+        who,
+        format!("acquired     (fence {fence}), reads stock = {seen}"),
+    );
     if seen == 0 {
         shop.log(who, "sold out, nothing to do");
         guard.release().await?;
@@ -68,18 +78,33 @@ async fn zombie(locker: Locker, shop: Arc<Shop>) -> Result<bool, LockError> {
     let guard = locker.acquire("sku-42").await?;
     let fence = guard.fencing_token();
     let seen = shop.stock.read();
-    shop.log(who, format!("acquired     (fence {fence}), reads stock = {seen}"));
+    shop.log(
+        who,
+        format!("acquired     (fence {fence}), reads stock = {seen}"),
+    );
     // It checks that it still holds the lock... then freezes before writing.
     assert!(guard.is_held());
-    shop.log(who, format!("checked is_held() = true, then FREEZES for {PAUSE:?} (TTL is {TTL:?})"));
+    shop.log(
+        who,
+        format!("checked is_held() = true, then FREEZES for {PAUSE:?} (TTL is {TTL:?})"),
+    );
     let lost = guard.lost_token();
     let shop2 = shop.clone();
     tokio::spawn(async move {
         lost.cancelled().await;
-        shop2.log(who, "(its guard marks the lease lost; the frozen worker cannot see it)");
+        shop2.log(
+            who,
+            "(its guard marks the lease lost; the frozen worker cannot see it)",
+        );
     });
     sleep(PAUSE).await;
-    shop.log(who, format!("wakes up and writes its stale view: stock {seen} -> {}", seen - 1));
+    shop.log(
+        who,
+        format!(
+            "wakes up and writes its stale view: stock {seen} -> {}",
+            seen - 1
+        ),
+    );
     let sold = shop.sell(who, fence, seen);
     drop(guard);
     Ok(sold)
@@ -103,7 +128,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut workers = Vec::new();
     for who in ["worker-1", "worker-2", "worker-3"] {
-        let locker = Locker::new(store.clone()).ttl(TTL).max_wait(Duration::from_secs(10));
+        let locker = Locker::new(store.clone())
+            .ttl(TTL)
+            .max_wait(Duration::from_secs(10));
         workers.push(tokio::spawn(worker(who, locker, shop.clone())));
         sleep(Duration::from_millis(5)).await;
     }
@@ -117,13 +144,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stock = shop.stock.read();
     let unfenced = *shop.unfenced.lock().unwrap();
     println!();
-    println!("  fenced stock   : {stock} units left, {sold} sold, {} late write(s) refused", shop.stock.rejected());
+    println!(
+        "  fenced stock   : {stock} units left, {sold} sold, {} late write(s) refused",
+        shop.stock.rejected()
+    );
     println!("  unfenced copy  : {unfenced} units left (it took the zombie's stale write)");
     println!();
     if stock + sold == UNITS && !zombie_sold && unfenced != stock {
         let newest = shop.stock.accepted().last().copied().map_or(0, |f| f.get());
-        println!("VERDICT: safe. The frozen worker's late write carried an older fencing token than {newest},");
-        println!("         the newest the stock had applied, so it was refused. Without fencing, {unfenced} units");
+        println!(
+            "VERDICT: safe. The frozen worker's late write carried an older fencing token than {newest},"
+        );
+        println!(
+            "         the newest the stock had applied, so it was refused. Without fencing, {unfenced} units"
+        );
         println!("         would be on sale that do not exist.");
         Ok(())
     } else {

@@ -6,13 +6,28 @@ use std::sync::Arc;
 use lockcore::{LockBackend, LockError, MemoryBackend};
 
 /// Every scheme distlock knows, with the cargo feature that enables it.
-pub const SCHEMES: &[(&str, &str)] = &[("memory", "(always)")];
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("memory", "(always)"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("redis+unix", "redis"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+    ("etcd", "etcd"),
+    ("etcds", "etcd"),
+    ("zk", "zookeeper"),
+    ("zookeeper", "zookeeper"),
+];
 
 /// Connects the backend `url` names:
 ///
 /// | scheme | backend | feature |
 /// |---|---|---|
 /// | `memory://` | [`MemoryBackend`] (this process only) | always |
+/// | `redis://`, `rediss://` (TLS), `redis+unix://` | Redis (`lock_redis::RedisBackend`) | `redis` |
+/// | `postgres://`, `postgresql://` (TLS from `sslmode`) | PostgreSQL (`lock_postgres::PostgresBackend`) | `postgres` |
+/// | `etcd://`, `etcds://` (TLS) | etcd v3 (`lock_etcd::EtcdBackend`) | `etcd` |
+/// | `zk://`, `zookeeper://` | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` |
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] for a URL without a scheme, an unknown
@@ -30,6 +45,20 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
         })?;
     match scheme.as_str() {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+unix" => {
+            Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(
+            lock_postgres::PostgresBackend::connect(url).await?,
+        )),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(lock_etcd::EtcdBackend::connect(url).await?)),
+        #[cfg(feature = "zookeeper")]
+        "zk" | "zookeeper" => Ok(Arc::new(
+            lock_zookeeper::ZooKeeperBackend::connect(url).await?,
+        )),
         other => Err(LockError::config(
             match SCHEMES.iter().find(|(s, _)| *s == other) {
                 Some((_, feature)) => format!(

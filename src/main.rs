@@ -12,10 +12,19 @@ use clap::{Parser, Subcommand};
 use distlock::{LockError, Locker};
 
 #[derive(Parser, Debug)]
-#[command(name = "distlock", version, about = "Safe distributed locks from the shell")]
+#[command(
+    name = "distlock",
+    version,
+    about = "Safe distributed locks from the shell"
+)]
 struct Cli {
     /// Lock store URL (memory://, redis://, rediss://, postgres://, etcd://, zk://: see `distlock schemes`).
-    #[arg(long, env = "DISTLOCK_URL", default_value = "memory://", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "DISTLOCK_URL",
+        default_value = "memory://",
+        hide_env_values = true
+    )]
     url: String,
     /// Lease TTL, e.g. 30s, 500ms.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -96,7 +105,9 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
         return Ok(ExitCode::SUCCESS);
     }
     let backend = distlock::connect(&cli.url).await?;
-    let locker = Locker::from_arc(backend.clone()).ttl(cli.ttl).max_wait(cli.wait);
+    let locker = Locker::from_arc(backend.clone())
+        .ttl(cli.ttl)
+        .max_wait(cli.wait);
     match cli.command {
         Command::Run { name, command } => run_locked(&locker, &name, &command).await,
         Command::Hold { name, r#for } => {
@@ -137,7 +148,11 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
 }
 
 /// Runs `command` under the lock and kills it if the lease is lost.
-async fn run_locked(locker: &Locker, name: &str, command: &[String]) -> Result<ExitCode, LockError> {
+async fn run_locked(
+    locker: &Locker,
+    name: &str,
+    command: &[String],
+) -> Result<ExitCode, LockError> {
     let guard = locker.acquire(name).await?;
     let fence = guard.fencing_token();
     let mut child = tokio::process::Command::new(&command[0])

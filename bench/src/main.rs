@@ -6,8 +6,16 @@
 //! hand-off p50/p99. Stores are launched by the conformance harness unless a
 //! `LOCK_TEST_*` variable points at one.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod harness;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 use std::time::Duration;
 
@@ -44,6 +52,22 @@ async fn main() {
     let mut rows = Vec::new();
     if wants("memory") {
         rows.extend(memory::run(&settings).await);
+    }
+    #[cfg(feature = "redis")]
+    if wants("redis") {
+        rows.extend(redis::run(&settings).await);
+    }
+    #[cfg(feature = "postgres")]
+    if wants("postgres") {
+        rows.extend(postgres::run(&settings).await);
+    }
+    #[cfg(feature = "etcd")]
+    if wants("etcd") {
+        rows.extend(etcd::run(&settings).await);
+    }
+    #[cfg(feature = "zookeeper")]
+    if wants("zookeeper") {
+        rows.extend(zookeeper::run(&settings).await);
     }
     harness::print(&rows);
 }

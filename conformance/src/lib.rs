@@ -214,7 +214,7 @@ pub async fn run_case(case: &Case, factory: Arc<dyn Factory>) -> CaseReport {
 }
 
 /// [`run_case`] with a way to start lock-taker processes (what `suite!`
-/// tests pass; see [`taker`](crate::taker)).
+/// tests pass; see [`taker`]).
 pub async fn run_case_with(
     case: &Case,
     factory: Arc<dyn Factory>,

@@ -3,13 +3,13 @@
 //! resurrects a lease.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockcore::{
-    Attempt, Capabilities, Holder, Lease, LockBackend, LockError, LockName, Locker, LossReason, MemoryBackend,
-    ReleaseOutcome, async_trait,
+    Attempt, Capabilities, Holder, Lease, LockBackend, LockError, LockName, Locker, LossReason,
+    MemoryBackend, ReleaseOutcome, async_trait,
 };
 use tokio::time::{Instant, advance, sleep};
 
@@ -56,7 +56,10 @@ impl LockBackend for Scripted {
                 let sent = Instant::now();
                 sleep(delay).await;
                 // The store did renew, late: the reply still counts from its send time.
-                self.store.renew(lease).await.map(|l| l.renewed(l.ttl(), sent))
+                self.store
+                    .renew(lease)
+                    .await
+                    .map(|l| l.renewed(l.ttl(), sent))
             }
             Renewal::Unavailable => Err(LockError::unavailable("scripted", "connection reset")),
             Renewal::Refused => Err(LockError::NotHeld {
@@ -71,7 +74,11 @@ impl LockBackend for Scripted {
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
         self.store.inspect(name).await
     }
-    async fn force_release(&self, name: &LockName, reason: &str) -> Result<Option<Holder>, LockError> {
+    async fn force_release(
+        &self,
+        name: &LockName,
+        reason: &str,
+    ) -> Result<Option<Holder>, LockError> {
         self.store.force_release(name, reason).await
     }
 }
@@ -90,9 +97,17 @@ async fn renews_every_third_of_the_ttl_and_keeps_the_fence() {
     let guard = locker.acquire("n").await.unwrap();
     let fence = guard.fencing_token();
     advance(Duration::from_millis(900)).await;
-    assert_eq!(backend.renews.load(Ordering::SeqCst), 0, "no renewal before TTL/3");
+    assert_eq!(
+        backend.renews.load(Ordering::SeqCst),
+        0,
+        "no renewal before TTL/3"
+    );
     sleep(Duration::from_millis(200)).await;
-    assert_eq!(backend.renews.load(Ordering::SeqCst), 1, "one renewal at TTL/3");
+    assert_eq!(
+        backend.renews.load(Ordering::SeqCst),
+        1,
+        "one renewal at TTL/3"
+    );
     sleep(TTL * 3).await;
     assert!(backend.renews.load(Ordering::SeqCst) >= 9);
     assert!(guard.is_held());
@@ -121,7 +136,10 @@ async fn a_late_renewal_reply_never_resurrects_the_lease() {
     let deadline = guard.lease().deadline();
     assert_eq!(guard.lost().await, LossReason::RenewalUnanswered);
     assert!(Instant::now() >= deadline, "lost before the deadline");
-    assert!(Instant::now() <= deadline + Duration::from_millis(1), "lost late");
+    assert!(
+        Instant::now() <= deadline + Duration::from_millis(1),
+        "lost late"
+    );
     sleep(TTL * 2).await; // the slow reply would have arrived by now
     assert!(!guard.is_held(), "a late reply resurrected the lease");
 }
@@ -146,7 +164,10 @@ async fn without_renewal_the_lease_is_lost_at_its_deadline() {
     let (backend, locker) = setup();
     let guard = locker.auto_renew(false).acquire("n").await.unwrap();
     let deadline = guard.lease().deadline();
-    assert_eq!(deadline, guard.lease().issued_at() + TTL - Lease::drift(TTL));
+    assert_eq!(
+        deadline,
+        guard.lease().issued_at() + TTL - Lease::drift(TTL)
+    );
     assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
     assert_eq!(Instant::now(), deadline);
     assert_eq!(backend.renews.load(Ordering::SeqCst), 0);
@@ -173,7 +194,12 @@ async fn a_store_loss_signal_is_reported() {
             self.0.capabilities()
         }
         async fn try_acquire(&self, _: &LockName, _: Duration) -> Result<Attempt, LockError> {
-            Ok(self.1.lock().unwrap().take().map_or(Attempt::Held { expires_in: None }, Attempt::Acquired))
+            Ok(self
+                .1
+                .lock()
+                .unwrap()
+                .take()
+                .map_or(Attempt::Held { expires_in: None }, Attempt::Acquired))
         }
         async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
             self.0.renew(lease).await
@@ -184,12 +210,20 @@ async fn a_store_loss_signal_is_reported() {
         async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
             self.0.inspect(name).await
         }
-        async fn force_release(&self, name: &LockName, reason: &str) -> Result<Option<Holder>, LockError> {
+        async fn force_release(
+            &self,
+            name: &LockName,
+            reason: &str,
+        ) -> Result<Option<Holder>, LockError> {
             self.0.force_release(name, reason).await
         }
     }
     let locker = Locker::new(Fixed(store, Mutex::new(Some(lease)))).ttl(TTL);
-    let guard = locker.try_acquire("n").await.unwrap().expect("the fixed lease");
+    let guard = locker
+        .try_acquire("n")
+        .await
+        .unwrap()
+        .expect("the fixed lease");
     sleep(Duration::from_millis(100)).await;
     assert!(guard.is_held());
     signal.cancel();
@@ -204,13 +238,20 @@ async fn release_stops_renewing_and_drop_releases_in_the_background() {
     guard.release().await.unwrap();
     let renews = backend.renews.load(Ordering::SeqCst);
     sleep(TTL * 2).await;
-    assert_eq!(backend.renews.load(Ordering::SeqCst), renews, "renewed after release");
+    assert_eq!(
+        backend.renews.load(Ordering::SeqCst),
+        renews,
+        "renewed after release"
+    );
 
     let guard = locker.acquire("n").await.unwrap();
     drop(guard);
     let other = Locker::new(backend.store.clone()).ttl(TTL);
     sleep(Duration::from_millis(1)).await;
-    assert!(other.try_acquire("n").await.unwrap().is_some(), "drop did not release");
+    assert!(
+        other.try_acquire("n").await.unwrap().is_some(),
+        "drop did not release"
+    );
     assert_eq!(backend.releases.load(Ordering::SeqCst), 2);
 }
 
@@ -219,9 +260,23 @@ async fn with_lock_stops_the_critical_section_on_loss() {
     let (backend, locker) = setup();
     backend.script(&[Renewal::Refused]);
     let started = Instant::now();
-    let outcome = locker.with_lock("n", |_| std::future::pending::<()>()).await;
-    assert!(matches!(outcome, Err(LockError::Lost { reason: LossReason::RenewalRefused, .. })), "{outcome:?}");
+    let outcome = locker
+        .with_lock("n", |_| std::future::pending::<()>())
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::Lost {
+                reason: LossReason::RenewalRefused,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
     assert!(started.elapsed() <= TTL / 3 + Duration::from_millis(10));
-    let done = locker.with_lock("n", |fence| async move { fence.get() }).await.unwrap();
+    let done = locker
+        .with_lock("n", |fence| async move { fence.get() })
+        .await
+        .unwrap();
     assert!(done >= 2);
 }
