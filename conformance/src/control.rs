@@ -33,4 +33,15 @@ pub trait StoreControl: Send + Sync {
 
     /// `SIGCONT`.
     async fn resume(&self) -> io::Result<()>;
+
+    /// Sets the store's wall clock to real time + `offset_secs` (negative:
+    /// behind). Only stores started under libfaketime support it (PostgreSQL
+    /// here); the default says so.
+    async fn step_clock(&self, offset_secs: i64) -> io::Result<()> {
+        let _ = offset_secs;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this store's clock cannot be stepped (libfaketime works for PostgreSQL only: it hangs redis-server, Go ignores it)",
+        ))
+    }
 }

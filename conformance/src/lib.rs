@@ -280,7 +280,7 @@ pub mod __private {
         Fut: Future<Output = F>,
     {
         if skip.contains(&name) {
-            eprintln!("{name}: left out by the suite! invocation");
+            say(&format!("SKIP {name}: left out by the suite! invocation"));
             return;
         }
         let case = CASES
@@ -302,12 +302,19 @@ pub mod __private {
         });
         match report.result {
             Ok(Outcome::Passed) => {}
-            Ok(Outcome::Skipped(why)) => eprintln!("{name}: skipped: {why}"),
+            Ok(Outcome::Skipped(why)) => say(&format!("SKIP {name}: {why}")),
             Err(failure) => panic!(
                 "{}::{name} failed after {:.1?}: {failure}",
                 case.group, report.elapsed
             ),
         }
+    }
+
+    /// Writes a line to stderr past libtest's output capture, so a skipped
+    /// case is seen in every run, not only in failing ones.
+    fn say(line: &str) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{line}");
     }
 
     /// The libtest name of the taker test: the invocation's module path

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod bad_input;
+pub mod clock;
 pub mod concurrency;
 pub mod exclusion;
 pub mod expiry;
@@ -56,6 +57,7 @@ macro_rules! __for_each_case {
             faults::lost_release_reply_frees_within_ttl,
             faults::fences_survive_store_crash,
             faults::store_pause_keeps_invariants,
+            clock::server_clock_steps_are_judged_on_the_server,
             processes::paused_client_is_fenced_out,
         }
     };

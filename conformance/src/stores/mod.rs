@@ -526,6 +526,10 @@ impl StoreControl for Store {
     async fn resume(&self) -> io::Result<()> {
         self.resume_now()
     }
+
+    async fn step_clock(&self, offset_secs: i64) -> io::Result<()> {
+        self.set_clock_offset(offset_secs)
+    }
 }
 
 /// A multi-member etcd cluster or ZooKeeper ensemble on loopback.

@@ -362,7 +362,8 @@ pub fn shared_or_skip() -> Option<Arc<Store>> {
 }
 
 /// A conformance [`Factory`](crate::Factory) over the shared PostgreSQL,
-/// with a private one for the crash cases. `connect` gets a URL.
+/// with a private one for the crash, pause and clock-step cases (started
+/// under libfaketime, so its clock can be stepped). `connect` gets a URL.
 pub fn factory<F, Fut, B>(connect: F) -> super::StoreFactory
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
@@ -372,7 +373,7 @@ where
     super::factory(
         Kind::Postgres,
         try_shared,
-        || start(Options::default()),
+        || start(Options::default().faketime(true)),
         connect,
     )
 }
