@@ -84,6 +84,29 @@ impl WaitPolicy {
         self.recheck = recheck;
         self
     }
+
+    /// When to try again after attempt number `attempt` (from 1) found the
+    /// lock held or failed. `expires_in` is the holder's remaining TTL if
+    /// the store said: expiry sends no message on most stores, so the next
+    /// try comes right after it. `notified`: a store wake-up is armed and the
+    /// attempt did not fail, so the wait is bounded by `recheck`; otherwise
+    /// by jittered backoff. Never past the deadline.
+    pub fn retry_at(
+        &self,
+        now: Instant,
+        attempt: u32,
+        expires_in: Option<Duration>,
+        notified: bool,
+    ) -> Instant {
+        let bound = if notified {
+            self.recheck
+        } else {
+            self.backoff.delay(attempt.saturating_sub(1))
+        };
+        let at_expiry = expires_in.map(|d| d + Duration::from_millis(1));
+        let pause = at_expiry.map_or(bound, |d| d.min(bound));
+        (now + pause).min(self.deadline)
+    }
 }
 
 /// A lock store. Implement this to add a backend; users hold a
@@ -213,16 +236,12 @@ pub async fn acquire_loop<B: LockBackend + ?Sized>(
         if now >= wait.deadline {
             return failed.map_or(Ok(None), Err);
         }
-        // Retry right after the holder's TTL runs out, if the store told us when.
-        let at_expiry = expires_in.map(|d| d + Duration::from_millis(1));
-        let pause = match (&wakeup, &failed) {
-            (Some(_), None) => at_expiry.map_or(wait.recheck, |d| d.min(wait.recheck)),
-            _ => {
-                let backoff = wait.backoff.delay(attempt - 1);
-                at_expiry.map_or(backoff, |d| d.min(backoff))
-            }
-        };
-        let until = (now + pause).min(wait.deadline);
+        let until = wait.retry_at(
+            now,
+            attempt,
+            expires_in,
+            wakeup.is_some() && failed.is_none(),
+        );
         match wakeup {
             Some(wakeup) => {
                 tokio::select! {
