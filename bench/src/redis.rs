@@ -1,8 +1,10 @@
 //! Redis: lock cycles (one Lua script round trip to acquire, one to release)
 //! next to the raw `SET NX PX` + `DEL` floor on the same kind of connection,
 //! measured in the same run against the same server, and N-way contention
-//! woken by pub/sub. A `PING` round trip is measured too: the hand-off target
-//! is stated in round trips.
+//! (waiters in line, each release waking one by pub/sub). `PING` and `SET`
+//! round trips are measured too: the hand-off target is stated in round
+//! trips. On a server we launched, the contended row also counts the
+//! scripts Redis ran per grant: a herd would show as many.
 
 use std::sync::Arc;
 
@@ -89,31 +91,41 @@ fn ms(d: Option<std::time::Duration>) -> f64 {
     d.unwrap_or_default().as_secs_f64() * 1e3
 }
 
-/// Server-side µs per call of `EVALSHA`, `SET` and `DEL` since the last
-/// `CONFIG RESETSTAT` (`INFO commandstats`).
-async fn server_usec(con: &ConnectionManager) -> String {
-    let mut con = con.clone();
+/// One field (`calls`, `usec_per_call`, ...) of one command's line in
+/// `INFO commandstats`, since the last `CONFIG RESETSTAT`.
+async fn command_stat(con: &ConnectionManager, cmd: &str, field: &str) -> Option<String> {
     let info: String = client::cmd("INFO")
         .arg("commandstats")
-        .query_async(&mut con)
+        .query_async(&mut con.clone())
         .await
-        .unwrap_or_default();
-    let per_call = |cmd: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
-            .and_then(|s| {
-                s.split(',')
-                    .find_map(|kv| kv.strip_prefix("usec_per_call="))
-            })
-            .unwrap_or("?")
-            .to_string()
-    };
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
+        .and_then(|s| {
+            s.split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
+        })
+        .map(str::to_string)
+}
+
+/// Server-side µs per call of `EVALSHA`, `SET` and `DEL`.
+async fn server_usec(con: &ConnectionManager) -> String {
+    let mut per_call = Vec::new();
+    for cmd in ["evalsha", "set", "del"] {
+        let usec = command_stat(con, cmd, "usec_per_call").await;
+        per_call.push(usec.unwrap_or_else(|| "?".into()));
+    }
     format!(
         "server µs/call: EVALSHA {}, SET {}, DEL {}",
-        per_call("evalsha"),
-        per_call("set"),
-        per_call("del")
+        per_call[0], per_call[1], per_call[2]
     )
+}
+
+async fn reset_stats(con: &ConnectionManager) {
+    let _: Result<(), _> = client::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut con.clone())
+        .await;
 }
 
 /// Every measurement against the server at `url` (`own`: launched by us, so
@@ -132,10 +144,7 @@ async fn measure(url: &str, what: &str, own: bool, settings: &Settings) -> Vec<R
     let set = round_trip(&con, settings, true).await;
     rows.push(Row::new(BACKEND, "round trip: SET (a write)", &set));
     if own {
-        let _: Result<(), _> = client::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut con.clone())
-            .await;
+        reset_stats(&con).await;
     }
     let (floor_stats, cycles) = interleaved(&con, &backend, &name, settings).await;
     let usec = if own {
@@ -156,7 +165,18 @@ async fn measure(url: &str, what: &str, own: bool, settings: &Settings) -> Vec<R
         let backend = RedisBackend::connect(url).await.expect("connect contender");
         clients.push(Arc::new(backend) as Arc<dyn LockBackend>);
     }
+    if own {
+        reset_stats(&con).await;
+    }
     let contended = harness::contended(clients, &name, settings.ttl, settings.run).await;
+    let scripts = match command_stat(&con, "evalsha", "calls").await {
+        Some(calls) if own => {
+            let calls: f64 = calls.parse().unwrap_or(f64::NAN);
+            let grants = contended.handoffs.samples.len().max(1) as f64;
+            format!("; {:.1} scripts per grant", calls / grants)
+        }
+        _ => String::new(),
+    };
     let p99 = ms(contended.handoffs.percentile(0.99));
     rows.push(
         Row::new(
@@ -165,7 +185,7 @@ async fn measure(url: &str, what: &str, own: bool, settings: &Settings) -> Vec<R
             &contended.handoffs,
         )
         .note(format!(
-            "p99 = {:.1}x PING p50, {:.1}x SET p50 (target <= 5); FIFO share {:.0}%",
+            "p99 = {:.1}x PING p50, {:.1}x SET p50 (target <= 5); FIFO share {:.0}%{scripts}",
             p99 / ms(ping.percentile(0.50)).max(1e-9),
             p99 / ms(set.percentile(0.50)).max(1e-9),
             contended.fifo_share * 100.0

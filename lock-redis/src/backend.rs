@@ -1,25 +1,26 @@
 //! `RedisBackend`: the lock operations, each one Lua script round trip.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::audit::{self, ForcedRelease};
 use lockcore::{
     Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LockBackend,
-    LockError, LockName, OwnerToken, ReleaseOutcome, Wakeup,
+    LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
 };
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::connection::{self, Commands};
 use crate::durability::{FENCE_ASSUMPTION, Persistence};
 use crate::error::{self, BACKEND};
 use crate::fenced::{self, Fenced};
-use crate::keys::Keys;
-use crate::notify::Notifier;
+use crate::keys::{self, Keys};
+use crate::notify::{Notifier, Orphan, Wait};
 use crate::{RedisConfig, scripts};
 
 /// The longest TTL accepted: one year. Redis itself accepts `PX` values of
@@ -31,7 +32,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Clones share the connections; connect another backend for an
 /// independent client. Each backend holds one multiplexed connection for
 /// commands (reconnected automatically) and, once something waits, one
-/// pub/sub connection shared by all its waiters.
+/// pub/sub connection subscribed to one channel of its own, shared by all
+/// its waiters. Waiters are served first come, first served.
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -55,6 +57,9 @@ struct Inner {
     prefix: String,
     endpoint: String,
     op_timeout: Duration,
+    /// The longest a lock handed to a woken waiter of this instance stays
+    /// reserved for it (at most the waiter's TTL).
+    claim_window: Duration,
     caps: Capabilities,
     notifier: Arc<Notifier>,
     persistence: Persistence,
@@ -147,22 +152,27 @@ impl RedisBackend {
         let caps = Capabilities::new(BACKEND)
             .ttl_range(Duration::from_millis(1), MAX_TTL)
             .ttl_granularity(Duration::from_millis(1))
-            .fairness(Fairness::None)
+            .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Conditional(FENCE_ASSUMPTION))
             .notifications(true)
             .expiry_slack(Duration::from_millis(1));
-        let notifier = Notifier::new(config.client.clone(), op_timeout);
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                commands: Commands::new(config.client.clone(), manager, op_timeout, con),
-                prefix: config.key_prefix,
-                endpoint,
-                op_timeout,
-                caps,
-                notifier,
-                persistence,
-            }),
-        })
+        let (notifier, orphans) = Notifier::new(
+            config.client.clone(),
+            op_timeout,
+            keys::wake_channel(&config.key_prefix),
+        );
+        let inner = Arc::new(Inner {
+            commands: Commands::new(config.client.clone(), manager, op_timeout, con),
+            prefix: config.key_prefix,
+            endpoint,
+            op_timeout,
+            claim_window: config.response_timeout,
+            caps,
+            notifier,
+            persistence,
+        });
+        tokio::spawn(pass_on(orphans, Arc::downgrade(&inner)));
+        Ok(RedisBackend { inner })
     }
 
     /// The connection lock commands use, for your own commands (e.g.
@@ -221,31 +231,108 @@ impl RedisBackend {
         self.inner.commands.invoke(what, nonce, invocation).await
     }
 
-    /// Best effort, after an acquire whose outcome is unknown: frees the lock
-    /// if that attempt got it, so it does not block the name for a whole TTL.
-    /// Retries (the network that lost the reply may heal) until it gets an
-    /// answer, the grant would have expired anyway, or the backend is dropped.
-    fn abandon(&self, keys: Keys, owner: OwnerToken, until: Instant) {
+    /// One acquire script. With `line` (the wait's member and how long the
+    /// line is kept without a refresh), a held lock puts the caller in line.
+    async fn attempt(
+        &self,
+        name: &LockName,
+        keys: &Keys,
+        ttl: Duration,
+        owner: OwnerToken,
+        line: Option<(&str, Duration)>,
+    ) -> Result<Attempt, LockError> {
+        let (member, linger) = line.unwrap_or_default();
+        let mut call = Self::prepare(&scripts::ACQUIRE);
+        call.0
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.queue)
+            .key(&keys.next)
+            .arg(owner.encode())
+            .arg(ttl.as_millis() as u64)
+            .arg(member)
+            .arg(linger.as_millis() as u64);
+        let sent_at = Instant::now();
+        let acquired = self
+            .inner
+            .commands
+            .invoke_tracked("acquire", &call.1, &call.0)
+            .await;
+        let (granted, value): (i64, i64) = match acquired {
+            Ok(reply) => reply,
+            Err((e, maybe_ran)) => {
+                if maybe_ran {
+                    self.leave_later(keys.clone(), String::new(), Some(owner), sent_at + ttl);
+                }
+                return Err(e);
+            }
+        };
+        if granted == 1 {
+            let fence = u64::try_from(value)
+                .ok()
+                .and_then(FencingToken::new)
+                .ok_or_else(|| error::unexpected(format!("acquire returned fence {value}")))?;
+            Ok(Attempt::Acquired(Lease::new(
+                name.clone(),
+                owner,
+                fence,
+                ttl,
+                sent_at,
+            )))
+        } else {
+            Ok(Attempt::Held {
+                expires_in: remaining(value),
+            })
+        }
+    }
+
+    /// Takes `member` (if not empty) out of the line of `keys`, passing on a
+    /// hand-off reserved for it, and frees the lock if `owner`'s attempt got
+    /// it. Returns whether it freed the lock.
+    async fn leave(
+        &self,
+        keys: &Keys,
+        member: &str,
+        owner: Option<OwnerToken>,
+    ) -> Result<bool, LockError> {
+        let mut call = Self::prepare(&scripts::LEAVE);
+        call.0
+            .key(&keys.lock)
+            .key(&keys.queue)
+            .key(&keys.next)
+            .arg(member)
+            .arg(owner.map(|o| o.encode()).unwrap_or_default());
+        let (freed,): (i64,) = self.invoke("leave", &call).await?;
+        Ok(freed == 1)
+    }
+
+    /// [`leave`](Self::leave) in the background, for a wait that ended
+    /// without the lock or an acquire whose outcome is unknown. The first
+    /// try keeps the backend alive (the wait may have been its last user);
+    /// retries (the network that lost a reply may heal) go on until one gets
+    /// an answer, `until` passes (by then a grant has expired) or the
+    /// backend is dropped.
+    fn leave_later(&self, keys: Keys, member: String, owner: Option<OwnerToken>, until: Instant) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the entry is skipped later, a grant expires
+        };
+        let mut first = Some(self.clone());
         let inner = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let retry = lockcore::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
             for attempt in 0_u32.. {
-                let Some(backend) = inner.upgrade() else {
+                let backend = first.take().or_else(|| {
+                    let inner = inner.upgrade()?;
+                    Some(RedisBackend { inner })
+                });
+                let Some(backend) = backend else {
                     return;
                 };
-                let mut call = Self::prepare(&scripts::ABANDON);
-                call.0
-                    .key(&keys.lock)
-                    .arg(owner.encode())
-                    .arg(keys.channel());
-                let outcome = backend
-                    .commands
-                    .invoke::<(i64,)>("abandon", &call.1, &call.0)
-                    .await;
+                let outcome = backend.leave(&keys, &member, owner).await;
                 drop(backend);
                 match outcome {
-                    Ok((freed,)) => {
-                        if freed == 1 {
+                    Ok(freed) => {
+                        if freed {
                             tracing::debug!(key = %keys.lock, "freed the lock of an acquire whose reply was lost");
                         }
                         return;
@@ -261,6 +348,58 @@ impl RedisBackend {
                 }
             }
         });
+    }
+}
+
+/// Passes on hand-offs whose wake-up reached this instance after the wait
+/// it was for had ended, until the backend is dropped.
+async fn pass_on(mut orphans: mpsc::UnboundedReceiver<Orphan>, inner: Weak<Inner>) {
+    while let Some(orphan) = orphans.recv().await {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let Some(keys) = Keys::from_lock_key(&inner.prefix, &orphan.lock_key) else {
+            continue;
+        };
+        let backend = RedisBackend { inner };
+        if let Err(e) = backend.leave(&keys, &orphan.member, None).await {
+            tracing::debug!(key = %keys.lock, error = %e, "could not pass a hand-off on; its reservation lapses");
+        }
+    }
+}
+
+/// A waiting acquire's place in line. Dropped before a grant (timeout,
+/// error, cancellation), it leaves the line in the background and frees
+/// what an attempt still in flight may have got.
+struct InLine {
+    backend: RedisBackend,
+    keys: Keys,
+    ttl: Duration,
+    wait: Option<Wait>,
+    member: String,
+    /// An attempt carrying `member` was sent: the line may hold it.
+    joined: bool,
+    /// The owner token of an attempt sent and not yet answered.
+    in_flight: Option<OwnerToken>,
+    granted: bool,
+}
+
+impl Drop for InLine {
+    fn drop(&mut self) {
+        if self.granted || (!self.joined && self.in_flight.is_none()) {
+            return;
+        }
+        let member = if self.joined {
+            std::mem::take(&mut self.member)
+        } else {
+            String::new()
+        };
+        self.backend.leave_later(
+            self.keys.clone(),
+            member,
+            self.in_flight,
+            Instant::now() + self.ttl,
+        );
     }
 }
 
@@ -319,46 +458,8 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
         let ttl = self.inner.caps.effective_ttl(ttl)?;
-        let keys = self.keys(name);
-        let owner = OwnerToken::new();
-        let mut call = Self::prepare(&scripts::ACQUIRE);
-        call.0
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .arg(owner.encode())
-            .arg(ttl.as_millis() as u64);
-        let sent_at = Instant::now();
-        let acquired = self
-            .inner
-            .commands
-            .invoke_tracked("acquire", &call.1, &call.0)
-            .await;
-        let (granted, value): (i64, i64) = match acquired {
-            Ok(reply) => reply,
-            Err((e, maybe_ran)) => {
-                if maybe_ran {
-                    self.abandon(keys, owner, sent_at + ttl);
-                }
-                return Err(e);
-            }
-        };
-        if granted == 1 {
-            let fence = u64::try_from(value)
-                .ok()
-                .and_then(FencingToken::new)
-                .ok_or_else(|| error::unexpected(format!("acquire returned fence {value}")))?;
-            Ok(Attempt::Acquired(Lease::new(
-                name.clone(),
-                owner,
-                fence,
-                ttl,
-                sent_at,
-            )))
-        } else {
-            Ok(Attempt::Held {
-                expires_in: remaining(value),
-            })
-        }
+        self.attempt(name, &self.keys(name), ttl, OwnerToken::new(), None)
+            .await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -383,8 +484,9 @@ impl LockBackend for RedisBackend {
         let mut call = Self::prepare(&scripts::RELEASE);
         call.0
             .key(&keys.lock)
-            .arg(lease_value(lease))
-            .arg(keys.channel());
+            .key(&keys.queue)
+            .key(&keys.next)
+            .arg(lease_value(lease));
         match self.invoke::<(i64,)>("release", &call).await? {
             (1,) => Ok(ReleaseOutcome::Released),
             _ => Ok(ReleaseOutcome::NotHeld),
@@ -411,7 +513,11 @@ impl LockBackend for RedisBackend {
     ) -> Result<Option<Holder>, LockError> {
         let keys = self.keys(name);
         let mut call = Self::prepare(&scripts::FORCE_RELEASE);
-        call.0.key(&keys.lock).key(&keys.fence).arg(keys.channel());
+        call.0
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.queue)
+            .key(&keys.next);
         let (_fence, pttl, value): (i64, i64, Option<String>) =
             self.invoke("force_release", &call).await?;
         // The eviction happened: record it even if the old value is odd.
@@ -432,9 +538,86 @@ impl LockBackend for RedisBackend {
         Ok(evicted)
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        let keys = self.keys(name);
-        self.inner.notifier.watch(keys.channel()).await.map(Some)
+    /// Waits in line: the first attempt joins the name's queue in Redis,
+    /// and a release (or anyone finding the lock free) wakes the first
+    /// waiter only, holding the free lock for it while it claims. Without a
+    /// subscription connection it polls with backoff instead (no place in
+    /// line, and no barging: a free lock goes to whoever heads the line).
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        let ttl = self.inner.caps.effective_ttl(ttl)?;
+        let window = ttl.min(self.inner.claim_window);
+        // A waiter re-attempts at least every `recheck`; its entry outlives that.
+        let linger = wait.recheck.min(MAX_TTL) + self.inner.op_timeout;
+        let mut line = InLine {
+            backend: self.clone(),
+            keys: self.keys(name),
+            ttl,
+            wait: None,
+            member: String::new(),
+            joined: false,
+            in_flight: None,
+            granted: false,
+        };
+        let mut attempt: u32 = 0;
+        loop {
+            if line.wait.is_none() {
+                match self.inner.notifier.join().await {
+                    Ok(joined) => {
+                        line.member = joined.member(window);
+                        line.wait = Some(joined);
+                    }
+                    Err(e) if e.is_retryable() => {
+                        tracing::debug!(name = %name, error = %e, "waiting without wake-ups");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            attempt = attempt.saturating_add(1);
+            tracing::Span::current().record("attempts", attempt);
+            let owner = OwnerToken::new();
+            line.in_flight = Some(owner);
+            let in_line = line
+                .wait
+                .is_some()
+                .then_some((line.member.as_str(), linger));
+            line.joined |= in_line.is_some();
+            let outcome = self.attempt(name, &line.keys, ttl, owner, in_line).await;
+            line.in_flight = None;
+            let (expires_in, failed) = match outcome {
+                Ok(Attempt::Acquired(lease)) => {
+                    line.granted = true;
+                    return Ok(Some(lease));
+                }
+                Ok(Attempt::Held { expires_in }) => (expires_in, None),
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(name = %name, attempt, error = %e, "acquire attempt failed, will retry");
+                    (None, Some(e))
+                }
+                Err(e) => return Err(e),
+            };
+            let now = Instant::now();
+            if now >= wait.deadline {
+                return failed.map_or(Ok(None), Err);
+            }
+            // Retry right after the holder's TTL (or a reservation) runs out:
+            // expiry sends no message.
+            let notified = line.wait.is_some() && failed.is_none();
+            let until = wait.retry_at(now, attempt, expires_in, notified);
+            match &line.wait {
+                Some(joined) => {
+                    tokio::select! {
+                        _ = joined.woken() => {}
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
+                }
+                None => tokio::time::sleep_until(until).await,
+            }
+        }
     }
 }
 

@@ -1,18 +1,21 @@
-//! The key scheme: every lock name maps to its own lock key, fence key and
-//! wake-up channel, all under one configurable prefix.
+//! The key scheme: every lock name maps to its own keys, all under one
+//! configurable prefix and one hash tag; each backend instance has one
+//! wake-up channel.
 //!
 //! ```text
 //! <prefix>{<name>}          lock key: "<owner>:<fence>", PX = TTL
 //! <prefix>{<name>}:fence    fence counter (never expires)
-//! <prefix>{<name>}          pub/sub channel (channels and keys are separate namespaces)
+//! <prefix>{<name>}:queue    waiters in line (zset), expires when nobody refreshes it
+//! <prefix>{<name>}:next     the waiter a free lock is reserved for, PX = its claim window
+//! <prefix>wake:<instance>   pub/sub channel of one backend instance (not a key)
 //! ```
 //!
 //! In the name, `%`, `{` and `}` are percent-encoded (`%25`, `%7B`, `%7D`)
 //! and nothing else is touched. That encoding is injective, and it keeps
-//! braces out of the hash tag, so the tag is exactly the encoded name: the
-//! lock key and its fence counter always land in the same Redis Cluster slot,
-//! and two names never share a key. Glob characters (`* ? [ ] \`) are plain
-//! data: the adapter never uses `KEYS` or `SCAN MATCH`.
+//! braces out of the hash tag, so the tag is exactly the encoded name: all
+//! keys of a name always land in the same Redis Cluster slot, and two names
+//! never share a key. Glob characters (`* ? [ ] \`) are plain data: the
+//! adapter never uses `KEYS` or `SCAN MATCH`.
 
 use lockcore::{LockError, LockName};
 
@@ -51,13 +54,17 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
     }
 }
 
-/// The store keys and channel of one lock name.
+/// The store keys of one lock name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
     /// Holds `"<owner>:<fence>"` with the lease's TTL.
     pub(crate) lock: String,
     /// The name's fence counter.
     pub(crate) fence: String,
+    /// The waiters in line, by arrival.
+    pub(crate) queue: String,
+    /// The waiter a free lock is reserved for.
+    pub(crate) next: String,
 }
 
 impl Keys {
@@ -74,14 +81,33 @@ impl Keys {
             }
         }
         lock.push('}');
-        let fence = format!("{lock}:fence");
-        Keys { lock, fence }
+        Self::of_lock(lock)
     }
 
-    /// The pub/sub channel releases of this name are announced on.
-    pub(crate) fn channel(&self) -> &str {
-        &self.lock
+    /// The keys that go with lock key `lock`.
+    fn of_lock(lock: String) -> Self {
+        Keys {
+            fence: format!("{lock}:fence"),
+            queue: format!("{lock}:queue"),
+            next: format!("{lock}:next"),
+            lock,
+        }
     }
+
+    /// The keys of the lock key a wake-up message names, if it is one of
+    /// ours: `<prefix>{...}` with nothing after the tag.
+    pub(crate) fn from_lock_key(prefix: &str, lock: &str) -> Option<Self> {
+        let tag = lock
+            .strip_prefix(prefix)?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        (!tag.is_empty() && !tag.contains(['{', '}'])).then(|| Self::of_lock(lock.to_owned()))
+    }
+}
+
+/// A fresh wake-up channel for one backend instance.
+pub(crate) fn wake_channel(prefix: &str) -> String {
+    format!("{prefix}wake:{}", lockcore::OwnerToken::new().encode())
 }
 
 #[cfg(test)]
@@ -119,7 +145,9 @@ mod tests {
             "ünï🔒",
         ] {
             let k = keys(name);
-            assert_eq!(hash_tag(&k.lock), hash_tag(&k.fence), "{name:?}");
+            for other in [&k.fence, &k.queue, &k.next] {
+                assert_eq!(hash_tag(&k.lock), hash_tag(other), "{name:?}");
+            }
             assert!(!hash_tag(&k.lock).is_empty(), "{name:?}");
             assert_ne!(
                 hash_tag(&k.lock),
@@ -133,13 +161,14 @@ mod tests {
     fn the_mapping_is_injective_on_near_collisions() {
         let names = [
             "a{b", "a%7Bb", "a%257Bb", "a}b", "a%7Db", "%", "%25", "%2525", "a:fence", "a}:fence",
-            "a", "A", "a ", "*", "?", "[a]", "\\",
+            "a:queue", "a}:queue", "a:next", "a}:next", "a", "A", "a ", "*", "?", "[a]", "\\",
         ];
         let mut seen = std::collections::HashSet::new();
         for name in names {
             let k = keys(name);
-            assert!(seen.insert(k.lock.clone()), "{name:?} collides");
-            assert!(seen.insert(k.fence.clone()), "{name:?} fence collides");
+            for key in [&k.lock, &k.fence, &k.queue, &k.next] {
+                assert!(seen.insert(key.clone()), "{name:?}: {key} collides");
+            }
         }
     }
 
@@ -148,7 +177,29 @@ mod tests {
         let k = keys("orders/{42}");
         assert_eq!(k.lock, "distlock:{orders/%7B42%7D}");
         assert_eq!(k.fence, "distlock:{orders/%7B42%7D}:fence");
-        assert_eq!(k.channel(), k.lock);
+        assert_eq!(k.queue, "distlock:{orders/%7B42%7D}:queue");
+        assert_eq!(k.next, "distlock:{orders/%7B42%7D}:next");
+        assert_eq!(
+            Keys::from_lock_key(DEFAULT_PREFIX, &k.lock),
+            Some(k.clone())
+        );
+        for foreign in [
+            "distlock:{a}:fence",
+            "other:{a}",
+            "distlock:a",
+            "distlock:{}",
+            "distlock:{a}b}",
+            &k.fence,
+        ] {
+            assert_eq!(
+                Keys::from_lock_key(DEFAULT_PREFIX, foreign),
+                None,
+                "{foreign}"
+            );
+        }
+        let channel = wake_channel(DEFAULT_PREFIX);
+        assert!(channel.starts_with("distlock:wake:") && !channel.contains(' '));
+        assert_ne!(channel, wake_channel(DEFAULT_PREFIX));
     }
 
     #[test]

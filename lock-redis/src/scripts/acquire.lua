@@ -1,11 +1,42 @@
--- KEYS[1] lock key, KEYS[2] fence key.
--- ARGV[1] request nonce, ARGV[2] owner token, ARGV[3] TTL in ms.
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next.
+-- ARGV[1] request nonce, ARGV[2] owner token, ARGV[3] TTL in ms,
+-- ARGV[4] the caller's wait member ('' when it will not wait),
+-- ARGV[5] how long the line is kept without a refresh, in ms.
+-- Grants a free lock to the waiter it is reserved for, else to the head of
+-- the line, else (empty line) to the caller: nobody barges past a waiter.
+-- When the lock is free, unreserved and someone else heads the line, that
+-- waiter is woken (expiry sends no message). A caller that will wait joins
+-- the line, keeping its place if it has one.
 -- Returns {nonce, 1, fence} when granted,
---         {nonce, 0, remaining ms (-1: no expiry)} when held.
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 then
-  return {ARGV[1], 0, pttl}
+--         {nonce, 0, ms until the holder or reservation expires (-1: never)}.
+local lock, queue, next_key, me = KEYS[1], KEYS[3], KEYS[4], ARGV[4]
+local wait_ms = redis.call('PTTL', lock)
+if wait_ms == -2 then
+  local reserved = redis.call('GET', next_key)
+  if reserved == me then
+    line_call('DEL', next_key)
+    wait_ms = nil
+  elseif not reserved and wake_next(lock, queue, next_key, me) ~= 'reserved' then
+    wait_ms = nil
+  else
+    wait_ms = redis.call('PTTL', next_key)
+  end
 end
-local fence, decimal = next_fence(KEYS[2])
-redis.call('SET', KEYS[1], ARGV[2] .. ':' .. decimal, 'PX', ARGV[3])
-return {ARGV[1], 1, fence}
+if not wait_ms then
+  if me ~= '' then
+    line_call('ZREM', queue, me)
+  end
+  local fence, decimal = next_fence(KEYS[2])
+  redis.call('SET', lock, ARGV[2] .. ':' .. decimal, 'PX', ARGV[3])
+  return {ARGV[1], 1, fence}
+end
+if me ~= '' then
+  if not redis.call('ZSCORE', queue, me) then
+    local tail = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')[2]
+    line_call('ZADD', queue, (tonumber(tail) or 0) + 1, me)
+  end
+  if redis.call('PTTL', queue) < tonumber(ARGV[5]) then
+    line_call('PEXPIRE', queue, ARGV[5])
+  end
+end
+return {ARGV[1], 0, wait_ms}

@@ -1,7 +1,8 @@
--- KEYS[1] lock key, KEYS[2] fence key.
--- ARGV[1] request nonce, ARGV[2] wake-up channel.
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next.
+-- ARGV[1] request nonce.
 -- Evicts whoever holds the lock and advances the fence, so the next grant
--- and any resource that saw the bump refuse the evicted holder.
+-- and any resource that saw the bump refuse the evicted holder; then wakes
+-- the first waiter in line.
 -- Returns {nonce, new fence, evicted's remaining ms, evicted value or nil}.
 local value = redis.call('GET', KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
@@ -9,7 +10,7 @@ if value then
   redis.call('DEL', KEYS[1])
 end
 local fence = next_fence(KEYS[2])
-if value then
-  redis.call('PUBLISH', ARGV[2], 'forced')
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  wake_next(KEYS[1], KEYS[3], KEYS[4], '')
 end
 return {ARGV[1], fence, pttl, value}

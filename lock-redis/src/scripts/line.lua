@@ -1,0 +1,55 @@
+-- The wait line, shared by acquire, release, leave and force_release
+-- (prepended to each). All keys share the name's hash tag:
+--   lock  "<owner>:<fence>", PX = TTL
+--   queue zset of waiters; member "<wait id>:<claim window ms>:<channel>",
+--         score = arrival order (tail + 1)
+--   next  the member a free lock is reserved for, PX = its claim window
+-- A channel is one backend instance's own pub/sub channel; the instance
+-- wakes the one local wait the member names.
+--
+-- The line is wake-up bookkeeping, not lock state: its writes go through
+-- line_call, which keeps them out of the AOF (and replicas), so joining the
+-- line or claiming a hand-off costs no fsync. The lock and fence keys are
+-- written with redis.call and stay exactly as durable as before. A restart
+-- may forget or keep a line; waiters then rejoin at their next re-check.
+
+-- redis.call for a line key (queue or next), not propagated.
+local function line_call(...)
+  redis.set_repl(redis.REPL_NONE)
+  local reply = redis.call(...)
+  redis.set_repl(redis.REPL_ALL)
+  return reply
+end
+
+-- Hands a free lock to the first waiter in line that can still hear it:
+-- pops the head, PUBLISHes "<member> <lock key>" to its instance's channel
+-- and reserves the lock for it for its claim window. A head whose instance
+-- has no subscriber (gone) is dropped and the next one tried. The caller's
+-- own entry (`me`, '' for none) is not woken but reported, so the caller can
+-- take the lock itself. Callers make sure no reservation stands (a held
+-- lock never has one: only the reserved waiter can take a reserved lock).
+-- Returns 'reserved' (a woken waiter will claim), 'me' or 'none'.
+local function wake_next(lock_key, queue_key, next_key, me)
+  if redis.call('EXISTS', queue_key) == 0 then
+    return 'none' -- nobody waits: one read, no line work
+  end
+  -- Bounded work per call: beyond this many gone waiters, the next call
+  -- (any acquire that finds the lock free) carries on.
+  for _ = 1, 64 do
+    local member = line_call('ZPOPMIN', queue_key)[1]
+    if not member then
+      return 'none'
+    end
+    if member == me then
+      return 'me'
+    end
+    local window, channel = string.match(member, '^%d+:(%d+):(%S+)$')
+    window = tonumber(window)
+    if window and window > 0
+        and redis.call('PUBLISH', channel, member .. ' ' .. lock_key) > 0 then
+      line_call('SET', next_key, member, 'PX', window)
+      return 'reserved'
+    end
+  end
+  return 'none'
+end
