@@ -1,8 +1,11 @@
 //! PostgreSQL: lease-table lock cycles next to the server's floor measured in
 //! the same run (two `SELECT 1` round trips on one connection, and a session
-//! advisory lock + unlock), then N-way contention three ways: the adapter's
-//! LISTEN/NOTIFY wake-ups, the same adapter polling with backoff, and
-//! blocking `pg_advisory_lock` (the server's own FIFO queue).
+//! advisory lock + unlock), then N-way contention four ways, in alternating
+//! slices: the adapter as shipped (turnstiles: waiters queue in the
+//! server's lock manager, one asks for the lease), the adapter with
+//! turnstiles off (every instance's waiter woken by LISTEN/NOTIFY), the
+//! adapter polling with backoff, and blocking `pg_advisory_lock` (the
+//! server's own FIFO queue, no lease: the floor).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -134,66 +137,115 @@ pub async fn run(settings: &Settings) -> Vec<Row> {
         )),
     );
 
+    // N-way contention, four ways, each client an independent backend
+    // instance (own pool, listener and turnstile connections, like N
+    // processes). The scenarios run in alternating slices, like the
+    // durable floor above: on a shared machine, load swings over seconds,
+    // and the rows are only comparable if they saw the same load.
     let n = settings.contenders;
-    let mut notified = Vec::new();
-    let mut polling = Vec::new();
-    let mut queued = Vec::new();
+    let no_turnstiles = format!(
+        "{url}{}lock_turnstiles=0",
+        if url.contains('?') { '&' } else { '?' }
+    );
+    let mut scenarios: Vec<Scenario> = [
+        ("turnstile + LISTEN/NOTIFY", "bench/postgres/turnstile"),
+        (
+            "LISTEN/NOTIFY only (lock_turnstiles=0)",
+            "bench/postgres/notify",
+        ),
+        ("polling, backoff 10 ms..1 s", "bench/postgres/poll"),
+        (
+            "floor: blocking pg_advisory_lock",
+            "bench/postgres/advisory",
+        ),
+    ]
+    .into_iter()
+    .map(|(label, name)| Scenario {
+        label,
+        name: LockName::new(name).unwrap(),
+        clients: Vec::new(),
+        waits: Arc::new(std::sync::Mutex::new(Vec::new())),
+        handoffs: harness::Stats::default(),
+        fifo: Vec::new(),
+    })
+    .collect();
     for _ in 0..n {
-        let backend = PostgresBackend::connect(&url)
+        let turnstile = PostgresBackend::connect(&url)
             .await
             .expect("connect contender");
-        polling.push(Arc::new(Polling(backend.clone())) as Arc<dyn LockBackend>);
-        notified.push(Arc::new(backend) as Arc<dyn LockBackend>);
+        let notify = PostgresBackend::connect(&no_turnstiles)
+            .await
+            .expect("connect contender");
         let conn = PgConnection::connect(&url)
             .await
             .expect("connect advisory contender");
-        queued.push(Arc::new(Advisory(Mutex::new(conn))) as Arc<dyn LockBackend>);
+        let clients: [Arc<dyn LockBackend>; 4] = [
+            Arc::new(turnstile),
+            Arc::new(notify.clone()),
+            Arc::new(Polling(notify)),
+            Arc::new(Advisory(Mutex::new(conn))),
+        ];
+        for (scenario, inner) in scenarios.iter_mut().zip(clients) {
+            let waits = scenario.waits.clone();
+            scenario
+                .clients
+                .push(Arc::new(Waits { inner, waits }) as Arc<dyn LockBackend>);
+        }
     }
-    for (label, clients, name) in [
-        ("LISTEN/NOTIFY", notified, "bench/postgres/notify"),
-        (
-            "polling, backoff 10 ms..1 s",
-            polling,
-            "bench/postgres/poll",
-        ),
-        (
-            "floor: blocking pg_advisory_lock",
-            queued,
-            "bench/postgres/advisory",
-        ),
-    ] {
-        let name = LockName::new(name).unwrap();
-        let waits = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let clients = clients
-            .into_iter()
-            .map(|inner| {
-                Arc::new(Waits {
-                    inner,
-                    waits: waits.clone(),
-                }) as Arc<dyn LockBackend>
-            })
-            .collect();
-        let contended = harness::contended(clients, &name, settings.ttl, settings.run).await;
+    for _ in 0..SLICES {
+        for scenario in &mut scenarios {
+            let contended = harness::contended(
+                scenario.clients.clone(),
+                &scenario.name,
+                settings.ttl,
+                slice,
+            )
+            .await;
+            scenario
+                .fifo
+                .push((contended.fifo_share, contended.handoffs.samples.len()));
+            merge(&mut scenario.handoffs, contended.handoffs);
+        }
+    }
+    let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+    for scenario in scenarios {
         let waited = harness::Stats {
             elapsed: settings.run,
-            samples: waits.lock().unwrap().clone(),
+            samples: scenario.waits.lock().unwrap().clone(),
         };
-        let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+        let grants: usize = scenario.fifo.iter().map(|(_, g)| g).sum();
+        let fifo = scenario
+            .fifo
+            .iter()
+            .map(|(share, g)| share * *g as f64)
+            .sum::<f64>()
+            / grants.max(1) as f64;
         rows.push(
             Row::new(
                 BACKEND,
-                format!("{n}-way contended, {label}"),
-                &contended.handoffs,
+                format!("{n}-way contended, {}", scenario.label),
+                &scenario.handoffs,
             )
             .note(format!(
                 "FIFO share {:.0}%, acquire wait p50 {:.1} ms p99 {:.1} ms",
-                contended.fifo_share * 100.0,
+                fifo * 100.0,
                 ms(waited.percentile(0.5)),
                 ms(waited.percentile(0.99)),
             )),
         );
     }
     rows
+}
+
+/// One contended scenario, accumulated over its slices.
+struct Scenario {
+    label: &'static str,
+    name: LockName,
+    clients: Vec<Arc<dyn LockBackend>>,
+    waits: Arc<std::sync::Mutex<Vec<Duration>>>,
+    handoffs: harness::Stats,
+    /// (FIFO share, hand-offs) of each slice.
+    fifo: Vec<(f64, usize)>,
 }
 
 fn merge(into: &mut harness::Stats, from: harness::Stats) {

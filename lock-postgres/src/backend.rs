@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use lockcore::audit::{self, ForcedRelease};
 use lockcore::{
-    Attempt, Capabilities, FenceDurability, FencingToken, Holder, Lease, LockBackend, LockError,
-    LockName, OwnerToken, ReleaseOutcome, Wakeup, async_trait,
+    Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LockBackend,
+    LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop, async_trait,
 };
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -18,12 +18,14 @@ use uuid::Uuid;
 use crate::config::{PostgresConfig, Server, Source};
 use crate::error::{self, BACKEND};
 use crate::notify::Wakeups;
-use crate::sql::Sql;
+use crate::sql::{self, Sql};
+use crate::turnstile::{HeldTurnstile, Turnstiles};
 
 /// The oldest server this crate runs on (`hashtextextended`, `ON CONFLICT`).
 const MIN_SERVER_VERSION: i32 = 110_000;
 
-/// Locks in a PostgreSQL table, fenced by a sequence, with waiters woken by
+/// Locks in a PostgreSQL table, fenced by a sequence, with waiters queued
+/// first come, first served in the server's lock manager and woken by
 /// LISTEN/NOTIFY. See the crate docs for the design and its guarantees.
 ///
 /// Clones share one connection pool and one listener: to model separate
@@ -40,6 +42,7 @@ struct Inner {
     op_timeout: Duration,
     server: String,
     wakeups: Wakeups,
+    turnstiles: Turnstiles,
 }
 
 /// What the server said about itself at connect.
@@ -152,7 +155,18 @@ impl PostgresBackend {
             // timestamptz has microsecond resolution; TTLs are sent in µs.
             .ttl_granularity(Duration::from_micros(1))
             .fence_durability(durability)
-            .notifications(true);
+            .notifications(true)
+            .fairness(if config.turnstiles > 0 {
+                Fairness::Fifo
+            } else {
+                Fairness::None
+            });
+        let turnstiles = Turnstiles::new(
+            options.clone(),
+            config.turnstiles,
+            facts.version,
+            op_timeout,
+        );
         let wakeups = Wakeups::new(options, sql.channel.clone(), op_timeout);
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
@@ -162,6 +176,7 @@ impl PostgresBackend {
                 op_timeout,
                 server,
                 wakeups,
+                turnstiles,
             }),
         })
     }
@@ -209,9 +224,62 @@ impl PostgresBackend {
         Ok(done.rows_affected())
     }
 
-    /// Waiters of this instance currently registered for wake-ups.
+    /// Waiting `acquire` calls of this instance (in its local line, at the
+    /// turnstile, or waiting for the lease).
     pub fn waiting(&self) -> usize {
-        self.inner.wakeups.waiting()
+        self.inner.turnstiles.waiting()
+    }
+
+    /// The advisory-lock key waiters of `name` queue on (`pg_locks.objid`
+    /// holds its low 32 bits, `classid` its high 32 bits, `objsubid` is 1):
+    /// handy for seeing who waits, never needed to take a lock.
+    pub fn turnstile_key(&self, name: &LockName) -> i64 {
+        sql::turnstile_key(&self.inner.sql.table_regclass, name.as_str())
+    }
+
+    /// One attempt; with `free_for` > 0, only takes a row that has been
+    /// free at least that long on the server's clock.
+    async fn attempt(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        free_for: Duration,
+    ) -> Result<Attempt, LockError> {
+        let ttl = self.inner.caps.effective_ttl(ttl)?;
+        let ttl_us = micros(ttl).ok_or_else(|| LockError::InvalidTtl {
+            ttl,
+            reason: "does not fit PostgreSQL's interval".into(),
+        })?;
+        let free_for_us = micros(free_for).unwrap_or(i64::MAX);
+        let owner = OwnerToken::new();
+        let sent_at = Instant::now();
+        let rows: Vec<(Option<i64>, Option<i64>)> = self
+            .timed(
+                "acquire",
+                sqlx::query_as(&self.inner.sql.acquire)
+                    .bind(name.as_str())
+                    .bind(owner.as_uuid())
+                    .bind(ttl_us)
+                    .bind(free_for_us)
+                    .fetch_all(&self.inner.pool),
+            )
+            .await?;
+        // A grant row wins over a holder row: the holder seen by the
+        // snapshot may have expired by the time the row was locked.
+        if let Some(fence) = rows.iter().find_map(|(fence, _)| *fence) {
+            return Ok(Attempt::Acquired(Lease::new(
+                name.clone(),
+                owner,
+                fence_token(fence)?,
+                ttl,
+                sent_at,
+            )));
+        }
+        // No row: a contender is taking the lock right now, or took it after
+        // this statement's snapshot (or it has not been free for `free_for`).
+        Ok(Attempt::Held {
+            expires_in: rows.iter().find_map(|(_, left)| left.map(from_micros)),
+        })
     }
 
     async fn timed<T>(
@@ -234,6 +302,7 @@ impl fmt::Debug for PostgresBackend {
             )
             .field("op_timeout", &self.inner.op_timeout)
             .field("wakeups", &self.inner.wakeups)
+            .field("turnstiles", &self.inner.turnstiles)
             .finish()
     }
 }
@@ -244,40 +313,9 @@ impl LockBackend for PostgresBackend {
         self.inner.caps.clone()
     }
 
+    /// Never waits, never queues: a free lock is taken whoever waits for it.
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        let ttl = self.inner.caps.effective_ttl(ttl)?;
-        let ttl_us = micros(ttl).ok_or_else(|| LockError::InvalidTtl {
-            ttl,
-            reason: "does not fit PostgreSQL's interval".into(),
-        })?;
-        let owner = OwnerToken::new();
-        let sent_at = Instant::now();
-        let rows: Vec<(Option<i64>, Option<i64>)> = self
-            .timed(
-                "acquire",
-                sqlx::query_as(&self.inner.sql.acquire)
-                    .bind(name.as_str())
-                    .bind(owner.as_uuid())
-                    .bind(ttl_us)
-                    .fetch_all(&self.inner.pool),
-            )
-            .await?;
-        // A grant row wins over a holder row: the holder seen by the
-        // snapshot may have expired by the time the row was locked.
-        if let Some(fence) = rows.iter().find_map(|(fence, _)| *fence) {
-            return Ok(Attempt::Acquired(Lease::new(
-                name.clone(),
-                owner,
-                fence_token(fence)?,
-                ttl,
-                sent_at,
-            )));
-        }
-        // No row: a contender is taking the lock right now, or took it after
-        // this statement's snapshot.
-        Ok(Attempt::Held {
-            expires_in: rows.iter().find_map(|(_, left)| left.map(from_micros)),
-        })
+        self.attempt(name, ttl, Duration::ZERO).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -308,30 +346,57 @@ impl LockBackend for PostgresBackend {
         if done.rows_affected() == 1 {
             Ok(lease.renewed(ttl, sent_at))
         } else {
+            end_turn(lease);
             Err(not_held())
         }
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let Some(fence) = db_fence(lease.fence()) else {
+            end_turn(lease);
             return Ok(ReleaseOutcome::NotHeld);
         };
-        let released: i64 = self
-            .timed(
-                "release",
-                sqlx::query_scalar(&self.inner.sql.release)
-                    .bind(lease.name().as_str())
-                    .bind(lease.owner().as_uuid())
-                    .bind(fence)
-                    .bind(&self.inner.sql.channel)
-                    .fetch_one(&self.inner.pool),
-            )
+        let release = || {
+            sqlx::query_scalar::<_, i64>(&self.inner.sql.release)
+                .bind(lease.name().as_str())
+                .bind(lease.owner().as_uuid())
+                .bind(fence)
+                .bind(&self.inner.sql.channel)
+        };
+        let outcome = |released: i64| {
+            if released == 1 {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            }
+        };
+        // A lease let in by a turnstile still holds it: release in the
+        // turnstile's transaction, so the commit that frees the row is the
+        // very one that lets the next waiter in, who finds it free.
+        if let Some(mut ticket) = lease
+            .extension::<HeldTurnstile>()
+            .and_then(HeldTurnstile::take)
+            && let Some(conn) = ticket.connection()
+        {
+            match self.timed("release", release().fetch_one(&mut *conn)).await {
+                Ok(released) => {
+                    // A lost COMMIT reply is a lost release reply: the lease
+                    // may be free or not; the caller sees a retryable error.
+                    self.timed("release", ticket.commit()).await?;
+                    return Ok(outcome(released));
+                }
+                // Nothing was committed (the turnstile's connection broke, or
+                // the server ended the session): dropping the ticket rolls
+                // back, and the release runs on its own below.
+                Err(error) => {
+                    tracing::debug!(name = %lease.name(), %error, "release in the turnstile failed; releasing alone");
+                }
+            }
+        }
+        let released = self
+            .timed("release", release().fetch_one(&self.inner.pool))
             .await?;
-        Ok(if released == 1 {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        Ok(outcome(released))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
@@ -387,6 +452,76 @@ impl LockBackend for PostgresBackend {
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         Ok(self.inner.wakeups.watch(name).await)
+    }
+
+    /// Waits in line (see the crate docs): behind this instance's earlier
+    /// waiters of `name`, then in the server's queue at the name's
+    /// turnstile. The turnstile holder alone asks for the lease (at once,
+    /// then with [`acquire_loop`]), and the lease it gets keeps the
+    /// turnstile until it is released. Without a turnstile (turned off,
+    /// none to spare, connection lost) the first local waiter runs
+    /// `acquire_loop` alone.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the local line and the server's queue
+    /// (the queued connection is closed; a held turnstile is rolled back
+    /// in the background), so the next waiter goes on.
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        let turnstiles = &self.inner.turnstiles;
+        // Bad input fails before any waiting.
+        self.inner.caps.effective_ttl(ttl)?;
+        let Ok(_turn) =
+            tokio::time::timeout_at(wait.deadline, turnstiles.local_turn(name.as_str())).await
+        else {
+            return Ok(None);
+        };
+        let Some(mut ticket) = turnstiles.enter(self.turnstile_key(name)).await else {
+            tracing::debug!(lock = %name, "no turnstile to spare; waiting without one");
+            return acquire_loop(self, name, ttl, wait).await;
+        };
+        loop {
+            let until = (Instant::now() + wait.recheck).min(wait.deadline);
+            match ticket.wait_until(until).await {
+                Ok(true) => break,
+                Ok(false) if Instant::now() >= wait.deadline => return Ok(None),
+                // Queued for a whole re-check interval: if the lease has
+                // been free that long, whoever holds the turnstile is not
+                // taking it (hung, or waiting for a name whose key collides
+                // with ours); take it past them. Dropping the ticket leaves
+                // the queue.
+                Ok(false) => match self.attempt(name, ttl, wait.recheck).await {
+                    Ok(Attempt::Acquired(lease)) => {
+                        tracing::debug!(lock = %name, "line stuck for a re-check interval; took the free lease past it");
+                        return Ok(Some(lease));
+                    }
+                    Ok(Attempt::Held { .. }) => {}
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => return Err(e),
+                },
+                Err(error) => {
+                    tracing::debug!(lock = %name, %error, "turnstile connection lost; waiting without one");
+                    return acquire_loop(self, name, ttl, wait).await;
+                }
+            }
+        }
+        // Our turn. Most often the lease was just released by the previous
+        // turnstile holder (which held the turnstile until then): try at
+        // once, before setting up wake-ups.
+        let lease = match self.attempt(name, ttl, Duration::ZERO).await {
+            Ok(Attempt::Acquired(lease)) => Some(lease),
+            Ok(Attempt::Held { .. }) => acquire_loop(self, name, ttl, wait).await?,
+            Err(e) if e.is_retryable() => acquire_loop(self, name, ttl, wait).await?,
+            Err(e) => return Err(e),
+        };
+        // The lease keeps the turnstile until it is released (or renewing
+        // finds it gone, or the lease is dropped): the next waiter's turn
+        // begins exactly when this lease ends, and it finds it free.
+        Ok(lease.map(|lease| lease.with_extension(HeldTurnstile::new(ticket))))
     }
 }
 
@@ -454,6 +589,15 @@ async fn create_schema(pool: &PgPool, sql: &Sql) -> Result<(), sqlx::Error> {
         .execute(&mut *tx)
         .await?;
     tx.commit().await
+}
+
+/// Passes on the turnstile `lease` holds, if any (see `acquire`).
+fn end_turn(lease: &Lease) {
+    drop(
+        lease
+            .extension::<HeldTurnstile>()
+            .and_then(HeldTurnstile::take),
+    );
 }
 
 fn holder((fence, owner, remaining): (i64, Option<Uuid>, i64)) -> Result<Holder, LockError> {

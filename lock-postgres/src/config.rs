@@ -17,6 +17,7 @@ const OWN_PARAMS: &[&str] = &[
     "lock_pool_size",
     "lock_op_timeout_ms",
     "lock_create_schema",
+    "lock_turnstiles",
 ];
 
 /// Where the backend gets its connections.
@@ -36,7 +37,8 @@ pub(crate) enum Source {
 /// the setters. `Debug` never prints the password.
 ///
 /// Extra URL parameters read by this crate: `lock_schema`, `lock_table`,
-/// `lock_pool_size`, `lock_op_timeout_ms`, `lock_create_schema` (`true`/`false`).
+/// `lock_pool_size`, `lock_op_timeout_ms`, `lock_create_schema` (`true`/`false`),
+/// `lock_turnstiles`.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) source: Source,
@@ -45,6 +47,7 @@ pub struct PostgresConfig {
     pub(crate) pool_size: u32,
     pub(crate) op_timeout: Duration,
     pub(crate) create_schema: bool,
+    pub(crate) turnstiles: u32,
 }
 
 impl PostgresConfig {
@@ -52,6 +55,8 @@ impl PostgresConfig {
     pub const DEFAULT_SCHEMA: &'static str = "public";
     /// Default lock table name; its sequence is `<table>_fence_seq`.
     pub const DEFAULT_TABLE: &'static str = "distlock_locks";
+    /// Default number of turnstile connections per backend instance.
+    pub const DEFAULT_TURNSTILES: u32 = 8;
 
     fn with_source(source: Source) -> Self {
         PostgresConfig {
@@ -61,6 +66,7 @@ impl PostgresConfig {
             pool_size: 10,
             op_timeout: Duration::from_secs(5),
             create_schema: true,
+            turnstiles: Self::DEFAULT_TURNSTILES,
         }
     }
 
@@ -126,6 +132,18 @@ impl PostgresConfig {
                     config.create_schema =
                         value.parse().map_err(|_| bad("expected true or false"))?;
                 }
+                "lock_turnstiles" => {
+                    config.turnstiles = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n <= Self::MAX_TURNSTILES)
+                        .ok_or_else(|| {
+                        bad(&format!(
+                            "expected a number of connections from 0 to {}",
+                            Self::MAX_TURNSTILES
+                        ))
+                    })?;
+                }
                 _ => {} // only OWN_PARAMS were partitioned out
             }
         }
@@ -182,6 +200,23 @@ impl PostgresConfig {
         self
     }
 
+    /// Connections this backend may open for **turnstiles** (default 8; 0
+    /// turns them off). A waiting `acquire` queues in PostgreSQL's own
+    /// lock queue on one of them, so waiters of a name are served first
+    /// come, first served, and only one of them at a time asks for the
+    /// lease. Each name being waited for uses one while it has waiters on
+    /// this instance; beyond this many names, waiters fall back to plain
+    /// LISTEN/NOTIFY waiting (correct, not ordered). With 0, waiting is
+    /// never ordered and [`capabilities`](lockcore::LockBackend::capabilities)
+    /// reports no fairness. At most [`MAX_TURNSTILES`](Self::MAX_TURNSTILES).
+    pub fn turnstiles(mut self, connections: u32) -> Self {
+        self.turnstiles = connections.min(Self::MAX_TURNSTILES);
+        self
+    }
+
+    /// The largest [`turnstiles`](Self::turnstiles) setting.
+    pub const MAX_TURNSTILES: u32 = 64;
+
     /// Validated identifiers: `(schema, table, sequence)`.
     pub(crate) fn idents(&self) -> Result<(Ident, Ident, Ident), LockError> {
         let schema = Ident::new("schema", &self.schema, Ident::MAX_BYTES)?;
@@ -215,6 +250,7 @@ impl fmt::Debug for PostgresConfig {
             .field("pool_size", &self.pool_size)
             .field("op_timeout", &self.op_timeout)
             .field("create_schema", &self.create_schema)
+            .field("turnstiles", &self.turnstiles)
             .finish()
     }
 }
@@ -295,6 +331,8 @@ mod tests {
             "postgres://u:s3cret-pw@h/db?sslmode=bogus",
             "postgres://u:s3cret-pw@h/db?lock_pool_size=0",
             "postgres://u:s3cret-pw@h/db?lock_op_timeout_ms=x",
+            "postgres://u:s3cret-pw@h/db?lock_turnstiles=65",
+            "postgres://u:s3cret-pw@h/db?lock_turnstiles=-1",
             "postgres://u:s3cret-pw@h/db?password=s3cret-pw&sslmode=nope",
             "mysql://u:s3cret-pw@h/db",
             "u:s3cret-pw@h/db",
@@ -312,7 +350,7 @@ mod tests {
     #[test]
     fn own_parameters_are_read_and_stripped() {
         let config = PostgresConfig::from_url(
-            "postgresql://u@h:1/d?lock_schema=locks&lock_table=t1&lock_pool_size=3&lock_op_timeout_ms=250&lock_create_schema=false&application_name=app",
+            "postgresql://u@h:1/d?lock_schema=locks&lock_table=t1&lock_pool_size=3&lock_op_timeout_ms=250&lock_create_schema=false&lock_turnstiles=0&application_name=app",
         )
         .unwrap();
         assert_eq!(
@@ -322,6 +360,7 @@ mod tests {
         assert_eq!(config.pool_size, 3);
         assert_eq!(config.op_timeout, Duration::from_millis(250));
         assert!(!config.create_schema);
+        assert_eq!(config.turnstiles, 0);
         let Source::Options(options) = &config.source else {
             panic!("expected options")
         };

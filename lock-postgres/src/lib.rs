@@ -13,6 +13,7 @@ mod fence;
 mod ident;
 mod notify;
 mod sql;
+mod turnstile;
 
 pub use backend::PostgresBackend;
 pub use config::PostgresConfig;

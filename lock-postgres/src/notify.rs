@@ -1,14 +1,24 @@
 //! Wake-ups through LISTEN/NOTIFY: one listener connection per backend
-//! instance, shared by all its waiters.
+//! instance, shared by all its waiters, and listening only while they wait.
 //!
 //! Releases and forced releases `pg_notify(channel, name)` in the statement
 //! that frees the row, so the notification is sent exactly when the change
 //! commits. The listener task wakes one local waiter of that name (a release
 //! frees the lock for one acquirer; waking all would be a herd). Expiries
 //! do not notify: waiters also re-check at the holder's expiry and at least
-//! every `WaitPolicy::recheck`, which `acquire_loop` arranges. When the
-//! listener connection drops, every waiter is woken to re-check, because
-//! notifications sent meanwhile are lost.
+//! every `WaitPolicy::recheck`, which `acquire_loop` arranges.
+//!
+//! PostgreSQL signals *every* listening session of the database at each
+//! notification, whatever its channel, so an idle listener is not free: with
+//! turnstiles, one instance at a time waits for a given name, and N
+//! instances that all kept listening would wake N server processes (and N
+//! client tasks) per release. So the connection runs `LISTEN` when a waiter
+//! needs it and `UNLISTEN` when a notification arrives that nobody in this
+//! instance waits for. A waiter is only handed its wake-up once `LISTEN` is
+//! in effect, and then tries the lock, so no release between the two is
+//! missed. When the connection drops, every waiter is woken to re-check,
+//! because notifications sent meanwhile are lost; until it is back, waiters
+//! poll with backoff.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,19 +26,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use lockcore::{CancellationToken, LockName, Wakeup};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use tokio::sync::{Notify, watch};
-
-/// The listener's connection state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// First connection in progress.
-    Connecting,
-    /// LISTEN is active: every NOTIFY committed from now on reaches us.
-    Listening,
-    /// No connection; waiters fall back to polling until it is back.
-    Down,
-}
+use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPoolOptions};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
 
 /// The waiters of one backend instance, and its listener task.
 pub(crate) struct Wakeups {
@@ -36,13 +36,21 @@ pub(crate) struct Wakeups {
     options: PgConnectOptions,
     channel: String,
     connect_timeout: Duration,
-    started: OnceLock<()>,
+    /// Requests to the listener task: "make LISTEN effective, then answer".
+    listen: OnceLock<mpsc::UnboundedSender<oneshot::Sender<bool>>>,
     stop: CancellationToken,
 }
 
 struct Shared {
-    waiters: Mutex<HashMap<String, Waiters>>,
-    state: watch::Sender<State>,
+    state: Mutex<State>,
+}
+
+/// Waiters and whether `LISTEN` is in effect, under one lock: a waiter that
+/// registers sees `listening` as the task left it, and the task decides to
+/// `UNLISTEN` only when no waiter is registered.
+struct State {
+    waiters: HashMap<String, Waiters>,
+    listening: bool,
 }
 
 struct Waiters {
@@ -58,37 +66,33 @@ impl Wakeups {
     ) -> Self {
         Wakeups {
             shared: Arc::new(Shared {
-                waiters: Mutex::new(HashMap::new()),
-                state: watch::channel(State::Connecting).0,
+                state: Mutex::new(State {
+                    waiters: HashMap::new(),
+                    listening: false,
+                }),
             }),
             options,
             channel,
             connect_timeout,
-            started: OnceLock::new(),
+            listen: OnceLock::new(),
             stop: CancellationToken::new(),
         }
     }
 
-    /// A wake-up for the next release of `name`, registered before it is
-    /// returned; `None` while the listener is not connected (the caller then
-    /// polls with backoff).
+    /// A wake-up for the next release of `name`, registered and with
+    /// `LISTEN` in effect before it is returned; `None` while the listener
+    /// cannot connect (the caller then polls with backoff).
     pub(crate) async fn watch(&self, name: &LockName) -> Option<Wakeup> {
-        self.start();
-        let mut state = self.shared.state.subscribe();
-        if *state.borrow() == State::Connecting {
-            let _ = tokio::time::timeout(
-                self.connect_timeout,
-                state.wait_for(|s| *s != State::Connecting),
-            )
-            .await;
-        }
-        let registration = Registration::new(&self.shared, name.as_str());
+        let (registration, listening) = Registration::new(&self.shared, name.as_str());
         let mut notified = Box::pin(registration.notify.clone().notified_owned());
         notified.as_mut().enable();
-        // Checked after registering: if the listener drops from here on, its
-        // wake-all reaches this waiter.
-        if *self.shared.state.borrow() != State::Listening {
-            return None;
+        if !listening {
+            let (answer, answered) = oneshot::channel();
+            self.task().send(answer).ok()?;
+            match tokio::time::timeout(self.connect_timeout, answered).await {
+                Ok(Ok(true)) => {}
+                _ => return None,
+            }
         }
         Some(Box::pin(async move {
             notified.await;
@@ -96,23 +100,26 @@ impl Wakeups {
         }))
     }
 
-    /// Starts the listener task once, on first use: backends that never
-    /// wait never open the extra connection.
-    fn start(&self) {
-        self.started.get_or_init(|| {
+    /// The listener task, started on first use: backends that never wait
+    /// never open the extra connection.
+    fn task(&self) -> &mpsc::UnboundedSender<oneshot::Sender<bool>> {
+        self.listen.get_or_init(|| {
+            let (requests, received) = mpsc::unbounded_channel();
             tokio::spawn(listen(
                 self.shared.clone(),
                 self.options.clone(),
                 self.channel.clone(),
                 self.connect_timeout,
+                received,
                 self.stop.clone(),
             ));
-        });
+            requests
+        })
     }
 
-    /// Waiters currently registered, over all names (for tests and Debug).
+    /// Waiters currently registered, over all names (for Debug).
     pub(crate) fn waiting(&self) -> usize {
-        self.shared.lock().values().map(|w| w.count).sum()
+        self.shared.lock().waiters.values().map(|w| w.count).sum()
     }
 }
 
@@ -124,34 +131,48 @@ impl Drop for Wakeups {
 
 impl fmt::Debug for Wakeups {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let listening = self.shared.lock().listening;
         f.debug_struct("Wakeups")
             .field("channel", &self.channel)
-            .field("state", &*self.shared.state.borrow())
+            .field("listening", &listening)
             .field("waiting", &self.waiting())
             .finish()
     }
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Waiters>> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // Updates are single map operations; a panic cannot leave it torn.
-        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn wake(&self, name: &str) {
-        if let Some(waiters) = self.lock().get(name) {
+    /// Wakes one waiter of `name`; `false` when this instance waits for
+    /// nothing at all (the notification was of no use to it).
+    fn wake(&self, name: &str) -> bool {
+        let state = self.lock();
+        if let Some(waiters) = state.waiters.get(name) {
             waiters.notify.notify_one();
         }
+        !state.waiters.is_empty()
     }
 
     fn wake_all(&self) {
-        for waiters in self.lock().values() {
+        for waiters in self.lock().waiters.values() {
             waiters.notify.notify_waiters();
         }
     }
 
-    fn set(&self, state: State) {
-        self.state.send_replace(state);
+    fn set_listening(&self, listening: bool) {
+        self.lock().listening = listening;
+    }
+
+    /// Stops counting as listening if nobody waits; true if so.
+    fn stop_listening_if_idle(&self) -> bool {
+        let mut state = self.lock();
+        if state.waiters.is_empty() {
+            state.listening = false;
+        }
+        !state.listening
     }
 }
 
@@ -164,101 +185,155 @@ struct Registration {
 }
 
 impl Registration {
-    fn new(shared: &Arc<Shared>, name: &str) -> Self {
-        let notify = {
-            let mut map = shared.lock();
-            let entry = map.entry(name.to_owned()).or_insert_with(|| Waiters {
-                notify: Arc::new(Notify::new()),
-                count: 0,
-            });
+    /// Registers, and says whether `LISTEN` was in effect at that moment.
+    fn new(shared: &Arc<Shared>, name: &str) -> (Self, bool) {
+        let (notify, listening) = {
+            let mut state = shared.lock();
+            let entry = state
+                .waiters
+                .entry(name.to_owned())
+                .or_insert_with(|| Waiters {
+                    notify: Arc::new(Notify::new()),
+                    count: 0,
+                });
             entry.count += 1;
-            entry.notify.clone()
+            (entry.notify.clone(), state.listening)
         };
-        Registration {
+        let registration = Registration {
             shared: shared.clone(),
             name: name.to_owned(),
             notify,
-        }
+        };
+        (registration, listening)
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut map = self.shared.lock();
-        if let Some(entry) = map.get_mut(&self.name) {
+        let mut state = self.shared.lock();
+        if let Some(entry) = state.waiters.get_mut(&self.name) {
             entry.count -= 1;
             if entry.count == 0 {
-                map.remove(&self.name);
+                state.waiters.remove(&self.name);
             }
         }
     }
 }
 
-/// The listener task: connect, LISTEN, dispatch, reconnect with backoff,
+/// What the listener task reacts to.
+enum Event {
+    Stop,
+    Listen(oneshot::Sender<bool>),
+    Received(Result<Option<PgNotification>, sqlx::Error>),
+}
+
+/// The listener task: `LISTEN` on request, dispatch notifications,
+/// `UNLISTEN` when idle, reconnect on demand (with backoff after a failure),
 /// until the backend is dropped.
 async fn listen(
     shared: Arc<Shared>,
     options: PgConnectOptions,
     channel: String,
     connect_timeout: Duration,
+    mut requests: mpsc::UnboundedReceiver<oneshot::Sender<bool>>,
     stop: CancellationToken,
 ) {
     const MIN_BACKOFF: Duration = Duration::from_millis(50);
     const MAX_BACKOFF: Duration = Duration::from_secs(2);
+    let mut listener: Option<PgListener> = None;
+    let mut listening = false;
     let mut backoff = MIN_BACKOFF;
+    let mut retry_at = Instant::now();
     loop {
-        let connected = tokio::select! {
-            _ = stop.cancelled() => return,
-            connected = tokio::time::timeout(connect_timeout, connect(&options, &channel, connect_timeout)) => connected,
-        };
-        let mut listener = match connected {
-            Ok(Ok(listener)) => listener,
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {connect_timeout:?}"),
-                };
-                tracing::debug!(%channel, %error, "LISTEN connection failed; waiters poll meanwhile");
-                shared.set(State::Down);
-                shared.wake_all();
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+        let event = tokio::select! {
+            _ = stop.cancelled() => Event::Stop,
+            request = requests.recv() => request.map_or(Event::Stop, Event::Listen),
+            received = async {
+                match listener.as_mut() {
+                    Some(listener) => listener.try_recv().await,
+                    None => Err(sqlx::Error::PoolClosed),
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
+            }, if listening => Event::Received(received),
+        };
+        match event {
+            Event::Stop => return,
+            Event::Listen(answer) => {
+                if !listening && Instant::now() >= retry_at {
+                    let started = tokio::time::timeout(
+                        connect_timeout,
+                        start_listening(&mut listener, &options, &channel, connect_timeout),
+                    )
+                    .await;
+                    match started {
+                        Ok(Ok(())) => {
+                            listening = true;
+                            backoff = MIN_BACKOFF;
+                            shared.set_listening(true);
+                        }
+                        failed => {
+                            let error = match failed {
+                                Ok(Err(e)) => e.to_string(),
+                                _ => format!("no answer within {connect_timeout:?}"),
+                            };
+                            tracing::debug!(%channel, %error, "LISTEN failed; waiters poll meanwhile");
+                            listener = None;
+                            retry_at = Instant::now() + backoff;
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                        }
+                    }
+                }
+                let _ = answer.send(listening);
             }
-        };
-        backoff = MIN_BACKOFF;
-        shared.set(State::Listening);
-        // Anything released while we were not listening was not heard.
-        shared.wake_all();
-        loop {
-            let received = tokio::select! {
-                _ = stop.cancelled() => return,
-                received = listener.try_recv() => received,
-            };
-            match received {
-                Ok(Some(notification)) => shared.wake(notification.payload()),
-                // The connection dropped and sqlx reconnected and re-listened
-                // before returning: notifications in between are lost.
-                Ok(None) => shared.wake_all(),
-                Err(error) => {
-                    tracing::debug!(%channel, %error, "LISTEN connection lost");
-                    shared.set(State::Down);
-                    shared.wake_all();
-                    break;
+            Event::Received(Ok(Some(notification))) => {
+                if !shared.wake(notification.payload()) && shared.stop_listening_if_idle() {
+                    let stopped = match listener.as_mut() {
+                        Some(l) => tokio::time::timeout(connect_timeout, l.unlisten(&channel))
+                            .await
+                            .is_ok_and(|r| r.is_ok()),
+                        None => false,
+                    };
+                    listening = false;
+                    if !stopped {
+                        // Unsure what the connection listens to: start over.
+                        listener = None;
+                    }
                 }
+            }
+            // The connection dropped and sqlx reconnected and re-listened
+            // before returning: notifications in between are lost.
+            Event::Received(Ok(None)) => shared.wake_all(),
+            Event::Received(Err(error)) => {
+                tracing::debug!(%channel, %error, "LISTEN connection lost");
+                listener = None;
+                listening = false;
+                shared.set_listening(false);
+                shared.wake_all();
             }
         }
     }
 }
 
-async fn connect(
+/// Makes `LISTEN channel` effective on `listener`, connecting it if needed.
+/// An idle connection may have died unnoticed: it gets one fresh retry.
+async fn start_listening(
+    listener: &mut Option<PgListener>,
     options: &PgConnectOptions,
     channel: &str,
     timeout: Duration,
-) -> Result<PgListener, sqlx::Error> {
+) -> Result<(), sqlx::Error> {
+    if let Some(existing) = listener.as_mut() {
+        if existing.listen(channel).await.is_ok() {
+            return Ok(());
+        }
+        *listener = None;
+    }
+    listener
+        .insert(connect(options, timeout).await?)
+        .listen(channel)
+        .await
+}
+
+async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<PgListener, sqlx::Error> {
     // A pool of one just for reconnection, outside the statement pool: the
     // listener never takes a slot waiters' statements need.
     let pool = PgPoolOptions::new()
@@ -271,6 +346,5 @@ async fn connect(
         .connect_lazy_with(options.clone());
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.ignore_pool_close_event(true);
-    listener.listen(channel).await?;
     Ok(listener)
 }

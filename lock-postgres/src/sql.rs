@@ -26,9 +26,10 @@ const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
 /// The statements of one lock table.
 #[derive(Debug)]
 pub(crate) struct Sql {
-    /// `$1` name, `$2` owner, `$3` TTL µs → `(fence, remaining_us)`:
-    /// `(Some, None)` acquired; `(None, Some)` held; no row: held by a
-    /// grant this statement's snapshot cannot see yet.
+    /// `$1` name, `$2` owner, `$3` TTL µs, `$4` minimum time free in µs
+    /// (0: any free row) → `(fence, remaining_us)`: `(Some, None)`
+    /// acquired; `(None, Some)` held; no row: held by a grant this
+    /// statement's snapshot cannot see yet, or free for less than `$4`.
     pub(crate) acquire: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` TTL µs → rows affected.
     pub(crate) renew: String,
@@ -97,13 +98,26 @@ impl Sql {
         //   concurrent insert won, do nothing.
         // Contenders that lose write nothing, so a herd woken by one release
         // costs one WAL flush (the winner's), not one per contender.
+        //
+        // `$4` (µs, normally 0) asks for a row that has been free for at
+        // least that long (released: since `updated_at`; expired: since
+        // `expires_at`): a waiter stuck in the turnstile queue uses it to
+        // take a lease nobody else is taking, without racing a live
+        // attempter. With 0 the condition is skipped entirely, so a server
+        // clock stepped backwards cannot delay an ordinary acquire.
+        let stale =
+            "($4 = 0 OR CASE WHEN expires_at = '-infinity' THEN updated_at ELSE expires_at END
+                       <= clock_timestamp() - $4 * interval '1 microsecond')";
+        let stale_l = stale
+            .replace("expires_at", "l.expires_at")
+            .replace("updated_at", "l.updated_at");
         let acquire = format!(
             "WITH live AS (
                 SELECT expires_at FROM {t}
                  WHERE name = $1 AND expires_at > clock_timestamp()
             ), free AS (
                 SELECT name FROM {t}
-                 WHERE name = $1 AND expires_at <= clock_timestamp()
+                 WHERE name = $1 AND expires_at <= clock_timestamp() AND {stale}
                    FOR UPDATE SKIP LOCKED
             ), taken AS (
                 UPDATE {t} AS l
@@ -112,6 +126,7 @@ impl Sql {
                        updated_at = clock_timestamp()
                   FROM free
                  WHERE l.name = free.name AND l.expires_at <= clock_timestamp()
+                   AND {stale_l}
                 RETURNING l.fence
             ), inserted AS (
                 INSERT INTO {t} (name, owner, fence, expires_at, updated_at)
@@ -209,11 +224,27 @@ fn channel(schema: &Ident, table: &Ident) -> String {
     if readable.len() <= Ident::MAX_BYTES {
         return readable;
     }
-    // FNV-1a: stable across builds and platforms, unlike std's hasher.
-    let hash = readable.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("distlock:{hash:016x}")
+    format!("distlock:{:016x}", fnv1a(readable.as_bytes()))
+}
+
+/// The advisory-lock key of a name's turnstile (see `turnstile.rs`): the
+/// table and the name, hashed into PostgreSQL's 64-bit advisory key space.
+/// Two names may share a key; that only makes their waiters queue in one
+/// line (and the stale check keeps that from stalling anyone), it never
+/// grants a lease: the lease row stays the only authority.
+pub(crate) fn turnstile_key(table_regclass: &str, name: &str) -> i64 {
+    let mut bytes = Vec::with_capacity(table_regclass.len() + 1 + name.len());
+    bytes.extend_from_slice(table_regclass.as_bytes());
+    bytes.push(0); // neither part contains NUL: the pair is unambiguous
+    bytes.extend_from_slice(name.as_bytes());
+    i64::from_le_bytes(fnv1a(&bytes).to_le_bytes())
+}
+
+/// FNV-1a: stable across builds and platforms, unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]
@@ -234,6 +265,26 @@ mod tests {
             long,
             channel(&ident(&"s".repeat(63)), &ident(&"u".repeat(53)))
         );
+    }
+
+    #[test]
+    fn turnstile_keys_are_stable_and_per_table() {
+        let key = turnstile_key("\"public\".\"distlock_locks\"", "sku-42");
+        assert_eq!(
+            key,
+            turnstile_key("\"public\".\"distlock_locks\"", "sku-42")
+        );
+        assert_ne!(
+            key,
+            turnstile_key("\"public\".\"distlock_locks\"", "sku-43")
+        );
+        assert_ne!(key, turnstile_key("\"public\".\"other\"", "sku-42"));
+        // Pinned: every instance, whatever its build, must queue on one key.
+        assert_eq!(
+            turnstile_key("t", "n"),
+            i64::from_le_bytes(fnv1a(b"t\0n").to_le_bytes())
+        );
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 
     #[test]
