@@ -1,12 +1,14 @@
-//! etcd: lock cycles next to the raw put+delete floor measured in the same
-//! run, then N-way contention two ways: the adapter's FIFO queue (waiters
-//! watch their predecessor from "now", fast path) and etcd's own Lock RPC
-//! (v3lock, the server-side `concurrency.Mutex`).
+//! etcd: lock cycles next to the raw put+delete floor (same client library,
+//! same kind of connection), interleaved in slices within one run; then
+//! N-way contention two ways, also interleaved: the adapter's FIFO queue
+//! (waiters follow the queue's deletes on one long-lived watch stream per
+//! client) and etcd's own Lock RPC (v3lock, the server-side
+//! `concurrency.Mutex`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_etcd::etcd_client::{self, LockOptions};
+use lock_etcd::etcd_client::{self, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
@@ -15,9 +17,122 @@ use lockcore::{
 use tokio::time::Instant;
 
 use crate::Settings;
-use crate::harness::{self, Row};
+use crate::harness::{self, Contended, Row, Stats};
 
 const BACKEND: &str = "etcd";
+const FLOOR_KEY: &str = "bench/etcd-floor";
+const TXN_QUEUE: &str = "bench/etcd-txn-floor/";
+/// A 32-character value, like an owner token.
+const TXN_VALUE: &str = "0123456789abcdef0123456789abcdef";
+
+/// One put and one delete of one key, back to back.
+async fn floor_cycle(raw: &etcd_client::Client) {
+    let mut kv = raw.kv_client();
+    kv.put(FLOOR_KEY, "x", None).await.expect("put");
+    kv.delete(FLOOR_KEY, None).await.expect("delete");
+}
+
+/// What an uncontended lock cycle sends, without the library: a `Txn` that
+/// puts a key attached to a lease if its queue is empty, and a `Txn` that
+/// deletes it if its create revision and value still match. etcd cannot do
+/// either atomically with a plain put or delete.
+async fn txn_cycle(raw: &etcd_client::Client, lease: i64) {
+    let mut kv = raw.kv_client();
+    let key = format!("{TXN_QUEUE}k");
+    let end = "bench/etcd-txn-floor0"; // the queue's range: '/' + 1 == '0'
+    let put = Txn::new()
+        .when([Compare::create_revision(TXN_QUEUE, CompareOp::Equal, 0).with_range(end)])
+        .and_then([TxnOp::put(
+            key.clone(),
+            TXN_VALUE,
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    let reply = kv.txn(put).await.expect("put txn");
+    assert!(reply.succeeded(), "the txn floor's key was left behind");
+    let revision = reply.header().expect("header").revision();
+    let delete = Txn::new()
+        .when([
+            Compare::create_revision(key.clone(), CompareOp::Equal, revision),
+            Compare::value(key.clone(), CompareOp::Equal, TXN_VALUE),
+        ])
+        .and_then([TxnOp::delete(key, None)]);
+    assert!(kv.txn(delete).await.expect("delete txn").succeeded());
+}
+
+fn add(total: &mut Stats, part: Stats) {
+    total.elapsed += part.elapsed;
+    total.samples.extend(part.samples);
+}
+
+/// The two floors and the adapter's cycles in alternating slices, so load
+/// from other processes drifting during the run hits all alike.
+async fn interleaved(
+    raw: &etcd_client::Client,
+    backend: &EtcdBackend,
+    name: &LockName,
+    settings: &Settings,
+) -> [Stats; 3] {
+    const SLICES: u32 = 10;
+    let slice = settings.run / SLICES;
+    let warmup = settings.warmup / SLICES;
+    let lock: Arc<dyn LockBackend> = Arc::new(backend.clone());
+    let lease = raw
+        .lease_client()
+        .grant(600, None)
+        .await
+        .expect("lease for the txn floor")
+        .id();
+    let mut totals: [Stats; 3] = Default::default();
+    for _ in 0..SLICES {
+        add(
+            &mut totals[0],
+            harness::timed(warmup, slice, || floor_cycle(raw)).await,
+        );
+        add(
+            &mut totals[1],
+            harness::timed(warmup, slice, || txn_cycle(raw, lease)).await,
+        );
+        add(
+            &mut totals[2],
+            harness::uncontended(lock.clone(), name, settings.ttl, warmup, slice).await,
+        );
+    }
+    let _ = raw.lease_client().revoke(lease).await;
+    totals
+}
+
+/// The adapter and the Lock RPC, each with its own `n` clients, contending
+/// in alternating slices so both see the same machine load.
+async fn contended_interleaved(
+    url: &str,
+    name: &LockName,
+    settings: &Settings,
+) -> (Contended, Contended) {
+    const SLICES: u32 = 6;
+    let mut ours = Vec::new();
+    let mut rpc = Vec::new();
+    for _ in 0..settings.contenders {
+        let backend = EtcdBackend::connect_with(EtcdConfig::new([url]))
+            .await
+            .expect("connect contender");
+        ours.push(Arc::new(backend) as Arc<dyn LockBackend>);
+        rpc.push(Arc::new(LockRpc::connect(url).await) as Arc<dyn LockBackend>);
+    }
+    let rpc_name = LockName::new("bench/etcd-lock-rpc").unwrap();
+    let slice = settings.run / SLICES;
+    let (mut a, mut b) = (Contended::default(), Contended::default());
+    for _ in 0..SLICES {
+        let x = harness::contended(ours.clone(), name, settings.ttl, slice).await;
+        let y = harness::contended(rpc.clone(), &rpc_name, settings.ttl, slice).await;
+        for (total, part) in [(&mut a, x), (&mut b, y)] {
+            let (before, added) = (total.handoffs.samples.len(), part.handoffs.samples.len());
+            let weight = |n: usize| n as f64 / (before + added).max(1) as f64;
+            total.fifo_share = total.fifo_share * weight(before) + part.fifo_share * weight(added);
+            add(&mut total.handoffs, part.handoffs);
+        }
+    }
+    (a, b)
+}
 
 pub async fn run(settings: &Settings) -> Vec<Row> {
     let store = lock_conformance::stores::etcd::shared();
@@ -27,55 +142,51 @@ pub async fn run(settings: &Settings) -> Vec<Row> {
     } else {
         "launched single member, default fsync".to_string()
     };
-    let mut rows = Vec::new();
-
-    // Floor: the same client library and connection kind, one key, put then delete.
     let raw = etcd_client::Client::connect([url.as_str()], None)
         .await
         .expect("connect floor");
-    let floor_run = || async {
-        harness::timed(settings.warmup, settings.run, || {
-            let mut kv = raw.kv_client();
-            async move {
-                kv.put("bench/etcd-floor", "x", None).await.expect("put");
-                kv.delete("bench/etcd-floor", None).await.expect("delete");
-            }
-        })
+    let backend = EtcdBackend::connect_with(EtcdConfig::new([url.clone()]))
         .await
-    };
-
-    let connect = || EtcdBackend::connect_with(EtcdConfig::new([url.clone()]));
-    let backend = connect().await.expect("connect");
+        .expect("connect");
     let name = LockName::new("bench/etcd").unwrap();
-    let client: Arc<dyn LockBackend> = Arc::new(backend.clone());
-    // Floor before and after the lock cycles, pooled: on a shared machine
-    // the load drifts, and a floor from another moment is no floor.
-    let before = floor_run().await;
-    let cycles =
-        harness::uncontended(client, &name, settings.ttl, settings.warmup, settings.run).await;
-    let after = floor_run().await;
-    let floor = harness::Stats {
-        elapsed: before.elapsed + after.elapsed,
-        samples: [before.samples, after.samples].concat(),
+    let mut rows = Vec::new();
+
+    // Warm up connections, leases and etcd itself with every kind of
+    // request measured below.
+    let warm = Settings {
+        warmup: Duration::ZERO,
+        run: settings.warmup.max(Duration::from_secs(1)),
+        ..settings.clone()
     };
-    rows.push(Row::new(BACKEND, "floor: put + delete (one key)", &floor).note(note));
+    let _ = interleaved(&raw, &backend, &name, &warm).await;
+
+    let [floor, txn_floor, cycles] = interleaved(&raw, &backend, &name, settings).await;
+    rows.push(
+        Row::new(BACKEND, "floor: put + delete (one key)", &floor)
+            .note(format!("{note}; interleaved with the next two rows")),
+    );
+    rows.push(
+        Row::new(
+            BACKEND,
+            "floor: the cycle's two Txns, raw client",
+            &txn_floor,
+        )
+        .note(format!(
+            "{:.2}x the put+delete floor: etcd's price of compare-and-set",
+            txn_floor.per_sec() / floor.per_sec()
+        )),
+    );
     rows.push(
         Row::new(BACKEND, "uncontended try_acquire+release", &cycles).note(format!(
-            "{:.2}x the put+delete floor (target >= 0.9x)",
-            cycles.per_sec() / floor.per_sec()
+            "{:.2}x the put+delete floor (target >= 0.9x), {:.2}x the raw Txns",
+            cycles.per_sec() / floor.per_sec(),
+            cycles.per_sec() / txn_floor.per_sec()
         )),
     );
 
+    let _ = contended_interleaved(&url, &name, &warm).await;
+    let (queued, server) = contended_interleaved(&url, &name, settings).await;
     let n = settings.contenders;
-    let mut ours = Vec::new();
-    let mut rpc = Vec::new();
-    for _ in 0..n {
-        ours.push(Arc::new(connect().await.expect("connect contender")) as Arc<dyn LockBackend>);
-        rpc.push(Arc::new(LockRpc::connect(&url).await) as Arc<dyn LockBackend>);
-    }
-    let queued = harness::contended(ours, &name, settings.ttl, settings.run).await;
-    let rpc_name = LockName::new("bench/etcd-lock-rpc").unwrap();
-    let server = harness::contended(rpc, &rpc_name, settings.ttl, settings.run).await;
     let speedup = queued.handoffs.per_sec() / server.handoffs.per_sec().max(1e-9);
     let p99_ok = queued
         .handoffs
@@ -99,7 +210,10 @@ pub async fn run(settings: &Settings) -> Vec<Row> {
             format!("{n}-way contended, etcd Lock RPC"),
             &server.handoffs,
         )
-        .note(format!("FIFO share {:.0}%", server.fifo_share * 100.0)),
+        .note(format!(
+            "FIFO share {:.0}%; interleaved with the row above",
+            server.fifo_share * 100.0
+        )),
     );
     rows
 }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
-    Identity, KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchFilterType, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use lockcore::audit::{self, ForcedRelease};
 use lockcore::{
@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
 use crate::error::{self, BACKEND, lease_not_found, protocol, timed};
+use crate::hub::Hub;
 use crate::keys::Keys;
 use crate::leases::{Grant, Pool, Slot};
 use crate::queue;
@@ -41,6 +42,8 @@ pub(crate) struct Inner {
     pub(crate) caps: Capabilities,
     pub(crate) timeout: Duration,
     pub(crate) pool: Pool,
+    /// This instance's one watch stream.
+    pub(crate) hub: Arc<Hub>,
     pub(crate) watches: crate::loss::Watches,
     /// Tells this instance's leases from other clients' in `Grant::pool`.
     pub(crate) id: u64,
@@ -107,6 +110,7 @@ impl EtcdBackend {
         .await?;
         let keys = Keys::new(&config.prefix);
         let mut inner = Inner {
+            hub: Arc::new(Hub::new(client.clone(), config.request_timeout)),
             client,
             keys,
             caps: Capabilities::new(BACKEND),
@@ -195,6 +199,13 @@ impl EtcdBackend {
     pub fn idle_leases(&self) -> usize {
         self.inner.pool.idle()
     }
+
+    /// Lock names this client watches on its one watch stream right now:
+    /// names it waits on, holds (from a tenth of the TTL on) or used in the
+    /// last few seconds (for tests and metrics).
+    pub fn watched_names(&self) -> usize {
+        self.inner.hub.watched()
+    }
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -204,6 +215,7 @@ impl fmt::Debug for EtcdBackend {
             .field("prefix", &self.inner.prefix)
             .field("min_ttl", &self.inner.caps.min_ttl)
             .field("idle_leases", &self.inner.pool.idle())
+            .field("watched_names", &self.inner.hub.watched())
             .finish()
     }
 }
@@ -211,16 +223,6 @@ impl fmt::Debug for EtcdBackend {
 fn rand_id() -> u64 {
     let uuid = OwnerToken::new().as_uuid();
     uuid.as_u64_pair().0
-}
-
-/// Whether this head-of-queue key is still the holder we think it is.
-pub(crate) enum Check {
-    /// No entry before ours: we hold the lock.
-    Head,
-    /// This key is the closest entry before ours.
-    Behind(Vec<u8>),
-    /// Our entry is gone (our lease expired while waiting).
-    Gone,
 }
 
 impl Inner {
@@ -384,6 +386,7 @@ impl Inner {
         if let Ok(revision) = i64::try_from(fence.get()) {
             crate::loss::register(
                 self,
+                self.keys.queue(name),
                 self.keys.entry(name, slot.id),
                 revision,
                 slot.ttl,
@@ -398,86 +401,6 @@ impl Inner {
                 pool: self.id,
                 done,
             })
-    }
-
-    /// Where we stand in the queue.
-    ///
-    /// With `at: Some(revision)` (a revision this client has seen etcd
-    /// reach: a watch reply's header), the read is a serializable snapshot at
-    /// that revision, answered by the member without a raft round. That is
-    /// exact, not stale: once no entry older than ours exists at some
-    /// revision, none ever will (entries only get newer revisions), and if
-    /// ours was gone then, it is gone for good. A member that has not reached
-    /// `at`, or has compacted it, makes us fall back to a linearizable read.
-    pub(crate) async fn check(
-        &self,
-        name: &LockName,
-        key: &[u8],
-        revision: i64,
-        at: Option<i64>,
-    ) -> Result<Check, LockError> {
-        if let Some(at) = at {
-            match self.check_at(name, key, revision, at).await {
-                Err(e) if !e.is_retryable() => {}
-                pinned => return pinned,
-            }
-        }
-        let queue = self.keys.queue(name);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                key.to_vec(),
-                CompareOp::Equal,
-                revision,
-            )])
-            .and_then([TxnOp::get(
-                queue.clone(),
-                Some(older_than(&queue, revision)),
-            )]);
-        let reply = self.txn("queue check", txn).await?;
-        if !reply.succeeded() {
-            return Ok(Check::Gone);
-        }
-        match first_range(&reply)?.first() {
-            None => Ok(Check::Head),
-            Some(kv) => Ok(Check::Behind(kv.key().to_vec())),
-        }
-    }
-
-    async fn check_at(
-        &self,
-        name: &LockName,
-        key: &[u8],
-        revision: i64,
-        at: i64,
-    ) -> Result<Check, LockError> {
-        let queue = self.keys.queue(name);
-        let mine = GetOptions::new()
-            .with_keys_only()
-            .with_serializable()
-            .with_revision(at);
-        let older = older_than(&queue, revision)
-            .with_serializable()
-            .with_revision(at);
-        // Only serializable ranges: etcd answers it from the member's store.
-        let txn = Txn::new().and_then([
-            TxnOp::get(key.to_vec(), Some(mine)),
-            TxnOp::get(queue, Some(older)),
-        ]);
-        let reply = self.txn("queue check", txn).await?;
-        let mut ranges = reply.op_responses().into_iter().filter_map(|r| match r {
-            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
-            _ => None,
-        });
-        let (Some(mine), Some(older)) = (ranges.next(), ranges.next()) else {
-            return Err(protocol("a queue check without its two ranges"));
-        };
-        if !mine.iter().any(|kv| kv.create_revision() == revision) {
-            return Ok(Check::Gone);
-        }
-        match older.first() {
-            None => Ok(Check::Head),
-            Some(kv) => Ok(Check::Behind(kv.key().to_vec())),
-        }
     }
 
     /// The holder: the queue's oldest entry.
@@ -518,17 +441,6 @@ impl Inner {
         };
         Ok(Holder::new(fence, owner, expires_in))
     }
-}
-
-/// The newest queue entry older than `revision`.
-fn older_than(queue: &[u8], revision: i64) -> GetOptions {
-    GetOptions::new()
-        .with_range(Keys::queue_end(queue))
-        // 0 would mean "no bound"; revision 1 is etcd's empty initial state.
-        .with_max_create_revision((revision - 1).max(1))
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(1)
-        .with_keys_only()
 }
 
 pub(crate) fn first_range(reply: &TxnResponse) -> Result<Vec<KeyValue>, LockError> {
@@ -723,38 +635,18 @@ impl LockBackend for EtcdBackend {
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let inner = &self.inner;
+        // Subscribe first, then read the holder: its delete cannot be missed.
+        let mut deletes = inner.hub.subscribe(&inner.keys.queue(name)).await?;
         let Some((kv, revision)) = inner.head(name).await? else {
             return Ok(Some(Box::pin(async {})));
         };
-        // From the revision after the read: the holder's delete cannot be
-        // missed, even if it happens before the watch is registered.
-        let options = WatchOptions::new()
-            .with_start_revision(revision + 1)
-            .with_filters([WatchFilterType::NoPut]);
-        let mut stream = timed(
-            inner.timeout,
-            "watch",
-            inner
-                .client
-                .watch_client()
-                .watch(kv.key().to_vec(), Some(options)),
-        )
-        .await?;
+        let holder = kv.key().to_vec();
         Ok(Some(Box::pin(async move {
-            loop {
-                match stream.message().await {
-                    Ok(Some(reply)) => {
-                        if reply.canceled()
-                            || reply
-                                .events()
-                                .iter()
-                                .any(|e| e.event_type() == EventType::Delete)
-                        {
-                            return;
-                        }
-                    }
-                    // Stream closed or failed: wake the caller to look again.
-                    Ok(None) | Err(_) => return,
+            // Also wakes when the watch is gone: the caller looks again.
+            while let Some(deleted) = deletes.next().await {
+                // Deletes up to the read are of earlier grants of that key.
+                if deleted.key == holder && deleted.revision > revision {
+                    return;
                 }
             }
         })))

@@ -9,6 +9,7 @@
 mod backend;
 mod config;
 mod error;
+mod hub;
 mod keys;
 mod leases;
 mod loss;

@@ -2,16 +2,18 @@
 //! revoked, forced release, an operator's delete) fires the lease's loss
 //! signal the moment etcd reports the delete, instead of at the next renewal.
 //!
-//! The watch is opened only once the lock has been held a little while
-//! (a tenth of the TTL, at most 250 ms, checked every 50 ms by one scheduler
-//! task per client): short critical sections, the hot path, never pay for
-//! it.
+//! It follows the deletes of the lock's queue on the instance's shared watch
+//! ([`crate::hub`]), from a tenth of the TTL on (at most 250 ms, checked
+//! every 50 ms by one scheduler task per client): short critical sections,
+//! the hot path, never pay for it. Subscribing first and then reading the
+//! key covers the time before: a delete before the subscription shows in
+//! the read, one after it arrives as an event.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
+use etcd_client::GetOptions;
 use lockcore::CancellationToken;
 use tokio::time::Instant;
 
@@ -30,6 +32,7 @@ pub(crate) struct Watches {
 
 #[derive(Debug)]
 struct Pending {
+    queue: Vec<u8>,
     key: Vec<u8>,
     revision: i64,
     start_at: Instant,
@@ -37,11 +40,12 @@ struct Pending {
     done: CancellationToken,
 }
 
-/// Arranges for `key` (created at `revision`) to be watched until it is
-/// deleted, then `lost` cancelled; nothing happens once `done` is cancelled
-/// (released by its owner) or the backend is dropped.
+/// Arranges for `key` (created at `revision`, in `queue`) to be watched
+/// until it is deleted, then `lost` cancelled; nothing happens once `done` is
+/// cancelled (released by its owner) or the backend is dropped.
 pub(crate) fn register(
     inner: &Arc<Inner>,
+    queue: Vec<u8>,
     key: Vec<u8>,
     revision: i64,
     ttl: Duration,
@@ -55,6 +59,7 @@ pub(crate) fn register(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(Pending {
+            queue,
             key,
             revision,
             start_at,
@@ -107,41 +112,36 @@ async fn schedule(inner: Weak<Inner>) {
 
 fn start_all(inner: &Arc<Inner>, due: Vec<Pending>) {
     for p in due {
-        spawn(inner, p.key, p.revision, p.lost, p.done);
+        spawn(inner, p);
     }
 }
 
 /// The watch itself, for one grant.
-fn spawn(
-    inner: &Arc<Inner>,
-    key: Vec<u8>,
-    revision: i64,
-    lost: CancellationToken,
-    done: CancellationToken,
-) {
+fn spawn(inner: &Arc<Inner>, grant: Pending) {
     let inner = Arc::downgrade(inner);
     tokio::spawn(async move {
-        let mut from = revision + 1;
         let mut failures = 0u32;
         loop {
-            if done.is_cancelled() || lost.is_cancelled() {
+            if grant.done.is_cancelled() || grant.lost.is_cancelled() {
                 return;
             }
-            match watch_once(&inner, &key, revision, from, &done).await {
+            match watch_once(&inner, &grant).await {
                 Outcome::Deleted => {
-                    if !done.is_cancelled() {
-                        tracing::debug!(revision, "held lock key deleted in etcd: lease lost");
-                        lost.cancel();
+                    if !grant.done.is_cancelled() {
+                        tracing::debug!(
+                            revision = grant.revision,
+                            "held lock key deleted in etcd: lease lost"
+                        );
+                        grant.lost.cancel();
                     }
                     return;
                 }
                 Outcome::Done => return,
-                Outcome::Compacted => from = 0,
                 Outcome::Failed => {
                     failures = failures.saturating_add(1);
                     let pause = Duration::from_millis(100 * u64::from(failures.min(20)));
                     tokio::select! {
-                        _ = done.cancelled() => return,
+                        _ = grant.done.cancelled() => return,
                         _ = tokio::time::sleep(pause) => {}
                     }
                 }
@@ -153,74 +153,47 @@ fn spawn(
 enum Outcome {
     Deleted,
     Done,
-    Compacted,
     Failed,
 }
 
-async fn watch_once(
-    inner: &Weak<Inner>,
-    key: &[u8],
-    revision: i64,
-    from: i64,
-    done: &CancellationToken,
-) -> Outcome {
+async fn watch_once(inner: &Weak<Inner>, grant: &Pending) -> Outcome {
     let Some(strong) = inner.upgrade() else {
         return Outcome::Done;
     };
-    let mut client = strong.client.clone();
-    let timeout = strong.timeout;
-    drop(strong); // an open watch must not keep a dropped backend alive
-    let mut options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-    if from > 0 {
-        options = options.with_start_revision(from);
-    }
-    let opened = tokio::time::timeout(timeout, client.watch(key.to_vec(), Some(options))).await;
-    let Ok(Ok(mut stream)) = opened else {
+    let (hub, mut client, timeout) = (strong.hub.clone(), strong.client.clone(), strong.timeout);
+    drop(strong); // a waiting loss watch must not keep a dropped backend alive
+    let subscribed = tokio::select! {
+        _ = grant.done.cancelled() => return Outcome::Done,
+        subscribed = hub.subscribe(&grant.queue) => subscribed,
+    };
+    drop(hub);
+    let Ok(mut deletes) = subscribed else {
         return Outcome::Failed;
     };
-    let mut verified = from > 0;
+    // Subscribed: a delete from now on arrives as an event, one before shows
+    // in this (linearizable) read.
+    let options = GetOptions::new().with_keys_only();
+    match tokio::time::timeout(timeout, client.get(grant.key.clone(), Some(options))).await {
+        Ok(Ok(reply))
+            if reply
+                .kvs()
+                .iter()
+                .any(|kv| kv.create_revision() == grant.revision) => {}
+        Ok(Ok(_)) => return Outcome::Deleted,
+        Ok(Err(_)) | Err(_) => return Outcome::Failed,
+    }
     loop {
-        let message = tokio::select! {
-            _ = done.cancelled() => return Outcome::Done,
-            message = stream.message() => message,
+        let deleted = tokio::select! {
+            _ = grant.done.cancelled() => return Outcome::Done,
+            deleted = deletes.next() => deleted,
         };
-        match message {
-            Ok(Some(reply)) if reply.compact_revision() > 0 => return Outcome::Compacted,
-            Ok(Some(reply)) if reply.canceled() => return Outcome::Failed,
-            Ok(Some(reply)) => {
-                if reply
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
-                    return Outcome::Deleted;
-                }
-                if !verified && reply.created() {
-                    // Watching from "now" (after a compaction): make sure the
-                    // key still existed when the watch started.
-                    // Not before the key's creation (a lagging member's header).
-                    let at = reply.header().map_or(0, |h| h.revision()).max(revision);
-                    let get = client
-                        .get(
-                            key.to_vec(),
-                            Some(GetOptions::new().with_keys_only().with_revision(at)),
-                        )
-                        .await;
-                    match get {
-                        Ok(reply)
-                            if reply
-                                .kvs()
-                                .iter()
-                                .any(|kv| kv.create_revision() == revision) =>
-                        {
-                            verified = true;
-                        }
-                        Ok(_) => return Outcome::Deleted,
-                        Err(_) => return Outcome::Failed,
-                    }
-                }
+        match deleted {
+            // Deletes of the key up to our grant's revision are of earlier grants.
+            Some(deleted) if deleted.key == grant.key && deleted.revision > grant.revision => {
+                return Outcome::Deleted;
             }
-            Ok(None) | Err(_) => return Outcome::Failed,
+            Some(_) => {}
+            None => return Outcome::Failed,
         }
     }
 }

@@ -1,37 +1,40 @@
-//! Waiting in line: a FIFO queue by create revision, each waiter watching
-//! only its predecessor.
+//! Waiting in line: a FIFO queue by create revision.
 //!
-//! 1. One `Txn` puts our entry (attached to our lease) and reads the two
-//!    newest entries of the queue: ours and, if any, the one just before it.
-//!    No predecessor: the lock is ours, in one round trip.
-//! 2. Otherwise watch the predecessor for its delete, with a watch that
-//!    starts *now* (so etcd registers it as synced and delivers the delete on
-//!    its fast path, not from the 100 ms catch-up loop), and only once the
-//!    watch is confirmed, check the queue again (a read-only `Txn`): our
-//!    entry still exists and no entry older than ours is left → ours. An
-//!    older entry that appeared before the watch was registered is caught by
-//!    this check, so no delete is missed.
-//! 3. While waiting, keep our lease alive (every third of its TTL), re-check
-//!    every `WaitPolicy::recheck` in case a notification is lost, and give
-//!    up at the deadline. If our lease expired anyway (etcd issue #11456
-//!    territory), our entry is gone: we notice it in the check and queue
-//!    again, never claiming a lock whose entry died.
+//! 1. One `Txn` puts our entry (attached to our lease) and reads the keys of
+//!    the queue. The entries older than ours are the line ahead of us; none,
+//!    and the lock is ours in one round trip.
+//! 2. Otherwise follow the queue's deletes on this instance's shared watch
+//!    ([`crate::hub`]) and strike each deleted entry from the line ahead.
+//!    Once it is empty the lock is ours: between the holder's delete and our
+//!    grant there is no read, no write and no watch to set up. This is exact,
+//!    not optimistic: entries only ever get newer revisions, so the line
+//!    ahead can only shrink, and the watch delivers every delete, in
+//!    revision order.
+//! 3. The watch must cover everything after the state we start from. On a
+//!    name this instance already watches (a busy one), we subscribe before
+//!    the enqueue, and its read is the start. Otherwise we subscribe
+//!    (creating the watch) after the enqueue and read the line again. That
+//!    read also starts over after the stream failed, and runs every
+//!    `WaitPolicy::recheck` as insurance.
+//! 4. While waiting, keep our lease alive (every third of its TTL) and give
+//!    up at the deadline. Our own entry's delete (our lease expired, etcd
+//!    issue #11456 territory, or a forced release) means we queue again,
+//!    never claiming a lock whose entry died.
 //!
 //! Cancellation: the entry is removed by a `Drop` guard (in the background),
 //! and otherwise expires with its lease.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType,
-    WatchOptions, WatchStream,
-};
+use etcd_client::{GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::{Lease, LockError, LockName, OwnerToken, WaitPolicy};
 use tokio::time::Instant;
 
-use crate::backend::{Check, Inner, first_range};
-use crate::error::{BACKEND, lease_not_found, protocol, timed};
+use crate::backend::{Inner, first_range};
+use crate::error::{BACKEND, lease_not_found, protocol};
+use crate::hub::Deleted;
 use crate::keys::Keys;
 use crate::leases::Slot;
 
@@ -73,17 +76,16 @@ struct Entry {
 }
 
 impl Entry {
-    /// Puts our entry and reads our predecessor, in one `Txn`.
+    /// Puts our entry and reads the queue, in one `Txn`: the entry, and the
+    /// line ahead of it as of this write.
     async fn enqueue(
         inner: &Arc<Inner>,
         name: &LockName,
         ttl: Duration,
-    ) -> Result<(Entry, Option<Vec<u8>>), LockError> {
+    ) -> Result<(Entry, Line), LockError> {
         let queue = inner.keys.queue(name);
-        let newest_two = GetOptions::new()
+        let all = GetOptions::new()
             .with_range(Keys::queue_end(&queue))
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
             .with_keys_only();
         for fresh_grant in [false, true] {
             let slot = if fresh_grant {
@@ -99,7 +101,7 @@ impl Entry {
                     owner.encode(),
                     Some(PutOptions::new().with_lease(slot.id)),
                 ),
-                TxnOp::get(queue.clone(), Some(newest_two.clone())),
+                TxnOp::get(queue.clone(), Some(all.clone())),
             ]);
             let reply =
                 tokio::time::timeout(inner.timeout, inner.client.kv_client().txn(txn)).await;
@@ -118,22 +120,28 @@ impl Entry {
                     ));
                 }
             };
-            let newest = first_range(&reply)?;
-            let mine = newest
-                .first()
-                .filter(|kv| kv.key() == key.as_slice())
-                .ok_or_else(|| protocol("our new queue entry is not the newest"))?;
+            let at = reply.header().map_or(0, |h| h.revision());
+            // A reply without the range fails like one without our entry.
+            let entries = first_range(&reply).unwrap_or_default();
+            let Some(revision) = entries
+                .iter()
+                .find(|kv| kv.key() == key.as_slice())
+                .map(KeyValue::create_revision)
+            else {
+                inner.spawn_cleanup(key, None, slot);
+                return Err(protocol("our new entry is missing from the queue"));
+            };
+            let line = Line::new(at, revision, &entries);
             let entry = Entry {
                 inner: inner.clone(),
                 name: name.clone(),
                 owner,
-                revision: mine.create_revision(),
+                revision,
                 key,
                 slot,
                 armed: true,
             };
-            let predecessor = newest.get(1).map(|kv| kv.key().to_vec());
-            return Ok((entry, predecessor));
+            return Ok((entry, line));
         }
         Err(protocol("a freshly granted lease was not found"))
     }
@@ -185,6 +193,70 @@ impl Drop for Entry {
     }
 }
 
+/// The entries ahead of ours as of revision `at`, kept current with the
+/// queue's deletes after it.
+#[derive(Debug)]
+struct Line {
+    at: i64,
+    ahead: HashSet<Vec<u8>>,
+    /// Our own entry was deleted.
+    gone: bool,
+}
+
+impl Line {
+    /// The line ahead of the entry created at `mine`, from a read of the
+    /// queue at `at`.
+    fn new(at: i64, mine: i64, queue: &[KeyValue]) -> Self {
+        Line {
+            at,
+            ahead: queue
+                .iter()
+                .filter(|kv| kv.create_revision() < mine)
+                .map(|kv| kv.key().to_vec())
+                .collect(),
+            gone: false,
+        }
+    }
+
+    fn apply(&mut self, mine: &[u8], deleted: Deleted) {
+        if deleted.revision <= self.at {
+            return; // already in the read we started from
+        }
+        if deleted.key == mine {
+            self.gone = true;
+        } else {
+            self.ahead.remove(&deleted.key);
+        }
+    }
+}
+
+/// Where our entry stands now: a linearizable read of our entry and the
+/// entries older than it.
+async fn read_line(inner: &Inner, name: &LockName, entry: &Entry) -> Result<Line, LockError> {
+    let queue = inner.keys.queue(name);
+    let older = GetOptions::new()
+        .with_range(Keys::queue_end(&queue))
+        // 0 would mean "no bound"; revision 1 is etcd's empty initial state.
+        .with_max_create_revision((entry.revision - 1).max(1))
+        .with_keys_only();
+    let txn = Txn::new().and_then([
+        TxnOp::get(entry.key.clone(), Some(GetOptions::new().with_keys_only())),
+        TxnOp::get(queue, Some(older)),
+    ]);
+    let reply = inner.txn("queue check", txn).await?;
+    let at = reply.header().map_or(0, |h| h.revision());
+    let mut ranges = reply.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+        _ => None,
+    });
+    let (Some(mine), Some(older)) = (ranges.next(), ranges.next()) else {
+        return Err(protocol("a queue check without its two ranges"));
+    };
+    let mut line = Line::new(at, entry.revision, &older);
+    line.gone = !mine.iter().any(|kv| kv.create_revision() == entry.revision);
+    Ok(line)
+}
+
 /// One turn in the queue: `Ok(Some)` when granted, `Ok(None)` at the
 /// deadline, `Err` when the store failed (the caller retries).
 async fn wait_in_line(
@@ -193,98 +265,104 @@ async fn wait_in_line(
     ttl: Duration,
     wait: &WaitPolicy,
 ) -> Result<Option<Lease>, LockError> {
-    let (mut entry, predecessor) = Entry::enqueue(inner, name, ttl).await?;
-    let Some(mut predecessor) = predecessor else {
-        return entry.into_lease().map(Some);
-    };
+    let queue = inner.keys.queue(name);
+    // Free when this instance already watches the name.
+    let mut subscription = inner.hub.existing(&queue);
+    let (mut entry, mut line) = Entry::enqueue(inner, name, ttl).await?;
+    // Without a subscription from before the enqueue, its read is no start.
+    let mut stale = subscription.is_none();
     let mut failures: u32 = 0;
-    'watch: loop {
-        let (mut watch, created_at) = match open_watch(inner, &predecessor).await {
-            Ok(watch) => watch,
-            Err(e) if e.is_retryable() => {
-                failures += 1;
-                pause_or_give_up(&entry, wait, failures, e).await?;
-                continue 'watch;
-            }
-            Err(e) => return Err(e),
-        };
-        // Check at the revision the watch started from: anything deleted
-        // before it shows in the snapshot, anything after arrives as an event.
-        let mut check_now = Some(created_at);
-        let mut recheck_at = Instant::now() + wait.recheck;
-        let mut keep_alive_at = entry.slot.refreshed + ttl / 3;
-        loop {
-            if let Some(at) = check_now.take() {
-                // Never read before our own entry existed: a watch served by a
-                // lagging member reports a revision older than our put.
-                let at = at.map(|at| at.max(entry.revision));
-                match inner.check(name, &entry.key, entry.revision, at).await {
-                    Ok(Check::Head) => return entry.into_lease().map(Some),
-                    Ok(Check::Behind(key)) if key == predecessor => {}
-                    Ok(Check::Behind(key)) => {
-                        predecessor = key;
-                        continue 'watch;
-                    }
-                    Ok(Check::Gone) => {
-                        // Our lease died. The entry stays armed: its cleanup is
-                        // a no-op then, and harmless insurance otherwise.
-                        return Err(LockError::unavailable(
-                            BACKEND,
-                            "our queue entry expired while waiting; queueing again",
-                        ));
-                    }
+    let recheck = tokio::time::sleep(wait.recheck);
+    let keep_alive = tokio::time::sleep_until(entry.slot.refreshed + ttl / 3);
+    let deadline = tokio::time::sleep_until(wait.deadline);
+    tokio::pin!(recheck, keep_alive, deadline);
+    loop {
+        // The line reflects etcd's history up to some revision, so these
+        // hold even when it is stale: the line ahead never grows back.
+        if line.gone {
+            // Our lease died. The entry stays armed: its cleanup is a no-op
+            // then, and harmless insurance otherwise.
+            return Err(LockError::unavailable(
+                BACKEND,
+                "our queue entry expired while waiting; queueing again",
+            ));
+        }
+        if line.ahead.is_empty() {
+            return entry.into_lease().map(Some);
+        }
+        if stale {
+            // (Re)join: subscribe first, then read where we stand.
+            if subscription.is_none() {
+                subscription = match inner.hub.subscribe(&queue).await {
+                    Ok(subscription) => Some(subscription),
                     Err(e) if e.is_retryable() => {
                         failures += 1;
                         pause_or_give_up(&entry, wait, failures, e).await?;
-                        check_now = Some(None);
                         continue;
                     }
                     Err(e) => return Err(e),
-                }
-                recheck_at = Instant::now() + wait.recheck;
+                };
             }
-            tokio::select! {
-                biased;
-                message = watch.message() => match message {
-                    Ok(Some(reply)) if reply.canceled() => continue 'watch,
-                    Ok(Some(reply)) => {
-                        if reply.events().iter().any(|e| e.event_type() == EventType::Delete) {
-                            // The member that sent this has applied the delete:
-                            // a snapshot there at the reply's revision is exact.
-                            check_now = Some(reply.header().map(|h| h.revision()));
-                        }
+            match read_line(inner, name, &entry).await {
+                Ok(fresh) => {
+                    line = fresh;
+                    stale = false;
+                    let now = Instant::now();
+                    recheck
+                        .as_mut()
+                        .reset(now.checked_add(wait.recheck).unwrap_or(wait.deadline));
+                }
+                Err(e) if e.is_retryable() => {
+                    failures += 1;
+                    pause_or_give_up(&entry, wait, failures, e).await?;
+                }
+                Err(e) => return Err(e),
+            }
+            continue;
+        }
+        let Some(deletes) = subscription.as_mut() else {
+            stale = true;
+            continue;
+        };
+        tokio::select! {
+            biased;
+            deleted = deletes.next() => match deleted {
+                Some(deleted) => line.apply(&entry.key, deleted),
+                None => {
+                    // The watch is gone, deletes may have been missed.
+                    subscription = None;
+                    stale = true;
+                    failures += 1;
+                    let e = LockError::unavailable(BACKEND, "the watch stream ended");
+                    pause_or_give_up(&entry, wait, failures, e).await?;
+                }
+            },
+            () = &mut keep_alive => {
+                let sent = Instant::now();
+                match inner.keep_alive(entry.slot.id).await {
+                    Ok(true) => {
+                        entry.slot.refreshed = sent;
+                        keep_alive.as_mut().reset(sent + ttl / 3);
                     }
-                    Ok(None) | Err(_) => {
-                        failures += 1;
-                        let e = LockError::unavailable(BACKEND, "the watch stream ended");
-                        pause_or_give_up(&entry, wait, failures, e).await?;
-                        continue 'watch;
+                    Ok(false) => {
+                        stale = true; // the read will find us gone
+                        keep_alive.as_mut().reset(sent + ttl / 3);
                     }
-                },
-                _ = tokio::time::sleep_until(keep_alive_at) => {
-                    let sent = Instant::now();
-                    match inner.keep_alive(entry.slot.id).await {
-                        Ok(true) => {
-                            entry.slot.refreshed = sent;
-                            keep_alive_at = sent + ttl / 3;
+                    Err(e) => {
+                        tracing::debug!(error = %e, "keep-alive while waiting failed");
+                        if Instant::now() >= entry.lease_deadline() {
+                            // Cannot know whether our entry survived: leave
+                            // it to its cleanup and queue again.
+                            return Err(e);
                         }
-                        Ok(false) => check_now = Some(None), // the check will find us gone
-                        Err(e) => {
-                            tracing::debug!(error = %e, "keep-alive while waiting failed");
-                            if Instant::now() >= entry.lease_deadline() {
-                                // Cannot know whether our entry survived: leave
-                                // it to its cleanup and queue again.
-                                return Err(e);
-                            }
-                            keep_alive_at = Instant::now() + ttl / 10;
-                        }
+                        keep_alive.as_mut().reset(Instant::now() + ttl / 10);
                     }
                 }
-                _ = tokio::time::sleep_until(recheck_at) => check_now = Some(None),
-                _ = tokio::time::sleep_until(wait.deadline) => {
-                    entry.remove().await;
-                    return Ok(None);
-                }
+            }
+            () = &mut recheck => stale = true,
+            () = &mut deadline => {
+                entry.remove().await;
+                return Ok(None);
             }
         }
     }
@@ -305,38 +383,4 @@ async fn pause_or_give_up(
     let pause = wait.backoff.delay(failures.saturating_sub(1));
     tokio::time::sleep_until((now + pause).min(wait.deadline)).await;
     Ok(())
-}
-
-/// A watch for the delete of `key`, starting now, confirmed by etcd; with
-/// the revision it was created at.
-async fn open_watch(inner: &Inner, key: &[u8]) -> Result<(WatchStream, Option<i64>), LockError> {
-    let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-    timed(inner.timeout, "watch", async {
-        let mut stream = inner
-            .client
-            .watch_client()
-            .watch(key.to_vec(), Some(options))
-            .await?;
-        loop {
-            match stream.message().await? {
-                Some(reply) if reply.created() => {
-                    if reply.canceled() {
-                        return Err(etcd_client::Error::WatchError(format!(
-                            "watch refused: {}",
-                            reply.cancel_reason()
-                        )));
-                    }
-                    let at = reply.header().map(|h| h.revision());
-                    return Ok((stream, at));
-                }
-                Some(_) => {}
-                None => {
-                    return Err(etcd_client::Error::WatchError(
-                        "watch stream closed before it was created".into(),
-                    ));
-                }
-            }
-        }
-    })
-    .await
 }
