@@ -1,8 +1,17 @@
 //! ZooKeeper: lock cycles next to the raw create+delete floor (an ephemeral
 //! sequential node, the same kind of node the recipe creates) on the same
-//! session, interleaved in the same run; then N-way contention two ways: the
-//! adapter's queue and the `zookeeper-client` crate's own lock recipe
-//! (Curator-compatible `Client::lock`). The JVM is warmed up first.
+//! session, interleaved in many short rounds of the same run; then N-way
+//! contention two ways: the adapter's queue and the `zookeeper-client`
+//! crate's own lock recipe (Curator-compatible `Client::lock`). The JVM is
+//! warmed up first.
+//!
+//! Every write waits for the server's fsync, whose latency swings with the
+//! disk load of everything else on the machine, far more than the adapter's
+//! own cost. So the uncontended kinds take turns in blocks of a few cycles
+//! (order flipped every round); the ratio is reported over the whole run,
+//! with its spread over the tenths of the run, and next to it the CPU time
+//! per cycle of this process and of the server, which fsync latency does not
+//! move.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,11 +39,14 @@ fn open() -> zk::CreateOptions<'static> {
     zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())
 }
 
+fn ephemeral_sequential() -> zk::CreateOptions<'static> {
+    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all())
+}
+
 /// One create (ephemeral sequential) and one delete, back to back.
 async fn floor_cycle(client: &zk::Client) {
-    let node = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
     let (_, seq) = client
-        .create(&format!("{FLOOR_DIR}/n-"), b"", &node)
+        .create(&format!("{FLOOR_DIR}/n-"), b"", &ephemeral_sequential())
         .await
         .expect("create");
     client
@@ -43,35 +55,151 @@ async fn floor_cycle(client: &zk::Client) {
         .expect("delete");
 }
 
-/// Floor and adapter cycles in alternating slices, so load from other
-/// processes drifting during the run hits both alike.
+/// The floor plus a listing of the parent sent right behind the create, as
+/// a queue recipe that reads the queue on every acquisition does: what that
+/// read costs.
+async fn listing_cycle(client: &zk::Client) {
+    let prefix = format!("{FLOOR_DIR}/n-");
+    let create = client.create(&prefix, b"", &ephemeral_sequential());
+    let list = client.list_children(FLOOR_DIR);
+    let (_, seq) = create.await.expect("create");
+    list.await.expect("list");
+    client
+        .delete(&format!("{FLOOR_DIR}/n-{seq}"), None)
+        .await
+        .expect("delete");
+}
+
+/// CPU time (user + system) used so far by every thread of process `pid`
+/// (this one if `None`), from `/proc/<pid>/task/*/schedstat`; 0 where that
+/// cannot be read.
+fn cpu_time(pid: Option<u32>) -> Duration {
+    let dir = pid.map_or("/proc/self/task".to_string(), |p| format!("/proc/{p}/task"));
+    let nanos: u64 = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(nanos)
+}
+
+/// One kind of uncontended cycle, summed over the rounds.
+#[derive(Default)]
+struct Kind {
+    stats: Stats,
+    /// The cycles of each round.
+    rounds: Vec<Stats>,
+    client_cpu: Duration,
+    server_cpu: Duration,
+}
+
+impl Kind {
+    fn add(&mut self, part: Stats, cpu: (Duration, Duration)) {
+        self.stats.elapsed += part.elapsed;
+        self.stats.samples.extend(part.samples.iter().copied());
+        self.rounds.push(part);
+        self.client_cpu += cpu.0;
+        self.server_cpu += cpu.1;
+    }
+
+    fn per_cycle(&self, cpu: Duration) -> f64 {
+        cpu.as_secs_f64() * 1e6 / self.stats.samples.len().max(1) as f64
+    }
+
+    fn mean_us(&self) -> f64 {
+        self.stats.elapsed.as_secs_f64() * 1e6 / self.stats.samples.len().max(1) as f64
+    }
+
+    /// Cycles/s over the floor's, in each tenth of the run.
+    fn tenths(&self, floor: &Kind) -> Vec<f64> {
+        let per_tenth = self.rounds.len().div_ceil(10).max(1);
+        let rate = |rounds: &[Stats]| {
+            let cycles: usize = rounds.iter().map(|r| r.samples.len()).sum();
+            let took: Duration = rounds.iter().map(|r| r.elapsed).sum();
+            cycles as f64 / took.as_secs_f64().max(1e-9)
+        };
+        self.rounds
+            .chunks(per_tenth)
+            .zip(floor.rounds.chunks(per_tenth))
+            .map(|(ours, floor)| rate(ours) / rate(floor))
+            .collect()
+    }
+
+    /// "0.97x the floor{target} (tenths of the run: min 0.90 / median 0.97 /
+    /// max 1.05); +25 us per cycle; CPU/cycle client 150 us, server 500 us"
+    fn versus(&self, floor: &Kind, target: &str) -> String {
+        let mut tenths = self.tenths(floor);
+        tenths.sort_by(f64::total_cmp);
+        format!(
+            "{:.2}x the floor{target} (tenths of the run: min {:.2} / median {:.2} / max {:.2}); {:+.0} us per cycle; CPU/cycle client {:.0} us, server {:.0} us",
+            self.stats.per_sec() / floor.stats.per_sec(),
+            tenths.first().copied().unwrap_or(f64::NAN),
+            tenths.get(tenths.len() / 2).copied().unwrap_or(f64::NAN),
+            tenths.last().copied().unwrap_or(f64::NAN),
+            self.mean_us() - floor.mean_us(),
+            self.per_cycle(self.client_cpu),
+            self.per_cycle(self.server_cpu),
+        )
+    }
+}
+
+/// The floor, the floor with a listing, and the adapter's cycles, taking
+/// turns in blocks of a few cycles (the order flips every round), so the
+/// fsync stalls and the load of other processes hit all alike. Each block's
+/// CPU time is read outside the timed cycles.
 async fn interleaved(
     client: &zk::Client,
     backend: &ZooKeeperBackend,
     name: &LockName,
+    server: Option<u32>,
     settings: &Settings,
-) -> (Stats, Stats) {
-    const SLICES: u32 = 10;
-    let slice = settings.run / SLICES;
-    let warmup = settings.warmup / SLICES;
+    run: Duration,
+) -> [Kind; 3] {
+    const BLOCK: usize = 8;
     let lock: Arc<dyn LockBackend> = Arc::new(backend.clone());
-    let (mut floor, mut cycles) = (Stats::default(), Stats::default());
-    for _ in 0..SLICES {
-        let f = harness::timed(warmup, slice, || floor_cycle(client)).await;
-        let c = harness::uncontended(lock.clone(), name, settings.ttl, warmup, slice).await;
-        for (total, part) in [(&mut floor, f), (&mut cycles, c)] {
-            total.elapsed += part.elapsed;
-            total.samples.extend(part.samples);
+    let mut kinds: [Kind; 3] = Default::default();
+    let started = Instant::now();
+    let mut round = 0;
+    while started.elapsed() < run {
+        let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        round += 1;
+        for k in order {
+            let before = (cpu_time(None), cpu_time(server));
+            let mut part = Stats::default();
+            for _ in 0..BLOCK {
+                let t = Instant::now();
+                match k {
+                    0 => floor_cycle(client).await,
+                    1 => listing_cycle(client).await,
+                    _ => {
+                        let lease = lock
+                            .try_acquire(name, settings.ttl)
+                            .await
+                            .expect("acquire")
+                            .into_lease()
+                            .expect("uncontended lock must be free");
+                        lock.release(&lease).await.expect("release");
+                    }
+                }
+                let took = t.elapsed();
+                part.elapsed += took;
+                part.samples.push(took);
+            }
+            let cpu = (cpu_time(None) - before.0, cpu_time(server) - before.1);
+            kinds[k].add(part, cpu);
         }
     }
-    (floor, cycles)
+    kinds
 }
 
 pub async fn run(settings: &Settings) -> Vec<Row> {
     let store = lock_conformance::stores::zookeeper::shared();
     let url = store.url();
+    let server = store.pid();
     let note = if store.is_external() {
-        format!("server {}", store.addr())
+        format!("server {} (its CPU not measured)", store.addr())
     } else {
         "launched standalone server, default forceSync".to_string()
     };
@@ -84,14 +212,20 @@ pub async fn run(settings: &Settings) -> Vec<Row> {
     let name = LockName::new("bench/zookeeper").unwrap();
     let mut rows = Vec::new();
 
-    // Warm the JVM (JIT, caches) with every kind of request measured below.
-    let warm = Settings {
-        warmup: Duration::ZERO,
-        run: settings.warmup.max(Duration::from_secs(2)),
-        ..settings.clone()
-    };
-    let _ = interleaved(&client, &backend, &name, &warm).await;
-    let _ = contended_interleaved(&url, &name, &warm).await;
+    // Warm the JVM (JIT, caches) with every kind of request measured below:
+    // its compiler threads keep busy for several seconds after start.
+    let warm = settings.warmup.max(Duration::from_secs(3));
+    let _ = interleaved(&client, &backend, &name, server, settings, warm).await;
+    let _ = contended_interleaved(
+        &url,
+        &name,
+        &Settings {
+            warmup: Duration::ZERO,
+            run: warm,
+            ..settings.clone()
+        },
+    )
+    .await;
 
     let rtt = harness::timed(settings.warmup, settings.run, || async {
         client.check_stat(FLOOR_DIR).await.expect("exists");
@@ -99,16 +233,26 @@ pub async fn run(settings: &Settings) -> Vec<Row> {
     .await;
     rows.push(Row::new(BACKEND, "round trip: exists", &rtt).note(note));
 
-    let (floor, cycles) = interleaved(&client, &backend, &name, settings).await;
+    let [floor, listing, cycles] =
+        interleaved(&client, &backend, &name, server, settings, settings.run).await;
     rows.push(
-        Row::new(BACKEND, "floor: create(seq. ephemeral) + delete", &floor)
-            .note("same session, interleaved with the next row"),
+        Row::new(BACKEND, "floor: create(seq. ephemeral) + delete", &floor.stats).note(format!(
+            "same session, interleaved with the next rows; CPU/cycle client {:.0} us, server {:.0} us",
+            floor.per_cycle(floor.client_cpu),
+            floor.per_cycle(floor.server_cpu)
+        )),
     );
     rows.push(
-        Row::new(BACKEND, "uncontended try_acquire+release", &cycles).note(format!(
-            "{:.2}x the floor (target >= 0.75x)",
-            cycles.per_sec() / floor.per_sec()
-        )),
+        Row::new(
+            BACKEND,
+            "floor + pipelined children listing",
+            &listing.stats,
+        )
+        .note(listing.versus(&floor, "")),
+    );
+    rows.push(
+        Row::new(BACKEND, "uncontended try_acquire+release", &cycles.stats)
+            .note(cycles.versus(&floor, ", target >= 0.75x")),
     );
 
     let (ours, recipe) = contended_interleaved(&url, &name, settings).await;

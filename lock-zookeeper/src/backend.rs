@@ -117,12 +117,16 @@ impl ZooKeeperBackend {
     /// Turns the head of the queue into a lease. `alive_since`: the send time
     /// of a request answered after the session was last heard of, so the
     /// server keeps the session (and the node) at least until
-    /// `alive_since + timeout`.
+    /// `alive_since + timeout`. `alone`: the latest look at the queue showed
+    /// only our node, so nobody else is waiting and the next create here is
+    /// likely ours again (the release then vouches for its number; see
+    /// [`crate::quiet`]).
     fn grant(
         &self,
         name: &LockName,
         entry: Entry,
         alive_since: Instant,
+        alone: bool,
     ) -> Result<Lease, LockError> {
         let czxid = entry.node.as_ref().map_or(0, |n| n.czxid);
         let Some(fence) = u64::try_from(czxid).ok().and_then(FencingToken::new) else {
@@ -134,15 +138,17 @@ impl ZooKeeperBackend {
                 ),
             ));
         };
-        let (session, parent, guid, strays) = (
+        let (session, parent, guid, strays, watched) = (
             entry.session.clone(),
             entry.parent.clone(),
             entry.guid,
             entry.strays,
+            entry.watched,
         );
         let node = entry
             .granted()
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
+        let vouch = watched.zip(node.sequence).filter(|_| alone);
         let lease = Lease::new(
             name.clone(),
             OwnerToken::from_uuid(guid),
@@ -158,6 +164,7 @@ impl ZooKeeperBackend {
             guid,
             fence,
             strays,
+            vouch,
             lease.deadline(),
         );
         Ok(lease
@@ -220,7 +227,10 @@ impl ZooKeeperBackend {
                 }
                 let ours = entry.name().unwrap_or_default().to_owned();
                 let at = match queue.position(&ours) {
-                    Some(0) => return self.grant(name, entry, alive_since).map(Some),
+                    Some(0) => {
+                        let alone = queue.is_only(&ours);
+                        return self.grant(name, entry, alive_since, alone).map(Some);
+                    }
                     Some(at) => at,
                     // Our node is gone (its session ended, or it was deleted
                     // by hand): queue again.
@@ -268,7 +278,7 @@ impl ZooKeeperBackend {
                 // Fast path: no read needed, as long as the session was
                 // heard of recently enough to leave a useful deadline.
                 if ahead_gone && next_in_line && alive_since.elapsed() <= session.timeout / 4 {
-                    return self.grant(name, entry, alive_since).map(Some);
+                    return self.grant(name, entry, alive_since, false).map(Some);
                 }
                 // No `sync` needed: a listing that shows us first reflects
                 // every deletion ahead of us, which the server got from the
@@ -363,9 +373,10 @@ impl LockBackend for ZooKeeperBackend {
         if let Some(fresh) = entry.prune(&queue).await? {
             queue = fresh;
         }
-        let at = entry.name().and_then(|ours| queue.position(ours));
-        if at == Some(0) {
-            return Ok(Attempt::Acquired(self.grant(name, entry, sent_at)?));
+        let ours = entry.name().unwrap_or_default();
+        if queue.position(ours) == Some(0) {
+            let alone = queue.is_only(ours);
+            return Ok(Attempt::Acquired(self.grant(name, entry, sent_at, alone)?));
         }
         if let Err(e) = entry.remove().await {
             tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
@@ -441,6 +452,11 @@ impl LockBackend for ZooKeeperBackend {
             .map_err(|e| map(format!("releasing {}", held.path), e))?;
         held.finish(Over::Released);
         held.stop();
+        // The node is gone (the server answered): a create sent from now on
+        // that gets the next number is first.
+        if let Some((watch, sequence)) = held.vouch {
+            held.session.quiet.vouch(&held.parent, watch, sequence);
+        }
         Ok(if deleted {
             ReleaseOutcome::Released
         } else {

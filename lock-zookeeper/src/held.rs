@@ -2,11 +2,14 @@
 //! its session, its current local deadline, and a watch that turns the node's
 //! deletion by anyone else into the lease's loss signal.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use lockcore::{CancellationToken, FencingToken, LockName};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
@@ -45,6 +48,10 @@ pub(crate) struct Held {
     /// A create of this owner had its reply lost, so a second node with the
     /// same uuid may exist: release sweeps the parent for it.
     pub(crate) strays: bool,
+    /// The parent watch this node was created under, and the node's
+    /// sequence number, if it was granted alone in the queue: once released,
+    /// the session vouches for the next number (see [`crate::quiet`]).
+    pub(crate) vouch: Option<(u64, u32)>,
     /// The lease's loss signal: cancelled when the node is deleted by anyone
     /// else or the session ends (it is a child of the session's signal).
     pub(crate) lost: CancellationToken,
@@ -64,7 +71,8 @@ impl std::fmt::Debug for Held {
 }
 
 impl Held {
-    /// Records a grant with local deadline `deadline` and starts watching it.
+    /// Records a grant with local deadline `deadline`; the session's keeper
+    /// starts watching it if it is still held a while later.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         session: Arc<Session>,
@@ -74,6 +82,7 @@ impl Held {
         guid: Uuid,
         fence: FencingToken,
         strays: bool,
+        vouch: Option<(u64, u32)>,
         deadline: Instant,
     ) -> Arc<Held> {
         let held = Arc::new(Held {
@@ -85,13 +94,14 @@ impl Held {
             guid,
             fence,
             strays,
+            vouch: vouch.filter(|_| !strays),
             done: CancellationToken::new(),
             state: Mutex::new(State {
                 deadline,
                 over: Over::No,
             }),
         });
-        tokio::spawn(watch_over(held.clone()));
+        held.session.keeper.add(held.clone());
         held
     }
 
@@ -153,26 +163,103 @@ impl Held {
     }
 }
 
+/// Grants to start watching once they have been held for a while: one task
+/// per session looks at each grant a twentieth of the session timeout after
+/// it was made (a quarter of that later at most) and starts [`watch_over`]
+/// it if it is still held. A short hold costs no task, no timer and no
+/// wake-up; until then (and on any trouble) renewals notice a deletion, and
+/// the local deadline is far off.
+pub(crate) struct Keeper {
+    /// Grants in the order they were made, with when to look at them (that
+    /// order, since the delay is the same for all).
+    due: Mutex<VecDeque<(Instant, Arc<Held>)>>,
+    added: Notify,
+    delay: Duration,
+}
+
+impl Keeper {
+    /// Starts the keeper of a session with timeout `timeout`, which stops
+    /// when `ended` fires.
+    pub(crate) fn start(timeout: Duration, ended: CancellationToken) -> Arc<Keeper> {
+        let keeper = Arc::new(Keeper {
+            due: Mutex::new(VecDeque::new()),
+            added: Notify::new(),
+            delay: timeout / 20,
+        });
+        tokio::spawn(keep(keeper.clone(), ended));
+        keeper
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(Instant, Arc<Held>)>> {
+        self.due.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, held: Arc<Held>) {
+        let mut due = self.lock();
+        let was_empty = due.is_empty();
+        due.push_back((Instant::now() + self.delay, held));
+        drop(due);
+        if was_empty {
+            self.added.notify_one();
+        }
+    }
+
+    /// The first grant due by `now`.
+    fn pop_due(&self, now: Instant) -> Option<Arc<Held>> {
+        let mut due = self.lock();
+        match due.front() {
+            Some((at, _)) if *at <= now => due.pop_front().map(|(_, held)| held),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper")
+            .field("due", &self.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+async fn keep(keeper: Arc<Keeper>, ended: CancellationToken) {
+    // Looks at most four times per delay, whatever the rate of grants: a
+    // grant is looked at between one and one and a quarter delays after it
+    // was made.
+    let mut rest_until = Instant::now();
+    loop {
+        let next = keeper.lock().front().map(|&(at, _)| at.max(rest_until));
+        tokio::select! {
+            biased;
+            _ = ended.cancelled() => break,
+            // `notify_one` leaves a permit if it comes before this waits.
+            _ = keeper.added.notified(), if next.is_none() => continue,
+            _ = sleep_until_some(next) => {}
+        }
+        let now = Instant::now();
+        rest_until = now + keeper.delay / 4;
+        while let Some(held) = keeper.pop_due(now) {
+            if held.over() == Over::No {
+                tokio::spawn(watch_over(held));
+            }
+        }
+    }
+    // The session's nodes are gone with it; so are the grants' loss signals.
+    keeper.lock().clear();
+}
+
 /// Watches a granted node until it is released, expires (then deletes it:
 /// an abandoned lease must not outlive its deadline just because the session
 /// does), or is deleted by someone else (then fires the loss signal).
-///
-/// The node watch is set up a twentieth of the session timeout after the
-/// grant, so short holds never pay the extra request; until then (and on
-/// any trouble) renewals notice a deletion.
 async fn watch_over(held: Arc<Held>) {
-    let mut watch_at = Some(Instant::now() + held.session.timeout / 20);
-    let mut registering: Option<BoxFuture<'static, Registered>> = None;
+    let mut registering: Option<BoxFuture<'static, Registered>> =
+        Some(watch(held.session.client.clone(), held.path.clone()));
     let mut fired: Option<BoxFuture<'static, zk::WatchedEvent>> = None;
     loop {
         let deadline = held.lock().deadline;
         tokio::select! {
             biased;
             _ = held.done.cancelled() => return,
-            _ = sleep_until_some(watch_at) => {
-                watch_at = None;
-                registering = Some(watch(held.session.client.clone(), held.path.clone()));
-            }
             registered = poll_some(&mut registering) => {
                 registering = None;
                 match registered {

@@ -12,6 +12,7 @@ mod error;
 mod held;
 mod names;
 mod queue;
+mod quiet;
 mod session;
 
 pub use backend::ZooKeeperBackend;

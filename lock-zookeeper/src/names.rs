@@ -124,6 +124,11 @@ impl Queue {
         self.nodes.first()
     }
 
+    /// Whether `name` is the only queue node.
+    pub(crate) fn is_only(&self, name: &str) -> bool {
+        matches!(self.nodes.as_slice(), [only] if only.name == name)
+    }
+
     /// Where `name` stands (0: it holds the lock), `None` if absent.
     pub(crate) fn position(&self, name: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.name == name)

@@ -46,6 +46,8 @@ pub(crate) struct Node {
     pub(crate) name: String,
     pub(crate) path: String,
     pub(crate) czxid: i64,
+    /// Its sequence number (as the queue orders them), if the create told us.
+    pub(crate) sequence: Option<u32>,
 }
 
 /// A queue entry being created or waiting. Dropping it while armed removes
@@ -59,6 +61,9 @@ pub(crate) struct Entry {
     pub(crate) node: Option<Node>,
     /// A create's reply was lost: a second node of ours may show up.
     pub(crate) strays: bool,
+    /// The session's watch on the parent, set before our node was created
+    /// or while it existed (see [`crate::quiet`]).
+    pub(crate) watched: Option<u64>,
     armed: bool,
 }
 
@@ -75,47 +80,79 @@ impl Entry {
             acls,
             node: None,
             strays: false,
+            watched: None,
             armed: true,
         }
     }
 
     /// Creates our node and reads the queue right behind it: two requests
     /// sent back to back, which the server answers in order, so the listing
-    /// includes our node and costs no extra round trip.
+    /// includes our node and costs no extra round trip. When the session
+    /// vouched for the sequence number this create gets, it skips the
+    /// listing: the node is first (see [`crate::quiet`]).
     ///
     /// Creates the lock's parent (a container node the server deletes once
     /// empty) when missing. When a create's reply is lost, finds the node by
     /// its owner uuid instead of leaving it orphaned.
     pub(crate) async fn enqueue(&mut self) -> Result<Queue, LockError> {
         let session = self.session.clone();
-        let client = &session.client;
+        let (client, quiet) = (&session.client, &session.quiet);
         let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
         let acls = self.acls.clone();
         let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&acls.nodes));
+        let mut claim = quiet.claim(&self.parent);
         let mut last = None;
         for _ in 0..CREATE_ATTEMPTS {
+            // Requests go out in call order: a watch set here is in place
+            // before the create is applied.
+            let watched = claim
+                .map(|c| c.watch())
+                .or_else(|| quiet.watched(&self.parent));
+            let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
+                .then(|| client.check_and_watch_stat(&self.parent));
             let create = client.create(&prefix, &[], &mode);
-            let list = client.list_children(&self.parent);
-            match create.await {
+            let list = claim.is_none().then(|| client.list_children(&self.parent));
+            let created = create.await;
+            let watched = match watching {
+                Some(exists) => quiet.watching(&self.parent, exists.await),
+                None => watched,
+            };
+            match created {
                 Ok((stat, sequence)) => {
                     let name = format!("{}{sequence}", node_prefix(self.guid));
+                    let sequence = i32::try_from(sequence.into_i64()).ok().map(|s| s as u32);
+                    let first = claim
+                        .zip(sequence)
+                        .is_some_and(|(c, s)| quiet.proves_first(&self.parent, c, s));
+                    let alone = first.then(|| Queue::new(std::slice::from_ref(&name)));
                     self.node = Some(Node {
                         path: format!("{}/{name}", self.parent),
                         name,
                         czxid: stat.czxid,
+                        sequence,
                     });
-                    return match list.await {
-                        Ok(children) => Ok(Queue::new(&children)),
-                        Err(_) => self.relist(false).await,
+                    self.watched = watched;
+                    if let Some(queue) = alone {
+                        return Ok(queue);
+                    }
+                    return match list {
+                        Some(list) => match list.await {
+                            Ok(children) => Ok(Queue::new(&children)),
+                            Err(_) => self.relist(false).await,
+                        },
+                        // The vouched number was taken: someone else queued.
+                        None => self.relist(false).await,
                     };
                 }
                 Err(zk::Error::NoNode) => {
                     drop(list);
+                    claim = None;
                     self.create_parent().await?;
                     last = Some(zk::Error::NoNode);
                 }
                 Err(e) if connection_lost(&e) => {
                     drop(list);
+                    claim = None;
                     self.strays = true;
                     last = Some(e);
                     if let Some(queue) = self.recover().await? {
@@ -152,6 +189,7 @@ impl Entry {
             Some(stat) => {
                 tracing::debug!(%path, "found our queue node after a lost create reply");
                 self.node = Some(Node {
+                    sequence: Some(ours.sequence),
                     name: ours.name,
                     path,
                     czxid: stat.czxid,

@@ -10,6 +10,8 @@ use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
 use crate::error::{BACKEND, map};
+use crate::held::Keeper;
+use crate::quiet::QuietQueues;
 
 /// A live (or ended) session. Every lock node this client creates is an
 /// ephemeral of one session, and lives no longer than it.
@@ -20,6 +22,10 @@ pub(crate) struct Session {
     /// Cancelled once the session is expired, closed or refused: every
     /// ephemeral node it owned is gone (or going) on the server.
     pub(crate) ended: CancellationToken,
+    /// Starts watching the grants that are held for a while.
+    pub(crate) keeper: Arc<Keeper>,
+    /// The queues this session may take without listing them.
+    pub(crate) quiet: QuietQueues,
 }
 
 impl Session {
@@ -70,8 +76,11 @@ impl Session {
             asked = ?config.session_timeout,
             "zookeeper session established"
         );
+        let timeout = client.session_timeout();
         Ok(Arc::new(Session {
-            timeout: client.session_timeout(),
+            keeper: Keeper::start(timeout, ended.clone()),
+            quiet: QuietQueues::new(&client, timeout),
+            timeout,
             client,
             ended,
         }))
