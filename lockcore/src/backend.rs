@@ -184,8 +184,9 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     ///
     /// The default loops [`try_acquire`](Self::try_acquire), sleeping on
     /// [`watch`](Self::watch) (bounded by `wait.recheck` and the holder's
-    /// remaining TTL) or on jittered backoff. Queue-based stores (ZooKeeper,
-    /// etcd) override it to wait in line.
+    /// remaining TTL) or on jittered backoff. Stores that keep a line
+    /// (ZooKeeper, etcd, the Redis and PostgreSQL adapters) override it to
+    /// wait in it.
     ///
     /// # Cancel safety
     /// Dropping the future stops waiting. If an attempt was in flight, the
