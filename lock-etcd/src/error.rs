@@ -34,6 +34,9 @@ pub(crate) fn lease_not_found(e: &etcd_client::Error) -> bool {
 /// retryable, everything else is permanent.
 pub(crate) fn map(e: etcd_client::Error) -> LockError {
     use etcd_client::Error as E;
+    if let Some(verdict) = tls_verdict(&e) {
+        return LockError::store(BACKEND, format!("TLS handshake failed: {verdict}"));
+    }
     let retryable = match &e {
         E::GRpcStatus(status) => {
             let code = status.code() as Code;
@@ -58,6 +61,39 @@ pub(crate) fn map(e: etcd_client::Error) -> LockError {
     } else {
         LockError::store(BACKEND, e)
     }
+}
+
+/// The TLS layer's verdict on a certificate, somewhere in the error chain:
+/// ours rejecting the server's (untrusted CA, wrong name) or the server
+/// rejecting ours (none, or not signed by its CA). Retrying cannot change
+/// it, so it is permanent. (Under TLS 1.3 the server's rejection mostly
+/// surfaces as a dropped connection instead, which stays retryable.)
+fn tls_verdict(e: &etcd_client::Error) -> Option<String> {
+    const VERDICTS: [&str; 2] = ["invalid peer certificate", "received fatal alert: "];
+    const CERTIFICATE_ALERTS: [&str; 8] = [
+        "BadCertificate",
+        "UnsupportedCertificate",
+        "CertificateRevoked",
+        "CertificateExpired",
+        "CertificateUnknown",
+        "UnknownCA",
+        "CertificateRequired",
+        "AccessDenied",
+    ];
+    let mut link: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = link {
+        let text = error.to_string();
+        if let Some(at) = VERDICTS.iter().find_map(|v| text.find(v)) {
+            let verdict = &text[at..];
+            if !verdict.starts_with("received fatal alert")
+                || CERTIFICATE_ALERTS.iter().any(|a| verdict.contains(a))
+            {
+                return Some(verdict.to_owned());
+            }
+        }
+        link = error.source();
+    }
+    None
 }
 
 /// Runs one request with a time limit; running out is retryable.

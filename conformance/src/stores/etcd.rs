@@ -1,15 +1,19 @@
-//! etcd: single member, or a 3-member cluster on loopback.
+//! etcd: single member (plaintext or TLS on the client port), or a 3-member
+//! cluster on loopback.
 
-use std::io;
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, process};
+use super::{Cluster, Kind, Launch, Probe, SharedSlot, Spec, Store, process};
 
 /// Launch options.
 #[derive(Debug, Clone)]
@@ -21,6 +25,8 @@ pub struct Options {
     /// 1.5 × this rounded up to whole seconds, so 100 ms allows 1 s leases
     /// (the default 1 s election timeout silently turns 1 s leases into 2 s).
     pub election_timeout_ms: u32,
+    /// Serve clients over TLS (default: plaintext). Single member only.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for Options {
@@ -28,6 +34,7 @@ impl Default for Options {
         Options {
             heartbeat_ms: 10,
             election_timeout_ms: 100,
+            tls: None,
         }
     }
 }
@@ -39,6 +46,146 @@ impl Options {
         self.election_timeout_ms = election_timeout_ms;
         self
     }
+
+    /// Serves clients over TLS: the store's URL is then `https://127.0.0.1:P`.
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+/// TLS on the client port: the server certificate (for 127.0.0.1) and key,
+/// and the CA that signed it, all PEM, made by the test (e.g. with rcgen).
+/// The launcher writes them into the member's data dir. Peers stay
+/// plaintext (loopback only).
+#[derive(Clone)]
+pub struct ClientTls {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+    client_cert_auth: bool,
+}
+
+impl ClientTls {
+    /// Server certificate, its key and the CA certificate (PEM).
+    pub fn new(
+        ca_pem: impl Into<String>,
+        cert_pem: impl Into<String>,
+        key_pem: impl Into<String>,
+    ) -> Self {
+        ClientTls {
+            ca_pem: ca_pem.into(),
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+            client_cert_auth: false,
+        }
+    }
+
+    /// `--client-cert-auth`: refuse clients without a certificate signed by
+    /// the CA. The server certificate must then allow client use too (no
+    /// extended key usage, or `clientAuth`): etcd's own HTTP gateway and the
+    /// readiness probe present it.
+    pub fn client_cert_auth(mut self) -> Self {
+        self.client_cert_auth = true;
+        self
+    }
+
+    /// Readiness over TLS: `/health` as with plaintext, trusting only the CA
+    /// (and presenting the server's certificate where etcd demands one).
+    fn probe(&self) -> io::Result<Probe> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
+            roots
+                .add(cert.map_err(|e| invalid("CA PEM", e))?)
+                .map_err(|e| invalid("CA certificate", e))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(io::Error::other)?
+            .with_root_certificates(roots);
+        let config = if self.client_cert_auth {
+            let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid("server certificate PEM", e))?;
+            let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+                .map_err(|e| invalid("server key PEM", e))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| invalid("server certificate and key", e))?
+        } else {
+            builder.with_no_client_auth()
+        };
+        let config = Arc::new(config);
+        Ok(Box::new(move |addr| {
+            let timeout = Duration::from_millis(500);
+            let stream = TcpStream::connect_timeout(&addr, timeout)?;
+            stream.set_read_timeout(Some(timeout))?;
+            stream.set_write_timeout(Some(timeout))?;
+            let name = ServerName::IpAddress(addr.ip().into());
+            let conn =
+                rustls::ClientConnection::new(config.clone(), name).map_err(io::Error::other)?;
+            let mut tls = rustls::StreamOwned::new(conn, stream);
+            tls.write_all(HEALTH)?;
+            let mut reply = Vec::new();
+            // An EOF without close_notify after the reply is still a reply.
+            if let Err(e) = tls.read_to_end(&mut reply)
+                && reply.is_empty()
+            {
+                return Err(e);
+            }
+            Ok(healthy(&reply))
+        }))
+    }
+
+    /// Writes the PEM files etcd reads into `dir` (the key owner-only).
+    fn write(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let file = |name: &str, pem: &str, mode: u32| -> io::Result<String> {
+            let path = dir.join(name);
+            std::fs::write(&path, pem)?;
+            super::set_mode(&path, mode)?;
+            Ok(path.to_string_lossy().into_owned())
+        };
+        let mut args = vec![
+            "--cert-file".to_owned(),
+            file("server.pem", &self.cert_pem, 0o644)?,
+            "--key-file".to_owned(),
+            file("server-key.pem", &self.key_pem, 0o600)?,
+        ];
+        if self.client_cert_auth {
+            args.extend([
+                "--client-cert-auth".to_owned(),
+                "--trusted-ca-file".to_owned(),
+                file("ca.pem", &self.ca_pem, 0o644)?,
+            ]);
+        }
+        Ok(args)
+    }
+}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key.
+        f.debug_struct("ClientTls")
+            .field("client_cert_auth", &self.client_cert_auth)
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(what: &str, e: impl fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("{what}: {e}"))
+}
+
+const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+
+fn healthy(reply: &[u8]) -> bool {
+    String::from_utf8_lossy(reply).contains("\"health\":\"true\"")
+}
+
+/// One plaintext readiness probe: `/health` says true.
+pub(crate) fn probe(addr: SocketAddr, timeout: Duration) -> io::Result<bool> {
+    let reply = process::exchange(addr, HEALTH, timeout, |_| false)?;
+    Ok(healthy(&reply))
 }
 
 fn program() -> io::Result<PathBuf> {
@@ -64,10 +211,19 @@ fn spec(
     let data = dir.path().join("data");
     let log = dir.path().join("etcd.log");
     let (name, client, peer) = (member.name.clone(), member.client, member.peer);
+    let tls_args = match &options.tls {
+        Some(tls) => tls.write(dir.path())?,
+        None => Vec::new(),
+    };
+    let scheme = if options.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let options = options.clone();
     let command = move || {
         let mut cmd = Command::new(&program);
-        let client_url = format!("http://127.0.0.1:{client}");
+        let client_url = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         cmd.args(["--name", &name])
             .arg("--data-dir")
@@ -96,6 +252,7 @@ fn spec(
                 "--election-timeout",
                 &options.election_timeout_ms.to_string(),
             ])
+            .args(&tls_args)
             .args(["--logger", "zap", "--log-level", "warn"]);
         cmd
     };
@@ -118,7 +275,8 @@ fn spec(
 }
 
 /// Starts a private single-member etcd on free loopback ports (client and
-/// peer) and waits until `/health` says true.
+/// peer) and waits until `/health` says true (over TLS with
+/// [`Options::tls`]).
 pub fn start(options: Options) -> io::Result<Store> {
     let program = program()?;
     let mut last = None;
@@ -130,14 +288,22 @@ pub fn start(options: Options) -> io::Result<Store> {
         };
         let cluster = format!("solo=http://127.0.0.1:{}", member.peer);
         let token = format!("distlock-{}", member.client);
-        match Store::launch(spec(
+        let spec = spec(
             program.clone(),
             &member,
             cluster,
             token,
             &options,
             Signal::SIGTERM,
-        )?) {
+        )?;
+        let launched = match &options.tls {
+            Some(tls) => {
+                let url = format!("https://{}", spec.addr);
+                Store::launch_with(spec, url, Some(tls.probe()?))
+            }
+            None => Store::launch(spec),
+        };
+        match launched {
             Err(e) if super::port_clash(&e) => last = Some(e),
             other => return other,
         }

@@ -127,15 +127,7 @@ impl Kind {
                 Ok(reply.starts_with(b"+PONG"))
             }
             Kind::Postgres => postgres::probe(addr, timeout),
-            Kind::Etcd => {
-                let reply = process::exchange(
-                    addr,
-                    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-                    timeout,
-                    |_| false,
-                )?;
-                Ok(String::from_utf8_lossy(&reply).contains("\"health\":\"true\""))
-            }
+            Kind::Etcd => etcd::probe(addr, timeout),
             // `ruok` answers before the server serves requests; `srvr` prints a
             // `Mode:` line only once it does.
             Kind::ZooKeeper => {
@@ -163,8 +155,11 @@ pub(crate) struct Launch {
     /// How long start-up may take.
     pub(crate) ready_within: Duration,
     /// Extra readiness condition beyond `Kind::probe` (cluster members).
-    pub(crate) probe: Option<Box<dyn Fn(SocketAddr) -> io::Result<bool> + Send + Sync>>,
+    pub(crate) probe: Option<Probe>,
 }
+
+/// One readiness probe of the server at an address.
+pub(crate) type Probe = Box<dyn Fn(SocketAddr) -> io::Result<bool> + Send + Sync>;
 
 struct Running {
     child: Option<Child>,
@@ -186,6 +181,8 @@ pub struct Store {
     clock_file: Option<PathBuf>,
     dir: Option<Arc<tempfile::TempDir>>,
     label: String,
+    /// Replaces `Kind::probe`, which speaks plaintext (a TLS listener).
+    own_probe: Option<Probe>,
 }
 
 impl fmt::Debug for Store {
@@ -215,10 +212,17 @@ pub(crate) struct Spec {
 impl Store {
     /// Spawns the server described by `spec` and waits until it serves.
     pub(crate) fn launch(spec: Spec) -> io::Result<Store> {
+        let url = spec.kind.url_for(spec.addr);
+        Self::launch_with(spec, url, None)
+    }
+
+    /// [`launch`](Self::launch) for a server whose clients use `url` and
+    /// whose readiness `probe` replaces `Kind::probe` (a TLS listener).
+    pub(crate) fn launch_with(spec: Spec, url: String, probe: Option<Probe>) -> io::Result<Store> {
         let store = Store {
             kind: spec.kind,
             addr: spec.addr,
-            url: spec.kind.url_for(spec.addr),
+            url,
             durable: spec.durable,
             external: None,
             launch: Some(spec.launch),
@@ -230,6 +234,7 @@ impl Store {
             clock_file: spec.clock_file,
             dir: Some(spec.dir),
             label: spec.label,
+            own_probe: probe,
         };
         store.spawn_and_wait()?;
         Ok(store)
@@ -264,6 +269,7 @@ impl Store {
             clock_file: None,
             dir: None,
             label: format!("external {kind}"),
+            own_probe: None,
         })
     }
 
@@ -274,8 +280,9 @@ impl Store {
 
     /// The URL clients connect to: `redis://127.0.0.1:P`,
     /// `postgres://postgres@127.0.0.1:P/postgres` (trust auth),
-    /// `http://127.0.0.1:P` (etcd), `127.0.0.1:P` (ZooKeeper); for an
-    /// external store, the variable's value as given.
+    /// `http://127.0.0.1:P` (etcd; `https://` when started with TLS),
+    /// `127.0.0.1:P` (ZooKeeper); for an external store, the variable's
+    /// value as given.
     pub fn url(&self) -> String {
         self.url.clone()
     }
@@ -380,7 +387,7 @@ impl Store {
                 }
             },
             || {
-                Ok(self.kind.probe(self.addr)?
+                Ok(self.probe_once()?
                     && match &launch.probe {
                         Some(extra) => extra(self.addr)?,
                         None => true,
@@ -478,7 +485,14 @@ impl Store {
 
     /// Whether it serves right now (one probe).
     pub fn serves(&self) -> bool {
-        self.kind.probe(self.addr).unwrap_or(false)
+        self.probe_once().unwrap_or(false)
+    }
+
+    fn probe_once(&self) -> io::Result<bool> {
+        match &self.own_probe {
+            Some(probe) => probe(self.addr),
+            None => self.kind.probe(self.addr),
+        }
     }
 }
 
