@@ -14,8 +14,11 @@ use crate::keys::{self, DEFAULT_PREFIX};
 /// existing [`redis::Client`], plus the lock options.
 ///
 /// URLs: `redis://[user[:password]@]host[:port][/db]`, `rediss://...` for TLS
-/// (feature `tls`, on by default), `redis+unix:///path`. `Debug` never shows
-/// the password.
+/// (feature `tls`, on by default), `redis+unix:///path`. A server whose
+/// certificate comes from a private CA, or that wants client certificates,
+/// needs [`tls_root_cert_pem`](Self::tls_root_cert_pem) and
+/// [`tls_client_identity_pem`](Self::tls_client_identity_pem). `Debug` never
+/// shows the password or key material.
 ///
 /// ```
 /// use std::time::Duration;
@@ -35,6 +38,8 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) require_durable_fences: bool,
+    #[cfg(feature = "tls")]
+    tls: crate::tls::Certificates,
 }
 
 impl RedisConfig {
@@ -79,6 +84,8 @@ impl RedisConfig {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             require_durable_fences: false,
+            #[cfg(feature = "tls")]
+            tls: Default::default(),
         }
     }
 
@@ -117,6 +124,47 @@ impl RedisConfig {
     pub fn require_durable_fences(mut self, required: bool) -> Self {
         self.require_durable_fences = required;
         self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` for a `rediss://` server, in
+    /// place of the system roots: for servers whose certificate a private CA
+    /// issued. Builder methods rather than URL parameters, because a URL
+    /// cannot carry a PEM file and should not name local paths.
+    /// Certificates an existing client (`from_client`) carried are replaced.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] when `pem` holds no well-formed
+    /// certificate, or the URL is not `rediss://`.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert_pem(mut self, pem: impl AsRef<[u8]>) -> Result<Self, LockError> {
+        self.tls.set_root(pem.as_ref())?;
+        self.rebuild_tls()
+    }
+
+    /// Presents this client certificate (PEM, leaf first) and its private
+    /// key (PEM: PKCS#8, PKCS#1 or SEC1), for servers with
+    /// `tls-auth-clients yes`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for malformed PEM, a key that does not
+    /// belong to the certificate, or a URL that is not `rediss://`. The
+    /// message never contains the key.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_identity_pem(
+        mut self,
+        cert_pem: impl AsRef<[u8]>,
+        key_pem: impl AsRef<[u8]>,
+    ) -> Result<Self, LockError> {
+        self.tls.set_identity(cert_pem.as_ref(), key_pem.as_ref())?;
+        self.rebuild_tls()
+    }
+
+    /// The client again, with every certificate given so far.
+    #[cfg(feature = "tls")]
+    fn rebuild_tls(mut self) -> Result<Self, LockError> {
+        self.client = self.tls.apply(&self.client)?;
+        self.connection = None;
+        Ok(self)
     }
 
     /// Reaches the same server (credentials, database, TLS settings) through
@@ -192,7 +240,8 @@ impl FromStr for RedisConfig {
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let settings = self.client.get_connection_info().redis_settings();
-        f.debug_struct("RedisConfig")
+        let mut shown = f.debug_struct("RedisConfig");
+        shown
             .field("endpoint", &self.endpoint())
             .field("db", &settings.db())
             .field("username", &settings.username())
@@ -201,8 +250,13 @@ impl fmt::Debug for RedisConfig {
             .field("key_prefix", &self.key_prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
-            .field("require_durable_fences", &self.require_durable_fences)
-            .finish()
+            .field("require_durable_fences", &self.require_durable_fences);
+        #[cfg(feature = "tls")]
+        shown.field("tls_custom_root", &self.tls.has_root()).field(
+            "tls_client_identity",
+            &self.tls.has_identity().then_some("<redacted>"),
+        );
+        shown.finish()
     }
 }
 

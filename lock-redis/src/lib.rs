@@ -15,6 +15,8 @@ mod fenced;
 mod keys;
 mod notify;
 mod scripts;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use backend::{MAX_TTL, RedisBackend};
 pub use config::RedisConfig;

@@ -1,8 +1,13 @@
-//! Redis: `redis-server` in the foreground, persistence configurable.
+//! Redis: `redis-server` in the foreground, persistence configurable, and
+//! TLS-only serving with certificates the test makes.
 
+use std::fmt;
 use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -29,6 +34,8 @@ pub enum Persistence {
 pub struct Options {
     /// Persistence; default AOF + `appendfsync always`.
     pub persistence: Persistence,
+    /// TLS only, no plaintext port; default off.
+    pub tls: Option<Tls>,
 }
 
 impl Options {
@@ -36,6 +43,7 @@ impl Options {
     pub fn durable() -> Self {
         Options {
             persistence: Persistence::AofAlways,
+            tls: None,
         }
     }
 
@@ -44,9 +52,85 @@ impl Options {
         self.persistence = persistence;
         self
     }
+
+    /// Serves TLS only (`--port 0 --tls-port P`): the store's URL is then
+    /// `rediss://127.0.0.1:P`.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
 }
 
-/// Starts a private `redis-server` on a free loopback port and waits for PONG.
+/// TLS settings, as PEM the test made (e.g. with rcgen): the launcher writes
+/// them into the store's data dir, so no test leaves key files behind.
+#[derive(Clone)]
+pub struct Tls {
+    cert_pem: String,
+    key_pem: String,
+    ca_pem: String,
+    auth_clients: bool,
+}
+
+impl Tls {
+    /// The server's certificate (chain) and private key, and the CA client
+    /// certificates must come from (redis-server wants one even when it
+    /// does not ask clients for certificates).
+    pub fn new(
+        cert_pem: impl Into<String>,
+        key_pem: impl Into<String>,
+        ca_pem: impl Into<String>,
+    ) -> Self {
+        Tls {
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+            ca_pem: ca_pem.into(),
+            auth_clients: false,
+        }
+    }
+
+    /// `tls-auth-clients yes`: refuse clients without a certificate from the
+    /// CA (default `no`).
+    pub fn require_client_certs(mut self, required: bool) -> Self {
+        self.auth_clients = required;
+        self
+    }
+
+    /// Writes the PEM files into `dir`; the `redis-server` arguments that
+    /// use them.
+    fn args(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let file = |name: &str, pem: &str, mode: u32| -> io::Result<PathBuf> {
+            let path = dir.join(name);
+            std::fs::write(&path, pem)?;
+            super::set_mode(&path, mode)?;
+            Ok(path)
+        };
+        let cert = file("tls-server.crt", &self.cert_pem, 0o644)?;
+        let key = file("tls-server.key", &self.key_pem, 0o600)?;
+        let ca = file("tls-ca.crt", &self.ca_pem, 0o644)?;
+        let auth = if self.auth_clients { "yes" } else { "no" };
+        Ok([
+            ("--tls-cert-file", cert.display().to_string()),
+            ("--tls-key-file", key.display().to_string()),
+            ("--tls-ca-cert-file", ca.display().to_string()),
+            ("--tls-auth-clients", auth.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value])
+        .collect())
+    }
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("key_pem", &"<redacted>")
+            .field("auth_clients", &self.auth_clients)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts a private `redis-server` on a free loopback port and waits for PONG
+/// (with TLS: until its log says it accepts connections on the bound port).
 pub fn start(options: Options) -> io::Result<Store> {
     let program =
         super::which("redis-server").ok_or_else(|| super::missing(Kind::Redis, "redis-server"))?;
@@ -58,9 +142,25 @@ pub fn start(options: Options) -> io::Result<Store> {
         let log = data.join("redis.log");
         let program = program.clone();
         let persistence = options.persistence;
+        let tls_args = match &options.tls {
+            Some(tls) => Some(tls.args(&data)?),
+            None => None,
+        };
+        // Where this start's log begins: the log is appended across restarts.
+        let log_start = Arc::new(AtomicU64::new(0));
+        let (log_path, started_at) = (log.clone(), log_start.clone());
+        let ready_log = log.clone();
         let command = move || {
+            let written = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+            started_at.store(written, Ordering::SeqCst);
             let mut cmd = Command::new(&program);
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            match &tls_args {
+                Some(tls) => cmd
+                    .args(["--port", "0", "--tls-port", &port.to_string()])
+                    .args(tls),
+                None => cmd.args(["--port", &port.to_string()]),
+            };
+            cmd.args(["--bind", "127.0.0.1"])
                 .arg("--dir")
                 .arg(&data)
                 .args(["--daemonize", "no", "--save", ""])
@@ -76,9 +176,13 @@ pub fn start(options: Options) -> io::Result<Store> {
             };
             cmd
         };
+        let tls = options.tls.is_some();
         let spec = Spec {
             kind: Kind::Redis,
-            label: format!("redis on 127.0.0.1:{port}"),
+            label: format!(
+                "redis{} on 127.0.0.1:{port}",
+                if tls { " (TLS)" } else { "" }
+            ),
             addr: process::loopback(port),
             durable: options.persistence == Persistence::AofAlways,
             dir: Arc::new(dir),
@@ -92,12 +196,30 @@ pub fn start(options: Options) -> io::Result<Store> {
                 probe: None,
             },
         };
-        match Store::launch(spec) {
+        let launched = if tls {
+            let ready: super::Probe = Box::new(move |addr| {
+                ready_per_log(addr, &ready_log, log_start.load(Ordering::SeqCst))
+            });
+            Store::launch_with(spec, format!("rediss://127.0.0.1:{port}"), Some(ready))
+        } else {
+            Store::launch(spec)
+        };
+        match launched {
             Err(e) if super::port_clash(&e) => last = Some(e),
             other => return other,
         }
     }
     Err(last.unwrap_or_else(|| io::Error::other("redis did not start")))
+}
+
+/// Readiness of a TLS-only server, without a TLS client here: the port
+/// accepts connections, and the log of this start says the server does
+/// (it binds its ports and loads its data first).
+fn ready_per_log(addr: SocketAddr, log: &Path, from: u64) -> io::Result<bool> {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    let text = std::fs::read(log)?;
+    let this_start = text.get(from as usize..).unwrap_or_default();
+    Ok(String::from_utf8_lossy(this_start).contains("Ready to accept connections"))
 }
 
 static SHARED: SharedSlot = SharedSlot::new();
@@ -136,4 +258,24 @@ where
         || start(Options::durable()),
         connect,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_readiness_reads_only_this_starts_log() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("redis.log");
+        std::fs::write(&log, "1:M * Ready to accept connections\n").unwrap();
+        assert!(ready_per_log(addr, &log, 0).unwrap());
+        // A restart appends to the log: the previous start's line does not count.
+        let restarted_at = std::fs::metadata(&log).unwrap().len();
+        assert!(!ready_per_log(addr, &log, restarted_at).unwrap());
+        drop(listener);
+        assert!(ready_per_log(addr, &log, 0).is_err(), "nothing listens");
+    }
 }
