@@ -8,50 +8,28 @@ use std::time::Duration;
 
 use lock_conformance::stores::Store;
 use lock_conformance::stores::etcd::{self, ClientTls, Options};
+use lock_conformance::stores::pki::{Identity, TestCa};
 use lock_etcd::etcd_client::{Certificate, Client, ConnectOptions, Permission, TlsOptions};
 use lock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use lockcore::{Attempt, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
 use tokio::time::Instant;
 
 /// Long enough for any refusal here; a hang fails the test instead of
 /// stalling it.
 const BOUND: Duration = Duration::from_secs(15);
 
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params.distinguished_name.push(DnType::CommonName, name);
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
-
-/// A certificate for `names` signed by `ca`, and its key, as PEM. No
-/// extended key usage: good for a server and a client alike.
-fn signed(ca: &CertifiedIssuer<'static, KeyPair>, names: &[&str]) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-    let cert = CertificateParams::new(names)
-        .unwrap()
-        .signed_by(&key, ca)
-        .unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
 /// A CA, and a private etcd serving clients over TLS with a certificate for
 /// 127.0.0.1 and localhost signed by it.
 struct Tls {
-    ca: CertifiedIssuer<'static, KeyPair>,
+    ca: TestCa,
     store: Store,
     files: tempfile::TempDir,
 }
 
 impl Tls {
     async fn start(client_cert_auth: bool) -> Tls {
-        let ca = ca("distlock etcd test CA");
-        let (cert, key) = signed(&ca, &["127.0.0.1", "localhost"]);
+        let ca = TestCa::new("distlock etcd test CA");
+        let Identity { cert, key } = ca.server();
         let mut tls = ClientTls::new(ca.pem(), cert, key);
         if client_cert_auth {
             tls = tls.client_cert_auth();
@@ -81,7 +59,7 @@ impl Tls {
 
     /// A client certificate signed by the CA, written as PEM files.
     fn client_identity(&self) -> (PathBuf, PathBuf) {
-        let (cert, key) = signed(&self.ca, &[]);
+        let Identity { cert, key } = self.ca.client();
         write_pair(self.files.path(), "client", &cert, &key)
     }
 }
@@ -203,8 +181,8 @@ async fn tls_from_the_url_and_the_builder() {
         "invalid peer certificate",
     );
     let started = Instant::now();
-    let other_ca =
-        EtcdConfig::new([tls.store.url()]).tls(TlsConfig::new().ca_pem(ca("another CA").pem()));
+    let other_ca = EtcdConfig::new([tls.store.url()])
+        .tls(TlsConfig::new().ca_pem(TestCa::new("another CA").pem()));
     assert_refused(
         "another CA",
         connect(other_ca).await,
@@ -232,8 +210,7 @@ async fn client_certificates_are_required_with_client_cert_auth() {
     assert_server_refuses("no client certificate", anonymous).await;
 
     // A certificate from another CA is no better.
-    let stranger = ca("a stranger's CA");
-    let (cert, key) = signed(&stranger, &[]);
+    let Identity { cert, key } = TestCa::new("a stranger's CA").client();
     let (cert, key) = write_pair(tls.files.path(), "stranger", &cert, &key);
     let foreign = EtcdConfig::from_url(&tls.url(
         "",

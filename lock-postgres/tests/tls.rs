@@ -5,45 +5,11 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
+use lock_conformance::stores::pki::TestCa;
 use lock_conformance::stores::postgres::{self, Options};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lockcore::{Attempt, LockBackend, LockError, LockName};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
-
-/// A CA and a server certificate for 127.0.0.1 signed by it, as PEM.
-struct Pki {
-    ca: String,
-    server_cert: String,
-    server_key: String,
-}
-
-fn ca() -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "distlock test CA");
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
-
-fn pki() -> Pki {
-    let ca = ca();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    Pki {
-        ca: ca.pem(),
-        server_cert: cert.pem(),
-        server_key: key.serialize_pem(),
-    }
-}
-
 /// Writes `contents` to `path` with `mode`, owned like `owner_of` (the data
 /// dir, which belongs to the user the server runs as).
 fn write_as_server(path: &Path, contents: &str, mode: u32, owner_of: &Path) {
@@ -84,14 +50,15 @@ async fn lock_cycle(backend: &PostgresBackend) {
 async fn tls_modes_come_from_the_url() {
     let store = postgres::start(Options::default()).expect("private postgres");
     let data = store.data_dir().unwrap().join("data");
-    let pki = pki();
-    write_as_server(&data.join("server.crt"), &pki.server_cert, 0o644, &data);
-    write_as_server(&data.join("server.key"), &pki.server_key, 0o600, &data);
+    let ca = TestCa::new("distlock test CA");
+    let server = ca.server();
+    write_as_server(&data.join("server.crt"), &server.cert, 0o644, &data);
+    write_as_server(&data.join("server.key"), &server.key, 0o600, &data);
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, &pki.ca).unwrap();
+    std::fs::write(&ca_file, ca.pem()).unwrap();
     let wrong_ca_file = dir.path().join("wrong-ca.pem");
-    std::fs::write(&wrong_ca_file, ca().pem()).unwrap();
+    std::fs::write(&wrong_ca_file, TestCa::new("another CA").pem()).unwrap();
 
     // TLS on, and only TLS accepted over TCP.
     let mut conn = PgConnection::connect(&store.url()).await.unwrap();

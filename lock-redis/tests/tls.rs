@@ -8,61 +8,22 @@
 use std::time::Duration;
 
 use lock_conformance::stores::Store;
+use lock_conformance::stores::pki::TestCa;
 use lock_conformance::stores::redis::{self as launcher, Options, Tls};
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
-
 /// Short, so a refused connection fails fast.
 const TIMEOUT: Duration = Duration::from_millis(500);
 /// Far above any bounded failure: hitting it means a hang.
 const HANG: Duration = Duration::from_secs(15);
 
-fn ca() -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "distlock test CA");
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
-
-/// A certificate and its key, as PEM.
-struct Identity {
-    cert: String,
-    key: String,
-}
-
-/// A certificate signed by `ca`: for 127.0.0.1 (a server), or without names
-/// for client authentication.
-fn issue(ca: &CertifiedIssuer<'static, KeyPair>, server: bool) -> Identity {
-    let key = KeyPair::generate().unwrap();
-    let mut params = if server {
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap()
-    } else {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "distlock test client");
-        params
-    };
-    if !server {
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    }
-    let cert = params.signed_by(&key, ca).unwrap();
-    Identity {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
+fn ca() -> TestCa {
+    TestCa::new("distlock test CA")
 }
 
 /// A TLS-only server with a certificate from `ca`.
-async fn tls_server(ca: &CertifiedIssuer<'static, KeyPair>, client_certs: bool) -> Store {
-    let server = issue(ca, true);
+async fn tls_server(ca: &TestCa, client_certs: bool) -> Store {
+    let server = ca.server();
     let tls = Tls::new(server.cert, server.key, ca.pem()).require_client_certs(client_certs);
     tokio::task::spawn_blocking(move || launcher::start(Options::default().tls(tls)))
         .await
@@ -207,7 +168,7 @@ async fn client_certificates_are_presented_when_the_server_asks() {
         chain(&err)
     );
 
-    let stranger = issue(&self::ca(), false);
+    let stranger = self::ca().client();
     let err = connect_err(
         connect(
             trusted()
@@ -221,7 +182,7 @@ async fn client_certificates_are_presented_when_the_server_asks() {
         "{err:?}"
     );
 
-    let client = issue(&ca, false);
+    let client = ca.client();
     let identified = trusted()
         .tls_client_identity_pem(&client.cert, &client.key)
         .unwrap();
@@ -240,8 +201,8 @@ async fn client_certificates_are_presented_when_the_server_asks() {
 #[test]
 fn bad_pem_is_a_config_error() {
     let ca = ca();
-    let client = issue(&ca, false);
-    let other = issue(&ca, false);
+    let client = ca.client();
+    let other = ca.client();
     let base = || RedisConfig::from_url("rediss://127.0.0.1:6380").unwrap();
     let is_config = |result: Result<RedisConfig, LockError>, what: &str| match result {
         Err(LockError::InvalidConfig { .. }) => {}

@@ -40,6 +40,7 @@
 
 pub mod etcd;
 mod factory;
+pub mod pki;
 pub mod postgres;
 pub(crate) mod process;
 pub mod redis;
