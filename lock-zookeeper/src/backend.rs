@@ -359,9 +359,13 @@ impl LockBackend for ZooKeeperBackend {
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
-            // Sessions expire on tick boundaries (a tick is at most half the
-            // minimum session timeout); leader changes restart session clocks.
-            .expiry_slack(timeout / 2)
+            // A session outlives its client's last packet by the timeout plus
+            // a tick (at most half the minimum session timeout). A client that
+            // hears nothing back (a one-way partition) keeps sending: the
+            // zookeeper-client crate retries for 7/5 of the timeout after its
+            // last reply before it gives the session up. So a lock of a client
+            // cut off that way lasts up to 2.4 timeouts + a tick.
+            .expiry_slack(timeout * 7 / 5 + timeout / 2)
     }
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {

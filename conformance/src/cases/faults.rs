@@ -31,6 +31,10 @@ mod imp {
     pub async fn reset_mid_hold_keeps_or_reports(_cx: &Ctx) -> CaseResult {
         skip!("{WHY}")
     }
+    /// T3.2 (see the `stores` feature).
+    pub async fn lost_acquire_reply_leaves_no_phantom(_cx: &Ctx) -> CaseResult {
+        skip!("{WHY}")
+    }
     /// T3.3 (see the `stores` feature).
     pub async fn lost_release_reply_frees_within_ttl(_cx: &Ctx) -> CaseResult {
         skip!("{WHY}")
@@ -358,6 +362,88 @@ mod imp {
         };
         drop(proxy);
         Ok(outcome)
+    }
+
+    /// T3.2: the reply to an acquire is lost (the store acts on the request,
+    /// the client never hears back). The caller gets an error or a timeout,
+    /// never a hang; whatever the store granted or queued for it does not
+    /// block the name beyond one TTL (+ slack): another client gets the lock
+    /// by then, with a larger fence. Once the network heals, the caller's
+    /// retry finds the lock held by that client (never granted to both),
+    /// and gets it after its release: no deadlock on its own leftovers.
+    pub async fn lost_acquire_reply_leaves_no_phantom(cx: &Ctx) -> CaseResult {
+        let (proxy, a) = match proxied(cx).await? {
+            Ok(p) => p,
+            Err(why) => skip!("{why}"),
+        };
+        let b = cx.client().await?;
+        let name = cx.name("acquire-reply-lost");
+        let ttl = fault_ttl(cx);
+        let before = cx.must_acquire(&b, &name, cx.long_ttl()).await?;
+        b.release(&before).await?;
+
+        proxy.set(Mode::DropDownstream);
+        let started = Instant::now();
+        let blind = tokio::time::timeout(ttl + cx.slack(), a.try_acquire(&name, ttl)).await;
+        ensure!(
+            !matches!(blind, Ok(Ok(_))),
+            "try_acquire returned an answer through a proxy that drops every reply: {blind:?}"
+        );
+        let next = cx
+            .eventually(
+                (started + ttl + cx.slack()).saturating_duration_since(Instant::now()),
+                "acquisition by another client after an acquire whose reply was lost",
+                || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+            )
+            .await?;
+        ensure!(
+            next.fence() > before.fence(),
+            "F1: fence {} after the lost reply is not above {}",
+            next.fence(),
+            before.fence()
+        );
+
+        proxy.set(Mode::Pass);
+        let healed = cx.scaled(Duration::from_secs(10));
+        cx.eventually(
+            healed,
+            "a definite answer once the network healed",
+            || async {
+                match a.try_acquire(&name, ttl).await {
+                    Ok(Attempt::Held { .. }) => Ok(Some(())),
+                    Ok(Attempt::Acquired(lease)) => Err(Failure::new(format!(
+                        "S1: granted fence {} while another client holds fence {}",
+                        lease.fence(),
+                        next.fence()
+                    ))),
+                    Err(e) if e.is_retryable() => Ok(None),
+                    Err(e) => Err(Failure::new(format!("after healing: {e}"))),
+                }
+            },
+        )
+        .await?;
+        b.release(&next).await?;
+        let retried = cx
+            .eventually(
+                healed,
+                "the caller's own acquisition after healing",
+                || async {
+                    match a.try_acquire(&name, ttl).await {
+                        Ok(attempt) => Ok(attempt.into_lease()),
+                        Err(e) if e.is_retryable() => Ok(None),
+                        Err(e) => Err(Failure::new(format!("after healing: {e}"))),
+                    }
+                },
+            )
+            .await?;
+        ensure!(
+            retried.fence() > next.fence(),
+            "F1: fence {} after healing is not above {}",
+            retried.fence(),
+            next.fence()
+        );
+        a.release(&retried).await?;
+        Ok(Outcome::Passed)
     }
 
     /// T3.3: the reply to a release is lost. The caller gets an error or a

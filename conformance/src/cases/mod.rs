@@ -54,6 +54,7 @@ macro_rules! __for_each_case {
             faults::partitioned_holder_is_fenced_out,
             faults::slow_renewal_counts_as_lost,
             faults::reset_mid_hold_keeps_or_reports,
+            faults::lost_acquire_reply_leaves_no_phantom,
             faults::lost_release_reply_frees_within_ttl,
             faults::fences_survive_store_crash,
             faults::store_pause_keeps_invariants,
