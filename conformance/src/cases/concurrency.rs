@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{FencedResource, Lease, LockBackend, LockError, ReleaseOutcome};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use crate::history::History;
@@ -89,19 +90,26 @@ pub async fn random_workload_history_is_clean(cx: &Ctx) -> CaseResult {
     let resources: Arc<Vec<_>> = Arc::new((0..3).map(|_| FencedResource::new(0_u64)).collect());
     let history = Arc::new(History::new());
     let ttl = cx.short_ttl();
-    let until = Instant::now() + cx.scaled(Duration::from_secs(3)).max(ttl * 4);
+    let workload = Workload {
+        ttl,
+        wait: ttl * 2,
+        until: Instant::now() + cx.scaled(Duration::from_secs(3)).max(ttl * 4),
+        faults: None,
+    };
     let seed: u64 = rand::random();
     let mut tasks = Vec::new();
     for client in 0..CLIENTS {
         let backend = cx.client().await?;
         let (names, resources, history) = (names.clone(), resources.clone(), history.clone());
+        let rng = client_rng(seed, client);
         tasks.push(tokio::spawn(async move {
-            random_client(client, backend, &names, &resources, &history, ttl, until).await
+            random_client(client, backend, &names, &resources, &history, workload, rng).await
         }));
     }
     for task in tasks {
         task.await
-            .map_err(|e| Failure::new(format!("client task failed: {e}")))??;
+            .map_err(|e| Failure::new(format!("client task failed: {e}")))?
+            .map_err(|e| Failure::new(format!("{e} (seed {seed:x})")))?;
     }
     let grants = history.grants().len();
     ensure!(
@@ -111,34 +119,92 @@ pub async fn random_workload_history_is_clean(cx: &Ctx) -> CaseResult {
     let violations = history.check();
     ensure!(
         violations.is_empty(),
-        "history violations ({grants} grants):\n{}",
+        "history violations ({grants} grants, seed {seed:x}):\n{}",
         violations.join("\n")
     );
     Ok(Outcome::Passed)
 }
 
-async fn random_client(
+/// How [`random_client`] runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Workload {
+    /// The TTL every acquire asks for.
+    pub(crate) ttl: Duration,
+    /// How long a waiting acquire waits.
+    pub(crate) wait: Duration,
+    /// No new operation starts after this.
+    pub(crate) until: Instant,
+    /// `Some(limit)`: the network is faulty. Every store call is bounded by
+    /// `limit` (a waiting acquire by its wait + `limit`), and a timed-out
+    /// call or a retryable error is an unknown outcome: nothing is recorded
+    /// as granted, a lease whose renewal got no answer keeps its old
+    /// deadline. `None`: a healthy network, where every error fails.
+    pub(crate) faults: Option<Duration>,
+}
+
+/// Client `client`'s RNG for a run seeded with `seed`: a replayed seed
+/// replays each client's choice of operations (not their timing).
+pub(crate) fn client_rng(seed: u64, client: usize) -> StdRng {
+    StdRng::seed_from_u64(seed ^ (client as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// Runs `call` as `workload` says: `Ok(None)` is an unknown outcome (a
+/// timeout, or a retryable error under faults).
+async fn bounded<T>(
+    faults: Option<Duration>,
+    extra: Duration,
+    call: impl Future<Output = Result<T, LockError>>,
+) -> Result<Option<T>, LockError> {
+    let Some(limit) = faults else {
+        return call.await.map(Some);
+    };
+    match tokio::time::timeout(limit + extra, call).await {
+        Err(_elapsed) => Ok(None),
+        Ok(Err(e)) if e.is_retryable() => Ok(None),
+        Ok(answer) => answer.map(Some),
+    }
+}
+
+/// One client of the random workload: a random mix of try-acquire, waiting
+/// acquire, renew, fenced write, release and abandonment over `names`,
+/// recording every grant in `history` and every rule broken on the way as a
+/// violation there. Returns an error the workload does not expect (under
+/// faults: anything but a retryable error, a timeout, `NotHeld` or `Lost`).
+pub(crate) async fn random_client(
     client: usize,
     backend: Arc<dyn LockBackend>,
     names: &[lockcore::LockName],
     resources: &[FencedResource<u64>],
     history: &History,
-    ttl: Duration,
-    until: Instant,
-) -> Result<(), LockError> {
+    workload: Workload,
+    mut rng: StdRng,
+) -> Result<(), Failure> {
+    let Workload {
+        ttl,
+        wait,
+        until,
+        faults,
+    } = workload;
+    let fail = |op: &str, e: LockError| Failure::new(format!("client {client}: {op}: {e} ({e:?})"));
     // (name index, lease, history index)
     let mut held: Option<(usize, Lease, usize)> = None;
     while Instant::now() < until {
-        let roll = rand::rng().random_range(0..100);
+        let roll = rng.random_range(0..100);
         match held.take() {
             None => {
-                let n = rand::rng().random_range(0..names.len());
+                let n = rng.random_range(0..names.len());
                 let invoked = Instant::now();
                 let lease = if roll < 50 {
-                    backend.try_acquire(&names[n], ttl).await?.into_lease()
+                    bounded(faults, Duration::ZERO, backend.try_acquire(&names[n], ttl))
+                        .await
+                        .map_err(|e| fail("try_acquire", e))?
+                        .and_then(|attempt| attempt.into_lease())
                 } else {
-                    let wait = lockcore::WaitPolicy::new(invoked + ttl * 2);
-                    backend.acquire(&names[n], ttl, &wait).await?
+                    let policy = lockcore::WaitPolicy::new(invoked + wait);
+                    bounded(faults, wait, backend.acquire(&names[n], ttl, &policy))
+                        .await
+                        .map_err(|e| fail("acquire", e))?
+                        .flatten()
                 };
                 if let Some(lease) = lease {
                     let at = history.granted(client, &names[n], lease.fence(), invoked);
@@ -152,11 +218,14 @@ async fn random_client(
                 }
                 if roll < 40 {
                     let sent = Instant::now();
-                    match backend.renew(&lease).await {
-                        Ok(renewed) => {
+                    match bounded(faults, Duration::ZERO, backend.renew(&lease)).await {
+                        Ok(Some(renewed)) => {
                             history.counts_until(at, renewed.deadline());
                             held = Some((n, renewed, at));
                         }
+                        // No answer: the store may or may not have renewed;
+                        // the client still counts on the old deadline.
+                        Ok(None) => held = Some((n, lease, at)),
                         Err(LockError::NotHeld { .. }) => {
                             let answered = Instant::now();
                             if answered < lease.deadline() {
@@ -166,7 +235,16 @@ async fn random_client(
                                 ));
                             }
                         }
-                        Err(e) => return Err(e),
+                        Err(LockError::Lost { .. }) if faults.is_some() => {
+                            let answered = Instant::now();
+                            if answered < lease.deadline() {
+                                history.violation(format!(
+                                    "S4: client {client}: renew sent {:?} before the deadline reported the lease lost",
+                                    lease.deadline() - sent
+                                ));
+                            }
+                        }
+                        Err(e) => return Err(fail("renew", e)),
                     }
                 } else if roll < 75 {
                     let token = lease.fence();
@@ -182,26 +260,33 @@ async fn random_client(
                     held = Some((n, lease, at));
                 } else if roll < 92 {
                     history.end(at, Instant::now());
-                    if backend.release(&lease).await? == ReleaseOutcome::NotHeld
-                        && Instant::now() < lease.deadline()
-                    {
-                        history.violation(format!(
-                            "S2: client {client}: release before the deadline found the lock not held"
-                        ));
+                    match bounded(faults, Duration::ZERO, backend.release(&lease)).await {
+                        Ok(Some(ReleaseOutcome::NotHeld)) if Instant::now() < lease.deadline() => {
+                            history.violation(format!(
+                                "S2: client {client}: release before the deadline found the lock not held"
+                            ));
+                        }
+                        Ok(_) => {}
+                        Err(LockError::NotHeld { .. } | LockError::Lost { .. })
+                            if faults.is_some() => {}
+                        Err(e) => return Err(fail("release", e)),
                     }
                 } else {
                     // Abandon: stop renewing, let it expire; it ended at its deadline.
                 }
             }
         }
-        let pause = Duration::from_millis(
-            rand::rng().random_range(0..=(ttl.as_millis() as u64 / 10).max(1)),
-        );
+        let pause =
+            Duration::from_millis(rng.random_range(0..=(ttl.as_millis() as u64 / 10).max(1)));
         tokio::time::sleep(pause).await;
     }
     if let Some((_, lease, at)) = held {
         history.end(at, Instant::now());
-        let _ = backend.release(&lease).await?;
+        match bounded(faults, Duration::ZERO, backend.release(&lease)).await {
+            Ok(_) => {}
+            Err(LockError::NotHeld { .. } | LockError::Lost { .. }) if faults.is_some() => {}
+            Err(e) => return Err(fail("final release", e)),
+        }
     }
     Ok(())
 }

@@ -75,7 +75,7 @@ mod imp {
     }
 
     /// A proxy in front of the store and a client through it, or why not.
-    async fn proxied(
+    pub(crate) async fn proxied(
         cx: &Ctx,
     ) -> Result<Result<(FaultProxy, Arc<dyn LockBackend>), String>, Failure> {
         let Some(store) = cx.store() else {

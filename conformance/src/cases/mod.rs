@@ -11,6 +11,7 @@ pub mod expiry;
 pub mod faults;
 pub mod fencing;
 pub mod loss;
+pub mod nemesis;
 pub mod processes;
 pub mod release;
 pub mod renewal;
@@ -60,6 +61,7 @@ macro_rules! __for_each_case {
             faults::store_pause_keeps_invariants,
             clock::server_clock_steps_are_judged_on_the_server,
             processes::paused_client_is_fenced_out,
+            nemesis::nemesis_history_is_clean,
         }
     };
 }
