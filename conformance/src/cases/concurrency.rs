@@ -130,7 +130,7 @@ pub async fn random_workload_history_is_clean(cx: &Ctx) -> CaseResult {
 pub(crate) struct Workload {
     /// The TTL every acquire asks for.
     pub(crate) ttl: Duration,
-    /// How long a waiting acquire waits.
+    /// How long a waiting acquire waits (never past `until`).
     pub(crate) wait: Duration,
     /// No new operation starts after this.
     pub(crate) until: Instant,
@@ -200,7 +200,9 @@ pub(crate) async fn random_client(
                         .map_err(|e| fail("try_acquire", e))?
                         .and_then(|attempt| attempt.into_lease())
                 } else {
-                    let policy = lockcore::WaitPolicy::new(invoked + wait);
+                    // Never waits past `until`, so the run ends on time.
+                    let deadline = (invoked + wait).min(until.max(invoked + ttl / 10));
+                    let policy = lockcore::WaitPolicy::new(deadline);
                     bounded(faults, wait, backend.acquire(&names[n], ttl, &policy))
                         .await
                         .map_err(|e| fail("acquire", e))?
