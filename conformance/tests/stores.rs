@@ -322,7 +322,16 @@ fn zookeeper_keeps_znodes_across_kill9() {
 
 /// While paused, a request gets no answer; after resume it does.
 fn pause_blocks_requests(store: &Store) {
-    assert!(store.serves(), "{store:?} serves before the pause");
+    // One probe can time out on a loaded machine; serving is a condition to
+    // await. Once paused, no probe can succeed, however long it waits.
+    let started = Instant::now();
+    while !store.serves() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{store:?} does not serve before the pause"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     store.pause_now().unwrap();
     let started = Instant::now();
     assert!(!store.serves(), "{store:?} answered while SIGSTOPped");
