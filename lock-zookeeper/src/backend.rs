@@ -43,6 +43,83 @@ struct Inner {
 const LOOKS: usize = 8;
 
 impl ZooKeeperBackend {
+    /// Bounds one operation by the session timeout. A request the server
+    /// never answers while the connection stays up (its bytes lost on the
+    /// way) would otherwise wait forever; past the session timeout, any
+    /// lease it was for has run out on the client's clock anyway. Dropping
+    /// the operation cleans up as a cancelled one does (a queue node is
+    /// removed in the background).
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        name: &LockName,
+        op: impl std::future::Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        let limit = self.session_timeout();
+        tokio::time::timeout(limit, op).await.unwrap_or_else(|_| {
+            Err(LockError::unavailable(
+                BACKEND,
+                format!(
+                    "{what} {name}: no answer from ZooKeeper within the session timeout ({limit:?})"
+                ),
+            ))
+        })
+    }
+
+    /// One attempt: enqueue, and keep the node only if it is first.
+    async fn attempt(&self, name: &LockName) -> Result<Attempt, LockError> {
+        let session = self.inner.session().await?;
+        let mut entry = Entry::new(session, self.lock_path(name), self.inner.acls.clone());
+        let sent_at = Instant::now();
+        let mut queue = entry.enqueue().await?;
+        if let Some(fresh) = entry.prune(&queue).await? {
+            queue = fresh;
+        }
+        let ours = entry.name().unwrap_or_default();
+        if queue.position(ours) == Some(0) {
+            let alone = queue.is_only(ours);
+            return Ok(Attempt::Acquired(self.grant(name, entry, sent_at, alone)?));
+        }
+        if let Err(e) = entry.remove().await {
+            tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
+        }
+        Ok(Attempt::Held { expires_in: None })
+    }
+
+    /// Deletes the grant's node if it is still this lease's.
+    async fn release_now(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let Some(held) = self.held(lease) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        if held.expire_if_due(Instant::now()) {
+            let _ = held.delete().await;
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        if held.over() != Over::No {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        if held.session.is_ended() {
+            gone(held);
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let deleted = held
+            .delete()
+            .await
+            .map_err(|e| map(format!("releasing {}", held.path), e))?;
+        held.finish(Over::Released);
+        held.stop();
+        // The node is gone (the server answered): a create sent from now on
+        // that gets the next number is first.
+        if let Some((watch, sequence)) = held.vouch {
+            held.session.quiet.vouch(&held.parent, watch, sequence);
+        }
+        Ok(if deleted {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
     /// Connects with a `zk://` URL or a plain connect string (see
     /// [`ZooKeeperConfig::from_url`]).
     ///
@@ -370,22 +447,7 @@ impl LockBackend for ZooKeeperBackend {
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
         self.effective_ttl(ttl)?;
-        let session = self.inner.session().await?;
-        let mut entry = Entry::new(session, self.lock_path(name), self.inner.acls.clone());
-        let sent_at = Instant::now();
-        let mut queue = entry.enqueue().await?;
-        if let Some(fresh) = entry.prune(&queue).await? {
-            queue = fresh;
-        }
-        let ours = entry.name().unwrap_or_default();
-        if queue.position(ours) == Some(0) {
-            let alone = queue.is_only(ours);
-            return Ok(Attempt::Acquired(self.grant(name, entry, sent_at, alone)?));
-        }
-        if let Err(e) = entry.remove().await {
-            tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
-        }
-        Ok(Attempt::Held { expires_in: None })
+        self.bounded("acquiring", name, self.attempt(name)).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -436,36 +498,8 @@ impl LockBackend for ZooKeeperBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let Some(held) = self.held(lease) else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
-        if held.expire_if_due(Instant::now()) {
-            let _ = held.delete().await;
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        if held.over() != Over::No {
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        if held.session.is_ended() {
-            gone(held);
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        let deleted = held
-            .delete()
+        self.bounded("releasing", lease.name(), self.release_now(lease))
             .await
-            .map_err(|e| map(format!("releasing {}", held.path), e))?;
-        held.finish(Over::Released);
-        held.stop();
-        // The node is gone (the server answered): a create sent from now on
-        // that gets the next number is first.
-        if let Some((watch, sequence)) = held.vouch {
-            held.session.quiet.vouch(&held.parent, watch, sequence);
-        }
-        Ok(if deleted {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
