@@ -320,18 +320,23 @@ fn zookeeper_keeps_znodes_across_kill9() {
     );
 }
 
-/// While paused, a request gets no answer; after resume it does.
-fn pause_blocks_requests(store: &Store) {
-    // One probe can time out on a loaded machine; serving is a condition to
-    // await. Once paused, no probe can succeed, however long it waits.
+/// Waits until `store` serves (one probe can time out on a loaded machine;
+/// serving is a condition to await), failing after 10 s.
+fn await_serving(store: &Store, when: &str) {
     let started = Instant::now();
     while !store.serves() {
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "{store:?} does not serve before the pause"
+            "{store:?} does not serve {when}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// While paused, a request gets no answer (however long the probe waits);
+/// after resume it does.
+fn pause_blocks_requests(store: &Store) {
+    await_serving(store, "before the pause");
     store.pause_now().unwrap();
     let started = Instant::now();
     assert!(!store.serves(), "{store:?} answered while SIGSTOPped");
@@ -340,14 +345,7 @@ fn pause_blocks_requests(store: &Store) {
         "the probe must have timed out"
     );
     store.resume_now().unwrap();
-    let started = Instant::now();
-    while !store.serves() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{store:?} did not serve after SIGCONT"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    await_serving(store, "after SIGCONT");
 }
 
 #[test]
