@@ -103,6 +103,31 @@ impl Ctx {
         }
     }
 
+    /// A private store to hurt (kill, pause, restart, step its clock) and
+    /// the factory whose clients reach it, or why there is none.
+    pub async fn private_store(
+        &self,
+    ) -> Result<Result<(Arc<dyn Factory>, Arc<dyn StoreControl>), String>, Failure> {
+        let Some(private) = self.private_factory().await? else {
+            return Ok(Err(self.why_no_private()));
+        };
+        let Some(store) = private.store() else {
+            return Ok(Err("the private factory exposes no store process".into()));
+        };
+        Ok(Ok((private, store)))
+    }
+
+    /// A new client of a private store's `factory`.
+    pub async fn private_client(
+        &self,
+        factory: &Arc<dyn Factory>,
+    ) -> Result<Arc<dyn LockBackend>, Failure> {
+        factory
+            .client()
+            .await
+            .map_err(|e| Failure::new(format!("cannot connect to the private store: {e}")))
+    }
+
     /// The backend's capabilities.
     pub fn caps(&self) -> &Capabilities {
         &self.caps

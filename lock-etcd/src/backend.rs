@@ -9,7 +9,7 @@ use etcd_client::{
     KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
-use lockcore::audit::{self, ForcedRelease};
+use lockcore::audit;
 use lockcore::{
     Attempt, CancellationToken, Capabilities, Fairness, FenceDurability, FencingToken, Holder,
     Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
@@ -231,6 +231,17 @@ impl Inner {
             .ok()
             .and_then(FencingToken::new)
             .ok_or_else(|| protocol(format!("create revision {revision}")))
+    }
+
+    /// The lease for a new queue entry: a pooled one on the first try, a
+    /// fresh grant on the retry (a pooled lease may have been revoked behind
+    /// our back).
+    pub(crate) async fn entry_lease(&self, ttl: Duration, retry: bool) -> Result<Slot, LockError> {
+        if retry {
+            self.grant(ttl).await
+        } else {
+            self.take_lease(ttl).await
+        }
     }
 
     /// A lease for one lock: an idle one (refreshed first if it is getting
@@ -468,11 +479,7 @@ impl LockBackend for EtcdBackend {
         // A pooled lease may have been revoked behind our back: one retry
         // with a fresh grant.
         for fresh_grant in [false, true] {
-            let slot = if fresh_grant {
-                inner.grant(ttl).await?
-            } else {
-                inner.take_lease(ttl).await?
-            };
+            let slot = inner.entry_lease(ttl, fresh_grant).await?;
             let owner = OwnerToken::new();
             let key = inner.keys.entry(name, slot.id);
             let txn = Txn::new()
@@ -606,8 +613,7 @@ impl LockBackend for EtcdBackend {
         // but it is the holder's to pool or let expire).
         for _ in 0..32 {
             let Some((kv, _)) = inner.head(name).await? else {
-                audit::emit(ForcedRelease::new(BACKEND, name.clone(), None, reason));
-                return Ok(None);
+                return Ok(audit::forced_release(BACKEND, name, None, reason));
             };
             let holder = inner.holder_of(&kv).await?;
             let txn = Txn::new()
@@ -618,13 +624,7 @@ impl LockBackend for EtcdBackend {
                 )])
                 .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
             if inner.txn("force release", txn).await?.succeeded() {
-                audit::emit(ForcedRelease::new(
-                    BACKEND,
-                    name.clone(),
-                    Some(holder.clone()),
-                    reason,
-                ));
-                return Ok(Some(holder));
+                return Ok(audit::forced_release(BACKEND, name, Some(holder), reason));
             }
         }
         Err(LockError::unavailable(

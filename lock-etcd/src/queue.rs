@@ -88,11 +88,7 @@ impl Entry {
             .with_range(Keys::queue_end(&queue))
             .with_keys_only();
         for fresh_grant in [false, true] {
-            let slot = if fresh_grant {
-                inner.grant(ttl).await?
-            } else {
-                inner.take_lease(ttl).await?
-            };
+            let slot = inner.entry_lease(ttl, fresh_grant).await?;
             let owner = OwnerToken::new();
             let key = inner.keys.entry(name, slot.id);
             let txn = Txn::new().and_then([

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::etcd;
+use lock_conformance::stores::{etcd, eventually};
 use lock_etcd::etcd_client::{Client, GetOptions, Permission, Txn, TxnOp};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{
@@ -302,22 +302,42 @@ async fn a_waiter_whose_lease_dies_in_line_never_takes_the_lock_with_it() {
         let key = holder.key_of(&held).unwrap();
         key[..key.len() - 16].to_vec()
     };
-    let entry = loop {
-        let reply = client
-            .get(queue_prefix.clone(), Some(GetOptions::new().with_prefix()))
-            .await
-            .unwrap();
-        if let Some(kv) = reply
-            .kvs()
-            .iter()
-            .find(|kv| kv.create_revision() as u64 != held.fence().get())
-        {
-            break kv.clone();
+    let entries = |client: &Client| {
+        let (mut client, prefix) = (client.clone(), queue_prefix.clone());
+        async move {
+            client
+                .get(prefix, Some(GetOptions::new().with_prefix()))
+                .await
+                .unwrap()
+                .kvs()
+                .to_vec()
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    let entry = eventually(
+        Duration::from_secs(10),
+        "the waiter's queue entry",
+        || async {
+            entries(&client)
+                .await
+                .into_iter()
+                .find(|kv| kv.create_revision() as u64 != held.fence().get())
+        },
+    )
+    .await;
     client.lease_revoke(entry.lease()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The waiter sees its entry gone and queues again, with a new entry.
+    eventually(
+        Duration::from_secs(10),
+        "the waiter queueing again",
+        || async {
+            entries(&client)
+                .await
+                .iter()
+                .any(|kv| kv.create_revision() > entry.create_revision())
+                .then_some(())
+        },
+    )
+    .await;
     assert!(!waiting.is_finished(), "the waiter must still be waiting");
     holder.release(&held).await.unwrap();
     let lease = tokio::time::timeout(Duration::from_secs(15), waiting)

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::audit::{self, ForcedRelease};
+use lockcore::audit;
 use lockcore::{
     Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LockBackend,
     LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop, async_trait,
@@ -441,13 +441,7 @@ impl LockBackend for PostgresBackend {
             .await?
             .map(holder)
             .transpose()?;
-        audit::emit(ForcedRelease::new(
-            BACKEND,
-            name.clone(),
-            evicted.clone(),
-            reason,
-        ));
-        Ok(evicted)
+        Ok(audit::forced_release(BACKEND, name, evicted, reason))
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {

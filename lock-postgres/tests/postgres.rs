@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::stores::postgres::{self, Options};
+use lock_conformance::stores::until;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lock_postgres::{FenceError, PostgresBackend, PostgresConfig, ResourceFence, fence_check};
 use lockcore::{
@@ -49,22 +50,6 @@ async fn acquired(client: &Arc<dyn LockBackend>, name: &LockName, ttl: Duration)
 
 async fn sql_conn(url: &str) -> PgConnection {
     PgConnection::connect(url).await.expect("plain connection")
-}
-
-/// Polls `check` every 20 ms until it holds, for at most `within`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let give_up = Instant::now() + within;
-    while !check().await {
-        assert!(
-            Instant::now() < give_up,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// T4.6: hostile schema and table options are refused before any I/O, and
@@ -258,7 +243,7 @@ async fn two_thousand_waiters_share_one_listener() {
             })
         })
         .collect();
-    eventually(
+    until(
         Duration::from_secs(60),
         "2,000 registered waiters",
         || async { backend.waiting() == WAITERS },
@@ -499,7 +484,7 @@ async fn from_pool_uses_the_callers_pool() {
                 .await
         }
     });
-    eventually(Duration::from_secs(5), "a registered waiter", || async {
+    until(Duration::from_secs(5), "a registered waiter", || async {
         backend.waiting() == 1
     })
     .await;

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::audit::{self, ForcedRelease};
+use lockcore::audit;
 use lockcore::{
     Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LockBackend,
     LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
@@ -529,13 +529,7 @@ impl LockBackend for RedisBackend {
             }
             None => None,
         };
-        audit::emit(ForcedRelease::new(
-            BACKEND,
-            name.clone(),
-            evicted.clone(),
-            reason,
-        ));
-        Ok(evicted)
+        Ok(audit::forced_release(BACKEND, name, evicted, reason))
     }
 
     /// Waits in line: the first attempt joins the name's queue in Redis,

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use lock_conformance::StoreControl;
 use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::Store;
 use lock_conformance::stores::redis::{self as launcher, Options, Persistence as Stored};
+use lock_conformance::stores::{Store, until};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Fenced, MAX_TTL, Persistence, RedisBackend, RedisConfig, fenced_apply};
 use lockcore::{
@@ -57,22 +57,6 @@ async fn acquire(backend: &RedisBackend, name: &LockName, ttl: Duration) -> lock
     match backend.try_acquire(name, ttl).await.expect("try_acquire") {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
-    }
-}
-
-/// Polls `check` every 10 ms until it holds, or panics after `within`.
-async fn until<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let give_up = Instant::now() + within;
-    while !check().await {
-        assert!(
-            Instant::now() < give_up,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

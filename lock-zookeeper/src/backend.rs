@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::audit::{self, ForcedRelease};
+use lockcore::audit;
 use lockcore::{
     Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LeaseKind,
     LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
@@ -554,13 +554,7 @@ impl LockBackend for ZooKeeperBackend {
                 break;
             }
         }
-        audit::emit(ForcedRelease::new(
-            BACKEND,
-            name.clone(),
-            evicted.clone(),
-            reason,
-        ));
-        Ok(evicted)
+        Ok(audit::forced_release(BACKEND, name, evicted, reason))
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {

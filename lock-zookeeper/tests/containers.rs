@@ -6,9 +6,10 @@ mod support;
 
 use std::time::Duration;
 
+use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lockcore::LockBackend;
-use support::{children, connect, eventually, raw, unique};
+use support::{children, connect, raw, unique};
 
 /// Runs alone in its own test binary: it sets the environment before any
 /// other thread exists, so the private server's JVM checks containers every

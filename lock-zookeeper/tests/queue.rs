@@ -5,12 +5,13 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, Mode};
+use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
 use lockcore::{
     Attempt, CancellationToken, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
 };
-use support::{children, connect, eventually, raw, unique};
+use support::{children, connect, raw, unique};
 use tokio::time::{Instant, timeout};
 
 fn locker(backend: &ZooKeeperBackend) -> Locker {

@@ -10,10 +10,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use lock_conformance::proxy::FaultProxy;
+use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
-use support::{children, connect, eventually, raw, unique};
+use support::{children, connect, raw, unique};
 use tokio::time::timeout;
 use uuid::Uuid;
 

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use lock_conformance::history::History;
 use lock_conformance::proxy::{FaultProxy, Mode};
+use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::zk;
 use lockcore::{Attempt, LeaseKind, LockBackend, LockError, Locker, LossReason, ReleaseOutcome};
-use support::{children, connect, connect_with, eventually, raw, session_timeout, unique};
+use support::{children, connect, connect_with, raw, session_timeout, unique};
 use tokio::time::{Instant, timeout};
 
 /// A Locker for tests: renew at a third of the session, wait up to a minute.

@@ -56,6 +56,24 @@ pub fn subscribe() -> broadcast::Receiver<ForcedRelease> {
     channel().subscribe()
 }
 
+/// Records the forced release of `name` (one [`ForcedRelease`] event) and
+/// hands `evicted` back, so a backend's `force_release` ends with
+/// `Ok(audit::forced_release(BACKEND, name, evicted, reason))`.
+pub fn forced_release(
+    backend: &'static str,
+    name: &LockName,
+    evicted: Option<Holder>,
+    reason: &str,
+) -> Option<Holder> {
+    emit(ForcedRelease::new(
+        backend,
+        name.clone(),
+        evicted.clone(),
+        reason,
+    ));
+    evicted
+}
+
 /// Emits `event`; backends call this once per forced release.
 pub fn emit(event: ForcedRelease) {
     tracing::warn!(

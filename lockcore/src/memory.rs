@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::audit::{self, ForcedRelease};
+use crate::audit;
 use crate::{
     Attempt, Capabilities, FenceDurability, FencingToken, Holder, Lease, LockBackend, LockError,
     LockName, OwnerToken, ReleaseOutcome, Wakeup,
@@ -215,13 +215,7 @@ impl LockBackend for MemoryBackend {
             state.tidy(name, now);
             evicted
         };
-        audit::emit(ForcedRelease::new(
-            BACKEND,
-            name.clone(),
-            evicted.clone(),
-            reason,
-        ));
-        Ok(evicted)
+        Ok(audit::forced_release(BACKEND, name, evicted, reason))
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {

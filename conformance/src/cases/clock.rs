@@ -22,22 +22,15 @@ pub async fn server_clock_steps_are_judged_on_the_server(cx: &Ctx) -> CaseResult
     if !cx.per_lock_leases() {
         skip!("session leases do not expire by the store's wall clock");
     }
-    let Some(private) = cx.private_factory().await? else {
-        skip!("{}", cx.why_no_private());
-    };
-    let Some(store) = private.store() else {
-        skip!("the private factory exposes no store process");
+    let (private, store) = match cx.private_store().await? {
+        Ok(p) => p,
+        Err(why) => skip!("{why}"),
     };
     if let Err(e) = store.step_clock(0).await {
         skip!("the store's clock cannot be stepped here: {e}");
     }
-    let connect = || async {
-        private
-            .client()
-            .await
-            .map_err(|e| Failure::new(format!("cannot connect to the private store: {e}")))
-    };
-    let (a, b) = (connect().await?, connect().await?);
+    let a = cx.private_client(&private).await?;
+    let b = cx.private_client(&private).await?;
     let name = cx.name("clock-forward");
     let ttl = cx
         .caps()

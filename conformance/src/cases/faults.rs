@@ -484,19 +484,14 @@ mod imp {
         if matches!(cx.caps().fence_durability, FenceDurability::Volatile) {
             skip!("the backend declares volatile fences (FenceDurability::Volatile)");
         }
-        let Some(private) = cx.private_factory().await? else {
-            skip!("{}", cx.why_no_private());
-        };
-        let Some(store) = private.store() else {
-            skip!("the private factory exposes no store process");
+        let (private, store) = match cx.private_store().await? {
+            Ok(p) => p,
+            Err(why) => skip!("{why}"),
         };
         if !store.durable() {
             skip!("the private store is not in its durable configuration (StoreControl::durable)");
         }
-        let c = private
-            .client()
-            .await
-            .map_err(|e| Failure::new(format!("cannot connect to the private store: {e}")))?;
+        let c = cx.private_client(&private).await?;
         let name = cx.name("crash");
         let held_name = cx.name("crash-held");
         let mut last = None;
@@ -578,19 +573,12 @@ mod imp {
     /// within TTL + slack, after the holder's deadline, with a larger fence;
     /// the old holder's fenced write is refused.
     pub async fn store_pause_keeps_invariants(cx: &Ctx) -> CaseResult {
-        let Some(private) = cx.private_factory().await? else {
-            skip!("{}", cx.why_no_private());
+        let (private, store) = match cx.private_store().await? {
+            Ok(p) => p,
+            Err(why) => skip!("{why}"),
         };
-        let Some(store) = private.store() else {
-            skip!("the private factory exposes no store process");
-        };
-        let connect = || async {
-            private
-                .client()
-                .await
-                .map_err(|e| Failure::new(format!("cannot connect to the private store: {e}")))
-        };
-        let (a, b) = (connect().await?, connect().await?);
+        let a = cx.private_client(&private).await?;
+        let b = cx.private_client(&private).await?;
         let name = cx.name("store-paused");
         let ttl = fault_ttl(cx);
         let history = Arc::new(History::new());

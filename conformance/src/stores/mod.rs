@@ -41,6 +41,7 @@
 pub mod etcd;
 mod factory;
 pub mod pki;
+mod poll;
 pub mod postgres;
 pub(crate) mod process;
 pub mod redis;
@@ -59,6 +60,7 @@ use async_trait::async_trait;
 use nix::sys::signal::Signal;
 
 pub use factory::{StoreFactory, factory};
+pub use poll::{eventually, until};
 
 use crate::StoreControl;
 

@@ -66,26 +66,6 @@ pub async fn children(client: &lock_zookeeper::zk::Client, path: &str) -> Vec<St
     }
 }
 
-/// Polls `check` every 10 ms until it yields `Some`, panicking with `what`
-/// after `within`.
-pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let give_up = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Whether this test may launch ZooKeeper servers of its own. Not when
 /// `LOCK_TEST_ZOOKEEPER` names an external server (as in the container CI
 /// job, where no ZooKeeper is installed): like the suite's crash cases, the
