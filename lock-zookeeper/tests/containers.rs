@@ -9,7 +9,7 @@ use std::time::Duration;
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lockcore::LockBackend;
-use support::{children, connect, raw, unique};
+use support::{children, connect, raw, take, unique};
 
 /// Runs alone in its own test binary: it sets the environment before any
 /// other thread exists, so the private server's JVM checks containers every
@@ -37,12 +37,7 @@ fn empty_parents_are_deleted_by_the_server_and_fences_keep_growing() {
             let parent = a.lock_path(&name);
             let ttl = a.session_timeout();
 
-            let first = a
-                .try_acquire(&name, ttl)
-                .await
-                .unwrap()
-                .into_lease()
-                .unwrap();
+            let first = take(&a, &name).await;
             let waiter = connect(store.url()).await.unwrap();
             let queued = waiter.try_acquire(&name, ttl).await.unwrap();
             assert!(queued.into_lease().is_none());
@@ -61,12 +56,7 @@ fn empty_parents_are_deleted_by_the_server_and_fences_keep_growing() {
             )
             .await;
 
-            let second = a
-                .try_acquire(&name, ttl)
-                .await
-                .unwrap()
-                .into_lease()
-                .unwrap();
+            let second = take(&a, &name).await;
             let nodes = children(&observer, &parent).await;
             assert!(
                 nodes[0].ends_with("-lock-0000000000"),

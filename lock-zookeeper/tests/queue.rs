@@ -11,7 +11,7 @@ use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
 use lockcore::{
     Attempt, CancellationToken, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
 };
-use support::{children, connect, raw, unique};
+use support::{children, connect, raw, take, unique};
 use tokio::time::{Instant, timeout};
 
 fn locker(backend: &ZooKeeperBackend) -> Locker {
@@ -32,12 +32,7 @@ async fn given_up_waiters_leave_no_queue_nodes() {
     let parent = holder.lock_path(&name);
     let only_holder = || async { (children(&observer, &parent).await.len() == 1).then_some(()) };
 
-    let lease = holder
-        .try_acquire(&name, holder.session_timeout())
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = take(&holder, &name).await;
 
     // Timed out.
     let timed_out = locker(&waiter)
@@ -118,12 +113,7 @@ async fn lost_create_reply_finds_its_own_node() {
     let name = unique("lost-create-reply");
     let parent = a.lock_path(&name);
     // The parent exists already, so the create is the only write in flight.
-    let warm = a
-        .try_acquire(&name, a.session_timeout())
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let warm = take(&a, &name).await;
     a.release(&warm).await.unwrap();
 
     proxy.set(Mode::DropDownstream);
@@ -180,28 +170,17 @@ async fn parent_recreation_restarts_sequences_but_never_fences() {
     let observer = raw(&store.url()).await;
     let name = unique("recreated-parent");
     let parent = a.lock_path(&name);
-    let ttl = a.session_timeout();
 
     let mut last = None;
     for _ in 0..5 {
-        let lease = a
-            .try_acquire(&name, ttl)
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
+        let lease = take(&a, &name).await;
         assert!(last < Some(lease.fence()));
         last = Some(lease.fence());
         a.release(&lease).await.unwrap();
     }
     // What the server's container reaper does to an empty parent.
     observer.delete(&parent, None).await.unwrap();
-    let lease = a
-        .try_acquire(&name, ttl)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = take(&a, &name).await;
     let nodes = children(&observer, &parent).await;
     assert_eq!(nodes.len(), 1);
     assert!(
@@ -225,12 +204,7 @@ async fn abandoned_lease_is_deleted_at_its_deadline() {
     );
     let name = unique("abandoned");
     let ttl = a.session_timeout();
-    let lease = a
-        .try_acquire(&name, ttl)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = take(&a, &name).await;
     let deadline = lease.deadline();
     drop(lease);
     let wait = lockcore::WaitPolicy::new(Instant::now() + ttl * 2);

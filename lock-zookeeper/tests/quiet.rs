@@ -14,7 +14,7 @@ use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
-use support::{children, connect, raw, unique};
+use support::{children, connect, raw, take, unique};
 use tokio::time::timeout;
 use uuid::Uuid;
 
@@ -198,12 +198,7 @@ async fn a_longer_hold_is_watched_and_learns_of_its_eviction() {
     let name = unique("kept");
     let parent = a.lock_path(&name);
     let sid = session_id(&a);
-    let lease = a
-        .try_acquire(&name, a.session_timeout())
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = take(&a, &name).await;
     let granted = answered(store.addr(), sid);
     eventually(
         a.session_timeout() / 2,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig, zk};
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
-use support::{children, session_timeout, unique};
+use support::{children, session_timeout, take, unique};
 
 fn config(url: &str, root: &str) -> ZooKeeperConfig {
     ZooKeeperConfig::new(url)
@@ -36,12 +36,7 @@ async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
         .await
         .unwrap();
     let name = unique("acl");
-    let lease = alice
-        .try_acquire(&name, alice.session_timeout())
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = take(&alice, &name).await;
     let parent = alice.lock_path(&name);
 
     for (who, intruder) in [

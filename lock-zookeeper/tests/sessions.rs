@@ -13,7 +13,7 @@ use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::zk;
 use lockcore::{Attempt, LeaseKind, LockBackend, LockError, Locker, LossReason, ReleaseOutcome};
-use support::{children, connect, connect_with, raw, session_timeout, unique};
+use support::{children, connect, connect_with, raw, session_timeout, take, unique};
 use tokio::time::{Instant, timeout};
 
 /// A Locker for tests: renew at a third of the session, wait up to a minute.
@@ -211,12 +211,7 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
 
     let mut last = None;
     for _ in 0..20 {
-        let lease = a
-            .try_acquire(&name, ttl)
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
+        let lease = take(&a, &name).await;
         assert!(last < Some(lease.fence()));
         last = Some(lease.fence());
         a.release(&lease).await.unwrap();
@@ -253,12 +248,7 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
 
     let fence_a = guard.fencing_token();
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
-    let next = b
-        .try_acquire(&name, ttl)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let next = take(&b, &name).await;
     assert!(next.fence() > fence_a, "F2: fence after the crash");
     b.release(&next).await.unwrap();
 }
@@ -353,12 +343,7 @@ async fn leader_loss_in_an_ensemble_keeps_exclusion_and_fences() {
         .map(|(_, m)| m.url())
         .unwrap();
     let c = connect_with(&survivor, long).await.unwrap();
-    let lease = c
-        .try_acquire(&name, c.session_timeout())
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = take(&c, &name).await;
     assert!(lease.fence() > fence_b);
     c.release(&lease).await.unwrap();
     let violations = history.check();

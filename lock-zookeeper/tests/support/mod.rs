@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lock_conformance::stores::{self, StoreFactory};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
-use lockcore::LockError;
+use lockcore::{LockBackend, LockError};
 
 /// The session timeout the tests ask for: 4 s, stretched by
 /// `LOCK_TEST_TIME_SCALE` (the harness's ZooKeeper allows 1 s to 60 s).
@@ -55,6 +55,16 @@ pub async fn raw(connect: &str) -> lock_zookeeper::zk::Client {
 /// A lock name no other test (or rerun) uses.
 pub fn unique(what: &str) -> lockcore::LockName {
     lockcore::LockName::new(format!("zk-tests/{what}/{}", uuid::Uuid::new_v4().simple())).unwrap()
+}
+
+/// Takes `name` at once (it must be free) and returns the lease.
+pub async fn take(backend: &ZooKeeperBackend, name: &lockcore::LockName) -> lockcore::Lease {
+    backend
+        .try_acquire(name, backend.session_timeout())
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap_or_else(|| panic!("{name} was expected to be free"))
 }
 
 /// The children of `path` (none if it does not exist).
