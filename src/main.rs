@@ -67,6 +67,10 @@ enum Command {
         /// Why, for the audit trail.
         #[arg(long)]
         reason: String,
+        /// Evict only the holder with this fencing token (as `inspect`
+        /// showed it), so a retry never evicts the next holder.
+        #[arg(long)]
+        fence: Option<u64>,
     },
     /// List the URL schemes this build supports.
     Schemes,
@@ -119,7 +123,13 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
                 }
                 _ = tokio::time::sleep(r#for) => {}
             }
-            println!("released: {:?}", guard.release().await?);
+            match guard.release().await? {
+                distlock::ReleaseOutcome::Released => println!("released {name}"),
+                distlock::ReleaseOutcome::NotHeld => {
+                    eprintln!("distlock: {name} was no longer held at release (lease lost)");
+                    return Ok(ExitCode::from(LOST));
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { name } => {
@@ -135,11 +145,24 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::ForceRelease { name, reason } => {
+        Command::ForceRelease {
+            name,
+            reason,
+            fence,
+        } => {
             let name = distlock::LockName::new(name)?;
-            match backend.force_release(&name, &reason).await? {
-                Some(h) => println!("{name}: evicted holder with fence {}", h.fence),
-                None => println!("{name}: was free"),
+            let evicted = match fence {
+                None => locker.force_release(&name, &reason).await?,
+                Some(fence) => {
+                    let fence = distlock::FencingToken::new(fence)
+                        .ok_or_else(|| LockError::config("--fence must be at least 1"))?;
+                    locker.force_release_if(&name, fence, &reason).await?
+                }
+            };
+            match (evicted, fence) {
+                (Some(h), _) => println!("{name}: evicted holder with fence {}", h.fence),
+                (None, None) => println!("{name}: was free"),
+                (None, Some(f)) => println!("{name}: not held under fence {f}; nothing evicted"),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -164,8 +187,13 @@ async fn run_locked(
         .map_err(|e| LockError::config_caused_by(format!("cannot start {:?}", command[0]), e))?;
     tokio::select! {
         status = child.wait() => {
-            guard.release().await?;
+            let lost = guard.loss_reason();
+            let released = guard.release().await?;
             let status = status.map_err(|e| LockError::config_caused_by("waiting for the command", e))?;
+            if lost.is_some() || released == distlock::ReleaseOutcome::NotHeld {
+                eprintln!("distlock: the lease on {name} was lost before the command finished");
+                return Ok(ExitCode::from(LOST));
+            }
             Ok(ExitCode::from(status.code().map_or(1, |c| c.clamp(0, 255) as u8)))
         }
         reason = guard.lost() => {

@@ -283,8 +283,12 @@ impl LockBackend for LockRpc {
         Err(unsupported("inspect"))
     }
 
-    async fn force_release(&self, _: &LockName, _: &str) -> Result<Option<Holder>, LockError> {
-        Err(unsupported("force_release"))
+    async fn evict(
+        &self,
+        _: &LockName,
+        _: Option<FencingToken>,
+    ) -> Result<Option<Holder>, LockError> {
+        Err(unsupported("evict"))
     }
 
     async fn acquire(

@@ -279,12 +279,12 @@ impl LockBackend for Waits {
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
         self.inner.inspect(name).await
     }
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
-        self.inner.force_release(name, reason).await
+        self.inner.evict(name, expected).await
     }
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         self.inner.watch(name).await
@@ -326,12 +326,12 @@ impl LockBackend for Polling {
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
         self.0.inspect(name).await
     }
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
-        self.0.force_release(name, reason).await
+        self.0.evict(name, expected).await
     }
     async fn watch(&self, _name: &LockName) -> Result<Option<Wakeup>, LockError> {
         Ok(None)
@@ -409,14 +409,14 @@ impl LockBackend for Advisory {
             operation: "inspect",
         })
     }
-    async fn force_release(
+    async fn evict(
         &self,
         _name: &LockName,
-        _reason: &str,
+        _expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         Err(LockError::Unsupported {
             backend: "pg-advisory",
-            operation: "force_release",
+            operation: "evict",
         })
     }
 }

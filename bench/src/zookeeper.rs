@@ -368,8 +368,12 @@ impl LockBackend for Recipe {
         Err(unsupported("inspect"))
     }
 
-    async fn force_release(&self, _: &LockName, _: &str) -> Result<Option<Holder>, LockError> {
-        Err(unsupported("force_release"))
+    async fn evict(
+        &self,
+        _: &LockName,
+        _: Option<FencingToken>,
+    ) -> Result<Option<Holder>, LockError> {
+        Err(unsupported("evict"))
     }
 
     async fn acquire(

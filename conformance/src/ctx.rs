@@ -24,6 +24,7 @@ pub struct TakerCommand {
 pub struct Ctx {
     factory: Arc<dyn Factory>,
     caps: Capabilities,
+    round_trip: Duration,
     prefix: String,
     scale: f64,
     taker: Option<TakerCommand>,
@@ -37,6 +38,19 @@ impl std::fmt::Debug for Ctx {
             .field("scale", &self.scale)
             .finish()
     }
+}
+
+/// The slowest of three `inspect` round trips (errors count as taking as
+/// long as they took).
+async fn measure_round_trip(client: &dyn LockBackend) -> Duration {
+    let probe = LockName::new("conformance/round-trip-probe").expect("a valid name");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3 {
+        let sent = Instant::now();
+        let _ = client.inspect(&probe).await;
+        slowest = slowest.max(sent.elapsed());
+    }
+    slowest
 }
 
 impl Ctx {
@@ -53,7 +67,9 @@ impl Ctx {
             .and_then(|s| s.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s > 0.0)
             .unwrap_or(1.0);
+        let round_trip = measure_round_trip(&*probe).await;
         Ok(Ctx {
+            round_trip,
             caps: probe.capabilities(),
             factory,
             prefix: format!("conformance/{case}/{:08x}", rand::random::<u32>()),
@@ -177,6 +193,13 @@ impl Ctx {
     /// 1 s scaled for scheduling on a loaded machine).
     pub fn slack(&self) -> Duration {
         self.caps.expiry_slack + self.scaled(Duration::from_secs(1))
+    }
+
+    /// An allowance for one store round trip on this machine: four times the
+    /// slowest of a few `inspect` calls measured when the case started, plus
+    /// 100 ms, scaled. For bounds such as "within one round trip".
+    pub fn round_trip(&self) -> Duration {
+        self.scaled(self.round_trip * 4 + Duration::from_millis(100))
     }
 
     /// Whether leases have their own TTL (vs. living as long as a session).

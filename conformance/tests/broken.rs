@@ -9,7 +9,7 @@ use std::time::Duration;
 use lock_conformance::{Outcome, from_fn, run_cases, shared};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    MemoryBackend, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, async_trait, audit,
+    MemoryBackend, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, async_trait,
 };
 use tokio::time::Instant;
 
@@ -25,8 +25,11 @@ enum Flaw {
     ExpiresEarly,
     /// Zero or huge TTLs are silently clamped instead of rejected.
     ClampsTtl,
-    /// Forced release emits its audit event twice.
-    AuditsTwice,
+    /// Compare-and-evict evicts whoever holds the name, whatever fence it
+    /// was asked to compare.
+    EvictIgnoresFence,
+    /// Declares an eviction notice but never tells the evicted holder.
+    SilentEviction,
     /// Declares notifications but never wakes anyone.
     NeverWakes,
     /// A dropped acquire leaves a grant behind that never expires soon.
@@ -100,6 +103,16 @@ impl LockBackend for Broken {
                     lease.issued_at(),
                 ))
             }
+            Attempt::Acquired(lease) if self.flaw == Flaw::SilentEviction => {
+                // The same grant without the store's loss signal.
+                Attempt::Acquired(Lease::new(
+                    name.clone(),
+                    lease.owner(),
+                    lease.fence(),
+                    lease.ttl(),
+                    lease.issued(),
+                ))
+            }
             Attempt::Acquired(lease) => Attempt::Acquired(self.doctor(lease)),
             held => held,
         })
@@ -135,16 +148,10 @@ impl LockBackend for Broken {
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         match self.flaw {
-            Flaw::ReleaseIgnoresOwner => Ok(
-                match self
-                    .store
-                    .force_release(lease.name(), "broken release")
-                    .await?
-                {
-                    Some(_) => ReleaseOutcome::Released,
-                    None => ReleaseOutcome::NotHeld,
-                },
-            ),
+            Flaw::ReleaseIgnoresOwner => Ok(match self.store.evict(lease.name(), None).await? {
+                Some(_) => ReleaseOutcome::Released,
+                None => ReleaseOutcome::NotHeld,
+            }),
             _ => self.store.release(&self.real(lease)).await,
         }
     }
@@ -153,21 +160,15 @@ impl LockBackend for Broken {
         self.store.inspect(name).await
     }
 
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
-        let evicted = self.store.force_release(name, reason).await?;
-        if self.flaw == Flaw::AuditsTwice {
-            audit::emit(audit::ForcedRelease::new(
-                "broken",
-                name.clone(),
-                evicted.clone(),
-                reason,
-            ));
+        match self.flaw {
+            Flaw::EvictIgnoresFence => self.store.evict(name, None).await,
+            _ => self.store.evict(name, expected).await,
         }
-        Ok(evicted)
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
@@ -281,8 +282,17 @@ async fn silent_ttl_clamping_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_audit_events_are_caught() {
-    must_fail(Flaw::AuditsTwice, &["force_release_fences_out_the_holder"]).await;
+async fn fence_blind_eviction_is_caught() {
+    must_fail(
+        Flaw::EvictIgnoresFence,
+        &["force_release_fences_out_the_holder"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_eviction_is_caught() {
+    must_fail(Flaw::SilentEviction, &["lost_fires_on_force_release"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

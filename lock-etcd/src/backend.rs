@@ -9,11 +9,10 @@ use etcd_client::{
     KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
-use lockcore::audit;
 use lockcore::{
-    Attempt, CancellationToken, Capabilities, Fairness, FenceDurability, FencingToken, Holder,
-    Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
-    async_trait,
+    Attempt, CancellationToken, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken,
+    Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
+    Wakeup, async_trait,
 };
 use tokio::time::Instant;
 
@@ -132,6 +131,7 @@ impl EtcdBackend {
         let min_secs = u64::try_from(probe.ttl()).unwrap_or(0).max(1);
         let min_ttl = Duration::from_secs(min_secs);
         inner.caps = Capabilities::new(BACKEND)
+            .expiry_clock(ExpiryClock::StoreLeaseTimer)
             .ttl_range(min_ttl, MAX_TTL)
             .ttl_granularity(Duration::from_secs(1))
             .fairness(Fairness::Fifo)
@@ -600,10 +600,10 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         let inner = &self.inner;
         // Delete the head only if it is still the head we read (same create
@@ -613,9 +613,12 @@ impl LockBackend for EtcdBackend {
         // but it is the holder's to pool or let expire).
         for _ in 0..32 {
             let Some((kv, _)) = inner.head(name).await? else {
-                return Ok(audit::forced_release(BACKEND, name, None, reason));
+                return Ok(None);
             };
             let holder = inner.holder_of(&kv).await?;
+            if expected.is_some_and(|fence| fence != holder.fence) {
+                return Ok(None);
+            }
             let txn = Txn::new()
                 .when([Compare::create_revision(
                     kv.key().to_vec(),
@@ -624,7 +627,7 @@ impl LockBackend for EtcdBackend {
                 )])
                 .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
             if inner.txn("force release", txn).await?.succeeded() {
-                return Ok(audit::forced_release(BACKEND, name, Some(holder), reason));
+                return Ok(Some(holder));
             }
         }
         Err(LockError::unavailable(

@@ -203,7 +203,7 @@ async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
         write(&holder, &lease, "first").await,
         "the holder's write applies"
     );
-    admin.force_release(&lock, "test: evict").await.unwrap();
+    admin.evict(&lock, None).await.unwrap();
     assert!(
         !write(&holder, &lease, "zombie").await,
         "the evicted holder's write is refused"
@@ -261,7 +261,7 @@ async fn lost_fires_when_etcd_drops_the_lease_not_at_the_next_renewal() {
     let lock = name("forced");
     let guard = locker.acquire(&lock).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    backend.force_release(&lock, "test: evict").await.unwrap();
+    backend.evict(&lock, None).await.unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .expect("lost() must fire at once on a forced release");

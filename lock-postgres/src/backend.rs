@@ -5,10 +5,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::audit;
 use lockcore::{
-    Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LockBackend,
-    LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop, async_trait,
+    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
+    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop,
+    async_trait,
 };
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -146,6 +146,7 @@ impl PostgresBackend {
             )
         };
         let caps = Capabilities::new(BACKEND)
+            .expiry_clock(ExpiryClock::StoreWallClock)
             // Below ~10 ms a lease would be spent by one round trip plus the
             // drift margin before the caller could use it.
             .ttl_range(
@@ -411,37 +412,38 @@ impl LockBackend for PostgresBackend {
         row.map(holder).transpose()
     }
 
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         let sql = &self.inner.sql;
-        let evicted = self
-            .timed("force release", async {
-                let mut tx = self.inner.pool.begin().await?;
-                let row: Option<(i64, Option<Uuid>, i64)> = sqlx::query_as(&sql.force_select)
+        self.timed("force release", async {
+            let mut tx = self.inner.pool.begin().await?;
+            let row: Option<(i64, Option<Uuid>, i64)> = sqlx::query_as(&sql.force_select)
+                .bind(name.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+            let row = row.filter(|(fence, _, _)| {
+                expected.is_none_or(|expected| u64::try_from(*fence).ok() == Some(expected.get()))
+            });
+            if row.is_some() {
+                sqlx::query(&sql.force_free)
                     .bind(name.as_str())
-                    .fetch_optional(&mut *tx)
+                    .execute(&mut *tx)
                     .await?;
-                if row.is_some() {
-                    sqlx::query(&sql.force_free)
-                        .bind(name.as_str())
-                        .execute(&mut *tx)
-                        .await?;
-                    sqlx::query(sql.notify)
-                        .bind(&sql.channel)
-                        .bind(name.as_str())
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                tx.commit().await?;
-                Ok::<_, sqlx::Error>(row)
-            })
-            .await?
-            .map(holder)
-            .transpose()?;
-        Ok(audit::forced_release(BACKEND, name, evicted, reason))
+                sqlx::query(sql.notify)
+                    .bind(&sql.channel)
+                    .bind(name.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(row)
+        })
+        .await?
+        .map(holder)
+        .transpose()
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {

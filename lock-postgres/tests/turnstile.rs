@@ -274,7 +274,7 @@ async fn the_turnstile_passes_on_when_the_lease_ends() {
     await_sessions(&mut conn, &app, "B queued", |s| s.queued == 1).await;
     // Evicted: A's renewal is refused and the turnstile goes to B, who
     // takes the now free lock without waiting for any notification.
-    a.force_release(&name, "turnstile test").await.unwrap();
+    a.evict(&name, None).await.unwrap();
     assert!(matches!(
         a.renew(&first.lease()).await,
         Err(LockError::NotHeld { .. })

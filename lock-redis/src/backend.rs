@@ -5,10 +5,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::audit;
 use lockcore::{
-    Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LockBackend,
-    LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
+    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
+    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
 };
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -150,6 +149,7 @@ impl RedisBackend {
             );
         }
         let caps = Capabilities::new(BACKEND)
+            .expiry_clock(ExpiryClock::StoreWallClock)
             .ttl_range(Duration::from_millis(1), MAX_TTL)
             .ttl_granularity(Duration::from_millis(1))
             .fairness(Fairness::Fifo)
@@ -506,10 +506,10 @@ impl LockBackend for RedisBackend {
             .transpose()
     }
 
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         let keys = self.keys(name);
         let mut call = Self::prepare(&scripts::FORCE_RELEASE);
@@ -517,7 +517,8 @@ impl LockBackend for RedisBackend {
             .key(&keys.lock)
             .key(&keys.fence)
             .key(&keys.queue)
-            .key(&keys.next);
+            .key(&keys.next)
+            .arg(expected.map(|f| f.to_string()).unwrap_or_default());
         let (_fence, pttl, value): (i64, i64, Option<String>) =
             self.invoke("force_release", &call).await?;
         // The eviction happened: record it even if the old value is odd.
@@ -529,7 +530,7 @@ impl LockBackend for RedisBackend {
             }
             None => None,
         };
-        Ok(audit::forced_release(BACKEND, name, evicted, reason))
+        Ok(evicted)
     }
 
     /// Waits in line: the first attempt joins the name's queue in Redis,

@@ -1059,10 +1059,7 @@ async fn a_foreign_value_under_the_prefix_is_an_error_not_a_panic() {
         backend.try_acquire(&lock, LONG).await,
         Ok(Attempt::Held { .. })
     ));
-    let evicted = backend
-        .force_release(&lock, "test: clear a foreign value")
-        .await
-        .unwrap();
+    let evicted = backend.evict(&lock, None).await.unwrap();
     assert_eq!(evicted, None);
     let lease = acquire(&backend, &lock, LONG).await;
     backend.release(&lease).await.unwrap();

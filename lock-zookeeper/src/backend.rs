@@ -6,10 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::audit;
 use lockcore::{
-    Attempt, Capabilities, Fairness, FenceDurability, FencingToken, Holder, Lease, LeaseKind,
-    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
+    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
+    LeaseKind, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -432,6 +431,7 @@ impl LockBackend for ZooKeeperBackend {
         // Any TTL from 1 ms to a year is accepted and means the session
         // timeout, which `LeaseKind::Session` declares and every lease reports.
         Capabilities::new(BACKEND)
+            .expiry_clock(ExpiryClock::Session)
             .lease_kind(LeaseKind::Session { timeout })
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
@@ -524,10 +524,10 @@ impl LockBackend for ZooKeeperBackend {
         ))
     }
 
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         let session = self.inner.session().await?;
         let parent = self.lock_path(name);
@@ -544,17 +544,21 @@ impl LockBackend for ZooKeeperBackend {
             let Some(stat) = stat else {
                 continue;
             };
+            let current = holder(&path, head.guid, &stat)?;
+            if expected.is_some_and(|fence| fence != current.fence) {
+                break;
+            }
             // The path names one grant (its owner's uuid and sequence), so
             // this deletes exactly the holder just read.
             if delete_node(&session.client, &path)
                 .await
                 .map_err(|e| map(format!("force-releasing {path}"), e))?
             {
-                evicted = Some(holder(&path, head.guid, &stat)?);
+                evicted = Some(current);
                 break;
             }
         }
-        Ok(audit::forced_release(BACKEND, name, evicted, reason))
+        Ok(evicted)
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {

@@ -342,11 +342,7 @@ async fn force_release_evicts_the_head_and_the_queue_moves_on() {
     let holder = admin.inspect(&name).await.unwrap().unwrap();
     assert_eq!(holder.fence, guard.fencing_token());
     assert_eq!(holder.owner, Some(guard.lease().owner()));
-    let evicted = admin
-        .force_release(&name, "test: evict")
-        .await
-        .unwrap()
-        .unwrap();
+    let evicted = admin.evict(&name, None).await.unwrap().unwrap();
     assert_eq!(evicted.fence, guard.fencing_token());
     let evicted_at = Instant::now();
     let within = a.session_timeout() / 3 + Duration::from_millis(500);

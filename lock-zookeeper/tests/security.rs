@@ -82,7 +82,7 @@ async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
     let mallory = ZooKeeperBackend::connect_with(config(&url, &root).digest("mallory", "guess"))
         .await
         .unwrap();
-    let refused = mallory.force_release(&name, "test: not allowed").await;
+    let refused = mallory.evict(&name, None).await;
     assert!(
         matches!(refused, Err(LockError::Store { .. })),
         "{refused:?}"
@@ -98,10 +98,7 @@ async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
     let alice2 = ZooKeeperBackend::connect_with(config(&url, &root).digest("alice", "s3cret"))
         .await
         .unwrap();
-    let evicted = alice2
-        .force_release(&name, "test: same identity")
-        .await
-        .unwrap();
+    let evicted = alice2.evict(&name, None).await.unwrap();
     assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
     assert_eq!(
         alice.release(&lease).await.unwrap(),

@@ -1,47 +1,86 @@
 //! Audit events for administrative actions.
 //!
-//! Every [`force_release`](crate::LockBackend::force_release) emits one
-//! [`ForcedRelease`]: as a `tracing` event at WARN on target
+//! Every forced release ([`Locker::force_release`](crate::Locker::force_release),
+//! [`admin::force_release`](crate::admin::force_release)) emits two
+//! [`ForcedRelease`] events with the same `id`: [`Stage::Requested`] before
+//! the request leaves, and the outcome after ([`Stage::Evicted`],
+//! [`Stage::NothingEvicted`] or, when the reply was lost, [`Stage::Unknown`]).
+//! So a lost reply still leaves a record that an eviction may have happened.
+//! Each event goes out as a `tracing` event at WARN on target
 //! `distlock::audit`, and on a process-wide channel that applications can
 //! forward to their own audit log with [`subscribe`].
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use tokio::sync::broadcast;
 
-use crate::{Holder, LockName};
+use crate::{FencingToken, Holder, LockName};
 
-/// One forced release.
+/// One stage of one forced release.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ForcedRelease {
-    /// Which backend did it.
+    /// Ties the request to its outcome (unique in this process).
+    pub id: u64,
+    /// Which backend.
     pub backend: &'static str,
     /// The lock.
     pub name: LockName,
-    /// Who was evicted, if anyone held the lock.
-    pub evicted: Option<Holder>,
+    /// Evict only the holder with this fence (compare-and-evict), if set.
+    pub expected_fence: Option<FencingToken>,
     /// The reason the operator gave.
     pub reason: String,
+    /// Where the eviction stands.
+    pub stage: Stage,
     /// When.
     pub at: SystemTime,
 }
 
+/// Where a forced release stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stage {
+    /// About to be sent; nothing has happened yet.
+    Requested,
+    /// The store evicted this holder; the next grant gets a larger fence.
+    Evicted(Holder),
+    /// Nothing was evicted: the lock was free, or held under another fence
+    /// than the expected one.
+    NothingEvicted,
+    /// The request failed or its reply was lost: the eviction may or may not
+    /// have happened. Inspect the lock before trying again, and retry with
+    /// the fence you saw so a retry never evicts the next holder.
+    Unknown(String),
+}
+
 impl ForcedRelease {
-    /// An event stamped now.
-    pub fn new(
+    /// The [`Stage::Requested`] event of a new forced release.
+    pub fn requested(
         backend: &'static str,
         name: LockName,
-        evicted: Option<Holder>,
+        expected_fence: Option<FencingToken>,
         reason: impl Into<String>,
     ) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         ForcedRelease {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
             backend,
             name,
-            evicted,
+            expected_fence,
             reason: reason.into(),
+            stage: Stage::Requested,
             at: SystemTime::now(),
+        }
+    }
+
+    /// The same forced release at a later `stage`, stamped now.
+    pub fn then(&self, stage: Stage) -> Self {
+        ForcedRelease {
+            stage,
+            at: SystemTime::now(),
+            ..self.clone()
         }
     }
 }
@@ -56,34 +95,25 @@ pub fn subscribe() -> broadcast::Receiver<ForcedRelease> {
     channel().subscribe()
 }
 
-/// Records the forced release of `name` (one [`ForcedRelease`] event) and
-/// hands `evicted` back, so a backend's `force_release` ends with
-/// `Ok(audit::forced_release(BACKEND, name, evicted, reason))`.
-pub fn forced_release(
-    backend: &'static str,
-    name: &LockName,
-    evicted: Option<Holder>,
-    reason: &str,
-) -> Option<Holder> {
-    emit(ForcedRelease::new(
-        backend,
-        name.clone(),
-        evicted.clone(),
-        reason,
-    ));
-    evicted
-}
-
-/// Emits `event`; backends call this once per forced release.
+/// Emits `event` as a WARN `tracing` event and on the [`subscribe`] channel.
 pub fn emit(event: ForcedRelease) {
+    let (stage, evicted) = match &event.stage {
+        Stage::Requested => ("requested", None),
+        Stage::Evicted(holder) => ("evicted", Some(holder)),
+        Stage::NothingEvicted => ("nothing evicted", None),
+        Stage::Unknown(_) => ("outcome unknown", None),
+    };
     tracing::warn!(
         target: "distlock::audit",
+        id = event.id,
         backend = event.backend,
         name = %event.name,
-        evicted_fence = event.evicted.as_ref().map(|h| h.fence.get()),
-        evicted_owner = event.evicted.as_ref().and_then(|h| h.owner).map(|o| o.to_string()),
+        expected_fence = event.expected_fence.map(FencingToken::get),
+        evicted_fence = evicted.map(|h| h.fence.get()),
+        evicted_owner = evicted.and_then(|h| h.owner).map(|o| o.to_string()),
+        error = match &event.stage { Stage::Unknown(e) => Some(e.as_str()), _ => None },
         reason = %event.reason,
-        "lock force-released"
+        "forced release {stage}"
     );
     // No subscriber is fine: the tracing event above is the record.
     let _ = channel().send(event);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::{Backoff, Capabilities, Holder, Lease, LockError, LockName};
+use crate::{Backoff, Capabilities, FencingToken, Holder, Lease, LockError, LockName};
 
 /// The outcome of one acquisition attempt. Contention is not an error.
 #[derive(Debug)]
@@ -114,8 +114,8 @@ impl WaitPolicy {
 ///
 /// # Contract
 ///
-/// Every implementation gives guarantees S1–S4, F1–F2, L1 and C1 of the
-/// project's SPEC, which the `lock-conformance` suite checks:
+/// Every implementation gives guarantees S1–S4, F1–F2, L1 and C1 of
+/// `docs/contract.md`, which the `lock-conformance` suite checks:
 ///
 /// - `try_acquire` is **one atomic store operation** (never check-then-set)
 ///   and hands out a fencing token strictly greater than every token handed
@@ -124,7 +124,8 @@ impl WaitPolicy {
 /// - `renew` and `release` act only if the store still holds this lease's
 ///   owner token (and fence), compared and changed in one atomic step; a
 ///   retried call after a lost reply is harmless.
-/// - Expiry is judged on the store's clock, never the client's.
+/// - Expiry is judged on the store's clock, never the client's, and
+///   [`Capabilities::expiry_clock`] says which clock that is.
 /// - TTLs are validated with [`Capabilities::effective_ttl`] before any I/O,
 ///   and the lease reports the TTL the store really enforces.
 /// - Nothing panics on any input.
@@ -158,14 +159,20 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// The current holder of `name`, if any.
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError>;
 
-    /// Administrative eviction: frees `name` whoever holds it, makes sure the
-    /// next grant gets a larger fencing token, and emits one
-    /// [`audit::ForcedRelease`](crate::audit::ForcedRelease) event with
-    /// `reason`. Returns the evicted holder, if any.
-    async fn force_release(
+    /// Administrative eviction, in one atomic store operation: frees `name`
+    /// whoever holds it (with `expected`, only if the holder's fence is that
+    /// one), makes sure the next grant gets a larger fencing token, and tells
+    /// a connected holder where the store can push it
+    /// ([`Capabilities::eviction_notice`]). Returns the evicted holder, or
+    /// `None` when nothing was evicted.
+    ///
+    /// Applications call [`Locker::force_release`](crate::Locker::force_release)
+    /// (or [`admin::force_release`](crate::admin::force_release)), which
+    /// audits the action; implementations do not emit audit events.
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError>;
 
     /// Starts listening for a change of `name` and returns a future that
@@ -275,8 +282,8 @@ macro_rules! forward_backend {
             async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
                 (**self).inspect(name).await
             }
-            async fn force_release(&self, name: &LockName, reason: &str) -> Result<Option<Holder>, LockError> {
-                (**self).force_release(name, reason).await
+            async fn evict(&self, name: &LockName, expected: Option<FencingToken>) -> Result<Option<Holder>, LockError> {
+                (**self).evict(name, expected).await
             }
             async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
                 (**self).watch(name).await

@@ -29,6 +29,60 @@ pub struct Capabilities {
     /// How long after its TTL the store may still hold an abandoned lock
     /// (expiry sweeps, leader changes). The L1 liveness bound is TTL + slack.
     pub expiry_slack: Duration,
+    /// The clock the store judges expiry on, and so what can free a lock
+    /// before the holder's local deadline.
+    pub expiry_clock: ExpiryClock,
+    /// How soon a connected holder learns it was force-released: its guard's
+    /// `lost()` fires within this bound (plus one round trip). `None`: only
+    /// at its next renewal (a third of the TTL by default).
+    pub eviction_notice: Option<Duration>,
+}
+
+/// The clock a store judges lease expiry on.
+///
+/// The client's local deadline is safe against clock *rates* (the drift
+/// margin) but not against a clock that *steps*: where the store expires
+/// leases on its host's wall clock, a forward step (NTP, an operator) frees
+/// a lock before its holder's local deadline, and only fencing protects the
+/// resource in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExpiryClock {
+    /// The store host's wall clock (Redis `PX`, PostgreSQL
+    /// `clock_timestamp()`): a forward step frees locks early.
+    StoreWallClock,
+    /// A monotonic lease timer on the store's leader (etcd): wall-clock steps
+    /// do not move it; a leader change restarts it at the full TTL.
+    StoreLeaseTimer,
+    /// The client session as the server tracks it (ZooKeeper): the session
+    /// timeout counted in server ticks from the client's last heartbeat.
+    Session,
+    /// `CLOCK_BOOTTIME` of the one host every client shares (SQLite): steps
+    /// of the wall clock do not move it, suspend counts, and a reboot frees
+    /// everything.
+    HostBootClock,
+    /// This process's monotonic clock (the in-memory backend).
+    ProcessClock,
+}
+
+impl ExpiryClock {
+    /// Whether a step of some wall clock can free a lock before its holder's
+    /// local deadline.
+    pub fn steps_with_wall_clock(self) -> bool {
+        matches!(self, ExpiryClock::StoreWallClock)
+    }
+}
+
+impl std::fmt::Display for ExpiryClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExpiryClock::StoreWallClock => "the store host's wall clock",
+            ExpiryClock::StoreLeaseTimer => "the store leader's monotonic lease timer",
+            ExpiryClock::Session => "the client session, as the server tracks it",
+            ExpiryClock::HostBootClock => "the shared host's boot clock",
+            ExpiryClock::ProcessClock => "this process's monotonic clock",
+        })
+    }
 }
 
 /// How a lease's lifetime is tied to the store.
@@ -70,7 +124,9 @@ pub enum FenceDurability {
 impl Capabilities {
     /// Capabilities with neutral defaults: TTL from 1 ms to 1 year at 1 ms
     /// granularity, per-lock leases, no fairness, volatile fences, no
-    /// notifications, no slack. Backends adjust them with the setters.
+    /// notifications, no slack, expiry on the store's wall clock (the
+    /// cautious default), no eviction notice. Backends adjust them with the
+    /// setters.
     pub fn new(backend: &'static str) -> Self {
         Capabilities {
             backend,
@@ -82,7 +138,21 @@ impl Capabilities {
             fence_durability: FenceDurability::Volatile,
             notifications: false,
             expiry_slack: Duration::ZERO,
+            expiry_clock: ExpiryClock::StoreWallClock,
+            eviction_notice: None,
         }
+    }
+
+    /// Sets the expiry clock.
+    pub fn expiry_clock(mut self, clock: ExpiryClock) -> Self {
+        self.expiry_clock = clock;
+        self
+    }
+
+    /// Sets the eviction-notice bound.
+    pub fn eviction_notice(mut self, within: Option<Duration>) -> Self {
+        self.eviction_notice = within;
+        self
     }
 
     /// Sets the accepted TTL range.

@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    Backoff, FencingToken, Lease, LockBackend, LockError, LockName, LossReason, ReleaseOutcome,
+    Backoff, Clock, FencingToken, Lease, LockBackend, LockError, LockName, LossReason, Moment,
+    ReleaseOutcome,
 };
 
 /// A held lock.
@@ -31,7 +32,7 @@ use crate::{
 /// Release-on-drop is not immediate: `Drop` stops renewing and *spawns* a
 /// best-effort release on the current tokio runtime (it never blocks); with
 /// no runtime, the lock expires after its TTL.
-#[must_use = "dropping a LockGuard releases the lock right away"]
+#[must_use = "dropping a LockGuard releases the lock in the background; keep it while you act"]
 pub struct LockGuard {
     shared: Arc<Shared>,
     renewal: Option<JoinHandle<()>>,
@@ -40,6 +41,7 @@ pub struct LockGuard {
 
 struct Shared {
     backend: Arc<dyn LockBackend>,
+    clock: Arc<dyn Clock>,
     lease: Mutex<Lease>,
     lost: CancellationToken,
     reason: OnceLock<LossReason>,
@@ -49,6 +51,18 @@ struct Shared {
 impl Shared {
     fn lease(&self) -> Lease {
         self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes `lease` as the current one, its send time carried over onto
+    /// this guard's clock (backends stamp leases with the system clocks; the
+    /// guard judges them on its own).
+    fn adopt(&self, lease: Lease) {
+        let now = self.clock.now();
+        let sent = lease.issued_at();
+        let back = now.mono().saturating_duration_since(sent);
+        let issued = Moment::from_parts(sent, now.boot().map(|b| b.saturating_sub(back)));
+        let lease = lease.renewed(lease.ttl(), issued);
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
     }
 
     fn mark_lost(&self, reason: LossReason) {
@@ -65,16 +79,19 @@ impl LockGuard {
     /// watches the deadline). Must be called inside a tokio runtime.
     pub(crate) fn start(
         backend: Arc<dyn LockBackend>,
+        clock: Arc<dyn Clock>,
         lease: Lease,
         renew_every: Option<Duration>,
     ) -> Self {
         let shared = Arc::new(Shared {
             backend,
-            lease: Mutex::new(lease),
+            clock,
+            lease: Mutex::new(lease.clone()),
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
             stop: CancellationToken::new(),
         });
+        shared.adopt(lease);
         let renewal = tokio::spawn(keep_alive(shared.clone(), renew_every));
         LockGuard {
             shared,
@@ -99,9 +116,11 @@ impl LockGuard {
     }
 
     /// Whether the lock is still held: not lost, and the local deadline of the
-    /// latest renewal has not passed. Check it right before acting.
+    /// latest renewal has not passed (time the host spent suspended counts).
+    /// Check it right before acting.
     pub fn is_held(&self) -> bool {
-        !self.shared.lost.is_cancelled() && !self.shared.lease().is_expired()
+        !self.shared.lost.is_cancelled()
+            && !self.shared.lease().is_expired_at(self.shared.clock.now())
     }
 
     /// The fencing token if the lock is still held.
@@ -210,23 +229,46 @@ impl fmt::Debug for LockGuard {
     }
 }
 
-/// The renewal task: renews at `issued_at + every`, retries transient errors
-/// until the deadline, and marks the lease lost on refusal, on silence past
-/// the deadline, or on the store's own loss signal.
+/// How often a waiting guard looks at the clocks even when no timer is due:
+/// timers run on the monotonic clock, which stops while the host is
+/// suspended, so after a resume this bounds how late `lost()` fires.
+const SUSPEND_CHECK: Duration = Duration::from_secs(1);
+
+/// The renewal task: renews once `every` has elapsed since the lease was
+/// issued, retries transient errors until the deadline, and marks the lease
+/// lost on refusal, on silence past the deadline, or on the store's own loss
+/// signal. Elapsed time is judged on the guard's clock (suspend counts).
 async fn keep_alive(shared: Arc<Shared>, every: Option<Duration>) {
     let store_lost = shared.lease().loss_signal().cloned().unwrap_or_default();
     let retry = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+    // Never renew twice within a quarter interval, whatever a lease claims.
+    let mut quiet_until: Option<Instant> = None;
     loop {
         let lease = shared.lease();
-        let deadline = lease.deadline();
-        let next = every.map(|every| lease.issued_at() + every);
-        tokio::select! {
-            biased;
-            _ = shared.stop.cancelled() => return,
-            _ = store_lost.cancelled() => return shared.mark_lost(LossReason::StoreReported),
-            _ = tokio::time::sleep_until(deadline) => return shared.mark_lost(LossReason::DeadlinePassed),
-            _ = sleep_until_some(next) => {}
+        let now = shared.clock.now();
+        let remaining = lease.remaining_at(now);
+        if remaining.is_zero() {
+            return shared.mark_lost(LossReason::DeadlinePassed);
         }
+        let to_renew = every.map(|every| {
+            let due = every.saturating_sub(now.since(lease.issued()));
+            let quiet =
+                quiet_until.map_or(Duration::ZERO, |q| q.saturating_duration_since(now.mono()));
+            due.max(quiet)
+        });
+        if to_renew != Some(Duration::ZERO) {
+            let nap = to_renew
+                .unwrap_or(Duration::MAX)
+                .min(remaining)
+                .min(SUSPEND_CHECK);
+            tokio::select! {
+                biased;
+                _ = shared.stop.cancelled() => return,
+                _ = store_lost.cancelled() => return shared.mark_lost(LossReason::StoreReported),
+                _ = tokio::time::sleep(nap) => continue,
+            }
+        }
+        let deadline = lease.deadline();
         let span = tracing::debug_span!("lock.renew", name = %lease.name(), fence = %lease.fence());
         let mut attempt = 0;
         loop {
@@ -239,9 +281,14 @@ async fn keep_alive(shared: Arc<Shared>, every: Option<Duration>) {
             match outcome {
                 Err(_) => return shared.mark_lost(LossReason::RenewalUnanswered),
                 Ok(Ok(renewed)) => {
-                    // Answered before the old deadline (timeout_at), and its
-                    // own deadline counts from its send time: safe to adopt.
-                    *shared.lease.lock().unwrap_or_else(|p| p.into_inner()) = renewed;
+                    // Adopt only a reply that came before the old deadline
+                    // (timeout_at, and the clocks for a suspend meanwhile);
+                    // its own deadline counts from its send time.
+                    if lease.is_expired_at(shared.clock.now()) {
+                        return shared.mark_lost(LossReason::RenewalUnanswered);
+                    }
+                    shared.adopt(renewed);
+                    quiet_until = every.map(|every| Instant::now() + every / 4);
                     break;
                 }
                 Ok(Err(LockError::NotHeld { .. })) => {
@@ -256,19 +303,12 @@ async fn keep_alive(shared: Arc<Shared>, every: Option<Duration>) {
                         _ = shared.stop.cancelled() => return,
                         _ = tokio::time::sleep_until(pause) => {}
                     }
-                    if Instant::now() >= deadline {
+                    if lease.is_expired_at(shared.clock.now()) {
                         return shared.mark_lost(LossReason::RenewalUnanswered);
                     }
                 }
                 Ok(Err(e)) => return shared.mark_lost(LossReason::RenewalFailed(e.to_string())),
             }
         }
-    }
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

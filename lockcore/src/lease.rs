@@ -8,44 +8,48 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{FencingToken, LockName, OwnerToken};
+use crate::{FencingToken, LockName, Moment, OwnerToken};
 
 /// One grant of a lock: name, owner, fencing token, the TTL the store really
 /// enforces, and a local deadline.
 ///
-/// The local deadline is computed on the monotonic clock from the instant
-/// *before* the request was sent: `sent_at + ttl - drift`. Whatever the store
-/// says later, the client treats the lock as lost at that instant unless a
-/// renewal succeeded first, so a slow reply can never stretch the lease.
+/// The local deadline counts from the moment *before* the request was sent:
+/// `sent_at + ttl - margin`, where the margin is [`drift`](Self::drift) plus
+/// whatever the backend adds for how its store really expires
+/// ([`with_extra_margin`](Self::with_extra_margin)). Whatever the store says
+/// later, the client treats the lock as lost at that point unless a renewal
+/// succeeded first, so a slow reply can never stretch the lease. Elapsed time
+/// is the larger of the monotonic clock and the boot clock (see
+/// [`Moment`]), so a host suspend counts too.
 #[derive(Clone)]
 pub struct Lease {
     name: LockName,
     owner: OwnerToken,
     fence: FencingToken,
     ttl: Duration,
-    issued_at: Instant,
-    deadline: Instant,
+    issued: Moment,
+    extra_margin: Duration,
     lost: Option<CancellationToken>,
     extension: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Lease {
-    /// A lease granted by a request sent at `sent_at` (take `Instant::now()`
+    /// A lease granted by a request sent at `sent_at` (take `Moment::now()`
     /// before doing any I/O).
     pub fn new(
         name: LockName,
         owner: OwnerToken,
         fence: FencingToken,
         ttl: Duration,
-        sent_at: Instant,
+        sent_at: impl Into<Moment>,
     ) -> Self {
         Lease {
             name,
             owner,
             fence,
             ttl,
-            issued_at: sent_at,
-            deadline: sent_at + ttl.saturating_sub(Self::drift(ttl)),
+            issued: sent_at.into(),
+            extra_margin: Duration::ZERO,
             lost: None,
             extension: None,
         }
@@ -57,13 +61,25 @@ impl Lease {
         ttl / 100 + Duration::from_millis(2)
     }
 
-    /// The same grant (name, owner, fence, extension, loss signal) renewed by
-    /// a request sent at `sent_at` with effective TTL `ttl`.
-    pub fn renewed(&self, ttl: Duration, sent_at: Instant) -> Self {
+    /// Widens the local margin by `extra`, for stores that may expire a
+    /// lease earlier than `sent_at + ttl - drift` (ZooKeeper's tick-sized
+    /// session buckets, say). Renewals keep it.
+    pub fn with_extra_margin(mut self, extra: Duration) -> Self {
+        self.extra_margin = extra;
+        self
+    }
+
+    /// The whole margin taken off the TTL for the local deadline.
+    pub fn margin(&self) -> Duration {
+        Self::drift(self.ttl).saturating_add(self.extra_margin)
+    }
+
+    /// The same grant (name, owner, fence, margin, extension, loss signal)
+    /// renewed by a request sent at `sent_at` with effective TTL `ttl`.
+    pub fn renewed(&self, ttl: Duration, sent_at: impl Into<Moment>) -> Self {
         Lease {
             ttl,
-            issued_at: sent_at,
-            deadline: sent_at + ttl.saturating_sub(Self::drift(ttl)),
+            issued: sent_at.into(),
             ..self.clone()
         }
     }
@@ -112,24 +128,46 @@ impl Lease {
         self.ttl
     }
 
-    /// When the request that granted (or last renewed) this lease was sent.
+    /// When the request that granted (or last renewed) this lease was sent,
+    /// on the monotonic clock.
     pub fn issued_at(&self) -> Instant {
-        self.issued_at
+        self.issued.mono()
     }
 
-    /// The local monotonic deadline after which the lease counts as lost.
+    /// When the request that granted (or last renewed) this lease was sent.
+    pub fn issued(&self) -> Moment {
+        self.issued
+    }
+
+    /// The local deadline on the monotonic clock, after which the lease
+    /// counts as lost; a host suspend brings the end earlier (see
+    /// [`remaining_at`](Self::remaining_at)).
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        self.issued.mono() + self.ttl.saturating_sub(self.margin())
+    }
+
+    /// Time left before the local deadline as of `now` (zero once passed),
+    /// counting time the host spent suspended.
+    pub fn remaining_at(&self, now: Moment) -> Duration {
+        self.ttl
+            .saturating_sub(self.margin())
+            .saturating_sub(now.since(self.issued))
     }
 
     /// Time left before the local deadline (zero once passed).
     pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
+        self.remaining_at(Moment::now())
+    }
+
+    /// Whether, as of `now`, the local deadline has passed or the store
+    /// reported the loss.
+    pub fn is_expired_at(&self, now: Moment) -> bool {
+        self.remaining_at(now).is_zero() || self.lost.as_ref().is_some_and(|t| t.is_cancelled())
     }
 
     /// Whether the local deadline has passed or the store reported the loss.
     pub fn is_expired(&self) -> bool {
-        Instant::now() >= self.deadline || self.lost.as_ref().is_some_and(|t| t.is_cancelled())
+        self.is_expired_at(Moment::now())
     }
 }
 
@@ -195,6 +233,59 @@ mod tests {
         assert!(renewed.deadline() > lease.deadline());
         tokio::time::advance(Duration::from_secs(6)).await;
         assert!(lease.is_expired() && !renewed.is_expired());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_host_suspend_counts_toward_the_deadline() {
+        let t0 = Instant::now();
+        let boot0 = Duration::from_secs(1_000);
+        let ttl = Duration::from_secs(30);
+        let lease = Lease::new(
+            LockName::new("n").unwrap(),
+            OwnerToken::new(),
+            FencingToken::new(1).unwrap(),
+            ttl,
+            Moment::from_parts(t0, Some(boot0)),
+        );
+        let awake = Moment::from_parts(
+            t0 + Duration::from_secs(5),
+            Some(boot0 + Duration::from_secs(5)),
+        );
+        assert_eq!(
+            lease.remaining_at(awake),
+            ttl - lease.margin() - Duration::from_secs(5)
+        );
+        assert!(!lease.is_expired_at(awake));
+        // The host slept 40 s: the monotonic clock saw 5 s, the store saw 45 s.
+        let resumed = Moment::from_parts(
+            t0 + Duration::from_secs(5),
+            Some(boot0 + Duration::from_secs(45)),
+        );
+        assert!(lease.is_expired_at(resumed));
+        assert_eq!(lease.remaining_at(resumed), Duration::ZERO);
+        // The monotonic deadline itself does not move.
+        assert_eq!(lease.deadline(), t0 + ttl - lease.margin());
+    }
+
+    #[test]
+    fn an_extra_margin_brings_the_deadline_earlier_and_survives_renewal() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(4);
+        let lease = Lease::new(
+            LockName::new("n").unwrap(),
+            OwnerToken::new(),
+            FencingToken::new(1).unwrap(),
+            ttl,
+            Moment::from_parts(t0, None),
+        )
+        .with_extra_margin(Duration::from_millis(500));
+        assert_eq!(
+            lease.margin(),
+            Lease::drift(ttl) + Duration::from_millis(500)
+        );
+        assert_eq!(lease.deadline(), t0 + ttl - lease.margin());
+        let renewed = lease.renewed(ttl, Moment::from_parts(t0 + Duration::from_secs(1), None));
+        assert_eq!(renewed.margin(), lease.margin());
     }
 
     #[test]

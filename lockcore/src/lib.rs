@@ -42,7 +42,7 @@
 //! - [`LockError`]: one error type; [`LockError::is_retryable`] says whether to retry.
 //! - [`MemoryBackend`]: the reference backend; [`FencedResource`]: the
 //!   reference fenced resource.
-//! - [`audit`]: the forced-release audit trail.
+//! - [`admin`] and [`audit`]: forced release and its audit trail.
 //!
 //! # Guarantees
 //!
@@ -70,10 +70,12 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+pub mod admin;
 pub mod audit;
 mod backend;
 mod backoff;
 mod capabilities;
+mod clock;
 mod error;
 mod fenced;
 mod guard;
@@ -85,7 +87,8 @@ mod token;
 
 pub use backend::{Attempt, LockBackend, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop};
 pub use backoff::Backoff;
-pub use capabilities::{Capabilities, Fairness, FenceDurability, LeaseKind};
+pub use capabilities::{Capabilities, ExpiryClock, Fairness, FenceDurability, LeaseKind};
+pub use clock::{Clock, Moment, SystemClock};
 pub use error::{BoxError, InvalidName, LockError, LossReason};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;

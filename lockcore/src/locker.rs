@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    Attempt, Backoff, FencingToken, IntoLockName, LockBackend, LockError, LockGuard, LockName,
-    WaitPolicy,
+    Attempt, Backoff, Clock, FencingToken, Holder, IntoLockName, LockBackend, LockError, LockGuard,
+    LockName, SystemClock, WaitPolicy,
 };
 
 /// Acquires locks on one backend with shared defaults.
@@ -40,6 +40,7 @@ use crate::{
 #[derive(Clone)]
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
+    clock: Arc<dyn Clock>,
     ttl: Duration,
     max_wait: Duration,
     backoff: Backoff,
@@ -61,6 +62,7 @@ impl Locker {
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
         Locker {
             backend,
+            clock: Arc::new(SystemClock),
             ttl: Duration::from_secs(30),
             max_wait: Duration::from_secs(30),
             backoff: Backoff::default(),
@@ -107,6 +109,13 @@ impl Locker {
         self
     }
 
+    /// Judges guards' deadlines on `clock` instead of the system clocks (for
+    /// tests: a clock whose boot time jumps plays a host suspend).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn LockBackend> {
         &self.backend
@@ -128,7 +137,7 @@ impl Locker {
     }
 
     fn guard(&self, lease: crate::Lease, renew_every: Option<Duration>) -> LockGuard {
-        LockGuard::start(self.backend.clone(), lease, renew_every)
+        LockGuard::start(self.backend.clone(), self.clock.clone(), lease, renew_every)
     }
 
     /// One attempt, no waiting: `Ok(None)` if someone else holds the lock.
@@ -244,6 +253,37 @@ impl Locker {
             _ = cancel.cancelled() => Err(LockError::Cancelled { name }),
             guard = self.acquire(&name) => guard,
         }
+    }
+
+    /// Evicts whoever holds `name`, audited (see [`admin::force_release`](crate::admin::force_release)).
+    /// Returns the evicted holder, or `None` if the lock was free.
+    ///
+    /// # Errors
+    /// An invalid name, or a store error (the outcome is then unknown:
+    /// inspect, and retry with [`force_release_if`](Self::force_release_if)).
+    pub async fn force_release(
+        &self,
+        name: impl IntoLockName,
+        reason: &str,
+    ) -> Result<Option<Holder>, LockError> {
+        let name = name.into_lock_name()?;
+        crate::admin::force_release(&*self.backend, &name, reason, None).await
+    }
+
+    /// Evicts the holder of `name` only if its fencing token is `fence`
+    /// (compare-and-evict), audited. Safe to retry after a lost reply: it
+    /// never evicts a later holder. Returns the evicted holder, or `None`.
+    ///
+    /// # Errors
+    /// As [`force_release`](Self::force_release).
+    pub async fn force_release_if(
+        &self,
+        name: impl IntoLockName,
+        fence: FencingToken,
+        reason: &str,
+    ) -> Result<Option<Holder>, LockError> {
+        let name = name.into_lock_name()?;
+        crate::admin::force_release(&*self.backend, &name, reason, Some(fence)).await
     }
 
     /// Runs `critical` while holding `name`, and stops it (by dropping its

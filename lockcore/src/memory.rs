@@ -14,11 +14,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use crate::audit;
 use crate::{
-    Attempt, Capabilities, FenceDurability, FencingToken, Holder, Lease, LockBackend, LockError,
-    LockName, OwnerToken, ReleaseOutcome, Wakeup,
+    Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, Lease, LockBackend,
+    LockError, LockName, OwnerToken, ReleaseOutcome, Wakeup,
 };
 
 const BACKEND: &str = "memory";
@@ -57,16 +57,18 @@ struct Slot {
     changes: watch::Sender<()>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Grant {
     owner: OwnerToken,
     fence: FencingToken,
     expires_at: Instant,
+    /// Cancelled on eviction: the holder's guard hears it at once.
+    evicted: CancellationToken,
 }
 
 impl Slot {
-    fn live(&self, now: Instant) -> Option<Grant> {
-        self.holder.filter(|g| g.expires_at > now)
+    fn live(&self, now: Instant) -> Option<&Grant> {
+        self.holder.as_ref().filter(|g| g.expires_at > now)
     }
 
     fn holds(&self, lease: &Lease, now: Instant) -> bool {
@@ -131,6 +133,8 @@ impl LockBackend for MemoryBackend {
         Capabilities::new(BACKEND)
             .fence_durability(FenceDurability::Volatile)
             .notifications(true)
+            .expiry_clock(ExpiryClock::ProcessClock)
+            .eviction_notice(Some(Duration::ZERO))
     }
 
     async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
@@ -145,18 +149,16 @@ impl LockBackend for MemoryBackend {
         state.last_fence += 1;
         let fence = FencingToken::new(state.last_fence).expect("counter starts above zero");
         let owner = OwnerToken::new();
+        let evicted = CancellationToken::new();
         state.slot(name).holder = Some(Grant {
             owner,
             fence,
             expires_at: now + ttl,
+            evicted: evicted.clone(),
         });
-        Ok(Attempt::Acquired(Lease::new(
-            name.clone(),
-            owner,
-            fence,
-            ttl,
-            now,
-        )))
+        Ok(Attempt::Acquired(
+            Lease::new(name.clone(), owner, fence, ttl, now).with_loss_signal(evicted),
+        ))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -199,23 +201,26 @@ impl LockBackend for MemoryBackend {
             .map(|g| Holder::new(g.fence, Some(g.owner), Some(g.expires_at - now))))
     }
 
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         let now = Instant::now();
-        let evicted = {
-            let mut state = self.lock();
-            let slot = state.slot(name);
-            let evicted = slot
-                .live(now)
-                .map(|g| Holder::new(g.fence, Some(g.owner), Some(g.expires_at - now)));
+        let mut state = self.lock();
+        let slot = state.slot(name);
+        let evicted = slot
+            .live(now)
+            .filter(|g| expected.is_none_or(|fence| g.fence == fence))
+            .cloned();
+        if let Some(grant) = &evicted {
+            grant.evicted.cancel();
             slot.free();
-            state.tidy(name, now);
-            evicted
-        };
-        Ok(audit::forced_release(BACKEND, name, evicted, reason))
+        }
+        state.tidy(name, now);
+        // The next grant draws from the shared counter: larger than the
+        // evicted fence already.
+        Ok(evicted.map(|g| Holder::new(g.fence, Some(g.owner), Some(g.expires_at - now))))
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockcore::{
-    Attempt, Capabilities, Holder, Lease, LockBackend, LockError, LockName, Locker, LossReason,
-    MemoryBackend, ReleaseOutcome, async_trait,
+    Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName, Locker,
+    LossReason, MemoryBackend, ReleaseOutcome, async_trait,
 };
 use tokio::time::{Instant, advance, sleep};
 
@@ -74,12 +74,12 @@ impl LockBackend for Scripted {
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
         self.store.inspect(name).await
     }
-    async fn force_release(
+    async fn evict(
         &self,
         name: &LockName,
-        reason: &str,
+        expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
-        self.store.force_release(name, reason).await
+        self.store.evict(name, expected).await
     }
 }
 
@@ -210,12 +210,12 @@ async fn a_store_loss_signal_is_reported() {
         async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
             self.0.inspect(name).await
         }
-        async fn force_release(
+        async fn evict(
             &self,
             name: &LockName,
-            reason: &str,
+            expected: Option<FencingToken>,
         ) -> Result<Option<Holder>, LockError> {
-            self.0.force_release(name, reason).await
+            self.0.evict(name, expected).await
         }
     }
     let locker = Locker::new(Fixed(store, Mutex::new(Some(lease)))).ttl(TTL);
@@ -279,4 +279,66 @@ async fn with_lock_stops_the_critical_section_on_loss() {
         .await
         .unwrap();
     assert!(done >= 2);
+}
+
+/// The system clocks, with a boot clock that can be moved ahead as if the
+/// host had been suspended (the monotonic clock stands still meanwhile).
+#[derive(Debug, Default)]
+struct SleepyHost {
+    slept: Mutex<Duration>,
+}
+
+impl SleepyHost {
+    fn suspend_for(&self, d: Duration) {
+        *self.slept.lock().unwrap() += d;
+    }
+}
+
+impl lockcore::Clock for SleepyHost {
+    fn now(&self) -> lockcore::Moment {
+        let now = lockcore::Moment::now();
+        let boot = now.boot().unwrap_or_default() + *self.slept.lock().unwrap();
+        lockcore::Moment::from_parts(now.mono(), Some(boot))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_suspend_longer_than_the_ttl_loses_the_lease() {
+    let host = Arc::new(SleepyHost::default());
+    let locker = Locker::new(MemoryBackend::new())
+        .ttl(TTL)
+        .clock(host.clone());
+    let guard = locker.acquire("n").await.unwrap();
+    sleep(Duration::from_millis(100)).await;
+    assert!(guard.is_held());
+    host.suspend_for(TTL);
+    // Monotonic time has not moved: only the boot clock says the TTL is gone.
+    assert!(
+        !guard.is_held(),
+        "is_held() must count time spent suspended"
+    );
+    let started = Instant::now();
+    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert!(
+        started.elapsed() <= Duration::from_secs(1),
+        "lost() fired {:?} after the resume",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_suspend_renews_at_once_and_keeps_the_lease() {
+    let host = Arc::new(SleepyHost::default());
+    let backend = Arc::new(Scripted::default());
+    let locker = Locker::new(backend.clone()).ttl(TTL).clock(host.clone());
+    let guard = locker.acquire("n").await.unwrap();
+    // Asleep for half the TTL: past the renew point (TTL/3), before the deadline.
+    host.suspend_for(TTL / 2);
+    let renews = backend.renews.load(Ordering::SeqCst);
+    sleep(Duration::from_secs(1)).await;
+    assert!(
+        backend.renews.load(Ordering::SeqCst) > renews,
+        "no renewal after the resume"
+    );
+    assert!(guard.is_held());
 }

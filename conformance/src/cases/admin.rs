@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use lockcore::{FencedResource, LeaseKind, LockError, ReleaseOutcome, audit};
+use lockcore::audit::{self, Stage};
+use lockcore::{FencedResource, FencingToken, LeaseKind, LockError, Locker, ReleaseOutcome};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
@@ -46,11 +47,14 @@ pub async fn inspect_reports_the_holder(cx: &Ctx) -> CaseResult {
     Ok(Outcome::Passed)
 }
 
-/// A forced release evicts the holder, emits exactly one audit event, fences
-/// the old holder out (its renew, release and fenced writes are refused), and
-/// the next holder gets a larger token.
+/// A forced release evicts the holder, is audited (one event before the
+/// request, one with its outcome, same id), fences the old holder out (its
+/// renew, release and fenced writes are refused), and the next holder gets a
+/// larger token. Compare-and-evict (`force_release_if`) evicts only the
+/// holder of the given fence, so a retry never evicts the next holder.
 pub async fn force_release_fences_out_the_holder(cx: &Ctx) -> CaseResult {
     let (a, b, admin) = (cx.client().await?, cx.client().await?, cx.client().await?);
+    let admin = Locker::from_arc(admin);
     let name = cx.name("forced");
     let mut events = audit::subscribe();
     let old = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
@@ -58,15 +62,29 @@ pub async fn force_release_fences_out_the_holder(cx: &Ctx) -> CaseResult {
     resource
         .write(old.fence(), |v| *v += 1)
         .map_err(|e| Failure::new(format!("first write refused: {e}")))?;
+    let wrong = FencingToken::new(old.fence().get() + 1).expect("above zero");
+    ensure!(
+        admin
+            .force_release_if(&name, wrong, "conformance: wrong fence")
+            .await?
+            .is_none(),
+        "force_release_if with another fence ({wrong}) must evict nobody"
+    );
+    ensure!(
+        a.inspect(&name).await?.map(|h| h.fence) == Some(old.fence()),
+        "force_release_if with another fence must leave the holder (fence {}) in place",
+        old.fence()
+    );
     let evicted = admin
-        .force_release(&name, "conformance: operator eviction")
+        .force_release_if(&name, old.fence(), "conformance: operator eviction")
         .await?;
     ensure!(
         evicted.as_ref().map(|h| h.fence) == Some(old.fence()),
-        "force_release should report the evicted holder (fence {}), got {evicted:?}",
+        "force_release_if should report the evicted holder (fence {}), got {evicted:?}",
         old.fence()
     );
-    // Exactly one event for this name: wait for it, then make sure no second follows.
+    // Two events per forced release for this name: wait for them, then make
+    // sure no more follow.
     let mut seen = Vec::new();
     let give_up = Instant::now() + cx.scaled(Duration::from_millis(500));
     loop {
@@ -76,14 +94,21 @@ pub async fn force_release_fences_out_the_holder(cx: &Ctx) -> CaseResult {
             Ok(Err(RecvError::Closed)) | Err(_) => break,
         }
     }
+    let stages: Vec<_> = seen.iter().map(|e| (e.id, e.stage.clone())).collect();
     ensure!(
-        seen.len() == 1,
-        "expected exactly one audit event for {name}, got {}",
-        seen.len()
+        seen.len() == 4
+            && seen[0].stage == Stage::Requested
+            && seen[1].stage == Stage::NothingEvicted
+            && seen[2].stage == Stage::Requested
+            && matches!(&seen[3].stage, Stage::Evicted(h) if h.fence == old.fence())
+            && seen[0].id == seen[1].id
+            && seen[2].id == seen[3].id
+            && seen[0].id != seen[2].id,
+        "expected requested/nothing-evicted then requested/evicted audit events for {name}, got {stages:?}"
     );
     ensure!(
-        seen[0].reason.contains("operator eviction"),
-        "the audit event must carry the reason"
+        seen[3].reason.contains("operator eviction") && seen[3].expected_fence == Some(old.fence()),
+        "the audit events must carry the reason and the expected fence"
     );
     let renewed = a.renew(&old).await;
     ensure!(
@@ -96,6 +121,15 @@ pub async fn force_release_fences_out_the_holder(cx: &Ctx) -> CaseResult {
         "the next holder's fence {} must exceed {}",
         next.fence(),
         old.fence()
+    );
+    // A retry of the same compare-and-evict (its reply lost, say) must not
+    // evict the next holder.
+    ensure!(
+        admin
+            .force_release_if(&name, old.fence(), "conformance: retried eviction")
+            .await?
+            .is_none(),
+        "a retried force_release_if with the old fence must not evict the next holder"
     );
     ensure!(
         a.release(&old).await? == ReleaseOutcome::NotHeld,

@@ -2,13 +2,15 @@
 
 use std::time::Duration;
 
-use lockcore::{LockError, LossReason, ReleaseOutcome};
+use lockcore::{LockError, Locker, LossReason, ReleaseOutcome};
 use tokio::time::Instant;
 
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure};
 
-/// When an admin force-releases a held lock, the holder's guard learns at its
-/// next renewal: `lost()` fires and `is_held()` turns false.
+/// When an admin force-releases a held lock, the holder's guard learns:
+/// `lost()` fires and `is_held()` turns false, within the backend's declared
+/// eviction notice (plus a round trip) where the store pushes it, else at its
+/// next renewal.
 pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
     let (a, admin) = (cx.client().await?, cx.client().await?);
     let name = cx.name("evicted");
@@ -17,16 +19,23 @@ pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
     let every = ttl / 4;
     let guard = cx.locker(&a, ttl).renew_every(every).acquire(&name).await?;
     ensure!(guard.is_held(), "a fresh guard must be held");
-    admin
+    let (bound, promise) = match cx.caps().eviction_notice {
+        Some(notice) => (
+            notice + cx.round_trip(),
+            format!("the declared eviction notice {notice:?} + a round trip"),
+        ),
+        None => (every + cx.slack(), "one renew interval + slack".to_owned()),
+    };
+    Locker::from_arc(admin)
         .force_release(&name, "conformance: evict holder")
         .await?;
     let evicted = Instant::now();
-    let reason = tokio::time::timeout(every + cx.slack(), guard.lost())
+    let reason = tokio::time::timeout(bound, guard.lost())
         .await
         .map_err(|_| {
-            Failure::new(
-                "lost() did not fire within one renew interval + slack of a forced release",
-            )
+            Failure::new(format!(
+                "lost() did not fire within {bound:?} ({promise}) of a forced release"
+            ))
         })?;
     ensure!(
         matches!(
@@ -41,8 +50,9 @@ pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
         "ensure_held() must fail once lost"
     );
     ensure!(
-        evicted.elapsed() <= every + cx.slack(),
-        "loss noticed too late"
+        evicted.elapsed() <= bound,
+        "loss noticed after {:?}, later than {bound:?} ({promise})",
+        evicted.elapsed()
     );
     let outcome = guard.release().await?;
     ensure!(
@@ -100,7 +110,7 @@ pub async fn with_lock_stops_when_lost(cx: &Ctx) -> CaseResult {
         let name = name.clone();
         tokio::spawn(async move {
             tokio::time::sleep(evict_after).await;
-            admin
+            Locker::from_arc(admin)
                 .force_release(&name, "conformance: stop the critical section")
                 .await
         })

@@ -1,11 +1,15 @@
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next.
--- ARGV[1] request nonce.
--- Evicts whoever holds the lock and advances the fence, so the next grant
+-- ARGV[1] request nonce, ARGV[2] the fence to evict ('' for any holder).
+-- Evicts whoever holds the lock (with ARGV[2], only the holder of that
+-- fence; otherwise nothing changes) and advances the fence, so the next grant
 -- and any resource that saw the bump refuse the evicted holder; then wakes
 -- the first waiter in line.
 -- Returns {nonce, new fence, evicted's remaining ms, evicted value or nil}.
 local value = redis.call('GET', KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
+if ARGV[2] ~= '' and (not value or string.match(value, ':(%d+)$') ~= ARGV[2]) then
+  return {ARGV[1], 0, pttl, false}
+end
 if value then
   redis.call('DEL', KEYS[1])
 end

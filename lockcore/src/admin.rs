@@ -1,0 +1,39 @@
+//! Administrative actions, audited once here for every backend.
+
+use crate::audit::{self, ForcedRelease, Stage};
+use crate::{FencingToken, Holder, LockBackend, LockError, LockName};
+
+/// Evicts whoever holds `name` (or, with `expected`, only the holder with
+/// that fence), makes the next grant's fence larger, and records the action:
+/// one [`audit`] event before the request and one with its outcome.
+///
+/// Returns the evicted holder, or `None` when nothing was evicted. Between
+/// the eviction and the moment the evicted holder notices
+/// ([`Capabilities::eviction_notice`](crate::Capabilities::eviction_notice)),
+/// only fencing protects the resource.
+///
+/// # Errors
+/// A store error; the outcome is then unknown (and audited as such). Retry
+/// with `expected` set to the fence you saw, so the retry cannot evict the
+/// next, legitimate holder.
+pub async fn force_release(
+    backend: &dyn LockBackend,
+    name: &LockName,
+    reason: &str,
+    expected: Option<FencingToken>,
+) -> Result<Option<Holder>, LockError> {
+    let request = ForcedRelease::requested(
+        backend.capabilities().backend,
+        name.clone(),
+        expected,
+        reason,
+    );
+    audit::emit(request.clone());
+    let outcome = backend.evict(name, expected).await;
+    audit::emit(request.then(match &outcome {
+        Ok(Some(holder)) => Stage::Evicted(holder.clone()),
+        Ok(None) => Stage::NothingEvicted,
+        Err(e) => Stage::Unknown(e.to_string()),
+    }));
+    outcome
+}
