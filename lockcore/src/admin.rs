@@ -30,6 +30,11 @@ pub async fn force_release(
     );
     audit::emit(request.clone());
     let outcome = backend.evict(name, expected).await;
+    let tags = crate::metrics::Tags::new(request.backend, None);
+    crate::metrics::forced_release(&tags, outcome.as_ref().ok().map(Option::is_some));
+    if let Err(e) = &outcome {
+        crate::metrics::store_error(&tags, e);
+    }
     audit::emit(request.then(match &outcome {
         Ok(Some(holder)) => Stage::Evicted(holder.clone()),
         Ok(None) => Stage::NothingEvicted,

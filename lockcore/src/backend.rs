@@ -1,15 +1,24 @@
-//! The contract every store adapter implements.
+//! What a backend author needs: the [`LockBackend`] contract and the kit to
+//! implement it (requests, leases, validated TTLs, clocks, the wait loop).
+//! Applications use [`Locker`](crate::Locker) and the crate root instead.
 
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tokio::time::Instant;
+pub use async_trait::async_trait;
+pub use tokio_util::sync::CancellationToken;
 
-use crate::{Backoff, Capabilities, FencingToken, Holder, Lease, LockError, LockName};
+pub use crate::clock::{Clock, Moment, SystemClock};
+pub use crate::error::BoxError;
+pub use crate::lease::Lease;
+pub use crate::request::LockRequest;
+pub use crate::support::{redact_url, timed};
+pub use crate::token::OwnerToken;
+pub use crate::ttl::Ttl;
+pub use crate::wait::{Polling, WaitPolicy, Waiter, Wakeup};
+
+use crate::{Capabilities, FencingToken, Holder, LockError, LockName};
 
 /// The outcome of one acquisition attempt. Contention is not an error.
 #[derive(Debug)]
@@ -45,70 +54,6 @@ pub enum ReleaseOutcome {
     NotHeld,
 }
 
-/// A future that completes when a lock name may have become free (release,
-/// forced release or expiry). Registered before it is returned, so a change
-/// that happens before the caller awaits it is not missed.
-pub type Wakeup = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
-
-/// How long and how an [`acquire`](LockBackend::acquire) waits.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct WaitPolicy {
-    /// Give up after this instant.
-    pub deadline: Instant,
-    /// Delays between attempts when the store does not notify (or failed).
-    pub backoff: Backoff,
-    /// With notifications, re-check at least this often anyway, so a lost
-    /// notification costs latency, never liveness.
-    pub recheck: Duration,
-}
-
-impl WaitPolicy {
-    /// Wait until `deadline` with default backoff and a 1 s re-check.
-    pub fn new(deadline: Instant) -> Self {
-        WaitPolicy {
-            deadline,
-            backoff: Backoff::default(),
-            recheck: Duration::from_secs(1),
-        }
-    }
-
-    /// Sets the backoff.
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// Sets the re-check interval.
-    pub fn recheck(mut self, recheck: Duration) -> Self {
-        self.recheck = recheck;
-        self
-    }
-
-    /// When to try again after attempt number `attempt` (from 1) found the
-    /// lock held or failed. `expires_in` is the holder's remaining TTL if
-    /// the store said: expiry sends no message on most stores, so the next
-    /// try comes right after it. `notified`: a store wake-up is armed and the
-    /// attempt did not fail, so the wait is bounded by `recheck`; otherwise
-    /// by jittered backoff. Never past the deadline.
-    pub fn retry_at(
-        &self,
-        now: Instant,
-        attempt: u32,
-        expires_in: Option<Duration>,
-        notified: bool,
-    ) -> Instant {
-        let bound = if notified {
-            self.recheck
-        } else {
-            self.backoff.delay(attempt.saturating_sub(1))
-        };
-        let at_expiry = expires_in.map(|d| d + Duration::from_millis(1));
-        let pause = at_expiry.map_or(bound, |d| d.min(bound));
-        (now + pause).min(self.deadline)
-    }
-}
-
 /// A lock store. Implement this to add a backend; users hold a
 /// [`Locker`](crate::Locker) instead of calling it directly.
 ///
@@ -137,13 +82,15 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// Limits and guarantees of this backend (cheap, no I/O).
     fn capabilities(&self) -> Capabilities;
 
-    /// One attempt to take `name` for `ttl`.
+    /// One attempt to take `request.name()` for `request.ttl()`, storing
+    /// `request.label()` with the lease.
     ///
     /// # Errors
-    /// [`LockError::InvalidTtl`] before any I/O; [`LockError::Unavailable`] or
-    /// [`LockError::Store`] when the store fails. A store error never reports
-    /// success; an acquisition whose reply was lost expires after its TTL.
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError>;
+    /// [`LockError::Unavailable`] or [`LockError::Store`] when the store
+    /// fails. A store error never reports success; an acquisition whose reply
+    /// was lost must not block the name longer than its TTL (remove it, owner
+    /// checked, when the link heals).
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError>;
 
     /// Extends `lease` by its TTL, keeping its fencing token.
     ///
@@ -151,6 +98,15 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// [`LockError::NotHeld`] once the lease expired, was released or taken;
     /// it is never re-created.
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError>;
+
+    /// Renews many leases in as few store round trips as the store allows
+    /// (one script, one statement, one shared keep-alive). One result per
+    /// lease, in order, each exactly what [`renew`](Self::renew) would have
+    /// returned: owner- and fence-checked individually. The default renews
+    /// them one by one, concurrently.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        futures_util::future::join_all(leases.iter().map(|lease| self.renew(lease))).await
+    }
 
     /// Releases `lease` if, and only if, the store still holds it for its owner.
     /// Idempotent: a second call reports [`ReleaseOutcome::NotHeld`].
@@ -187,13 +143,14 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         Ok(None)
     }
 
-    /// Waits until `name` is acquired or `wait.deadline` passes (`Ok(None)`).
+    /// Waits until the lock is acquired or `wait.deadline` passes (`Ok(None)`).
     ///
-    /// The default loops [`try_acquire`](Self::try_acquire), sleeping on
-    /// [`watch`](Self::watch) (bounded by `wait.recheck` and the holder's
-    /// remaining TTL) or on jittered backoff. Stores that keep a line
-    /// (ZooKeeper, etcd, the Redis and PostgreSQL adapters) override it to
-    /// wait in it.
+    /// The default runs [`wait::wait`](crate::wait::wait) with
+    /// [`Polling`](crate::wait::Polling): [`watch`](Self::watch) (when
+    /// notifications are declared) then [`try_acquire`](Self::try_acquire),
+    /// retrying at the holder's expiry, on the wake-up, or on jittered
+    /// backoff. Stores that keep a line override it with their own
+    /// [`Waiter`](crate::wait::Waiter), never with their own loop.
     ///
     /// # Cancel safety
     /// Dropping the future stops waiting. If an attempt was in flight, the
@@ -201,66 +158,45 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// Overrides must remove any queue entry they created when dropped.
     async fn acquire(
         &self,
+        request: &LockRequest,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        crate::wait::wait(wait, &mut Polling::new(self, request)).await
+    }
+}
+
+/// Conveniences over any backend, for tools and tests. Implemented for every
+/// [`LockBackend`]; implementers never write them.
+#[async_trait]
+pub trait LockBackendExt: LockBackend {
+    /// [`try_acquire`](LockBackend::try_acquire) of `name` for a requested
+    /// `ttl`, validated with this backend's capabilities and labelled with
+    /// this process.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidTtl`] before any I/O; as `try_acquire`.
+    async fn try_acquire_for(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+        let ttl = self.capabilities().effective_ttl(ttl)?;
+        self.try_acquire(&LockRequest::new(name.clone(), ttl)).await
+    }
+
+    /// [`acquire`](LockBackend::acquire) of `name` for a requested `ttl`.
+    ///
+    /// # Errors
+    /// As [`try_acquire_for`](Self::try_acquire_for) and `acquire`.
+    async fn acquire_for(
+        &self,
         name: &LockName,
         ttl: Duration,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        acquire_loop(self, name, ttl, wait).await
+        let ttl = self.capabilities().effective_ttl(ttl)?;
+        self.acquire(&LockRequest::new(name.clone(), ttl), wait)
+            .await
     }
 }
 
-/// The default waiting loop of [`LockBackend::acquire`], public so overrides
-/// can fall back to it.
-pub async fn acquire_loop<B: LockBackend + ?Sized>(
-    backend: &B,
-    name: &LockName,
-    ttl: Duration,
-    wait: &WaitPolicy,
-) -> Result<Option<Lease>, LockError> {
-    let notifications = backend.capabilities().notifications;
-    let mut attempt: u32 = 0;
-    loop {
-        let wakeup = if notifications {
-            match backend.watch(name).await {
-                Ok(wakeup) => wakeup,
-                Err(e) if e.is_retryable() => None,
-                Err(e) => return Err(e),
-            }
-        } else {
-            None
-        };
-        attempt = attempt.saturating_add(1);
-        tracing::Span::current().record("attempts", attempt);
-        let (expires_in, failed) = match backend.try_acquire(name, ttl).await {
-            Ok(Attempt::Acquired(lease)) => return Ok(Some(lease)),
-            Ok(Attempt::Held { expires_in }) => (expires_in, None),
-            Err(e) if e.is_retryable() => {
-                tracing::debug!(name = %name, attempt, error = %e, "acquire attempt failed, will retry");
-                (None, Some(e))
-            }
-            Err(e) => return Err(e),
-        };
-        let now = Instant::now();
-        if now >= wait.deadline {
-            return failed.map_or(Ok(None), Err);
-        }
-        let until = wait.retry_at(
-            now,
-            attempt,
-            expires_in,
-            wakeup.is_some() && failed.is_none(),
-        );
-        match wakeup {
-            Some(wakeup) => {
-                tokio::select! {
-                    _ = wakeup => {}
-                    _ = tokio::time::sleep_until(until) => {}
-                }
-            }
-            None => tokio::time::sleep_until(until).await,
-        }
-    }
-}
+impl<T: LockBackend + ?Sized> LockBackendExt for T {}
 
 macro_rules! forward_backend {
     ($($ptr:ident),*) => {$(
@@ -270,11 +206,14 @@ macro_rules! forward_backend {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
             }
-            async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-                (**self).try_acquire(name, ttl).await
+            async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+                (**self).try_acquire(request).await
             }
             async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
                 (**self).renew(lease).await
+            }
+            async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+                (**self).renew_many(leases).await
             }
             async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
                 (**self).release(lease).await
@@ -288,8 +227,8 @@ macro_rules! forward_backend {
             async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
                 (**self).watch(name).await
             }
-            async fn acquire(&self, name: &LockName, ttl: Duration, wait: &WaitPolicy) -> Result<Option<Lease>, LockError> {
-                (**self).acquire(name, ttl, wait).await
+            async fn acquire(&self, request: &LockRequest, wait: &WaitPolicy) -> Result<Option<Lease>, LockError> {
+                (**self).acquire(request, wait).await
             }
         }
     )*};

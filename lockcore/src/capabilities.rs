@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::LockError;
+use crate::ttl::Ttl;
 
 /// A backend's limits and guarantees, returned by
 /// [`LockBackend::capabilities`](crate::LockBackend::capabilities).
@@ -204,7 +205,7 @@ impl Capabilities {
     /// # Errors
     /// [`LockError::InvalidTtl`] when `requested` is zero, or the effective TTL
     /// is outside `min_ttl..=max_ttl`. Nothing is ever silently clamped.
-    pub fn effective_ttl(&self, requested: Duration) -> Result<Duration, LockError> {
+    pub fn effective_ttl(&self, requested: Duration) -> Result<Ttl, LockError> {
         let invalid = |reason: String| LockError::InvalidTtl {
             ttl: requested,
             reason,
@@ -234,7 +235,7 @@ impl Capabilities {
                 self.backend, self.max_ttl
             )));
         }
-        Ok(effective)
+        Ok(Ttl::checked(effective))
     }
 }
 
@@ -256,11 +257,13 @@ mod tests {
             .ttl_range(Duration::from_secs(2), Duration::from_secs(100))
             .ttl_granularity(Duration::from_secs(1));
         assert_eq!(
-            caps.effective_ttl(Duration::from_millis(2500)).unwrap(),
+            caps.effective_ttl(Duration::from_millis(2500))
+                .unwrap()
+                .get(),
             Duration::from_secs(3)
         );
         assert_eq!(
-            caps.effective_ttl(Duration::from_secs(2)).unwrap(),
+            caps.effective_ttl(Duration::from_secs(2)).unwrap().get(),
             Duration::from_secs(2)
         );
         for bad in [
@@ -282,7 +285,7 @@ mod tests {
             timeout: Duration::from_secs(4),
         });
         assert_eq!(
-            caps.effective_ttl(Duration::from_secs(1)).unwrap(),
+            caps.effective_ttl(Duration::from_secs(1)).unwrap().get(),
             Duration::from_secs(4)
         );
     }

@@ -12,7 +12,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// - fix the input: [`InvalidName`](Self::InvalidName),
 ///   [`InvalidTtl`](Self::InvalidTtl), [`InvalidTimeout`](Self::InvalidTimeout),
-///   [`InvalidConfig`](Self::InvalidConfig);
+///   [`InvalidLabel`](Self::InvalidLabel), [`InvalidConfig`](Self::InvalidConfig);
 /// - stop acting as the holder: [`NotHeld`](Self::NotHeld), [`Lost`](Self::Lost);
 /// - try again later: [`Timeout`](Self::Timeout), [`Unavailable`](Self::Unavailable)
 ///   (see [`is_retryable`](Self::is_retryable));
@@ -47,6 +47,15 @@ pub enum LockError {
         /// The rejected timeout.
         timeout: Duration,
         /// Why.
+        reason: String,
+    },
+
+    /// The holder label is not valid (see [`HolderLabel`](crate::HolderLabel)).
+    #[error("invalid holder label \"{label}\": {reason}")]
+    InvalidLabel {
+        /// A short, escaped preview of the rejected label.
+        label: String,
+        /// Why it was rejected.
         reason: String,
     },
 
@@ -224,6 +233,9 @@ pub enum LossReason {
     StoreReported,
     /// A renewal failed with an error that retrying cannot fix.
     RenewalFailed(String),
+    /// The guard was held longer than the locker's
+    /// [`max_hold`](crate::Locker::max_hold).
+    MaxHoldExceeded,
 }
 
 impl fmt::Display for LossReason {
@@ -238,6 +250,7 @@ impl fmt::Display for LossReason {
             LossReason::DeadlinePassed => f.write_str("the lease deadline passed"),
             LossReason::StoreReported => f.write_str("the store reported the lease gone"),
             LossReason::RenewalFailed(why) => write!(f, "renewal failed: {why}"),
+            LossReason::MaxHoldExceeded => f.write_str("held longer than the locker's max_hold"),
         }
     }
 }

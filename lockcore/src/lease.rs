@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{FencingToken, LockName, Moment, OwnerToken};
+use crate::backend::{Moment, Ttl};
+use crate::{FencingToken, HolderLabel, LockName, OwnerToken};
 
 /// One grant of a lock: name, owner, fencing token, the TTL the store really
 /// enforces, and a local deadline.
@@ -40,14 +41,14 @@ impl Lease {
         name: LockName,
         owner: OwnerToken,
         fence: FencingToken,
-        ttl: Duration,
+        ttl: Ttl,
         sent_at: impl Into<Moment>,
     ) -> Self {
         Lease {
             name,
             owner,
             fence,
-            ttl,
+            ttl: ttl.get(),
             issued: sent_at.into(),
             extra_margin: Duration::ZERO,
             lost: None,
@@ -74,11 +75,10 @@ impl Lease {
         Self::drift(self.ttl).saturating_add(self.extra_margin)
     }
 
-    /// The same grant (name, owner, fence, margin, extension, loss signal)
-    /// renewed by a request sent at `sent_at` with effective TTL `ttl`.
-    pub fn renewed(&self, ttl: Duration, sent_at: impl Into<Moment>) -> Self {
+    /// The same grant (name, owner, fence, TTL, margin, extension, loss
+    /// signal) renewed by a request sent at `sent_at`.
+    pub fn renewed(&self, sent_at: impl Into<Moment>) -> Self {
         Lease {
-            ttl,
             issued: sent_at.into(),
             ..self.clone()
         }
@@ -194,6 +194,9 @@ pub struct Holder {
     /// Time left before the store frees the name, where the store knows it
     /// (session-based leases do not).
     pub expires_in: Option<Duration>,
+    /// The label stored with the lease: who holds it, in words. `None` for
+    /// leases granted without one (an older client).
+    pub label: Option<HolderLabel>,
 }
 
 impl Holder {
@@ -207,7 +210,14 @@ impl Holder {
             fence,
             owner,
             expires_in,
+            label: None,
         }
+    }
+
+    /// The same view with the stored label.
+    pub fn with_label(mut self, label: Option<HolderLabel>) -> Self {
+        self.label = label;
+        self
     }
 }
 
@@ -223,12 +233,12 @@ mod tests {
             LockName::new("n").unwrap(),
             OwnerToken::new(),
             FencingToken::new(3).unwrap(),
-            ttl,
+            Ttl::checked(ttl),
             sent,
         );
         assert_eq!(lease.deadline(), sent + ttl - Duration::from_millis(102));
         tokio::time::advance(Duration::from_secs(5)).await;
-        let renewed = lease.renewed(ttl, Instant::now());
+        let renewed = lease.renewed(Instant::now());
         assert_eq!(renewed.fence(), lease.fence());
         assert!(renewed.deadline() > lease.deadline());
         tokio::time::advance(Duration::from_secs(6)).await;
@@ -244,7 +254,7 @@ mod tests {
             LockName::new("n").unwrap(),
             OwnerToken::new(),
             FencingToken::new(1).unwrap(),
-            ttl,
+            Ttl::checked(ttl),
             Moment::from_parts(t0, Some(boot0)),
         );
         let awake = Moment::from_parts(
@@ -275,7 +285,7 @@ mod tests {
             LockName::new("n").unwrap(),
             OwnerToken::new(),
             FencingToken::new(1).unwrap(),
-            ttl,
+            Ttl::checked(ttl),
             Moment::from_parts(t0, None),
         )
         .with_extra_margin(Duration::from_millis(500));
@@ -284,7 +294,7 @@ mod tests {
             Lease::drift(ttl) + Duration::from_millis(500)
         );
         assert_eq!(lease.deadline(), t0 + ttl - lease.margin());
-        let renewed = lease.renewed(ttl, Moment::from_parts(t0 + Duration::from_secs(1), None));
+        let renewed = lease.renewed(Moment::from_parts(t0 + Duration::from_secs(1), None));
         assert_eq!(renewed.margin(), lease.margin());
     }
 
@@ -294,7 +304,7 @@ mod tests {
             LockName::new("n").unwrap(),
             OwnerToken::new(),
             FencingToken::new(1).unwrap(),
-            Duration::from_secs(1),
+            Ttl::checked(Duration::from_secs(1)),
             Instant::now(),
         )
         .with_extension(42_i64);

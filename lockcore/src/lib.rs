@@ -72,33 +72,35 @@
 
 pub mod admin;
 pub mod audit;
-mod backend;
+pub mod backend;
 mod backoff;
 mod capabilities;
 mod clock;
 mod error;
 mod fenced;
 mod guard;
+mod label;
 mod lease;
 mod locker;
 mod memory;
+pub mod metrics;
 mod name;
+mod renewer;
+mod request;
+mod support;
 mod token;
+mod ttl;
+pub mod wait;
 
-pub use backend::{Attempt, LockBackend, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop};
+pub use backend::{Attempt, LockBackend, ReleaseOutcome};
 pub use backoff::Backoff;
 pub use capabilities::{Capabilities, ExpiryClock, Fairness, FenceDurability, LeaseKind};
-pub use clock::{Clock, Moment, SystemClock};
-pub use error::{BoxError, InvalidName, LockError, LossReason};
+pub use error::{InvalidName, LockError, LossReason};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;
+pub use label::HolderLabel;
 pub use lease::{Holder, Lease};
 pub use locker::Locker;
 pub use memory::MemoryBackend;
 pub use name::{IntoLockName, LockName};
 pub use token::{FencingToken, OwnerToken};
-
-/// Re-exported so backends implement [`LockBackend`] with the same macro.
-pub use async_trait::async_trait;
-/// Re-exported for [`Lease::with_loss_signal`] and [`LockGuard::lost_token`].
-pub use tokio_util::sync::CancellationToken;

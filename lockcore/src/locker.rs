@@ -10,16 +10,21 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::backend::{Clock, LockRequest, SystemClock, Ttl, WaitPolicy};
+use crate::metrics::{self, Tags, WaitOutcome};
+use crate::renewer::{Held, HoldPolicy, Renewer};
 use crate::{
-    Attempt, Backoff, Clock, FencingToken, Holder, IntoLockName, LockBackend, LockError, LockGuard,
-    LockName, SystemClock, WaitPolicy,
+    Attempt, Backoff, FencingToken, Holder, HolderLabel, IntoLockName, Lease, LockBackend,
+    LockError, LockGuard, LockName,
 };
 
 /// Acquires locks on one backend with shared defaults.
 ///
 /// Defaults: TTL 30 s, wait up to 30 s, renew every third of the (effective)
 /// TTL, backoff 10 ms doubling to 1 s with full jitter, re-check every 1 s
-/// when the store notifies waiters. `Locker` is cheap to clone.
+/// when the store notifies waiters, leases labelled `hostname:pid`, no hold
+/// cap. `Locker` is cheap to clone; clones share one renewer, which renews
+/// all their guards' leases in batches.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -40,13 +45,18 @@ use crate::{
 #[derive(Clone)]
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
+    renewer: Renewer,
     clock: Arc<dyn Clock>,
+    label: HolderLabel,
     ttl: Duration,
     max_wait: Duration,
     backoff: Backoff,
     renew_every: Option<Duration>,
     auto_renew: bool,
     recheck: Duration,
+    max_hold: Option<Duration>,
+    long_hold: Option<Duration>,
+    name_in_metrics: bool,
 }
 
 impl Locker {
@@ -61,14 +71,19 @@ impl Locker {
     /// A locker on a shared, type-erased backend (what `distlock::connect` returns).
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
         Locker {
+            renewer: Renewer::new(backend.clone()),
             backend,
             clock: Arc::new(SystemClock),
+            label: HolderLabel::this_process(),
             ttl: Duration::from_secs(30),
             max_wait: Duration::from_secs(30),
             backoff: Backoff::default(),
             renew_every: None,
             auto_renew: true,
             recheck: Duration::from_secs(1),
+            max_hold: None,
+            long_hold: None,
+            name_in_metrics: false,
         }
     }
 
@@ -109,6 +124,37 @@ impl Locker {
         self
     }
 
+    /// Labels leases with `label` (default `hostname:pid`): stored with the
+    /// lock, shown by `inspect` and in audit events. Who owns a lease is
+    /// decided by its owner token, never by the label.
+    pub fn label(mut self, label: HolderLabel) -> Self {
+        self.label = label;
+        self
+    }
+
+    /// Counts a guard lost (and releases its lock) once it has been held for
+    /// `cap`, even while renewals succeed, so a stuck critical section cannot
+    /// hold a lock for ever. `lost()` fires with
+    /// [`LossReason::MaxHoldExceeded`](crate::LossReason::MaxHoldExceeded).
+    pub fn max_hold(mut self, cap: Duration) -> Self {
+        self.max_hold = Some(cap);
+        self
+    }
+
+    /// Emits one WARN event for each guard held longer than `threshold`.
+    pub fn long_hold(mut self, threshold: Duration) -> Self {
+        self.long_hold = Some(threshold);
+        self
+    }
+
+    /// Adds the lock name as a `name` label to this locker's metrics (feature
+    /// `metrics`). Off by default: every distinct name is a new time series,
+    /// so turn it on only for a small, bounded set of names.
+    pub fn name_in_metrics(mut self, on: bool) -> Self {
+        self.name_in_metrics = on;
+        self
+    }
+
     /// Judges guards' deadlines on `clock` instead of the system clocks (for
     /// tests: a clock whose boot time jumps plays a host suspend).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -121,23 +167,54 @@ impl Locker {
         &self.backend
     }
 
-    /// The renew interval for an effective TTL, validated.
-    fn renew_interval(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
-        if !self.auto_renew {
-            return Ok(None);
-        }
+    /// The request for `name`, with the TTL validated before any I/O.
+    fn request(&self, name: LockName) -> Result<LockRequest, LockError> {
         let ttl = self.backend.capabilities().effective_ttl(self.ttl)?;
-        let every = self.renew_every.unwrap_or(ttl / 3);
-        if every.is_zero() || every >= ttl.saturating_sub(crate::Lease::drift(ttl)) {
-            return Err(LockError::config(format!(
-                "renew interval {every:?} for lock \"{name}\" must be positive and shorter than the TTL {ttl:?} minus drift"
-            )));
-        }
-        Ok(Some(every))
+        Ok(LockRequest::new(name, ttl).with_label(self.label.clone()))
     }
 
-    fn guard(&self, lease: crate::Lease, renew_every: Option<Duration>) -> LockGuard {
-        LockGuard::start(self.backend.clone(), self.clock.clone(), lease, renew_every)
+    /// How guards of `ttl` are kept, validated.
+    fn hold_policy(&self, name: &LockName, ttl: Ttl) -> Result<HoldPolicy, LockError> {
+        let ttl = ttl.get();
+        let renew_every = if self.auto_renew {
+            let every = self.renew_every.unwrap_or(ttl / 3);
+            if every.is_zero() || every >= ttl.saturating_sub(Lease::drift(ttl)) {
+                return Err(LockError::config(format!(
+                    "renew interval {every:?} for lock \"{name}\" must be positive and shorter than the TTL {ttl:?} minus drift"
+                )));
+            }
+            Some(every)
+        } else {
+            None
+        };
+        if self.max_hold.is_some_and(|cap| cap.is_zero()) {
+            return Err(LockError::config("max_hold must be positive"));
+        }
+        Ok(HoldPolicy {
+            renew_every,
+            max_hold: self.max_hold,
+            long_hold: self.long_hold,
+        })
+    }
+
+    fn tags(&self, name: &LockName) -> Tags {
+        Tags::new(
+            self.backend.capabilities().backend,
+            self.name_in_metrics.then_some(name),
+        )
+    }
+
+    fn guard(&self, lease: Lease, policy: HoldPolicy) -> LockGuard {
+        let tags = self.tags(lease.name());
+        let held = Held::new(
+            self.backend.clone(),
+            self.clock.clone(),
+            lease,
+            policy,
+            tags,
+        );
+        self.renewer.keep(held.clone());
+        LockGuard::new(held)
     }
 
     /// One attempt, no waiting: `Ok(None)` if someone else holds the lock.
@@ -148,18 +225,25 @@ impl Locker {
         &self,
         name: impl IntoLockName,
     ) -> Result<Option<LockGuard>, LockError> {
-        let name = name.into_lock_name()?;
-        let renew_every = self.renew_interval(&name)?;
-        let span =
-            tracing::info_span!("lock.try_acquire", name = %name, fence = tracing::field::Empty);
+        let request = self.request(name.into_lock_name()?)?;
+        let policy = self.hold_policy(request.name(), request.ttl())?;
+        let span = tracing::debug_span!("lock.try_acquire", name = %request.name(), fence = tracing::field::Empty);
         async {
-            match self.backend.try_acquire(&name, self.ttl).await? {
+            let tags = self.tags(request.name());
+            let attempt = self.backend.try_acquire(&request).await;
+            if let Err(e) = &attempt {
+                metrics::store_error(&tags, e);
+            }
+            match attempt? {
                 Attempt::Acquired(lease) => {
                     tracing::Span::current().record("fence", lease.fence().get());
-                    tracing::info!(owner = %lease.owner(), ttl = ?lease.ttl(), "acquired");
-                    Ok(Some(self.guard(lease, renew_every)))
+                    tracing::debug!(owner = %lease.owner(), ttl = ?lease.ttl(), "acquired");
+                    Ok(Some(self.guard(lease, policy)))
                 }
-                Attempt::Held { .. } => Ok(None),
+                Attempt::Held { .. } => {
+                    metrics::contended(&tags);
+                    Ok(None)
+                }
             }
         }
         .instrument(span)
@@ -192,8 +276,8 @@ impl Locker {
         name: impl IntoLockName,
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
-        let name = name.into_lock_name()?;
-        let renew_every = self.renew_interval(&name)?;
+        let request = self.request(name.into_lock_name()?)?;
+        let policy = self.hold_policy(request.name(), request.ttl())?;
         if wait > Self::MAX_WAIT {
             return Err(LockError::InvalidTimeout {
                 timeout: wait,
@@ -204,32 +288,40 @@ impl Locker {
             });
         }
         let started = Instant::now();
-        let policy = WaitPolicy::new(started + wait)
+        let waiting = WaitPolicy::new(started + wait)
             .backoff(self.backoff)
             .recheck(self.recheck);
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "lock.acquire",
-            name = %name,
+            name = %request.name(),
             fence = tracing::field::Empty,
             attempts = tracing::field::Empty,
             waited_ms = tracing::field::Empty,
         );
         async {
-            let outcome = self.backend.acquire(&name, self.ttl, &policy).await;
+            let mut wait = Waiting::start(self.tags(request.name()), &waiting);
+            let outcome = self.backend.acquire(&request, &waiting).await;
             let waited = started.elapsed();
             tracing::Span::current().record("waited_ms", waited.as_millis() as u64);
-            match outcome? {
-                Some(lease) => {
+            match outcome {
+                Ok(Some(lease)) => {
+                    wait.end(WaitOutcome::Acquired);
                     tracing::Span::current().record("fence", lease.fence().get());
-                    tracing::info!(owner = %lease.owner(), ttl = ?lease.ttl(), "acquired");
-                    Ok(self.guard(lease, renew_every))
+                    tracing::debug!(owner = %lease.owner(), ttl = ?lease.ttl(), "acquired");
+                    Ok(self.guard(lease, policy))
                 }
-                None => {
-                    tracing::info!("timed out");
+                Ok(None) => {
+                    wait.end(WaitOutcome::TimedOut);
+                    tracing::debug!("timed out");
                     Err(LockError::Timeout {
-                        name: name.clone(),
+                        name: request.name().clone(),
                         waited,
                     })
+                }
+                Err(e) => {
+                    metrics::store_error(&wait.tags, &e);
+                    wait.end(WaitOutcome::Error);
+                    Err(e)
                 }
             }
         }
@@ -253,6 +345,15 @@ impl Locker {
             _ = cancel.cancelled() => Err(LockError::Cancelled { name }),
             guard = self.acquire(&name) => guard,
         }
+    }
+
+    /// The current holder of `name`, if any: fence, owner, remaining TTL and
+    /// label, as the store sees them.
+    ///
+    /// # Errors
+    /// An invalid name, or a store error.
+    pub async fn inspect(&self, name: impl IntoLockName) -> Result<Option<Holder>, LockError> {
+        self.backend.inspect(&name.into_lock_name()?).await
     }
 
     /// Evicts whoever holds `name`, audited (see [`admin::force_release`](crate::admin::force_release)).
@@ -320,14 +421,55 @@ impl Locker {
     }
 }
 
+/// One wait, measured: counted as a waiter until it ends; a wait dropped
+/// before it ends (a cancelled acquire) counts as cancelled.
+struct Waiting<'a> {
+    tags: Tags,
+    policy: &'a WaitPolicy,
+    started: Instant,
+    ended: bool,
+}
+
+impl<'a> Waiting<'a> {
+    fn start(tags: Tags, policy: &'a WaitPolicy) -> Self {
+        metrics::wait_started(&tags);
+        Waiting {
+            tags,
+            policy,
+            started: Instant::now(),
+            ended: false,
+        }
+    }
+
+    fn end(&mut self, outcome: WaitOutcome) {
+        if !self.ended {
+            self.ended = true;
+            metrics::wait_ended(
+                &self.tags,
+                outcome,
+                self.started.elapsed(),
+                self.policy.attempts(),
+            );
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.end(WaitOutcome::Cancelled);
+    }
+}
+
 impl fmt::Debug for Locker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locker")
             .field("backend", &self.backend)
+            .field("label", &self.label)
             .field("ttl", &self.ttl)
             .field("max_wait", &self.max_wait)
             .field("renew_every", &self.renew_every)
             .field("auto_renew", &self.auto_renew)
+            .field("max_hold", &self.max_hold)
             .finish_non_exhaustive()
     }
 }

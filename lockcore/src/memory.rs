@@ -16,9 +16,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{LockRequest, Wakeup};
 use crate::{
-    Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, Lease, LockBackend,
-    LockError, LockName, OwnerToken, ReleaseOutcome, Wakeup,
+    Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, HolderLabel, Lease,
+    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 
 const BACKEND: &str = "memory";
@@ -62,8 +63,16 @@ struct Grant {
     owner: OwnerToken,
     fence: FencingToken,
     expires_at: Instant,
+    label: HolderLabel,
     /// Cancelled on eviction: the holder's guard hears it at once.
     evicted: CancellationToken,
+}
+
+impl Grant {
+    fn holder(&self, now: Instant) -> Holder {
+        Holder::new(self.fence, Some(self.owner), Some(self.expires_at - now))
+            .with_label(Some(self.label.clone()))
+    }
 }
 
 impl Slot {
@@ -137,8 +146,8 @@ impl LockBackend for MemoryBackend {
             .eviction_notice(Some(Duration::ZERO))
     }
 
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        let ttl = self.capabilities().effective_ttl(ttl)?;
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let (name, ttl) = (request.name(), request.ttl());
         let now = Instant::now();
         let mut state = self.lock();
         if let Some(holder) = state.slot(name).live(now) {
@@ -153,7 +162,8 @@ impl LockBackend for MemoryBackend {
         state.slot(name).holder = Some(Grant {
             owner,
             fence,
-            expires_at: now + ttl,
+            expires_at: now + ttl.get(),
+            label: request.label().clone(),
             evicted: evicted.clone(),
         });
         Ok(Attempt::Acquired(
@@ -169,7 +179,7 @@ impl LockBackend for MemoryBackend {
                 if let Some(grant) = slot.holder.as_mut() {
                     grant.expires_at = now + lease.ttl();
                 }
-                Ok(lease.renewed(lease.ttl(), now))
+                Ok(lease.renewed(now))
             }
             _ => Err(LockError::NotHeld {
                 name: lease.name().clone(),
@@ -198,7 +208,7 @@ impl LockBackend for MemoryBackend {
             .slots
             .get(name)
             .and_then(|slot| slot.live(now))
-            .map(|g| Holder::new(g.fence, Some(g.owner), Some(g.expires_at - now))))
+            .map(|g| g.holder(now)))
     }
 
     async fn evict(
@@ -220,7 +230,7 @@ impl LockBackend for MemoryBackend {
         state.tidy(name, now);
         // The next grant draws from the shared counter: larger than the
         // evicted fence already.
-        Ok(evicted.map(|g| Holder::new(g.fence, Some(g.owner), Some(g.expires_at - now))))
+        Ok(evicted.map(|g| g.holder(now)))
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {

@@ -71,6 +71,24 @@ impl FencingToken {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// A token read from a store (a counter, a revision, a zxid), which must
+    /// be positive.
+    ///
+    /// # Errors
+    /// [`LockError::Store`](crate::LockError::Store) for zero or a negative
+    /// value: the store did not hold what the backend wrote.
+    pub fn from_store(backend: &'static str, value: i64) -> Result<Self, crate::LockError> {
+        u64::try_from(value)
+            .ok()
+            .and_then(FencingToken::new)
+            .ok_or_else(|| {
+                crate::LockError::store(
+                    backend,
+                    format!("the store returned fencing token {value}, which is not positive"),
+                )
+            })
+    }
 }
 
 impl fmt::Display for FencingToken {

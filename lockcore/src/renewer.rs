@@ -1,0 +1,443 @@
+//! One renewer per [`Locker`](crate::Locker): a single task keeps every
+//! guard's lease alive.
+//!
+//! Holding 10,000 locks must not mean 10,000 tasks each sending its own
+//! request every few seconds. The renewer keeps one entry per guard and
+//! renews the leases that are due together, through
+//! [`LockBackend::renew_many`] (one script, one statement, one keep-alive on
+//! stores that can batch). Batching changes cost, never the guarantees: the
+//! store still checks each lease's owner and fence, each guard adopts only
+//! its own renewal and only if it was answered before that guard's deadline,
+//! and each guard is lost at its own deadline.
+//!
+//! Renewals converge on one batch per interval: whenever some lease is due,
+//! every lease at least halfway to its own renewal joins the batch (renewing
+//! early is harmless), so after one interval all of them share a tick.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Clock, Moment};
+use crate::metrics::{self, Tags};
+use crate::{Backoff, Lease, LockBackend, LockError, LossReason};
+
+/// How often the renewer looks at the clocks even when no timer is due:
+/// timers run on the monotonic clock, which stops while the host is
+/// suspended, so after a resume this bounds how late a loss is noticed.
+const SUSPEND_CHECK: Duration = Duration::from_secs(1);
+
+/// What a guard and the renewer share about one held lease.
+pub(crate) struct Held {
+    id: u64,
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) clock: Arc<dyn Clock>,
+    lease: Mutex<Lease>,
+    /// Cancelled when the lease is lost (a child of the store's own loss
+    /// signal, so that one fires it without waiting for the renewer).
+    pub(crate) lost: CancellationToken,
+    store_lost: Option<CancellationToken>,
+    reason: OnceLock<LossReason>,
+    /// Cancelled when the guard is released or dropped.
+    pub(crate) stop: CancellationToken,
+    pub(crate) policy: HoldPolicy,
+    acquired: Moment,
+    pub(crate) tags: Tags,
+    ended: AtomicBool,
+}
+
+/// How a guard is kept.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HoldPolicy {
+    /// Renew once this much has elapsed since the lease was issued.
+    pub(crate) renew_every: Option<Duration>,
+    /// Count the lease lost after this long, renewals or not.
+    pub(crate) max_hold: Option<Duration>,
+    /// Warn once after this long.
+    pub(crate) long_hold: Option<Duration>,
+}
+
+impl Held {
+    pub(crate) fn new(
+        backend: Arc<dyn LockBackend>,
+        clock: Arc<dyn Clock>,
+        lease: Lease,
+        policy: HoldPolicy,
+        tags: Tags,
+    ) -> Arc<Held> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let store_lost = lease.loss_signal().cloned();
+        let lost = store_lost
+            .as_ref()
+            .map_or_else(CancellationToken::new, CancellationToken::child_token);
+        let held = Held {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            acquired: clock.now(),
+            backend,
+            clock,
+            lease: Mutex::new(lease.clone()),
+            lost,
+            store_lost,
+            reason: OnceLock::new(),
+            stop: CancellationToken::new(),
+            policy,
+            tags,
+            ended: AtomicBool::new(false),
+        };
+        held.adopt(lease);
+        metrics::hold_started(&held.tags);
+        Arc::new(held)
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes `lease` as the current one, its send time carried over onto
+    /// this guard's clock (backends stamp leases with the system clocks; the
+    /// guard judges them on its own).
+    fn adopt(&self, lease: Lease) {
+        let now = self.clock.now();
+        let sent = lease.issued_at();
+        let back = now.mono().saturating_duration_since(sent);
+        let issued = Moment::from_parts(sent, now.boot().map(|b| b.saturating_sub(back)));
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease.renewed(issued);
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        !self.lost.is_cancelled() && !self.lease().is_expired_at(self.clock.now())
+    }
+
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.reason.get().cloned().or_else(|| {
+            self.store_lost
+                .as_ref()
+                .filter(|t| t.is_cancelled())
+                .map(|_| LossReason::StoreReported)
+        })
+    }
+
+    fn mark_lost(&self, reason: LossReason) {
+        if self.reason.set(reason.clone()).is_ok() && !self.stop.is_cancelled() {
+            let lease = self.lease();
+            tracing::warn!(name = %lease.name(), fence = %lease.fence(), %reason, "lease lost");
+            metrics::lost(&self.tags, &reason);
+        }
+        self.lost.cancel();
+        self.end();
+    }
+
+    /// The guard stopped holding (released, dropped or lost): counted once.
+    pub(crate) fn end(&self) {
+        if !self.ended.swap(true, Ordering::Relaxed) {
+            metrics::hold_ended(&self.tags, self.clock.now().since(self.acquired));
+        }
+    }
+}
+
+/// The handle a [`Locker`](crate::Locker) (and its clones) keeps: starts the
+/// renewer task on first use, and again if the runtime it ran on is gone.
+#[derive(Clone)]
+pub(crate) struct Renewer {
+    backend: Arc<dyn LockBackend>,
+    task: Arc<Mutex<Option<mpsc::UnboundedSender<Arc<Held>>>>>,
+}
+
+impl Renewer {
+    pub(crate) fn new(backend: Arc<dyn LockBackend>) -> Self {
+        Renewer {
+            backend,
+            task: Arc::default(),
+        }
+    }
+
+    /// Starts keeping `held` (renewing it, watching its deadlines) until it
+    /// is stopped or lost. Must be called inside a tokio runtime.
+    pub(crate) fn keep(&self, held: Arc<Held>) {
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = task.as_ref()
+            && let Err(mpsc::error::SendError(held)) = tx.send(held.clone())
+        {
+            // The task is gone (its runtime shut down): start another.
+            *task = None;
+            drop(held);
+        } else if task.is_some() {
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(self.backend.clone(), rx));
+        let _ = tx.send(held);
+        *task = Some(tx);
+    }
+}
+
+type Batch = Pin<Box<dyn Future<Output = (Vec<u64>, Vec<Result<Lease, LockError>>)> + Send>>;
+type Ended = Pin<Box<dyn Future<Output = u64> + Send>>;
+
+/// The renewer's view of one guard.
+struct Entry {
+    held: Arc<Held>,
+    /// A renewal of this lease is in flight.
+    in_flight: bool,
+    /// No renewal before this (backoff after an error, or just renewed).
+    not_before: Instant,
+    attempt: u32,
+    warned: bool,
+}
+
+/// The renewer task: ends once every handle is dropped and nothing is held.
+async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<Held>>) {
+    let retry = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+    let mut entries: HashMap<u64, Entry> = HashMap::new();
+    let mut batches: FuturesUnordered<Batch> = FuturesUnordered::new();
+    let mut ended: FuturesUnordered<Ended> = FuturesUnordered::new();
+    let mut open = true;
+    let mut next_wake = Instant::now() + SUSPEND_CHECK;
+    loop {
+        if !open && entries.is_empty() && batches.is_empty() {
+            return;
+        }
+        tokio::select! {
+            held = rx.recv(), if open => match held {
+                None => open = false,
+                Some(held) => {
+                    next_wake = next_wake.min(first_event(&held, Instant::now()));
+                    ended.push(Box::pin(ends(held.clone())));
+                    entries.insert(held.id, Entry {
+                        held,
+                        in_flight: false,
+                        not_before: Instant::now(),
+                        attempt: 0,
+                        warned: false,
+                    });
+                }
+            },
+            Some((ids, results)) = batches.next(), if !batches.is_empty() => {
+                for (id, outcome) in settle(&ids, results) {
+                    let Some(entry) = entries.get_mut(&id) else { continue };
+                    entry.in_flight = false;
+                    let held = &entry.held;
+                    match outcome {
+                        Ok(renewed) => {
+                            // Adopt only a reply that came before the old
+                            // deadline; its own deadline counts from its send.
+                            if held.lease().is_expired_at(held.clock.now()) {
+                                held.mark_lost(LossReason::RenewalUnanswered);
+                            } else {
+                                held.adopt(renewed);
+                                entry.attempt = 0;
+                                let every = held.policy.renew_every.unwrap_or(SUSPEND_CHECK);
+                                entry.not_before = Instant::now() + every / 4;
+                            }
+                        }
+                        Err(e @ LockError::NotHeld { .. }) => {
+                            metrics::renewal_failed(&held.tags, &e);
+                            held.mark_lost(LossReason::RenewalRefused);
+                        }
+                        Err(e) if held.lease().is_expired_at(held.clock.now()) => {
+                            metrics::renewal_failed(&held.tags, &e);
+                            held.mark_lost(LossReason::RenewalUnanswered);
+                        }
+                        Err(e) if e.is_retryable() => {
+                            metrics::renewal_failed(&held.tags, &e);
+                            let lease = held.lease();
+                            tracing::debug!(name = %lease.name(), error = %e, attempt = entry.attempt, "renewal failed, retrying");
+                            entry.not_before = (Instant::now() + retry.delay(entry.attempt)).min(lease.deadline());
+                            entry.attempt = entry.attempt.saturating_add(1);
+                            next_wake = next_wake.min(entry.not_before);
+                        }
+                        Err(e) => {
+                            metrics::renewal_failed(&held.tags, &e);
+                            held.mark_lost(LossReason::RenewalFailed(e.to_string()));
+                        }
+                    }
+                }
+                entries.retain(|_, e| !e.held.lost.is_cancelled());
+                // Renewed leases move their next events: plan again now.
+                next_wake = Instant::now();
+            },
+            Some(id) = ended.next(), if !ended.is_empty() => {
+                if let Some(entry) = entries.remove(&id)
+                    && entry.held.store_lost.as_ref().is_some_and(CancellationToken::is_cancelled)
+                {
+                    entry.held.mark_lost(LossReason::StoreReported);
+                }
+            },
+            _ = tokio::time::sleep_until(next_wake) => {
+                next_wake = tick(&backend, &mut entries, &mut batches);
+            },
+        }
+    }
+}
+
+/// Completes when the guard is stopped, or its lease lost (by the store or
+/// by the renewer): the entry is dropped then.
+async fn ends(held: Arc<Held>) -> u64 {
+    tokio::select! {
+        _ = held.stop.cancelled() => {}
+        _ = held.lost.cancelled() => {}
+    }
+    held.id
+}
+
+/// Pairs each id with its outcome; a backend that returned too few or too
+/// many outcomes fails the renewals it did not answer.
+fn settle(
+    ids: &[u64],
+    results: Vec<Result<Lease, LockError>>,
+) -> Vec<(u64, Result<Lease, LockError>)> {
+    let got = results.len();
+    let mut results = results.into_iter();
+    ids.iter()
+        .map(|&id| {
+            let outcome = results.next().unwrap_or_else(|| {
+                Err(LockError::store(
+                    "renewer",
+                    format!(
+                        "renew_many returned {got} outcomes for {} leases",
+                        ids.len()
+                    ),
+                ))
+            });
+            (id, outcome)
+        })
+        .collect()
+}
+
+/// The earliest instant anything can happen to `held`.
+fn first_event(held: &Held, now: Instant) -> Instant {
+    let lease = held.lease();
+    let mut at = lease.deadline().min(now + SUSPEND_CHECK);
+    if let Some(every) = held.policy.renew_every {
+        at = at.min(lease.issued_at() + every);
+    }
+    at
+}
+
+/// Looks at every guard: loses those past their deadline or hold cap, warns
+/// of long holds, and sends one batch of the renewals that are due. Returns
+/// when to look again.
+fn tick(
+    backend: &Arc<dyn LockBackend>,
+    entries: &mut HashMap<u64, Entry>,
+    batches: &mut FuturesUnordered<Batch>,
+) -> Instant {
+    let mono = Instant::now();
+    let mut next = mono + SUSPEND_CHECK;
+    let (mut due, mut early) = (Vec::new(), Vec::new());
+    entries.retain(|&id, entry| {
+        let held = &entry.held;
+        if held.stop.is_cancelled() || held.lost.is_cancelled() {
+            return false;
+        }
+        let now = held.clock.now();
+        let lease = held.lease();
+        if lease.is_expired_at(now) {
+            // Renewals were tried and none was answered in time, or none was
+            // due yet (auto-renew off, a host suspend).
+            held.mark_lost(if entry.in_flight || entry.attempt > 0 {
+                LossReason::RenewalUnanswered
+            } else {
+                LossReason::DeadlinePassed
+            });
+            return false;
+        }
+        let held_for = now.since(held.acquired);
+        if let Some(cap) = held.policy.max_hold {
+            if held_for >= cap {
+                held.mark_lost(LossReason::MaxHoldExceeded);
+                release_in_background(held.backend.clone(), lease);
+                return false;
+            }
+            next = next.min(mono + (cap - held_for));
+        }
+        if let Some(threshold) = held.policy.long_hold
+            && !entry.warned
+        {
+            if held_for >= threshold {
+                entry.warned = true;
+                tracing::warn!(name = %lease.name(), fence = %lease.fence(), held_for = ?held_for, "lock held longer than the long-hold threshold");
+                metrics::long_hold(&held.tags);
+            } else {
+                next = next.min(mono + (threshold - held_for));
+            }
+        }
+        next = next.min(lease.deadline());
+        if let Some(every) = held.policy.renew_every
+            && !entry.in_flight
+        {
+            let elapsed = now.since(lease.issued());
+            if mono < entry.not_before {
+                next = next.min(entry.not_before);
+            } else if elapsed >= every {
+                due.push(id);
+            } else {
+                if elapsed >= every / 2 {
+                    early.push(id);
+                }
+                next = next.min(mono + (every - elapsed));
+            }
+        }
+        true
+    });
+    if !due.is_empty() {
+        due.extend(early);
+        let mut leases = Vec::with_capacity(due.len());
+        for id in &due {
+            if let Some(entry) = entries.get_mut(id) {
+                entry.in_flight = true;
+                leases.push(entry.held.lease());
+            }
+        }
+        let until = leases.iter().map(Lease::deadline).max().unwrap_or(mono);
+        let backend = backend.clone();
+        let count = leases.len();
+        batches.push(Box::pin(async move {
+            let sent = Instant::now();
+            let results = tokio::time::timeout_at(until, backend.renew_many(&leases)).await;
+            metrics::renewal_batch(backend.capabilities().backend, sent.elapsed());
+            let results = match results {
+                Ok(results) => results,
+                Err(_) => (0..count)
+                    .map(|_| {
+                        Err(LockError::unavailable(
+                            "renewer",
+                            "renewal unanswered before the deadline",
+                        ))
+                    })
+                    .collect(),
+            };
+            (due, results)
+        }));
+        tracing::debug!(leases = count, "renewing");
+    }
+    next
+}
+
+/// Releases a lease the guard no longer may hold (owner-checked, so it never
+/// touches a later holder).
+pub(crate) fn release_in_background(backend: Arc<dyn LockBackend>, lease: Lease) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            match backend.release(&lease).await {
+                Ok(outcome) => {
+                    tracing::debug!(name = %lease.name(), fence = %lease.fence(), ?outcome, "released in the background")
+                }
+                Err(e) => {
+                    tracing::warn!(name = %lease.name(), error = %e, "background release failed; the lock expires after its TTL")
+                }
+            }
+        });
+    } else {
+        tracing::debug!(name = %lease.name(), "no runtime to release on; the lock expires after its TTL");
+    }
+}

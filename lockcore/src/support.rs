@@ -1,0 +1,107 @@
+//! Small things every adapter needs, written once: bounding a request by a
+//! timeout, and showing a store URL without its secrets.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::LockError;
+
+/// Runs `request` for at most `limit`. A request that gets no answer in time
+/// is [`LockError::Unavailable`] (retryable: every operation is
+/// owner-checked), saying what it was and how long it waited.
+///
+/// # Errors
+/// The request's own error, or the timeout.
+pub async fn timed<T>(
+    backend: &'static str,
+    what: &str,
+    limit: Duration,
+    request: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => result,
+        Err(_) => Err(LockError::unavailable(
+            backend,
+            format!("{what} got no answer within {limit:?}"),
+        )),
+    }
+}
+
+/// `url` fit for logs, errors and `Debug`: a password in the user info or in
+/// a `password` query parameter becomes `***`; text that is not a URL is cut
+/// to its scheme. Never shows a secret, whatever the input.
+///
+/// ```
+/// use lockcore::backend::redact_url;
+/// assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+/// assert_eq!(redact_url("postgres://h/db?password=secret&x=1"), "postgres://h/db?password=***&x=1");
+/// assert_eq!(redact_url("zk://h:2181/locks"), "zk://h:2181/locks");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        // Not a URL: show no part of it, it may hold a password.
+        return format!("<{} bytes, not a URL>", url.len());
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{user}:***@{host}")
+        }
+        _ => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                        format!("{key}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_show() {
+        for (url, shown) in [
+            ("redis://u:secret@h:1/0", "redis://u:***@h:1/0"),
+            ("rediss://:secret@h", "rediss://:***@h"),
+            ("redis://h:1", "redis://h:1"),
+            ("etcds://user@h:2379", "etcds://user@h:2379"),
+            (
+                "postgres://h/db?password=secret&user=a",
+                "postgres://h/db?password=***&user=a",
+            ),
+            ("postgres://a:p@w@h/db", "postgres://a:***@h/db"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+        assert!(!redact_url("secret-not-a-url").contains("secret"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_say_what_and_how_long() {
+        let err = timed("store", "renew", Duration::from_secs(2), async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<(), LockError>(())
+        })
+        .await
+        .unwrap_err();
+        assert!(err.is_retryable());
+        assert!(
+            err.to_string().contains("renew got no answer within 2s"),
+            "{err}"
+        );
+    }
+}
