@@ -16,7 +16,7 @@ pub use crate::request::LockRequest;
 pub use crate::support::{redact_url, timed};
 pub use crate::token::OwnerToken;
 pub use crate::ttl::Ttl;
-pub use crate::wait::{Polling, WaitPolicy, Waiter, Wakeup};
+pub use crate::wait::{PermitPolling, Polling, WaitPolicy, Waiter, Wakeup};
 
 use crate::{Capabilities, FencingToken, Holder, LockError, LockName};
 
@@ -163,6 +163,72 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     ) -> Result<Option<Lease>, LockError> {
         crate::wait::wait(wait, &mut Polling::new(self, request)).await
     }
+
+    /// One attempt to take one of `permits` slots of the semaphore
+    /// `request.name()` (a namespace apart from locks). The lease names its
+    /// slot ([`Lease::slot`]); its fence is larger than every fence handed
+    /// out for that slot before. Renew, release and `renew_many` take permit
+    /// leases like lock leases.
+    ///
+    /// The default: [`LockError::Unsupported`]. Backends that implement it
+    /// set [`Capabilities::semaphores`].
+    ///
+    /// # Errors
+    /// [`LockError::PermitsMismatch`] when the store already keeps this
+    /// semaphore with another number of permits; as `try_acquire`.
+    async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        let _ = (request, permits);
+        Err(LockError::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "semaphores",
+        })
+    }
+
+    /// Waits for a permit, as [`acquire`](Self::acquire) waits for a lock.
+    /// The default runs [`try_acquire_permit`](Self::try_acquire_permit) in
+    /// the one wait loop, woken by [`watch_permits`](Self::watch_permits).
+    async fn acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        crate::wait::wait(wait, &mut PermitPolling::new(self, request, permits)).await
+    }
+
+    /// The holders of the semaphore `name`, one per taken slot.
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        let _ = name;
+        Err(LockError::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "semaphores",
+        })
+    }
+
+    /// Like [`watch`](Self::watch), for a semaphore's slots.
+    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// Makes every fence handed out from now on, for every name and slot,
+    /// larger than `floor`: the step an operator takes after restoring the
+    /// store from a backup, which may have moved fence counters back. Never
+    /// lowers anything.
+    ///
+    /// The default: [`LockError::Unsupported`]; backends that implement it
+    /// set [`Capabilities::fence_floor`].
+    async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        let _ = floor;
+        Err(LockError::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "raise_fence_floor",
+        })
+    }
 }
 
 /// Conveniences over any backend, for tools and tests. Implemented for every
@@ -229,6 +295,21 @@ macro_rules! forward_backend {
             }
             async fn acquire(&self, request: &LockRequest, wait: &WaitPolicy) -> Result<Option<Lease>, LockError> {
                 (**self).acquire(request, wait).await
+            }
+            async fn try_acquire_permit(&self, request: &LockRequest, permits: u32) -> Result<Attempt, LockError> {
+                (**self).try_acquire_permit(request, permits).await
+            }
+            async fn acquire_permit(&self, request: &LockRequest, permits: u32, wait: &WaitPolicy) -> Result<Option<Lease>, LockError> {
+                (**self).acquire_permit(request, permits, wait).await
+            }
+            async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+                (**self).inspect_permits(name).await
+            }
+            async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+                (**self).watch_permits(name).await
+            }
+            async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+                (**self).raise_fence_floor(floor).await
             }
         }
     )*};

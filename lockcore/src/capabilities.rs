@@ -37,6 +37,12 @@ pub struct Capabilities {
     /// `lost()` fires within this bound (plus one round trip). `None`: only
     /// at its next renewal (a third of the TTL by default).
     pub eviction_notice: Option<Duration>,
+    /// Whether the backend implements semaphores
+    /// ([`LockBackend::try_acquire_permit`](crate::LockBackend::try_acquire_permit)).
+    pub semaphores: bool,
+    /// Whether the backend can raise its fence floor after a restore
+    /// ([`LockBackend::raise_fence_floor`](crate::LockBackend::raise_fence_floor)).
+    pub fence_floor: bool,
 }
 
 /// The clock a store judges lease expiry on.
@@ -141,7 +147,21 @@ impl Capabilities {
             expiry_slack: Duration::ZERO,
             expiry_clock: ExpiryClock::StoreWallClock,
             eviction_notice: None,
+            semaphores: false,
+            fence_floor: false,
         }
+    }
+
+    /// Declares semaphore support.
+    pub fn semaphores(mut self, yes: bool) -> Self {
+        self.semaphores = yes;
+        self
+    }
+
+    /// Declares fence-floor support.
+    pub fn fence_floor(mut self, yes: bool) -> Self {
+        self.fence_floor = yes;
+        self
     }
 
     /// Sets the expiry clock.

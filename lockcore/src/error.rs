@@ -126,6 +126,18 @@ pub enum LockError {
         source: BoxError,
     },
 
+    /// The semaphore is kept with another number of permits: every holder of
+    /// one name must agree on it.
+    #[error("semaphore \"{name}\" has {existing} permits, this request asked for {requested}")]
+    PermitsMismatch {
+        /// The semaphore.
+        name: LockName,
+        /// The number this request gave.
+        requested: u32,
+        /// The number the store keeps.
+        existing: u32,
+    },
+
     /// The backend cannot do this.
     #[error("{operation} is not supported by {backend}")]
     Unsupported {

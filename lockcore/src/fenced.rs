@@ -22,17 +22,23 @@ use crate::FencingToken;
 /// assert_eq!(stock.read(), 0);
 /// ```
 pub struct FencedResource<T> {
-    state: Mutex<Fenced<T>>,
+    state: Mutex<State<T>>,
 }
 
-struct Fenced<T> {
+struct State<T> {
     value: T,
     highest: Option<FencingToken>,
     accepted: Vec<FencingToken>,
     rejected: usize,
 }
 
-/// A write refused because a newer token was already applied.
+/// The outcome of a fenced write anywhere in distlock (this model, and the
+/// adapters' resource-side helpers): the write's result, or [`StaleToken`]
+/// when a newer holder already wrote.
+pub type Fenced<T> = Result<T, StaleToken>;
+
+/// A write refused because a newer token was already applied: the one
+/// refusal of every fenced write in distlock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("stale fencing token {token}: the resource has already accepted {highest}")]
 pub struct StaleToken {
@@ -46,7 +52,7 @@ impl<T> FencedResource<T> {
     /// A resource holding `value`, no token seen yet.
     pub fn new(value: T) -> Self {
         FencedResource {
-            state: Mutex::new(Fenced {
+            state: Mutex::new(State {
                 value,
                 highest: None,
                 accepted: Vec::new(),
@@ -55,7 +61,7 @@ impl<T> FencedResource<T> {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Fenced<T>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -107,5 +113,69 @@ impl<T: fmt::Debug> fmt::Debug for FencedResource<T> {
             .field("highest", &state.highest)
             .field("rejected", &state.rejected)
             .finish()
+    }
+}
+
+/// A resource shared by a semaphore's holders, fenced per slot: a write is
+/// applied only if its token is not older than the newest token applied
+/// *through the same slot*. A paused permit holder whose slot was granted
+/// again is refused once the new holder of that slot has written, like a
+/// stale lock holder; holders of other slots are not affected.
+///
+/// ```
+/// use lockcore::{FencedSlots, FencingToken};
+///
+/// let parts = FencedSlots::new(vec![0_u32; 2]);
+/// let (old, new) = (FencingToken::new(3).unwrap(), FencingToken::new(9).unwrap());
+/// parts.write(1, new, |n| *n += 1).unwrap();
+/// assert!(parts.write(1, old, |n| *n += 1).is_err()); // slot 1 was granted again
+/// assert!(parts.write(0, old, |n| *n += 1).is_ok()); // slot 0 is another story
+/// ```
+#[derive(Debug)]
+pub struct FencedSlots<T> {
+    slots: Vec<FencedResource<T>>,
+}
+
+impl<T> FencedSlots<T> {
+    /// One fenced value per slot, slot `i` starting at `values[i]`.
+    pub fn new(values: Vec<T>) -> Self {
+        FencedSlots {
+            slots: values.into_iter().map(FencedResource::new).collect(),
+        }
+    }
+
+    /// How many slots.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether there are no slots.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Applies `update` to slot `slot` if `token` is not older than every
+    /// token applied through that slot.
+    ///
+    /// # Errors
+    /// [`StaleToken`] when a newer token was applied through `slot`.
+    ///
+    /// # Panics
+    /// When `slot` is not below [`len`](Self::len).
+    pub fn write<R>(
+        &self,
+        slot: u32,
+        token: FencingToken,
+        update: impl FnOnce(&mut T) -> R,
+    ) -> Fenced<R> {
+        self.slots[slot as usize].write(token, update)
+    }
+
+    /// The fenced value of one slot.
+    ///
+    /// # Panics
+    /// When `slot` is not below [`len`](Self::len).
+    pub fn slot(&self, slot: u32) -> &FencedResource<T> {
+        &self.slots[slot as usize]
     }
 }

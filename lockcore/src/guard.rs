@@ -50,6 +50,11 @@ impl LockGuard {
         self.held.lease().fence()
     }
 
+    /// The semaphore slot this guard holds (`None` for a lock).
+    pub fn slot(&self) -> Option<u32> {
+        self.held.lease().slot()
+    }
+
     /// The lock's name.
     pub fn name(&self) -> LockName {
         self.held.lease().name().clone()

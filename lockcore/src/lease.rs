@@ -30,6 +30,7 @@ pub struct Lease {
     ttl: Duration,
     issued: Moment,
     extra_margin: Duration,
+    slot: Option<u32>,
     lost: Option<CancellationToken>,
     extension: Option<Arc<dyn Any + Send + Sync>>,
 }
@@ -51,6 +52,7 @@ impl Lease {
             ttl: ttl.get(),
             issued: sent_at.into(),
             extra_margin: Duration::ZERO,
+            slot: None,
             lost: None,
             extension: None,
         }
@@ -68,6 +70,17 @@ impl Lease {
     pub fn with_extra_margin(mut self, extra: Duration) -> Self {
         self.extra_margin = extra;
         self
+    }
+
+    /// Marks this lease as a semaphore permit holding `slot`.
+    pub fn with_slot(mut self, slot: u32) -> Self {
+        self.slot = Some(slot);
+        self
+    }
+
+    /// The semaphore slot this lease holds (`None` for a lock).
+    pub fn slot(&self) -> Option<u32> {
+        self.slot
     }
 
     /// The whole margin taken off the TTL for the local deadline.
@@ -177,6 +190,7 @@ impl fmt::Debug for Lease {
             .field("name", &self.name)
             .field("owner", &self.owner)
             .field("fence", &self.fence)
+            .field("slot", &self.slot)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .finish_non_exhaustive()
@@ -197,6 +211,8 @@ pub struct Holder {
     /// The label stored with the lease: who holds it, in words. `None` for
     /// leases granted without one (an older client).
     pub label: Option<HolderLabel>,
+    /// The semaphore slot held (`None` for a lock).
+    pub slot: Option<u32>,
 }
 
 impl Holder {
@@ -211,7 +227,14 @@ impl Holder {
             owner,
             expires_in,
             label: None,
+            slot: None,
         }
+    }
+
+    /// The same view of a semaphore permit holding `slot`.
+    pub fn with_slot(mut self, slot: u32) -> Self {
+        self.slot = Some(slot);
+        self
     }
 
     /// The same view with the stored label.

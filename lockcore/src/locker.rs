@@ -225,12 +225,23 @@ impl Locker {
         &self,
         name: impl IntoLockName,
     ) -> Result<Option<LockGuard>, LockError> {
-        let request = self.request(name.into_lock_name()?)?;
+        self.try_take(name.into_lock_name()?, Kind::Lock).await
+    }
+
+    pub(crate) async fn try_take(
+        &self,
+        name: LockName,
+        kind: Kind,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let request = self.request(name)?;
         let policy = self.hold_policy(request.name(), request.ttl())?;
         let span = tracing::debug_span!("lock.try_acquire", name = %request.name(), fence = tracing::field::Empty);
         async {
             let tags = self.tags(request.name());
-            let attempt = self.backend.try_acquire(&request).await;
+            let attempt = match kind {
+                Kind::Lock => self.backend.try_acquire(&request).await,
+                Kind::Permits(n) => self.backend.try_acquire_permit(&request, n).await,
+            };
             if let Err(e) = &attempt {
                 metrics::store_error(&tags, e);
             }
@@ -276,7 +287,16 @@ impl Locker {
         name: impl IntoLockName,
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
-        let request = self.request(name.into_lock_name()?)?;
+        self.take(name.into_lock_name()?, wait, Kind::Lock).await
+    }
+
+    pub(crate) async fn take(
+        &self,
+        name: LockName,
+        wait: Duration,
+        kind: Kind,
+    ) -> Result<LockGuard, LockError> {
+        let request = self.request(name)?;
         let policy = self.hold_policy(request.name(), request.ttl())?;
         if wait > Self::MAX_WAIT {
             return Err(LockError::InvalidTimeout {
@@ -300,7 +320,10 @@ impl Locker {
         );
         async {
             let mut wait = Waiting::start(self.tags(request.name()), &waiting);
-            let outcome = self.backend.acquire(&request, &waiting).await;
+            let outcome = match kind {
+                Kind::Lock => self.backend.acquire(&request, &waiting).await,
+                Kind::Permits(n) => self.backend.acquire_permit(&request, n, &waiting).await,
+            };
             let waited = started.elapsed();
             tracing::Span::current().record("waited_ms", waited.as_millis() as u64);
             match outcome {
@@ -345,6 +368,44 @@ impl Locker {
             _ = cancel.cancelled() => Err(LockError::Cancelled { name }),
             guard = self.acquire(&name) => guard,
         }
+    }
+
+    /// A counting semaphore over this locker's backend: at most `permits`
+    /// holders of `name` at once, each holding a slot with its own fencing
+    /// token (see [`Semaphore`](crate::Semaphore)).
+    ///
+    /// # Errors
+    /// An invalid name, or zero permits.
+    pub fn semaphore(
+        &self,
+        name: impl IntoLockName,
+        permits: u32,
+    ) -> Result<crate::Semaphore, LockError> {
+        crate::Semaphore::new(self.clone(), name.into_lock_name()?, permits)
+    }
+
+    /// Leader election on `name` over this locker's backend (see
+    /// [`Election`](crate::Election)).
+    ///
+    /// # Errors
+    /// An invalid name.
+    pub fn election(&self, name: impl IntoLockName) -> Result<crate::Election, LockError> {
+        Ok(crate::Election::new(self.clone(), name.into_lock_name()?))
+    }
+
+    /// The label this locker stores with its leases.
+    pub fn holder_label(&self) -> &HolderLabel {
+        &self.label
+    }
+
+    /// The wait configured with [`max_wait`](Self::max_wait).
+    pub fn wait_limit(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// The re-check interval configured with [`recheck`](Self::recheck).
+    pub fn recheck_interval(&self) -> Duration {
+        self.recheck
     }
 
     /// The current holder of `name`, if any: fence, owner, remaining TTL and
@@ -419,6 +480,13 @@ impl Locker {
         }
         outcome
     }
+}
+
+/// What a locker takes: a lock, or one of a semaphore's permits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    Lock,
+    Permits(u32),
 }
 
 /// One wait, measured: counted as a waiter until it ends; a wait dropped

@@ -1,10 +1,11 @@
 //! `MemoryBackend`: the reference implementation of [`LockBackend`].
 //!
-//! It keeps locks in process memory, judges expiry on the tokio clock (which
-//! plays the store's clock, and can be paused in tests), draws fencing tokens
-//! from one counter that never goes back, and wakes waiters through a change
-//! channel per name. It passes the whole conformance suite and is the default
-//! backend for demos, tests and single-process programs.
+//! It keeps locks and semaphores in process memory, judges expiry on the
+//! tokio clock (which plays the store's clock, and can be paused in tests),
+//! draws fencing tokens from one counter that never goes back, and wakes
+//! waiters through a change channel per name. It passes the whole
+//! conformance suite and is the default backend for demos, tests and
+//! single-process programs.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,8 +25,8 @@ use crate::{
 
 const BACKEND: &str = "memory";
 
-/// Locks in this process's memory. Clones share the same locks, so each
-/// clone plays an independent client of one store.
+/// Locks (and semaphores) in this process's memory. Clones share the same
+/// locks, so each clone plays an independent client of one store.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -45,16 +46,33 @@ pub struct MemoryBackend {
     state: Arc<Mutex<State>>,
 }
 
+/// Locks and semaphores live in separate namespaces.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Lock(LockName),
+    Semaphore(LockName),
+}
+
+impl Key {
+    fn of(lease: &Lease) -> Key {
+        match lease.slot() {
+            None => Key::Lock(lease.name().clone()),
+            Some(_) => Key::Semaphore(lease.name().clone()),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
-    slots: HashMap<LockName, Slot>,
-    /// One counter for all names: strictly increasing per name, and nothing
-    /// to remember once a name is free.
+    entries: HashMap<Key, Entry>,
+    /// One counter for every name and slot: strictly increasing per name and
+    /// per slot, and nothing to remember once a name is free.
     last_fence: u64,
 }
 
-struct Slot {
-    holder: Option<Grant>,
+/// A lock (one seat) or a semaphore (one seat per permit).
+struct Entry {
+    seats: Vec<Option<Grant>>,
     changes: watch::Sender<()>,
 }
 
@@ -73,41 +91,103 @@ impl Grant {
         Holder::new(self.fence, Some(self.owner), Some(self.expires_at - now))
             .with_label(Some(self.label.clone()))
     }
+
+    fn is_live(&self, now: Instant) -> bool {
+        self.expires_at > now
+    }
 }
 
-impl Slot {
-    fn live(&self, now: Instant) -> Option<&Grant> {
-        self.holder.as_ref().filter(|g| g.expires_at > now)
+impl Entry {
+    fn live(&self, seat: usize, now: Instant) -> Option<&Grant> {
+        self.seats.get(seat)?.as_ref().filter(|g| g.is_live(now))
+    }
+
+    fn live_count(&self, now: Instant) -> usize {
+        (0..self.seats.len())
+            .filter(|&i| self.live(i, now).is_some())
+            .count()
     }
 
     fn holds(&self, lease: &Lease, now: Instant) -> bool {
-        self.live(now)
+        self.live(seat_of(lease), now)
             .is_some_and(|g| g.owner == lease.owner() && g.fence == lease.fence())
     }
 
-    fn free(&mut self) {
-        self.holder = None;
+    fn free(&mut self, seat: usize) {
+        if let Some(s) = self.seats.get_mut(seat) {
+            *s = None;
+        }
         self.changes.send_replace(());
+    }
+
+    /// The earliest expiry among live grants.
+    fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        (0..self.seats.len())
+            .filter_map(|i| self.live(i, now).map(|g| g.expires_at))
+            .min()
     }
 }
 
+fn seat_of(lease: &Lease) -> usize {
+    lease.slot().unwrap_or(0) as usize
+}
+
 impl State {
-    fn slot(&mut self, name: &LockName) -> &mut Slot {
-        self.slots.entry(name.clone()).or_insert_with(|| Slot {
-            holder: None,
+    fn entry(&mut self, key: Key, seats: usize) -> &mut Entry {
+        self.entries.entry(key).or_insert_with(|| Entry {
+            seats: vec![None; seats],
             changes: watch::channel(()).0,
         })
     }
 
-    /// Forgets free names nobody waits on, so memory stays bounded by the
-    /// number of held or watched names.
-    fn tidy(&mut self, name: &LockName, now: Instant) {
-        if let Some(slot) = self.slots.get(name)
-            && slot.live(now).is_none()
-            && slot.changes.receiver_count() == 0
+    /// Grants `seat` of `key` to `request`.
+    fn grant(&mut self, key: Key, seat: usize, request: &LockRequest, now: Instant) -> Lease {
+        self.last_fence += 1;
+        let fence = FencingToken::new(self.last_fence).expect("counter starts above zero");
+        let owner = OwnerToken::new();
+        let evicted = CancellationToken::new();
+        let ttl = request.ttl();
+        self.entries
+            .get_mut(&key)
+            .expect("the entry was just looked at")
+            .seats[seat] = Some(Grant {
+            owner,
+            fence,
+            expires_at: now + ttl.get(),
+            label: request.label().clone(),
+            evicted: evicted.clone(),
+        });
+        Lease::new(request.name().clone(), owner, fence, ttl, now).with_loss_signal(evicted)
+    }
+
+    /// Forgets entries with nothing live and nobody waiting, so memory stays
+    /// bounded by the number of held or watched names.
+    fn tidy(&mut self, key: &Key, now: Instant) {
+        if let Some(entry) = self.entries.get(key)
+            && entry.live_count(now) == 0
+            && entry.changes.receiver_count() == 0
         {
-            self.slots.remove(name);
+            self.entries.remove(key);
         }
+    }
+
+    /// A wake-up for a change of `key`, or the expiry of its earliest holder.
+    fn watch(&mut self, key: Key, seats: usize, now: Instant) -> Wakeup {
+        let entry = self.entry(key, seats);
+        let mut changes = entry.changes.subscribe();
+        let expiry = entry.next_expiry(now);
+        Box::pin(async move {
+            let expired = async {
+                match expiry {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = expired => {}
+            }
+        })
     }
 }
 
@@ -130,7 +210,7 @@ impl fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.lock();
         f.debug_struct("MemoryBackend")
-            .field("names", &state.slots.len())
+            .field("names", &state.entries.len())
             .field("last_fence", &state.last_fence)
             .finish()
     }
@@ -144,39 +224,28 @@ impl LockBackend for MemoryBackend {
             .notifications(true)
             .expiry_clock(ExpiryClock::ProcessClock)
             .eviction_notice(Some(Duration::ZERO))
+            .semaphores(true)
+            .fence_floor(true)
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        let (name, ttl) = (request.name(), request.ttl());
         let now = Instant::now();
+        let key = Key::Lock(request.name().clone());
         let mut state = self.lock();
-        if let Some(holder) = state.slot(name).live(now) {
+        if let Some(holder) = state.entry(key.clone(), 1).live(0, now) {
             return Ok(Attempt::Held {
                 expires_in: Some(holder.expires_at - now),
             });
         }
-        state.last_fence += 1;
-        let fence = FencingToken::new(state.last_fence).expect("counter starts above zero");
-        let owner = OwnerToken::new();
-        let evicted = CancellationToken::new();
-        state.slot(name).holder = Some(Grant {
-            owner,
-            fence,
-            expires_at: now + ttl.get(),
-            label: request.label().clone(),
-            evicted: evicted.clone(),
-        });
-        Ok(Attempt::Acquired(
-            Lease::new(name.clone(), owner, fence, ttl, now).with_loss_signal(evicted),
-        ))
+        Ok(Attempt::Acquired(state.grant(key, 0, request, now)))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let now = Instant::now();
         let mut state = self.lock();
-        match state.slots.get_mut(lease.name()) {
-            Some(slot) if slot.holds(lease, now) => {
-                if let Some(grant) = slot.holder.as_mut() {
+        match state.entries.get_mut(&Key::of(lease)) {
+            Some(entry) if entry.holds(lease, now) => {
+                if let Some(Some(grant)) = entry.seats.get_mut(seat_of(lease)) {
                     grant.expires_at = now + lease.ttl();
                 }
                 Ok(lease.renewed(now))
@@ -189,15 +258,16 @@ impl LockBackend for MemoryBackend {
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let now = Instant::now();
+        let key = Key::of(lease);
         let mut state = self.lock();
-        let outcome = match state.slots.get_mut(lease.name()) {
-            Some(slot) if slot.holds(lease, now) => {
-                slot.free();
+        let outcome = match state.entries.get_mut(&key) {
+            Some(entry) if entry.holds(lease, now) => {
+                entry.free(seat_of(lease));
                 ReleaseOutcome::Released
             }
             _ => ReleaseOutcome::NotHeld,
         };
-        state.tidy(lease.name(), now);
+        state.tidy(&key, now);
         Ok(outcome)
     }
 
@@ -205,9 +275,9 @@ impl LockBackend for MemoryBackend {
         let now = Instant::now();
         let state = self.lock();
         Ok(state
-            .slots
-            .get(name)
-            .and_then(|slot| slot.live(now))
+            .entries
+            .get(&Key::Lock(name.clone()))
+            .and_then(|entry| entry.live(0, now))
             .map(|g| g.holder(now)))
     }
 
@@ -217,17 +287,18 @@ impl LockBackend for MemoryBackend {
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         let now = Instant::now();
+        let key = Key::Lock(name.clone());
         let mut state = self.lock();
-        let slot = state.slot(name);
-        let evicted = slot
-            .live(now)
+        let entry = state.entry(key.clone(), 1);
+        let evicted = entry
+            .live(0, now)
             .filter(|g| expected.is_none_or(|fence| g.fence == fence))
             .cloned();
         if let Some(grant) = &evicted {
             grant.evicted.cancel();
-            slot.free();
+            entry.free(0);
         }
-        state.tidy(name, now);
+        state.tidy(&key, now);
         // The next grant draws from the shared counter: larger than the
         // evicted fence already.
         Ok(evicted.map(|g| g.holder(now)))
@@ -235,21 +306,74 @@ impl LockBackend for MemoryBackend {
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let now = Instant::now();
+        Ok(Some(self.lock().watch(Key::Lock(name.clone()), 1, now)))
+    }
+
+    async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        if permits == 0 {
+            return Err(LockError::config(format!(
+                "semaphore \"{}\" needs at least one permit",
+                request.name()
+            )));
+        }
+        let now = Instant::now();
+        let key = Key::Semaphore(request.name().clone());
         let mut state = self.lock();
-        let slot = state.slot(name);
-        let mut changes = slot.changes.subscribe();
-        let expiry = slot.live(now).map(|g| g.expires_at);
-        Ok(Some(Box::pin(async move {
-            let expired = async {
-                match expiry {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = changes.changed() => {}
-                _ = expired => {}
+        let entry = state.entry(key.clone(), permits as usize);
+        if entry.seats.len() != permits as usize {
+            if entry.live_count(now) > 0 {
+                return Err(LockError::PermitsMismatch {
+                    name: request.name().clone(),
+                    requested: permits,
+                    existing: entry.seats.len() as u32,
+                });
             }
-        })))
+            // Nobody holds a permit: the semaphore starts over with the new count.
+            entry.seats = vec![None; permits as usize];
+        }
+        let free = (0..entry.seats.len()).find(|&i| entry.live(i, now).is_none());
+        match free {
+            Some(seat) => {
+                let lease = state.grant(key, seat, request, now);
+                Ok(Attempt::Acquired(lease.with_slot(seat as u32)))
+            }
+            None => Ok(Attempt::Held {
+                expires_in: entry.next_expiry(now).map(|at| at - now),
+            }),
+        }
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        let now = Instant::now();
+        let state = self.lock();
+        let Some(entry) = state.entries.get(&Key::Semaphore(name.clone())) else {
+            return Ok(Vec::new());
+        };
+        Ok((0..entry.seats.len())
+            .filter_map(|i| {
+                entry
+                    .live(i, now)
+                    .map(|g| g.holder(now).with_slot(i as u32))
+            })
+            .collect())
+    }
+
+    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        let now = Instant::now();
+        Ok(Some(self.lock().watch(
+            Key::Semaphore(name.clone()),
+            1,
+            now,
+        )))
+    }
+
+    async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        let mut state = self.lock();
+        state.last_fence = state.last_fence.max(floor.get());
+        Ok(())
     }
 }

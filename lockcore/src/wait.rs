@@ -195,6 +195,46 @@ impl<B: LockBackend + ?Sized> Waiter for Polling<'_, B> {
     }
 }
 
+/// [`Polling`] for a semaphore permit: arm
+/// [`watch_permits`](LockBackend::watch_permits), then
+/// [`try_acquire_permit`](LockBackend::try_acquire_permit).
+#[derive(Debug)]
+pub struct PermitPolling<'a, B: ?Sized> {
+    backend: &'a B,
+    request: &'a LockRequest,
+    permits: u32,
+    notifications: bool,
+}
+
+impl<'a, B: LockBackend + ?Sized> PermitPolling<'a, B> {
+    /// A waiter for one of `permits` slots of `request` on `backend`.
+    pub fn new(backend: &'a B, request: &'a LockRequest, permits: u32) -> Self {
+        PermitPolling {
+            notifications: backend.capabilities().notifications,
+            backend,
+            request,
+            permits,
+        }
+    }
+}
+
+#[async_trait]
+impl<B: LockBackend + ?Sized> Waiter for PermitPolling<'_, B> {
+    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
+        if self.notifications {
+            self.backend.watch_permits(self.request.name()).await
+        } else {
+            Ok(None)
+        }
+    }
+
+    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
+        self.backend
+            .try_acquire_permit(self.request, self.permits)
+            .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
