@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, Backoff, Capabilities, Lease, LeaseKind, LockBackend, LockName, Locker};
 use tokio::time::Instant;
 
@@ -178,7 +179,7 @@ impl Ctx {
         let want = self
             .scaled(Duration::from_millis(500))
             .max(self.caps.min_ttl);
-        self.caps.effective_ttl(want).unwrap_or(want)
+        self.caps.effective_ttl(want).map_or(want, |t| t.get())
     }
 
     /// A TTL that outlives any case: 60 s (scaled), within the backend's range.
@@ -186,7 +187,7 @@ impl Ctx {
         let want = self
             .scaled(Duration::from_secs(60))
             .clamp(self.caps.min_ttl, self.caps.max_ttl);
-        self.caps.effective_ttl(want).unwrap_or(want)
+        self.caps.effective_ttl(want).map_or(want, |t| t.get())
     }
 
     /// Extra time the store may take beyond a TTL (its declared slack plus
@@ -227,7 +228,7 @@ impl Ctx {
         name: &LockName,
         ttl: Duration,
     ) -> Result<Lease, Failure> {
-        match client.try_acquire(name, ttl).await? {
+        match client.try_acquire_for(name, ttl).await? {
             Attempt::Acquired(lease) => Ok(lease),
             Attempt::Held { .. } => Err(Failure::new(format!(
                 "expected to acquire free lock {name}, but it was held"
@@ -243,7 +244,7 @@ impl Ctx {
         name: &LockName,
         why: &str,
     ) -> Result<(), Failure> {
-        match client.try_acquire(name, self.long_ttl()).await? {
+        match client.try_acquire_for(name, self.long_ttl()).await? {
             Attempt::Held { .. } => Ok(()),
             Attempt::Acquired(lease) => {
                 let _ = client.release(&lease).await;

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_conformance::{Outcome, from_fn, run_cases, shared};
+use lockcore::backend::{LockBackendExt, LockRequest, Polling, WaitPolicy, Wakeup, async_trait};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    MemoryBackend, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, async_trait,
+    MemoryBackend, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -23,8 +24,10 @@ enum Flaw {
     RenewResurrects,
     /// The store enforces half the TTL it reports.
     ExpiresEarly,
-    /// Zero or huge TTLs are silently clamped instead of rejected.
-    ClampsTtl,
+    /// Short TTLs are silently raised to a store minimum (etcd's habit) while
+    /// the lease reports the TTL asked for. (Zero or huge TTLs cannot reach a
+    /// backend at all: the trait takes a validated `Ttl`.)
+    RaisesTtl,
     /// Compare-and-evict evicts whoever holds the name, whatever fence it
     /// was asked to compare.
     EvictIgnoresFence,
@@ -72,7 +75,7 @@ impl Broken {
             lease.name().clone(),
             lease.owner(),
             FencingToken::new(1).unwrap(),
-            lease.ttl(),
+            lease.checked_ttl(),
             lease.issued_at(),
         );
         self.real.lock().unwrap().insert(lease.owner(), lease);
@@ -86,15 +89,18 @@ impl LockBackend for Broken {
         self.store.capabilities()
     }
 
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        let asked = ttl;
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let name = request.name();
+        let asked = request.ttl();
         let ttl = match self.flaw {
-            Flaw::ExpiresEarly => ttl / 2,
-            Flaw::ClampsTtl => ttl.clamp(Duration::from_millis(1), self.capabilities().max_ttl),
-            _ => ttl,
+            Flaw::ExpiresEarly => asked.get() / 2,
+            Flaw::RaisesTtl => asked.get().max(Duration::from_secs(120)),
+            _ => asked.get(),
         };
-        Ok(match self.store.try_acquire(name, ttl).await? {
-            Attempt::Acquired(lease) if self.flaw == Flaw::ExpiresEarly => {
+        Ok(match self.store.try_acquire_for(name, ttl).await? {
+            Attempt::Acquired(lease)
+                if matches!(self.flaw, Flaw::ExpiresEarly | Flaw::RaisesTtl) =>
+            {
                 Attempt::Acquired(Lease::new(
                     name.clone(),
                     lease.owner(),
@@ -109,7 +115,7 @@ impl LockBackend for Broken {
                     name.clone(),
                     lease.owner(),
                     lease.fence(),
-                    lease.ttl(),
+                    lease.checked_ttl(),
                     lease.issued(),
                 ))
             }
@@ -127,10 +133,10 @@ impl LockBackend for Broken {
             Flaw::RenewResurrects => match self.store.renew(&real).await {
                 Err(LockError::NotHeld { .. }) => Ok(self
                     .store
-                    .try_acquire(lease.name(), lease.ttl())
+                    .try_acquire_for(lease.name(), lease.ttl())
                     .await?
                     .into_lease()
-                    .map(|l| lease.renewed(l.ttl(), l.issued_at()))
+                    .map(|l| lease.renewed(l.issued_at()))
                     .unwrap_or_else(|| lease.clone())),
                 other => other,
             },
@@ -140,7 +146,7 @@ impl LockBackend for Broken {
                     .lock()
                     .unwrap()
                     .insert(lease.owner(), renewed.clone());
-                Ok(lease.renewed(renewed.ttl(), renewed.issued_at()))
+                Ok(lease.renewed(renewed.issued_at()))
             }
             _ => self.store.renew(&real).await,
         }
@@ -180,20 +186,21 @@ impl LockBackend for Broken {
 
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         if self.flaw != Flaw::LeaksCancelledWaiters {
-            return lockcore::acquire_loop(self, name, ttl, wait).await;
+            return lockcore::wait::wait(wait, &mut Polling::new(self, request)).await;
         }
         // The waiting happens in a detached task that takes the lock for a
         // long time even if the caller has gone away: a leaked queue entry.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (store, name, mut wait) = (self.store.clone(), name.clone(), wait.clone());
+        let (store, name, mut wait) = (self.store.clone(), request.name().clone(), wait.clone());
         wait.deadline = Instant::now() + Duration::from_secs(600);
         tokio::spawn(async move {
-            let got = store.acquire(&name, Duration::from_secs(600), &wait).await;
+            let got = store
+                .acquire_for(&name, Duration::from_secs(600), &wait)
+                .await;
             let _ = tx.send(got);
         });
         rx.await.unwrap_or(Ok(None))
@@ -277,8 +284,8 @@ async fn early_expiry_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silent_ttl_clamping_is_caught() {
-    must_fail(Flaw::ClampsTtl, &["invalid_ttls_and_waits_are_rejected"]).await;
+async fn silently_raised_ttls_are_caught() {
+    must_fail(Flaw::RaisesTtl, &["effective_ttl_is_truthful"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

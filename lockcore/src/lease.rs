@@ -27,7 +27,7 @@ pub struct Lease {
     name: LockName,
     owner: OwnerToken,
     fence: FencingToken,
-    ttl: Duration,
+    ttl: Ttl,
     issued: Moment,
     extra_margin: Duration,
     slot: Option<u32>,
@@ -49,7 +49,7 @@ impl Lease {
             name,
             owner,
             fence,
-            ttl: ttl.get(),
+            ttl,
             issued: sent_at.into(),
             extra_margin: Duration::ZERO,
             slot: None,
@@ -85,7 +85,7 @@ impl Lease {
 
     /// The whole margin taken off the TTL for the local deadline.
     pub fn margin(&self) -> Duration {
-        Self::drift(self.ttl).saturating_add(self.extra_margin)
+        Self::drift(self.ttl.get()).saturating_add(self.extra_margin)
     }
 
     /// The same grant (name, owner, fence, TTL, margin, extension, loss
@@ -138,6 +138,11 @@ impl Lease {
 
     /// The TTL the store enforces (after its rounding or negotiation).
     pub fn ttl(&self) -> Duration {
+        self.ttl.get()
+    }
+
+    /// The same TTL as the validated [`Ttl`] a backend renews with.
+    pub fn checked_ttl(&self) -> Ttl {
         self.ttl
     }
 
@@ -156,13 +161,14 @@ impl Lease {
     /// counts as lost; a host suspend brings the end earlier (see
     /// [`remaining_at`](Self::remaining_at)).
     pub fn deadline(&self) -> Instant {
-        self.issued.mono() + self.ttl.saturating_sub(self.margin())
+        self.issued.mono() + self.ttl.get().saturating_sub(self.margin())
     }
 
     /// Time left before the local deadline as of `now` (zero once passed),
     /// counting time the host spent suspended.
     pub fn remaining_at(&self, now: Moment) -> Duration {
         self.ttl
+            .get()
             .saturating_sub(self.margin())
             .saturating_sub(now.since(self.issued))
     }

@@ -171,7 +171,7 @@ pub async fn effective_ttl_is_truthful(cx: &Ctx) -> CaseResult {
     ];
     for (i, ask) in asks.into_iter().enumerate() {
         let name = cx.name(&format!("ttl-{i}"));
-        let expected = caps.effective_ttl(ask)?;
+        let expected = caps.effective_ttl(ask)?.get();
         let sent = Instant::now();
         let lease = cx.must_acquire(&a, &name, ask).await?;
         ensure!(

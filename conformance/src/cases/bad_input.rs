@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Lease, LockError, LockName, OwnerToken, ReleaseOutcome};
 use tokio::time::Instant;
 
@@ -111,7 +112,7 @@ pub async fn invalid_ttls_and_waits_are_rejected(cx: &Ctx) -> CaseResult {
         bad.push(below);
     }
     for ttl in bad {
-        let outcome = a.try_acquire(&name, ttl).await;
+        let outcome = a.try_acquire_for(&name, ttl).await;
         ensure!(
             matches!(outcome, Err(LockError::InvalidTtl { .. })),
             "TTL {ttl:?} should be InvalidTtl, got {outcome:?}"
@@ -192,7 +193,7 @@ pub async fn forged_leases_are_refused(cx: &Ctx) -> CaseResult {
             name.clone(),
             OwnerToken::new(),
             fence,
-            cx.long_ttl(),
+            cx.caps().effective_ttl(cx.long_ttl())?,
             Instant::now(),
         );
         let renewed = a.renew(&forged).await;

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, FencedResource, LossReason, ReleaseOutcome};
 
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
@@ -34,7 +35,8 @@ pub async fn server_clock_steps_are_judged_on_the_server(cx: &Ctx) -> CaseResult
     let name = cx.name("clock-forward");
     let ttl = cx
         .caps()
-        .effective_ttl(cx.scaled(Duration::from_secs(4)).max(cx.caps().min_ttl))?;
+        .effective_ttl(cx.scaled(Duration::from_secs(4)).max(cx.caps().min_ttl))?
+        .get();
     let every = ttl / 4;
     let guard = cx.locker(&a, ttl).renew_every(every).acquire(&name).await?;
     let old = guard.fencing_token();
@@ -52,7 +54,7 @@ pub async fn server_clock_steps_are_judged_on_the_server(cx: &Ctx) -> CaseResult
         .eventually(
             cx.slack(),
             "a grant after the store's clock jumped past the TTL",
-            || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+            || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
         )
         .await?;
     ensure!(
@@ -93,7 +95,7 @@ pub async fn server_clock_steps_are_judged_on_the_server(cx: &Ctx) -> CaseResult
         .map_err(|e| Failure::new(format!("cannot step the store's clock back: {e}")))?;
     ensure!(
         matches!(
-            a.try_acquire(&name, cx.long_ttl()).await?,
+            a.try_acquire_for(&name, cx.long_ttl()).await?,
             Attempt::Held { .. }
         ),
         "S1: a backward clock step freed a held lock"

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{FencedResource, Lease, LockBackend, LockError, ReleaseOutcome};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -195,15 +196,19 @@ pub(crate) async fn random_client(
                 let n = rng.random_range(0..names.len());
                 let invoked = Instant::now();
                 let lease = if roll < 50 {
-                    bounded(faults, Duration::ZERO, backend.try_acquire(&names[n], ttl))
-                        .await
-                        .map_err(|e| fail("try_acquire", e))?
-                        .and_then(|attempt| attempt.into_lease())
+                    bounded(
+                        faults,
+                        Duration::ZERO,
+                        backend.try_acquire_for(&names[n], ttl),
+                    )
+                    .await
+                    .map_err(|e| fail("try_acquire", e))?
+                    .and_then(|attempt| attempt.into_lease())
                 } else {
                     // Never waits past `until`, so the run ends on time.
                     let deadline = (invoked + wait).min(until.max(invoked + ttl / 10));
-                    let policy = lockcore::WaitPolicy::new(deadline);
-                    bounded(faults, wait, backend.acquire(&names[n], ttl, &policy))
+                    let policy = lockcore::backend::WaitPolicy::new(deadline);
+                    bounded(faults, wait, backend.acquire_for(&names[n], ttl, &policy))
                         .await
                         .map_err(|e| fail("acquire", e))?
                         .flatten()

@@ -1,6 +1,7 @@
 //! S3 and L1: an abandoned lock frees itself after its TTL on the store's
 //! clock, never before the holder's local deadline.
 
+use lockcore::backend::LockBackendExt;
 use tokio::time::Instant;
 
 use crate::{CaseResult, Ctx, Outcome, ensure, skip};
@@ -23,7 +24,7 @@ pub async fn expiry_frees_the_name(cx: &Ctx) -> CaseResult {
     }
     let next = cx
         .eventually(ttl + cx.slack(), "acquisition after expiry", || async {
-            Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease())
+            Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease())
         })
         .await?;
     let granted = Instant::now();

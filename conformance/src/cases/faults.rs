@@ -54,6 +54,7 @@ mod imp {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use lockcore::backend::LockBackendExt;
     use lockcore::{Attempt, FenceDurability, FencedResource, LockBackend, ReleaseOutcome};
     use tokio::time::Instant;
 
@@ -65,7 +66,7 @@ mod imp {
     /// leaves room for scheduling on a loaded machine.
     pub(crate) fn fault_ttl(cx: &Ctx) -> Duration {
         let want = cx.short_ttl().max(cx.scaled(Duration::from_secs(1)));
-        cx.caps().effective_ttl(want).unwrap_or(want)
+        cx.caps().effective_ttl(want).map_or(want, |t| t.get())
     }
 
     /// How late after its deadline `lost()` may be observed: timer and
@@ -166,7 +167,7 @@ mod imp {
             .eventually(
                 (partitioned + ttl + cx.slack()).saturating_duration_since(Instant::now()),
                 "B's acquisition while A is partitioned",
-                || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+                || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
             )
             .await?;
         let grant_b = history.granted(1, &name, lease_b.fence(), invoked);
@@ -255,7 +256,7 @@ mod imp {
         let invoked = Instant::now();
         let acquired = cx
             .eventually(bound, "B's acquisition after A's late renewal", || async {
-                Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease())
+                Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease())
             })
             .await;
         let lease_b = match acquired {
@@ -309,7 +310,7 @@ mod imp {
         let until = Instant::now() + ttl * 2 + cx.slack();
         let mut taken = None;
         while Instant::now() < until {
-            match b.try_acquire(&name, cx.long_ttl()).await {
+            match b.try_acquire_for(&name, cx.long_ttl()).await {
                 Ok(Attempt::Acquired(lease)) => {
                     taken = Some((lease, Instant::now()));
                     break;
@@ -384,7 +385,7 @@ mod imp {
 
         proxy.set(Mode::DropDownstream);
         let started = Instant::now();
-        let blind = tokio::time::timeout(ttl + cx.slack(), a.try_acquire(&name, ttl)).await;
+        let blind = tokio::time::timeout(ttl + cx.slack(), a.try_acquire_for(&name, ttl)).await;
         ensure!(
             !matches!(blind, Ok(Ok(_))),
             "try_acquire returned an answer through a proxy that drops every reply: {blind:?}"
@@ -393,7 +394,7 @@ mod imp {
             .eventually(
                 (started + ttl + cx.slack()).saturating_duration_since(Instant::now()),
                 "acquisition by another client after an acquire whose reply was lost",
-                || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+                || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
             )
             .await?;
         ensure!(
@@ -409,7 +410,7 @@ mod imp {
             healed,
             "a definite answer once the network healed",
             || async {
-                match a.try_acquire(&name, ttl).await {
+                match a.try_acquire_for(&name, ttl).await {
                     Ok(Attempt::Held { .. }) => Ok(Some(())),
                     Ok(Attempt::Acquired(lease)) => Err(Failure::new(format!(
                         "S1: granted fence {} while another client holds fence {}",
@@ -428,7 +429,7 @@ mod imp {
                 healed,
                 "the caller's own acquisition after healing",
                 || async {
-                    match a.try_acquire(&name, ttl).await {
+                    match a.try_acquire_for(&name, ttl).await {
                         Ok(attempt) => Ok(attempt.into_lease()),
                         Err(e) if e.is_retryable() => Ok(None),
                         Err(e) => Err(Failure::new(format!("after healing: {e}"))),
@@ -467,7 +468,7 @@ mod imp {
             .eventually(
                 (started + ttl + cx.slack()).saturating_duration_since(Instant::now()),
                 "acquisition after a release whose reply was lost",
-                || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+                || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
             )
             .await?;
         ensure!(next.fence() > lease.fence(), "F1: fence did not grow");
@@ -527,7 +528,7 @@ mod imp {
                 cx.slack() * 5,
                 "the first grant after the restart",
                 || async {
-                    match fresh.try_acquire(&name, cx.long_ttl()).await {
+                    match fresh.try_acquire_for(&name, cx.long_ttl()).await {
                         Ok(attempt) => Ok(attempt.into_lease()),
                         Err(e) if e.is_retryable() => Ok(None),
                         Err(e) => Err(e.into()),
@@ -552,7 +553,7 @@ mod imp {
             prev = lease.fence();
             fresh.release(&lease).await?;
         }
-        match fresh.try_acquire(&held_name, cx.long_ttl()).await? {
+        match fresh.try_acquire_for(&held_name, cx.long_ttl()).await? {
             Attempt::Held { .. } => {}
             Attempt::Acquired(lease) => {
                 ensure!(

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{LockError, Locker, LossReason, ReleaseOutcome};
 use tokio::time::Instant;
 
@@ -15,7 +16,7 @@ pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
     let (a, admin) = (cx.client().await?, cx.client().await?);
     let name = cx.name("evicted");
     let ttl = cx.short_ttl().max(cx.scaled(Duration::from_secs(2)));
-    let ttl = cx.caps().effective_ttl(ttl).unwrap_or(ttl);
+    let ttl = cx.caps().effective_ttl(ttl).map_or(ttl, |t| t.get());
     let every = ttl / 4;
     let guard = cx.locker(&a, ttl).renew_every(every).acquire(&name).await?;
     ensure!(guard.is_held(), "a fresh guard must be held");
@@ -102,7 +103,7 @@ pub async fn with_lock_stops_when_lost(cx: &Ctx) -> CaseResult {
     let ttl = cx
         .caps()
         .effective_ttl(cx.short_ttl().max(cx.scaled(Duration::from_secs(2))))
-        .unwrap_or(cx.short_ttl());
+        .map_or(cx.short_ttl(), |t| t.get());
     let every = ttl / 4;
     let locker = cx.locker(&a, ttl).renew_every(every);
     let evict_after = cx.scaled(Duration::from_millis(200));
@@ -145,7 +146,7 @@ pub async fn guard_drop_releases(cx: &Ctx) -> CaseResult {
         .eventually(
             cx.slack(),
             "acquisition after the guard was dropped",
-            || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+            || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
         )
         .await?;
     ensure!(next.fence() > fence, "fence must grow");

@@ -49,6 +49,7 @@ mod imp {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use lockcore::backend::LockBackendExt;
     use lockcore::{FencedResource, LockBackend};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -271,7 +272,7 @@ mod imp {
                 .eventually(
                     (finished + within).saturating_duration_since(Instant::now()),
                     &format!("a healthy client's acquisition of {name} once healed"),
-                    || async { Ok(fresh.try_acquire(name, ttl).await?.into_lease()) },
+                    || async { Ok(fresh.try_acquire_for(name, ttl).await?.into_lease()) },
                 )
                 .await
                 .map_err(|f| {

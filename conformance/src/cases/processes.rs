@@ -29,6 +29,7 @@ mod imp {
 mod imp {
     use std::time::Duration;
 
+    use lockcore::backend::LockBackendExt;
     use lockcore::{FencingToken, LockName};
     use tokio::time::Instant;
 
@@ -197,7 +198,7 @@ mod imp {
             .eventually(
                 ttl + cx.slack(),
                 "B's acquisition while the holder is paused",
-                || async { Ok(b.try_acquire(&name, cx.long_ttl()).await?.into_lease()) },
+                || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
             )
             .await;
         let lease_b = match lease_b {

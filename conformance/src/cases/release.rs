@@ -11,18 +11,19 @@ pub async fn release_is_owner_checked(cx: &Ctx) -> CaseResult {
     let (a, b) = (cx.client().await?, cx.client().await?);
     let name = cx.name("owned");
     let lease = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
+    let ttl = cx.caps().effective_ttl(lease.ttl())?;
     let forged = Lease::new(
         name.clone(),
         OwnerToken::new(),
         lease.fence(),
-        lease.ttl(),
+        ttl,
         Instant::now(),
     );
     let elsewhere = Lease::new(
         cx.name("other"),
         lease.owner(),
         lease.fence(),
-        lease.ttl(),
+        ttl,
         Instant::now(),
     );
     for (what, fake) in [

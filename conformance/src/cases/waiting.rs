@@ -105,7 +105,7 @@ pub async fn cancelled_acquire_leaves_nothing(cx: &Ctx) -> CaseResult {
         dropped.is_err(),
         "the acquire should still have been waiting: {dropped:?}"
     );
-    let cancel = lockcore::CancellationToken::new();
+    let cancel = lockcore::backend::CancellationToken::new();
     let canceller = {
         let cancel = cancel.clone();
         let after = cx.scaled(Duration::from_millis(300));
