@@ -117,8 +117,7 @@ impl LockGuard {
     /// A store error; the lock then expires after its TTL.
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.released = true;
-        self.held.stop.cancel();
-        self.held.end();
+        self.held.stop_holding();
         let lease = self.held.lease();
         let span = tracing::debug_span!("lock.release", name = %lease.name(), fence = %lease.fence(), owner = %lease.owner());
         async {
@@ -145,8 +144,7 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        self.held.stop.cancel();
-        self.held.end();
+        self.held.stop_holding();
         release_in_background(self.held.backend.clone(), self.held.lease());
     }
 }

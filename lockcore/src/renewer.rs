@@ -126,18 +126,41 @@ impl Held {
         })
     }
 
-    fn mark_lost(&self, reason: LossReason) {
-        if self.reason.set(reason.clone()).is_ok() && !self.stop.is_cancelled() {
+    /// Records why the lease was lost (once): a WARN event and a metric.
+    fn note_loss(&self, reason: LossReason) {
+        if self.reason.set(reason.clone()).is_ok() {
             let lease = self.lease();
             tracing::warn!(name = %lease.name(), fence = %lease.fence(), %reason, "lease lost");
             metrics::lost(&self.tags, &reason);
         }
-        self.lost.cancel();
-        self.end();
     }
 
-    /// The guard stopped holding (released, dropped or lost): counted once.
-    pub(crate) fn end(&self) {
+    /// The renewer lost the lease (a loss after the guard stopped holding is
+    /// no loss).
+    fn mark_lost(&self, reason: LossReason) {
+        if !self.stop.is_cancelled() {
+            self.note_loss(reason);
+        }
+        self.lost.cancel();
+        self.finish_hold();
+    }
+
+    /// The guard stops holding (released or dropped). A loss the store had
+    /// already reported is recorded now, if the renewer has not yet.
+    pub(crate) fn stop_holding(&self) {
+        self.stop.cancel();
+        if self
+            .store_lost
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled)
+        {
+            self.note_loss(LossReason::StoreReported);
+        }
+        self.finish_hold();
+    }
+
+    /// Counts the end of the hold, once.
+    fn finish_hold(&self) {
         if !self.ended.swap(true, Ordering::Relaxed) {
             metrics::hold_ended(&self.tags, self.clock.now().since(self.acquired));
         }
