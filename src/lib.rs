@@ -1,11 +1,27 @@
 #![doc = include_str!("../README.md")]
-#![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
 
 pub use connect::{SCHEMES, connect};
-pub use lockcore::*;
+
+// The user API: what applications hold and handle.
+pub use lockcore::{
+    Backoff, Capabilities, Election, ExpiryClock, Fairness, FenceDurability, Fenced,
+    FencedResource, FencedSlots, FencingToken, Holder, HolderLabel, IntoLockName, InvalidName,
+    Leader, Leadership, Lease, LeaseKind, LockBackend, LockError, LockGuard, LockName, Locker,
+    LossReason, MemoryBackend, Observer, OwnerToken, ReleaseOutcome, Semaphore, StaleToken,
+};
+// Administrative actions, their audit trail, and the metric names.
+pub use lockcore::{admin, audit, metrics};
+
+/// For backend authors: the [`LockBackend`] contract and the kit to
+/// implement it (requests, validated TTLs, leases, clocks, the wait loop).
+/// Run the `lock-conformance` suite against your backend.
+pub mod backend {
+    pub use lockcore::backend::*;
+    pub use lockcore::wait;
+}
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
