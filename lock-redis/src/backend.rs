@@ -5,6 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
     LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
@@ -13,13 +14,14 @@ use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::connection::{self, Commands};
 use crate::durability::{FENCE_ASSUMPTION, Persistence};
 use crate::error::{self, BACKEND};
 use crate::fenced::{self, Fenced};
 use crate::keys::{self, Keys};
-use crate::notify::{Notifier, Orphan, Wait};
+use crate::notify::{Checks, Event, Notifier, Wait};
 use crate::{RedisConfig, scripts};
 
 /// The longest TTL accepted: one year. Redis itself accepts `PX` values of
@@ -155,11 +157,18 @@ impl RedisBackend {
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Conditional(FENCE_ASSUMPTION))
             .notifications(true)
-            .expiry_slack(Duration::from_millis(1));
-        let (notifier, orphans) = Notifier::new(
+            .expiry_slack(Duration::from_millis(1))
+            // A forced release publishes to the holder's subscription in the
+            // same script: one message, on a link whose PINGs are answered
+            // within the response timeout (or it is replaced and every lease
+            // checked, see `notify`).
+            .eviction_notice(Some(config.response_timeout));
+        let (notifier, events) = Notifier::new(
             config.client.clone(),
             op_timeout,
+            config.response_timeout,
             keys::wake_channel(&config.key_prefix),
+            keys::evict_channel(&config.key_prefix),
         );
         let inner = Arc::new(Inner {
             commands: Commands::new(config.client.clone(), manager, op_timeout, con),
@@ -171,7 +180,7 @@ impl RedisBackend {
             notifier,
             persistence,
         });
-        tokio::spawn(pass_on(orphans, Arc::downgrade(&inner)));
+        tokio::spawn(handle_events(events, Arc::downgrade(&inner)));
         Ok(RedisBackend { inner })
     }
 
@@ -252,6 +261,8 @@ impl RedisBackend {
             .arg(ttl.as_millis() as u64)
             .arg(member)
             .arg(linger.as_millis() as u64);
+        // Listening for an eviction of this grant starts before it exists.
+        let watch = self.inner.notifier.watch_hold(&keys.lock, owner);
         let sent_at = Instant::now();
         let acquired = self
             .inner
@@ -272,13 +283,12 @@ impl RedisBackend {
                 .ok()
                 .and_then(FencingToken::new)
                 .ok_or_else(|| error::unexpected(format!("acquire returned fence {value}")))?;
-            Ok(Attempt::Acquired(Lease::new(
-                name.clone(),
-                owner,
-                fence,
-                ttl,
-                sent_at,
-            )))
+            let lost = watch.granted(fence);
+            Ok(Attempt::Acquired(
+                Lease::new(name.clone(), owner, fence, ttl, sent_at)
+                    .with_loss_signal(lost)
+                    .with_extension(watch),
+            ))
         } else {
             Ok(Attempt::Held {
                 expires_in: remaining(value),
@@ -351,20 +361,80 @@ impl RedisBackend {
     }
 }
 
-/// Passes on hand-offs whose wake-up reached this instance after the wait
-/// it was for had ended, until the backend is dropped.
-async fn pass_on(mut orphans: mpsc::UnboundedReceiver<Orphan>, inner: Weak<Inner>) {
-    while let Some(orphan) = orphans.recv().await {
+/// Handles what the notifier hands over, until the backend is dropped:
+/// passes on hand-offs whose wake-up came after the wait had ended, and
+/// checks leases whose eviction may have gone unheard.
+async fn handle_events(mut events: mpsc::UnboundedReceiver<Event>, inner: Weak<Inner>) {
+    while let Some(event) = events.recv().await {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let Some(keys) = Keys::from_lock_key(&inner.prefix, &orphan.lock_key) else {
-            continue;
-        };
-        let backend = RedisBackend { inner };
-        if let Err(e) = backend.leave(&keys, &orphan.member, None).await {
-            tracing::debug!(key = %keys.lock, error = %e, "could not pass a hand-off on; its reservation lapses");
+        match event {
+            Event::Orphan(orphan) => {
+                let Some(keys) = Keys::from_lock_key(&inner.prefix, &orphan.lock_key) else {
+                    continue;
+                };
+                let backend = RedisBackend { inner };
+                if let Err(e) = backend.leave(&keys, &orphan.member, None).await {
+                    tracing::debug!(key = %keys.lock, error = %e, "could not pass a hand-off on; its reservation lapses");
+                }
+            }
+            Event::Check(checks) => {
+                tokio::spawn(check_leases(Arc::downgrade(&inner), checks));
+            }
         }
+    }
+}
+
+/// Reads the lock key of each lease (pipelined) and fires the loss signal
+/// of every lease whose key no longer holds its `owner:fence`. Leases the
+/// server could not be asked about are retried with backoff until it
+/// answers, the subscription the check follows is gone (the next one
+/// checks again), or the backend is dropped.
+async fn check_leases(inner: Weak<Inner>, checks: Checks) {
+    let retry = lockcore::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+    let mut pending = checks.leases;
+    for attempt in 0_u32.. {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.notifier.subscription() != Some(checks.subscription) {
+            return;
+        }
+        let backend = RedisBackend { inner };
+        let looked_up: Vec<_> = futures::stream::iter(pending)
+            .map(
+                |(lock_key, value, lost): (String, String, CancellationToken)| {
+                    let backend = &backend;
+                    async move {
+                        let mut call = RedisBackend::prepare(&scripts::INSPECT);
+                        call.0.key(&lock_key);
+                        let found = backend
+                            .invoke::<(i64, Option<String>)>("lease check", &call)
+                            .await;
+                        (lock_key, value, lost, found)
+                    }
+                },
+            )
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        drop(backend);
+        pending = Vec::new();
+        for (lock_key, value, lost, found) in looked_up {
+            match found {
+                Ok((_, held)) if held.as_deref() == Some(value.as_str()) => {}
+                Ok(_) => {
+                    tracing::debug!(key = %lock_key, "lease found gone after a resubscription");
+                    lost.cancel();
+                }
+                Err(_) => pending.push((lock_key, value, lost)),
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        tokio::time::sleep(retry.delay(attempt)).await;
     }
 }
 
@@ -518,7 +588,8 @@ impl LockBackend for RedisBackend {
             .key(&keys.fence)
             .key(&keys.queue)
             .key(&keys.next)
-            .arg(expected.map(|f| f.to_string()).unwrap_or_default());
+            .arg(expected.map(|f| f.to_string()).unwrap_or_default())
+            .arg(keys::evict_channel(&self.inner.prefix));
         let (_fence, pttl, value): (i64, i64, Option<String>) =
             self.invoke("force_release", &call).await?;
         // The eviction happened: record it even if the old value is odd.
