@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::{self, Commands};
-use crate::durability::{FENCE_ASSUMPTION, Persistence};
+use crate::durability::{Eviction, Persistence};
 use crate::error::{self, BACKEND};
 use crate::fenced::{self, Fenced};
 use crate::keys::{self, Keys};
@@ -64,6 +64,7 @@ struct Inner {
     caps: Capabilities,
     notifier: Arc<Notifier>,
     persistence: Persistence,
+    eviction: Eviction,
 }
 
 impl Drop for Inner {
@@ -89,10 +90,15 @@ impl RedisBackend {
     /// Reads the server's persistence settings: without `appendfsync always`
     /// it logs a warning (fences then rely on the server clock, see the crate
     /// docs), or refuses with [`RedisConfig::require_durable_fences`].
+    /// Reads its memory limit and policy: a server that may evict keys is
+    /// refused unless [`RedisConfig::allow_maxmemory_eviction`] (then it
+    /// logs a warning). Settings it cannot read (an ACL denies `CONFIG`)
+    /// are logged and reported as unknown, never refused.
     ///
     /// # Errors
     /// As [`connect`](Self::connect), plus [`LockError::InvalidConfig`] for an
-    /// invalid prefix or timeout, or non-durable persistence when required.
+    /// invalid prefix or timeout, non-durable persistence when required, or
+    /// an evicting `maxmemory-policy` not accepted.
     pub async fn connect_with(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         if config.uses_tls() {
@@ -150,12 +156,36 @@ impl RedisBackend {
                  monotonic only if the server clock does not step back, and held locks may be forgotten"
             );
         }
+        let eviction = tokio::time::timeout(op_timeout, Eviction::probe(&mut con))
+            .await
+            .unwrap_or_else(|_| Eviction::Unknown("CONFIG GET timed out".into()));
+        match &eviction {
+            Eviction::Evicts { .. } if !config.allow_maxmemory_eviction => {
+                return Err(LockError::config(
+                    eviction.refusal(&endpoint).unwrap_or_default(),
+                ));
+            }
+            Eviction::Evicts { .. } => tracing::warn!(
+                endpoint = %endpoint,
+                eviction = %eviction,
+                "redis may evict lock keys when memory runs short (accepted with \
+                 allow_maxmemory_eviction): a second client can then be granted a lock that is \
+                 still held; only fencing tells the holders apart"
+            ),
+            Eviction::Unknown(why) => tracing::warn!(
+                endpoint = %endpoint,
+                why = %why,
+                "could not read maxmemory / maxmemory-policy: make sure the server runs with \
+                 `maxmemory-policy noeviction` or no maxmemory, or it may evict held locks"
+            ),
+            Eviction::Unlimited | Eviction::Refuses { .. } => {}
+        }
         let caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreWallClock)
             .ttl_range(Duration::from_millis(1), MAX_TTL)
             .ttl_granularity(Duration::from_millis(1))
             .fairness(Fairness::Fifo)
-            .fence_durability(FenceDurability::Conditional(FENCE_ASSUMPTION))
+            .fence_durability(FenceDurability::Conditional(eviction.fence_assumption()))
             .notifications(true)
             .expiry_slack(Duration::from_millis(1))
             // A forced release publishes to the holder's subscription in the
@@ -179,6 +209,7 @@ impl RedisBackend {
             caps,
             notifier,
             persistence,
+            eviction,
         });
         tokio::spawn(handle_events(events, Arc::downgrade(&inner)));
         Ok(RedisBackend { inner })
@@ -193,6 +224,11 @@ impl RedisBackend {
     /// The server's persistence settings, as read at connect.
     pub fn persistence(&self) -> &Persistence {
         &self.inner.persistence
+    }
+
+    /// The server's memory limit and eviction policy, as read at connect.
+    pub fn eviction(&self) -> &Eviction {
+        &self.inner.eviction
     }
 
     /// The key prefix.
@@ -515,6 +551,7 @@ impl fmt::Debug for RedisBackend {
             .field("endpoint", &self.inner.endpoint)
             .field("key_prefix", &self.inner.prefix)
             .field("persistence", &self.inner.persistence)
+            .field("eviction", &self.inner.eviction)
             .field("notifier", &self.inner.notifier)
             .finish_non_exhaustive()
     }

@@ -8,8 +8,16 @@ use redis::{ErrorKind, RedisError, RetryMethod};
 pub(crate) const BACKEND: &str = "redis";
 
 /// Codes the server sends for conditions that pass: a script running too
-/// long, a dataset being loaded after a restart, a failover in progress.
-const TRANSIENT_CODES: &[&str] = &["BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"];
+/// long, a dataset being loaded after a restart, a failover in progress, a
+/// `noeviction` server out of memory (it refuses writes until there is room).
+const TRANSIENT_CODES: &[&str] = &[
+    "BUSY",
+    "LOADING",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "OOM",
+];
 
 /// Codes that mean the credentials or their rights are wrong.
 const AUTH_CODES: &[&str] = &["NOAUTH", "WRONGPASS", "NOPERM"];
