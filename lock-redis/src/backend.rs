@@ -114,21 +114,7 @@ impl RedisBackend {
             .set_max_delay(Duration::from_secs(1));
         let mut con = match config.connection.clone() {
             Some(con) => con,
-            None => {
-                let connecting = config
-                    .client
-                    .get_connection_manager_with_config(manager.clone());
-                match tokio::time::timeout(config.connect_timeout * 2, connecting).await {
-                    Ok(Ok(con)) => con,
-                    Ok(Err(e)) => return Err(error::map(e)),
-                    Err(_) => {
-                        return Err(error::timed_out(
-                            &format!("connect to {endpoint}"),
-                            config.connect_timeout * 2,
-                        ));
-                    }
-                }
-            }
+            None => connection::open(&config, &endpoint, manager.clone()).await?,
         };
         // A first command proves the credentials and the link; the
         // persistence probe may be refused (ACL), that is not fatal.
@@ -136,7 +122,7 @@ impl RedisBackend {
         let ping = ping_cmd.query_async::<String>(&mut con);
         match tokio::time::timeout(op_timeout, ping).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(error::map(e)),
+            Ok(Err(e)) => return Err(error::at_connect(&endpoint, e)),
             Err(_) => return Err(error::timed_out(&format!("PING {endpoint}"), op_timeout)),
         }
         let persistence = tokio::time::timeout(op_timeout, Persistence::probe(&mut con))

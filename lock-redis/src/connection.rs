@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use lockcore::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, ScriptInvocation, Value};
+use redis::{ConnectionAddr, FromRedisValue, ScriptInvocation, Value};
+use tokio::time::Instant;
 
-use crate::error::{self, BACKEND};
+use crate::RedisConfig;
+use crate::error::{self, BACKEND, TcpProbe};
 
 /// A process-wide counter: nonces are unique among the requests any
 /// connection of this process has in flight.
@@ -24,6 +26,64 @@ static NONCE: AtomicU64 = AtomicU64::new(1);
 /// A fresh request nonce.
 pub(crate) fn nonce() -> String {
     NONCE.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+/// Opens the command connection within the connect timeout. A failure
+/// names the server and the cause. A connection still not made halfway
+/// through gets a plain TCP connect beside it, so that running out of time
+/// can say why: nothing listens, nothing answers at all, or the port
+/// accepts but does not speak (plain text on a `rediss://` URL, a stalled
+/// server).
+pub(crate) async fn open(
+    config: &RedisConfig,
+    endpoint: &str,
+    manager: ConnectionManagerConfig,
+) -> Result<ConnectionManager, LockError> {
+    let deadline = Instant::now() + config.connect_timeout;
+    let connecting = config.client.get_connection_manager_with_config(manager);
+    tokio::pin!(connecting);
+    let halfway = Instant::now() + config.connect_timeout / 2;
+    if let Ok(outcome) = tokio::time::timeout_at(halfway, &mut connecting).await {
+        return outcome.map_err(|e| error::at_connect(endpoint, e));
+    }
+    let probe = tokio::spawn(probe_tcp(
+        config.client.get_connection_info().addr().clone(),
+        deadline,
+    ));
+    match tokio::time::timeout_at(deadline, connecting).await {
+        Ok(outcome) => {
+            probe.abort();
+            outcome.map_err(|e| error::at_connect(endpoint, e))
+        }
+        Err(_) => {
+            let found = probe.await.unwrap_or(TcpProbe::Unknown);
+            Err(error::connect_timed_out(
+                endpoint,
+                config.connect_timeout,
+                config.uses_tls(),
+                found,
+            ))
+        }
+    }
+}
+
+/// What a bare TCP connect to `addr` finds by `deadline`.
+async fn probe_tcp(addr: ConnectionAddr, deadline: Instant) -> TcpProbe {
+    let (host, port) = match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => (host, port),
+        _ => return TcpProbe::Unknown,
+    };
+    match tokio::time::timeout_at(
+        deadline,
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => TcpProbe::Accepted,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => TcpProbe::Refused,
+        Ok(Err(e)) => TcpProbe::Failed(e),
+        Err(_) => TcpProbe::Silent,
+    }
 }
 
 /// The connection lock commands go through, replaced after a timeout or a
