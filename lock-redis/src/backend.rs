@@ -32,9 +32,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 ///
 /// Clones share the connections; connect another backend for an
 /// independent client. Each backend holds one multiplexed connection for
-/// commands (reconnected automatically) and, once something waits, one
-/// pub/sub connection subscribed to one channel of its own, shared by all
-/// its waiters. Waiters are served first come, first served.
+/// commands (reconnected automatically) and, from its first acquire, one
+/// pub/sub connection shared by all its leases (a forced release reaches
+/// the holder there) and waiters (woken there, first come, first served).
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lock_conformance::stores::redis::{Options, Persistence};
@@ -21,6 +21,7 @@ const LONG: Duration = Duration::from_secs(120);
 /// A private server with a 2 MB limit and `policy`, no persistence (so
 /// that memory is data, not AOF buffers).
 async fn limited(policy: &str) -> lock_conformance::stores::Store {
+    log();
     private(
         Options::default()
             .persistence(Persistence::None)
@@ -53,34 +54,51 @@ async fn fill(con: &mut redis::aio::MultiplexedConnection, up_to: u64) -> usize 
     written
 }
 
-/// Runs `connect` with a subscriber that records warnings; returns its
-/// outcome and the warnings logged meanwhile (on this thread, where
-/// `connect` logs them).
-async fn warnings_of<T>(connect: impl std::future::Future<Output = T>) -> (T, Vec<String>) {
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+/// Every warning this test binary logs, as text.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
     }
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let outcome = {
-        let _recording = tracing::subscriber::set_default(subscriber);
-        connect.await
-    };
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    (outcome, text.lines().map(str::to_owned).collect())
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The binary's log, recorded by a global subscriber installed on first
+/// use (a thread-local one can miss events whose callsite another test's
+/// thread registered first).
+fn log() -> &'static Log {
+    static LOG: OnceLock<Log> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = Log::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        log
+    })
+}
+
+/// Runs `connect`; its outcome, and the warnings about `endpoint` logged
+/// meanwhile (tests run in parallel, each on its own server).
+async fn warnings_of<T>(
+    endpoint: &str,
+    connect: impl std::future::Future<Output = T>,
+) -> (T, Vec<String>) {
+    let from = log().0.lock().unwrap().len();
+    let outcome = connect.await;
+    let text = String::from_utf8(log().0.lock().unwrap()[from..].to_vec()).unwrap();
+    let about = |line: &&str| line.contains(&format!("endpoint={endpoint} "));
+    (
+        outcome,
+        text.lines().filter(about).map(str::to_owned).collect(),
+    )
 }
 
 fn connect_allowing(url: &str) -> RedisConfig {
@@ -170,10 +188,11 @@ async fn the_opt_in_connects_and_downgrades_what_is_promised() {
     let store = limited("volatile-ttl").await;
     let url = store.url();
     for (backend, warnings) in [
-        warnings_of(RedisBackend::connect_with(connect_allowing(&url))).await,
-        warnings_of(RedisBackend::connect(&format!(
-            "{url}?allow_maxmemory_eviction=true"
-        )))
+        warnings_of(&url, RedisBackend::connect_with(connect_allowing(&url))).await,
+        warnings_of(
+            &url,
+            RedisBackend::connect(&format!("{url}?allow_maxmemory_eviction=true")),
+        )
         .await,
     ] {
         let backend = backend.unwrap();
@@ -226,10 +245,10 @@ async fn an_unreadable_policy_is_reported_not_refused() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let (user, warnings) = warnings_of(RedisBackend::connect(&format!(
-        "redis://locker:locker-pw@{}",
-        store.addr()
-    )))
+    let (user, warnings) = warnings_of(
+        &store.url(),
+        RedisBackend::connect(&format!("redis://locker:locker-pw@{}", store.addr())),
+    )
     .await;
     let user = user.expect("a policy that cannot be read is not refused");
     assert!(
