@@ -7,13 +7,14 @@
 //! reply onto the wrong request: an acquire of one name could read the
 //! grant of another. The nonce turns that into an error instead.
 
+use std::future::Future;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lockcore::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ConnectionAddr, FromRedisValue, ScriptInvocation, Value};
+use redis::{AsyncConnectionConfig, ConnectionAddr, FromRedisValue, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use crate::RedisConfig;
@@ -28,19 +29,40 @@ pub(crate) fn nonce() -> String {
     NONCE.fetch_add(1, Ordering::Relaxed).to_string()
 }
 
-/// Opens the command connection within the connect timeout. A failure
-/// names the server and the cause. A connection still not made halfway
-/// through gets a plain TCP connect beside it, so that running out of time
-/// can say why: nothing listens, nothing answers at all, or the port
-/// accepts but does not speak (plain text on a `rediss://` URL, a stalled
-/// server).
+/// Opens the command connection. One plain attempt comes first, within
+/// the connect timeout: a failure retrying cannot fix (credentials,
+/// certificates) is reported at once, naming the server and the cause,
+/// instead of being retried into a timeout; then the connection manager
+/// (which retries transient failures) connects, within the connect
+/// timeout too.
 pub(crate) async fn open(
     config: &RedisConfig,
     endpoint: &str,
     manager: ConnectionManagerConfig,
 ) -> Result<ConnectionManager, LockError> {
-    let deadline = Instant::now() + config.connect_timeout;
+    // No timeout of the client's own: ours, below, explains itself.
+    let once = AsyncConnectionConfig::new()
+        .set_connection_timeout(None)
+        .set_response_timeout(Some(config.response_timeout));
+    let checked = config
+        .client
+        .get_multiplexed_async_connection_with_config(&once);
+    drop(within_connect_timeout(config, endpoint, checked).await?);
     let connecting = config.client.get_connection_manager_with_config(manager);
+    within_connect_timeout(config, endpoint, connecting).await
+}
+
+/// Runs `connecting` within the connect timeout. If it is not done halfway
+/// through, a plain TCP connect goes beside it, so that running out of
+/// time can say why: nothing listens, nothing answers at all, or the port
+/// accepts but does not speak (plain text on a `rediss://` URL, a stalled
+/// server).
+async fn within_connect_timeout<T>(
+    config: &RedisConfig,
+    endpoint: &str,
+    connecting: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, LockError> {
+    let deadline = Instant::now() + config.connect_timeout;
     tokio::pin!(connecting);
     let halfway = Instant::now() + config.connect_timeout / 2;
     if let Ok(outcome) = tokio::time::timeout_at(halfway, &mut connecting).await {

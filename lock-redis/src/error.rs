@@ -99,6 +99,8 @@ pub(crate) fn at_connect(endpoint: &str, e: RedisError) -> LockError {
         format!("the user may not do this: {e}")
     } else if io_error(&e).is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData) {
         format!("TLS handshake failed: {e}")
+    } else if endpoint.starts_with("redis://") && closed_at_once(&e) {
+        format!("the server closed the connection at once ({e}): a TLS-only port needs rediss://")
     } else {
         e.to_string()
     };
@@ -113,6 +115,19 @@ pub(crate) fn at_connect(endpoint: &str, e: RedisError) -> LockError {
         Class::Unavailable => LockError::unavailable(BACKEND, failed),
         Class::Config => LockError::config_caused_by("invalid Redis client configuration", failed),
     }
+}
+
+/// Whether the server hung up on a new connection: what a TLS-only port
+/// does with plain text.
+fn closed_at_once(e: &RedisError) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    e.is_connection_dropped()
+        || io_error(e).is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+            )
+        })
 }
 
 /// What a plain TCP connect found, to explain a connect that ran out of time.

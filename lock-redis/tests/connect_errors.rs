@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::redis::Options;
+use lock_conformance::stores::redis::{Options, Tls};
 use lock_redis::redis;
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::LockError;
@@ -121,6 +121,27 @@ async fn tls_to_a_plain_text_port_says_so_within_the_connect_timeout() {
     );
     within_the_connect_timeout(took, "TLS to plain text");
     println!("TLS to a plain-text port: {took:?}: {shown}");
+}
+
+/// `redis://` to a TLS-only port: the server hangs up on the plain-text
+/// hello at once, and the error says what that means.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_text_to_a_tls_port_says_so_at_once() {
+    let ca = lock_conformance::stores::pki::TestCa::new("connect-errors CA");
+    let server = ca.server();
+    let tls = Tls::new(server.cert, server.key, ca.pem());
+    let store = private(Options::default().tls(tls)).await;
+    let url = format!("redis://{}", store.addr());
+    let (err, _, took) = failed_connect(&url).await;
+    assert!(err.is_retryable(), "{err:?}");
+    let shown = err.to_string();
+    assert!(
+        shown.contains(&url) && shown.contains("a TLS-only port needs rediss://"),
+        "{shown}"
+    );
+    within_the_connect_timeout(took, "plain text to TLS");
+    println!("plain text to a TLS-only port: {took:?}: {shown}");
 }
 
 /// A server that accepts connections and says nothing (stalled, or not
