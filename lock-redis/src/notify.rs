@@ -1,29 +1,29 @@
 //! Messages from the store: one pub/sub connection per backend instance,
 //! shared by all its waits and all its leases, whatever their number.
 //!
-//! **Evictions.** From its first acquire attempt the instance is
-//! subscribed to the prefix's eviction channel, `<prefix>evict`. A forced release publishes
-//! `<lock key> <owner>:<fence>` there in the same script that deletes the
-//! lock; the instance holding that grant cancels the lease's loss signal,
-//! so its guard's `lost()` fires about one message after the eviction
-//! instead of at its next renewal. Leases are registered *before* their
-//! acquire is sent (by owner token, unique per attempt), so an eviction
-//! that follows a grant at once is not missed either. Messages published
-//! while the instance was not subscribed are lost; so whenever a
-//! subscription is (re-)established, every lease it holds is checked
-//! against the store (one read-only script each, 64 in flight) and the
-//! loss signal of any that no longer holds its lock fires. A subscription that dies
+//! **Evictions.** From its first acquire attempt the instance is subscribed
+//! to the prefix's eviction channel, `<prefix>evict`. A forced release
+//! publishes `<lock key> <owner>:<fence>` there in the same script that
+//! deletes the lock; the instance holding that grant cancels the lease's
+//! loss signal, so its guard's `lost()` fires about one message after the
+//! eviction instead of at its next renewal. Leases are registered *before*
+//! their acquire is sent (by owner token, unique per attempt), so an
+//! eviction that follows a grant at once is not missed either. Messages
+//! published while the instance was not subscribed are lost; so whenever a
+//! subscription is (re-)established, every lease it holds is checked against
+//! the store (one read-only script each, 64 in flight) and the loss signal
+//! of any that no longer holds its lock fires. A subscription that dies
 //! without a word (a half-open TCP connection) is found by a `PING` every
 //! response timeout while anything is registered, and replaced.
 //!
 //! **Wake-ups.** Once something waits, the instance also subscribes to one
-//! channel of its own. A waiting acquire joins the name's line in Redis with a member naming
-//! this channel and a wait id (see `scripts/line.lua`). When the lock is
-//! released, or found free by anyone, the script pops the first waiter and
-//! publishes to that waiter's instance only: per hand-off one instance and
-//! one wait are woken, never a herd. A message for a wait that has already
-//! ended is handed back to the backend ([`Orphan`]), which passes the
-//! hand-off on to the next waiter.
+//! channel of its own. A waiting acquire joins the name's line in Redis with
+//! a member naming this channel and a wait id (see `scripts/line.lua`). When
+//! the lock is released, or found free by anyone, the script pops the first
+//! waiter and publishes to that waiter's instance only: per hand-off one
+//! instance and one wait are woken, never a herd. A message for a wait that
+//! has already ended is handed back to the backend ([`Orphan`]), which
+//! passes the hand-off on to the next waiter.
 //!
 //! When the subscription connection drops, releases meanwhile find no
 //! subscriber and skip this instance's waiters; once it is back, every local
