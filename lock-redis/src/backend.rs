@@ -5,6 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
     LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
@@ -13,13 +14,14 @@ use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::connection::{self, Commands};
-use crate::durability::{FENCE_ASSUMPTION, Persistence};
+use crate::durability::{Eviction, Persistence};
 use crate::error::{self, BACKEND};
 use crate::fenced::{self, Fenced};
 use crate::keys::{self, Keys};
-use crate::notify::{Notifier, Orphan, Wait};
+use crate::notify::{Checks, Event, Notifier, Wait};
 use crate::{RedisConfig, scripts};
 
 /// The longest TTL accepted: one year. Redis itself accepts `PX` values of
@@ -30,9 +32,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 ///
 /// Clones share the connections; connect another backend for an
 /// independent client. Each backend holds one multiplexed connection for
-/// commands (reconnected automatically) and, once something waits, one
-/// pub/sub connection subscribed to one channel of its own, shared by all
-/// its waiters. Waiters are served first come, first served.
+/// commands (reconnected automatically) and, from its first acquire, one
+/// pub/sub connection shared by all its leases (a forced release reaches
+/// the holder there) and waiters (woken there, first come, first served).
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -62,6 +64,7 @@ struct Inner {
     caps: Capabilities,
     notifier: Arc<Notifier>,
     persistence: Persistence,
+    eviction: Eviction,
 }
 
 impl Drop for Inner {
@@ -87,10 +90,15 @@ impl RedisBackend {
     /// Reads the server's persistence settings: without `appendfsync always`
     /// it logs a warning (fences then rely on the server clock, see the crate
     /// docs), or refuses with [`RedisConfig::require_durable_fences`].
+    /// Reads its memory limit and policy: a server that may evict keys is
+    /// refused unless [`RedisConfig::allow_maxmemory_eviction`] (then it
+    /// logs a warning). Settings it cannot read (an ACL denies `CONFIG`)
+    /// are logged and reported as unknown, never refused.
     ///
     /// # Errors
     /// As [`connect`](Self::connect), plus [`LockError::InvalidConfig`] for an
-    /// invalid prefix or timeout, or non-durable persistence when required.
+    /// invalid prefix or timeout, non-durable persistence when required, or
+    /// an evicting `maxmemory-policy` not accepted.
     pub async fn connect_with(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         if config.uses_tls() {
@@ -106,21 +114,7 @@ impl RedisBackend {
             .set_max_delay(Duration::from_secs(1));
         let mut con = match config.connection.clone() {
             Some(con) => con,
-            None => {
-                let connecting = config
-                    .client
-                    .get_connection_manager_with_config(manager.clone());
-                match tokio::time::timeout(config.connect_timeout * 2, connecting).await {
-                    Ok(Ok(con)) => con,
-                    Ok(Err(e)) => return Err(error::map(e)),
-                    Err(_) => {
-                        return Err(error::timed_out(
-                            &format!("connect to {endpoint}"),
-                            config.connect_timeout * 2,
-                        ));
-                    }
-                }
-            }
+            None => connection::open(&config, &endpoint, manager.clone()).await?,
         };
         // A first command proves the credentials and the link; the
         // persistence probe may be refused (ACL), that is not fatal.
@@ -128,7 +122,7 @@ impl RedisBackend {
         let ping = ping_cmd.query_async::<String>(&mut con);
         match tokio::time::timeout(op_timeout, ping).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(error::map(e)),
+            Ok(Err(e)) => return Err(error::at_connect(&endpoint, e)),
             Err(_) => return Err(error::timed_out(&format!("PING {endpoint}"), op_timeout)),
         }
         let persistence = tokio::time::timeout(op_timeout, Persistence::probe(&mut con))
@@ -148,18 +142,49 @@ impl RedisBackend {
                  monotonic only if the server clock does not step back, and held locks may be forgotten"
             );
         }
+        let eviction = tokio::time::timeout(op_timeout, Eviction::probe(&mut con))
+            .await
+            .unwrap_or_else(|_| Eviction::Unknown("CONFIG GET timed out".into()));
+        match &eviction {
+            Eviction::Evicts { .. } if !config.allow_maxmemory_eviction => {
+                return Err(LockError::config(
+                    eviction.refusal(&endpoint).unwrap_or_default(),
+                ));
+            }
+            Eviction::Evicts { .. } => tracing::warn!(
+                endpoint = %endpoint,
+                eviction = %eviction,
+                "redis may evict lock keys when memory runs short (accepted with \
+                 allow_maxmemory_eviction): a second client can then be granted a lock that is \
+                 still held; only fencing tells the holders apart"
+            ),
+            Eviction::Unknown(why) => tracing::warn!(
+                endpoint = %endpoint,
+                why = %why,
+                "could not read maxmemory / maxmemory-policy: make sure the server runs with \
+                 `maxmemory-policy noeviction` or no maxmemory, or it may evict held locks"
+            ),
+            Eviction::Unlimited | Eviction::Refuses { .. } => {}
+        }
         let caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreWallClock)
             .ttl_range(Duration::from_millis(1), MAX_TTL)
             .ttl_granularity(Duration::from_millis(1))
             .fairness(Fairness::Fifo)
-            .fence_durability(FenceDurability::Conditional(FENCE_ASSUMPTION))
+            .fence_durability(FenceDurability::Conditional(eviction.fence_assumption()))
             .notifications(true)
-            .expiry_slack(Duration::from_millis(1));
-        let (notifier, orphans) = Notifier::new(
+            .expiry_slack(Duration::from_millis(1))
+            // A forced release publishes to the holder's subscription in the
+            // same script: one message, on a link whose PINGs are answered
+            // within the response timeout (or it is replaced and every lease
+            // checked, see `notify`).
+            .eviction_notice(Some(config.response_timeout));
+        let (notifier, events) = Notifier::new(
             config.client.clone(),
             op_timeout,
+            config.response_timeout,
             keys::wake_channel(&config.key_prefix),
+            keys::evict_channel(&config.key_prefix),
         );
         let inner = Arc::new(Inner {
             commands: Commands::new(config.client.clone(), manager, op_timeout, con),
@@ -170,8 +195,9 @@ impl RedisBackend {
             caps,
             notifier,
             persistence,
+            eviction,
         });
-        tokio::spawn(pass_on(orphans, Arc::downgrade(&inner)));
+        tokio::spawn(handle_events(events, Arc::downgrade(&inner)));
         Ok(RedisBackend { inner })
     }
 
@@ -184,6 +210,11 @@ impl RedisBackend {
     /// The server's persistence settings, as read at connect.
     pub fn persistence(&self) -> &Persistence {
         &self.inner.persistence
+    }
+
+    /// The server's memory limit and eviction policy, as read at connect.
+    pub fn eviction(&self) -> &Eviction {
+        &self.inner.eviction
     }
 
     /// The key prefix.
@@ -252,6 +283,8 @@ impl RedisBackend {
             .arg(ttl.as_millis() as u64)
             .arg(member)
             .arg(linger.as_millis() as u64);
+        // Listening for an eviction of this grant starts before it exists.
+        let watch = self.inner.notifier.watch_hold(&keys.lock, owner);
         let sent_at = Instant::now();
         let acquired = self
             .inner
@@ -272,13 +305,12 @@ impl RedisBackend {
                 .ok()
                 .and_then(FencingToken::new)
                 .ok_or_else(|| error::unexpected(format!("acquire returned fence {value}")))?;
-            Ok(Attempt::Acquired(Lease::new(
-                name.clone(),
-                owner,
-                fence,
-                ttl,
-                sent_at,
-            )))
+            let lost = watch.granted(fence);
+            Ok(Attempt::Acquired(
+                Lease::new(name.clone(), owner, fence, ttl, sent_at)
+                    .with_loss_signal(lost)
+                    .with_extension(watch),
+            ))
         } else {
             Ok(Attempt::Held {
                 expires_in: remaining(value),
@@ -351,20 +383,80 @@ impl RedisBackend {
     }
 }
 
-/// Passes on hand-offs whose wake-up reached this instance after the wait
-/// it was for had ended, until the backend is dropped.
-async fn pass_on(mut orphans: mpsc::UnboundedReceiver<Orphan>, inner: Weak<Inner>) {
-    while let Some(orphan) = orphans.recv().await {
+/// Handles what the notifier hands over, until the backend is dropped:
+/// passes on hand-offs whose wake-up came after the wait had ended, and
+/// checks leases whose eviction may have gone unheard.
+async fn handle_events(mut events: mpsc::UnboundedReceiver<Event>, inner: Weak<Inner>) {
+    while let Some(event) = events.recv().await {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let Some(keys) = Keys::from_lock_key(&inner.prefix, &orphan.lock_key) else {
-            continue;
-        };
-        let backend = RedisBackend { inner };
-        if let Err(e) = backend.leave(&keys, &orphan.member, None).await {
-            tracing::debug!(key = %keys.lock, error = %e, "could not pass a hand-off on; its reservation lapses");
+        match event {
+            Event::Orphan(orphan) => {
+                let Some(keys) = Keys::from_lock_key(&inner.prefix, &orphan.lock_key) else {
+                    continue;
+                };
+                let backend = RedisBackend { inner };
+                if let Err(e) = backend.leave(&keys, &orphan.member, None).await {
+                    tracing::debug!(key = %keys.lock, error = %e, "could not pass a hand-off on; its reservation lapses");
+                }
+            }
+            Event::Check(checks) => {
+                tokio::spawn(check_leases(Arc::downgrade(&inner), checks));
+            }
         }
+    }
+}
+
+/// Reads the lock key of each lease (pipelined) and fires the loss signal
+/// of every lease whose key no longer holds its `owner:fence`. Leases the
+/// server could not be asked about are retried with backoff until it
+/// answers, the subscription the check follows is gone (the next one
+/// checks again), or the backend is dropped.
+async fn check_leases(inner: Weak<Inner>, checks: Checks) {
+    let retry = lockcore::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+    let mut pending = checks.leases;
+    for attempt in 0_u32.. {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.notifier.subscription() != Some(checks.subscription) {
+            return;
+        }
+        let backend = RedisBackend { inner };
+        let looked_up: Vec<_> = futures::stream::iter(pending)
+            .map(
+                |(lock_key, value, lost): (String, String, CancellationToken)| {
+                    let backend = &backend;
+                    async move {
+                        let mut call = RedisBackend::prepare(&scripts::INSPECT);
+                        call.0.key(&lock_key);
+                        let found = backend
+                            .invoke::<(i64, Option<String>)>("lease check", &call)
+                            .await;
+                        (lock_key, value, lost, found)
+                    }
+                },
+            )
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        drop(backend);
+        pending = Vec::new();
+        for (lock_key, value, lost, found) in looked_up {
+            match found {
+                Ok((_, held)) if held.as_deref() == Some(value.as_str()) => {}
+                Ok(_) => {
+                    tracing::debug!(key = %lock_key, "lease found gone after a resubscription");
+                    lost.cancel();
+                }
+                Err(_) => pending.push((lock_key, value, lost)),
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        tokio::time::sleep(retry.delay(attempt)).await;
     }
 }
 
@@ -445,6 +537,7 @@ impl fmt::Debug for RedisBackend {
             .field("endpoint", &self.inner.endpoint)
             .field("key_prefix", &self.inner.prefix)
             .field("persistence", &self.inner.persistence)
+            .field("eviction", &self.inner.eviction)
             .field("notifier", &self.inner.notifier)
             .finish_non_exhaustive()
     }
@@ -518,7 +611,8 @@ impl LockBackend for RedisBackend {
             .key(&keys.fence)
             .key(&keys.queue)
             .key(&keys.next)
-            .arg(expected.map(|f| f.to_string()).unwrap_or_default());
+            .arg(expected.map(|f| f.to_string()).unwrap_or_default())
+            .arg(keys::evict_channel(&self.inner.prefix));
         let (_fence, pttl, value): (i64, i64, Option<String>) =
             self.invoke("force_release", &call).await?;
         // The eviction happened: record it even if the old value is odd.

@@ -14,7 +14,9 @@ use crate::keys::{self, DEFAULT_PREFIX};
 /// existing [`redis::Client`], plus the lock options.
 ///
 /// URLs: `redis://[user[:password]@]host[:port][/db]`, `rediss://...` for TLS
-/// (feature `tls`, on by default), `redis+unix:///path`. A server whose
+/// (feature `tls`, on by default), `redis+unix:///path`; the query may add
+/// `allow_maxmemory_eviction=true` (see
+/// [`allow_maxmemory_eviction`](Self::allow_maxmemory_eviction)). A server whose
 /// certificate comes from a private CA, or that wants client certificates,
 /// needs [`tls_root_cert_pem`](Self::tls_root_cert_pem) and
 /// [`tls_client_identity_pem`](Self::tls_client_identity_pem). `Debug` never
@@ -38,6 +40,7 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) require_durable_fences: bool,
+    pub(crate) allow_maxmemory_eviction: bool,
     #[cfg(feature = "tls")]
     tls: crate::tls::Certificates,
 }
@@ -71,7 +74,11 @@ impl RedisConfig {
         })?;
         let client = redis::Client::open(info)
             .map_err(|e| LockError::config(format!("{} cannot be used: {e}", redact(url))))?;
-        Ok(Self::from_client(client))
+        let mut config = Self::from_client(client);
+        if let Some(allowed) = query_flag(url, ALLOW_EVICTION_PARAM)? {
+            config.allow_maxmemory_eviction = allowed;
+        }
+        Ok(config)
     }
 
     /// Uses an existing client (any connection info, TLS settings included)
@@ -84,6 +91,7 @@ impl RedisConfig {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             require_durable_fences: false,
+            allow_maxmemory_eviction: false,
             #[cfg(feature = "tls")]
             tls: Default::default(),
         }
@@ -123,6 +131,19 @@ impl RedisConfig {
     /// Off by default: the connection then logs a warning instead.
     pub fn require_durable_fences(mut self, required: bool) -> Self {
         self.require_durable_fences = required;
+        self
+    }
+
+    /// Connects even though the server may evict keys when memory runs
+    /// short (`maxmemory` set, `maxmemory-policy` other than `noeviction`),
+    /// which `connect` otherwise refuses: a held lock's key can then vanish
+    /// and a second client be granted the lock (and under `allkeys-*`
+    /// policies fence keys can vanish too). Fencing tokens still tell the
+    /// two holders apart. With this set, `capabilities().fence_durability`
+    /// names the policy and what it costs, and `connect` logs a warning.
+    /// The URL form is `?allow_maxmemory_eviction=true`. Off by default.
+    pub fn allow_maxmemory_eviction(mut self, allowed: bool) -> Self {
+        self.allow_maxmemory_eviction = allowed;
         self
     }
 
@@ -250,7 +271,8 @@ impl fmt::Debug for RedisConfig {
             .field("key_prefix", &self.key_prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
-            .field("require_durable_fences", &self.require_durable_fences);
+            .field("require_durable_fences", &self.require_durable_fences)
+            .field("allow_maxmemory_eviction", &self.allow_maxmemory_eviction);
         #[cfg(feature = "tls")]
         shown.field("tls_custom_root", &self.tls.has_root()).field(
             "tls_client_identity",
@@ -258,6 +280,34 @@ impl fmt::Debug for RedisConfig {
         );
         shown.finish()
     }
+}
+
+/// The URL query parameter of [`RedisConfig::allow_maxmemory_eviction`].
+const ALLOW_EVICTION_PARAM: &str = "allow_maxmemory_eviction";
+
+/// The value of boolean query parameter `name` in `url`, if present (the
+/// client ignores parameters it does not know).
+fn query_flag(url: &str, name: &str) -> Result<Option<bool>, LockError> {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    let mut found = None;
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != name {
+            continue;
+        }
+        found = Some(match value {
+            "true" => true,
+            "false" => false,
+            other => {
+                return Err(LockError::config(format!(
+                    "URL parameter {name}={:?} must be true or false",
+                    other.chars().take(32).collect::<String>()
+                )));
+            }
+        });
+    }
+    Ok(found)
 }
 
 /// The URL with its password replaced, for error messages.
@@ -327,6 +377,29 @@ mod tests {
                 .connect_timeout(Duration::MAX)
                 .validate()
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn the_eviction_opt_in_reads_from_the_url() {
+        let allowed = |url: &str| RedisConfig::from_url(url).map(|c| c.allow_maxmemory_eviction);
+        assert!(!allowed("redis://127.0.0.1").unwrap());
+        assert!(allowed("redis://127.0.0.1/2?allow_maxmemory_eviction=true").unwrap());
+        assert!(allowed("redis://127.0.0.1?protocol=resp2&allow_maxmemory_eviction=true").unwrap());
+        assert!(!allowed("redis://127.0.0.1?allow_maxmemory_eviction=false").unwrap());
+        assert!(allowed("redis+unix:///tmp/r.sock?db=1&allow_maxmemory_eviction=true").unwrap());
+        for bad in ["yes", "", "1", "TRUE"] {
+            let url = format!("redis://127.0.0.1?allow_maxmemory_eviction={bad}");
+            assert!(
+                matches!(allowed(&url), Err(LockError::InvalidConfig { .. })),
+                "{url}"
+            );
+        }
+        let config = RedisConfig::from_url("redis://127.0.0.1").unwrap();
+        assert!(
+            config
+                .allow_maxmemory_eviction(true)
+                .allow_maxmemory_eviction
         );
     }
 

@@ -7,15 +7,18 @@
 //! reply onto the wrong request: an acquire of one name could read the
 //! grant of another. The nonce turns that into an error instead.
 
+use std::future::Future;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lockcore::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, ScriptInvocation, Value};
+use redis::{AsyncConnectionConfig, ConnectionAddr, FromRedisValue, ScriptInvocation, Value};
+use tokio::time::Instant;
 
-use crate::error::{self, BACKEND};
+use crate::RedisConfig;
+use crate::error::{self, BACKEND, TcpProbe};
 
 /// A process-wide counter: nonces are unique among the requests any
 /// connection of this process has in flight.
@@ -24,6 +27,85 @@ static NONCE: AtomicU64 = AtomicU64::new(1);
 /// A fresh request nonce.
 pub(crate) fn nonce() -> String {
     NONCE.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+/// Opens the command connection. One plain attempt comes first, within
+/// the connect timeout: a failure retrying cannot fix (credentials,
+/// certificates) is reported at once, naming the server and the cause,
+/// instead of being retried into a timeout; then the connection manager
+/// (which retries transient failures) connects, within the connect
+/// timeout too.
+pub(crate) async fn open(
+    config: &RedisConfig,
+    endpoint: &str,
+    manager: ConnectionManagerConfig,
+) -> Result<ConnectionManager, LockError> {
+    // No timeout of the client's own: ours, below, explains itself.
+    let once = AsyncConnectionConfig::new()
+        .set_connection_timeout(None)
+        .set_response_timeout(Some(config.response_timeout));
+    let checked = config
+        .client
+        .get_multiplexed_async_connection_with_config(&once);
+    drop(within_connect_timeout(config, endpoint, checked).await?);
+    let connecting = config.client.get_connection_manager_with_config(manager);
+    within_connect_timeout(config, endpoint, connecting).await
+}
+
+/// Runs `connecting` within the connect timeout. If it is not done halfway
+/// through, a plain TCP connect goes beside it, so that running out of
+/// time can say why: nothing listens, nothing answers at all, or the port
+/// accepts but does not speak (plain text on a `rediss://` URL, a stalled
+/// server).
+async fn within_connect_timeout<T>(
+    config: &RedisConfig,
+    endpoint: &str,
+    connecting: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, LockError> {
+    let deadline = Instant::now() + config.connect_timeout;
+    tokio::pin!(connecting);
+    let halfway = Instant::now() + config.connect_timeout / 2;
+    if let Ok(outcome) = tokio::time::timeout_at(halfway, &mut connecting).await {
+        return outcome.map_err(|e| error::at_connect(endpoint, e));
+    }
+    let probe = tokio::spawn(probe_tcp(
+        config.client.get_connection_info().addr().clone(),
+        deadline,
+    ));
+    match tokio::time::timeout_at(deadline, connecting).await {
+        Ok(outcome) => {
+            probe.abort();
+            outcome.map_err(|e| error::at_connect(endpoint, e))
+        }
+        Err(_) => {
+            let found = probe.await.unwrap_or(TcpProbe::Unknown);
+            Err(error::connect_timed_out(
+                endpoint,
+                config.connect_timeout,
+                config.uses_tls(),
+                found,
+            ))
+        }
+    }
+}
+
+/// What a bare TCP connect to `addr` finds by `deadline`.
+async fn probe_tcp(addr: ConnectionAddr, deadline: Instant) -> TcpProbe {
+    let (host, port) = match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => (host, port),
+        _ => return TcpProbe::Unknown,
+    };
+    match tokio::time::timeout_at(
+        deadline,
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => TcpProbe::Accepted,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => TcpProbe::Refused,
+        Ok(Err(e)) => TcpProbe::Failed(e),
+        Err(_) => TcpProbe::Silent,
+    }
 }
 
 /// The connection lock commands go through, replaced after a timeout or a

@@ -1,16 +1,52 @@
-//! What a Redis restart keeps, and so what fencing survives it.
+//! What a Redis restart keeps, and what Redis drops when memory runs
+//! short: so what fencing and exclusion survive.
 
 use std::fmt;
 
 use redis::aio::ConnectionManager;
 
+/// The text of [`FENCE_ASSUMPTION`], for `concat!`.
+macro_rules! fence_assumption {
+    () => {
+        "fences survive any restart with `appendonly yes` + `appendfsync always`; \
+with `everysec`, RDB snapshots or no persistence, a lost or rolled-back counter restarts at the \
+server's clock in microseconds, so fences still grow unless the Redis host's clock stepped back \
+across the restart"
+    };
+}
+
 /// The assumption under which fencing tokens stay monotonic across a Redis
 /// restart (what [`Capabilities::fence_durability`](lockcore::Capabilities)
 /// reports).
-pub const FENCE_ASSUMPTION: &str = "fences survive any restart with `appendonly yes` + `appendfsync always`; \
-with `everysec`, RDB snapshots or no persistence, a lost or rolled-back counter restarts at the \
-server's clock in microseconds, so fences still grow unless the Redis host's clock stepped back \
-across the restart";
+pub const FENCE_ASSUMPTION: &str = fence_assumption!();
+
+/// What `fence_durability` says under an evicting `maxmemory-policy`
+/// that the user accepted, naming the policy.
+macro_rules! evicting {
+    (volatile $policy:literal) => {
+        concat!(
+            "maxmemory-policy ",
+            $policy,
+            " with a maxmemory limit (accepted with allow_maxmemory_eviction): when memory runs \
+short Redis evicts keys that carry a TTL, held lock keys included, so a second client can be \
+granted a lock that is still held (each holder has its own fence, and resources that check \
+fences refuse the older one); fence counters carry no TTL and stay; ",
+            fence_assumption!()
+        )
+    };
+    (allkeys $policy:literal) => {
+        concat!(
+            "maxmemory-policy ",
+            $policy,
+            " with a maxmemory limit (accepted with allow_maxmemory_eviction): when memory runs \
+short Redis evicts any key: held lock keys (a second client can be granted a lock that is still \
+held), fence counters (the next fence restarts at the server's clock in microseconds, so fences \
+grow only while that clock does not step back) and `fenced_apply` fence keys (an evicted one \
+accepts older tokens again); ",
+            fence_assumption!()
+        )
+    };
+}
 
 /// The server's persistence settings, read at connect with `CONFIG GET`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +113,167 @@ impl fmt::Display for Persistence {
             Persistence::Snapshots => f.write_str("RDB snapshots only"),
             Persistence::None => f.write_str("no persistence"),
             Persistence::Unknown(why) => write!(f, "unknown ({why})"),
+        }
+    }
+}
+
+/// What the server does when it runs out of memory, read at connect with
+/// `CONFIG GET maxmemory` and `maxmemory-policy`.
+///
+/// Under any policy but `noeviction`, Redis deletes keys to make room once
+/// `maxmemory` is reached: `volatile-*` policies pick among keys with a TTL,
+/// which every held lock key has; `allkeys-*` among all keys, fence keys
+/// included. Either way a lock can vanish while its holder still holds a
+/// valid lease, so `connect` refuses such a server unless
+/// [`RedisConfig::allow_maxmemory_eviction`](crate::RedisConfig::allow_maxmemory_eviction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Eviction {
+    /// `maxmemory 0`: no limit, nothing is evicted.
+    Unlimited,
+    /// A limit with `noeviction`: no key is ever dropped. At the limit,
+    /// new grants are refused with a retryable error; held locks renew
+    /// and release as usual.
+    Refuses {
+        /// The limit in bytes.
+        maxmemory: u64,
+    },
+    /// A limit with an evicting policy: keys can vanish before their TTL.
+    Evicts {
+        /// The limit in bytes.
+        maxmemory: u64,
+        /// The `maxmemory-policy`, e.g. `volatile-lru`.
+        policy: String,
+    },
+    /// The settings could not be read (`CONFIG` renamed or denied by ACL).
+    Unknown(String),
+}
+
+impl Eviction {
+    /// Whether Redis may delete lock or fence keys to make room.
+    pub fn evicts(&self) -> bool {
+        matches!(self, Eviction::Evicts { .. })
+    }
+
+    pub(crate) async fn probe(con: &mut ConnectionManager) -> Eviction {
+        let reply: Result<(Vec<String>, Vec<String>), _> = redis::pipe()
+            .cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory")
+            .cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(con)
+            .await;
+        let (limit, policy) = match reply {
+            Ok(r) => r,
+            Err(e) => return Eviction::Unknown(e.to_string()),
+        };
+        let value = |pair: &[String]| pair.get(1).cloned().unwrap_or_default();
+        let Ok(maxmemory) = value(&limit).parse::<u64>() else {
+            return Eviction::Unknown(format!("maxmemory = {:?}", value(&limit)));
+        };
+        match (maxmemory, value(&policy)) {
+            (0, _) => Eviction::Unlimited,
+            (maxmemory, policy) if policy == "noeviction" => Eviction::Refuses { maxmemory },
+            (maxmemory, policy) => Eviction::Evicts { maxmemory, policy },
+        }
+    }
+
+    /// Why and how to fix, for the connect error under an evicting policy.
+    pub(crate) fn refusal(&self, endpoint: &str) -> Option<String> {
+        let Eviction::Evicts { maxmemory, policy } = self else {
+            return None;
+        };
+        let victims = if policy.starts_with("volatile-") {
+            "keys with a TTL, and every held lock key has one"
+        } else {
+            "any key, held lock keys and fence keys included"
+        };
+        Some(format!(
+            "{endpoint} runs with maxmemory {maxmemory} bytes and maxmemory-policy {policy}: \
+             when memory runs short Redis evicts {victims}, so a second client could be granted \
+             a lock that is still held. Fix the server: `CONFIG SET maxmemory-policy noeviction` \
+             (a full server then refuses new locks instead of dropping held ones) or \
+             `CONFIG SET maxmemory 0`, and the same in redis.conf; or keep locks on a Redis of \
+             their own. To accept the risk: RedisConfig::allow_maxmemory_eviction(true), or \
+             `allow_maxmemory_eviction=true` in the URL's query"
+        ))
+    }
+
+    /// What `fence_durability` says: [`FENCE_ASSUMPTION`], or under an
+    /// evicting policy what that policy adds, naming it.
+    pub(crate) fn fence_assumption(&self) -> &'static str {
+        let Eviction::Evicts { policy, .. } = self else {
+            return FENCE_ASSUMPTION;
+        };
+        match policy.as_str() {
+            "volatile-lru" => evicting!(volatile "volatile-lru"),
+            "volatile-lfu" => evicting!(volatile "volatile-lfu"),
+            "volatile-random" => evicting!(volatile "volatile-random"),
+            "volatile-ttl" => evicting!(volatile "volatile-ttl"),
+            "allkeys-lru" => evicting!(allkeys "allkeys-lru"),
+            "allkeys-lfu" => evicting!(allkeys "allkeys-lfu"),
+            "allkeys-random" => evicting!(allkeys "allkeys-random"),
+            _ => evicting!(allkeys "(a policy this version does not know)"),
+        }
+    }
+}
+
+impl fmt::Display for Eviction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Eviction::Unlimited => f.write_str("no maxmemory limit"),
+            Eviction::Refuses { maxmemory } => {
+                write!(f, "maxmemory {maxmemory} bytes, noeviction")
+            }
+            Eviction::Evicts { maxmemory, policy } => {
+                write!(f, "maxmemory {maxmemory} bytes, {policy}")
+            }
+            Eviction::Unknown(why) => write!(f, "unknown ({why})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accepted_assumption_names_the_policy() {
+        for policy in [
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+        ] {
+            let eviction = Eviction::Evicts {
+                maxmemory: 1 << 20,
+                policy: policy.into(),
+            };
+            let text = eviction.fence_assumption();
+            assert!(
+                text.starts_with(&format!("maxmemory-policy {policy} ")),
+                "{text}"
+            );
+            assert!(text.ends_with(FENCE_ASSUMPTION), "{text}");
+            let refusal = eviction.refusal("redis://h:1").unwrap();
+            assert!(
+                refusal.contains(policy) && refusal.contains("noeviction"),
+                "{refusal}"
+            );
+        }
+        for safe in [
+            Eviction::Unlimited,
+            Eviction::Refuses { maxmemory: 1 },
+            Eviction::Unknown("denied".into()),
+        ] {
+            assert_eq!(safe.fence_assumption(), FENCE_ASSUMPTION);
+            assert_eq!(safe.refusal("redis://h:1"), None);
+            assert!(!safe.evicts());
         }
     }
 }

@@ -8,6 +8,7 @@
 //! <prefix>{<name>}:queue    waiters in line (zset), expires when nobody refreshes it
 //! <prefix>{<name>}:next     the waiter a free lock is reserved for, PX = its claim window
 //! <prefix>wake:<instance>   pub/sub channel of one backend instance (not a key)
+//! <prefix>evict             pub/sub channel announcing forced releases to holders
 //! ```
 //!
 //! In the name, `%`, `{` and `}` are percent-encoded (`%25`, `%7B`, `%7D`)
@@ -103,6 +104,11 @@ impl Keys {
             .strip_suffix('}')?;
         (!tag.is_empty() && !tag.contains(['{', '}'])).then(|| Self::of_lock(lock.to_owned()))
     }
+}
+
+/// The channel forced releases announce evictions on, for the holders.
+pub(crate) fn evict_channel(prefix: &str) -> String {
+    format!("{prefix}evict")
 }
 
 /// A fresh wake-up channel for one backend instance.

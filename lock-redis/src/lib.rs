@@ -20,7 +20,7 @@ mod tls;
 
 pub use backend::{MAX_TTL, RedisBackend};
 pub use config::RedisConfig;
-pub use durability::{FENCE_ASSUMPTION, Persistence};
+pub use durability::{Eviction, FENCE_ASSUMPTION, Persistence};
 pub use fenced::{Fenced, fenced_apply};
 
 /// The Redis client crate this adapter is built on, for

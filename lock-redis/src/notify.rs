@@ -1,13 +1,29 @@
-//! Wake-ups: one pub/sub connection per backend instance, subscribed to one
-//! channel of its own, shared by all its waits.
+//! Messages from the store: one pub/sub connection per backend instance,
+//! shared by all its waits and all its leases, whatever their number.
 //!
-//! A waiting acquire joins the name's line in Redis with a member naming
-//! this channel and a wait id (see `scripts/line.lua`). When the lock is
-//! released, or found free by anyone, the script pops the first waiter and
-//! publishes to that waiter's instance only: per hand-off one instance and
-//! one wait are woken, never a herd. A message for a wait that has already
-//! ended is handed back to the backend ([`Orphan`]), which passes the
-//! hand-off on to the next waiter.
+//! **Evictions.** From its first acquire attempt the instance is subscribed
+//! to the prefix's eviction channel, `<prefix>evict`. A forced release
+//! publishes `<lock key> <owner>:<fence>` there in the same script that
+//! deletes the lock; the instance holding that grant cancels the lease's
+//! loss signal, so its guard's `lost()` fires about one message after the
+//! eviction instead of at its next renewal. Leases are registered *before*
+//! their acquire is sent (by owner token, unique per attempt), so an
+//! eviction that follows a grant at once is not missed either. Messages
+//! published while the instance was not subscribed are lost; so whenever a
+//! subscription is (re-)established, every lease it holds is checked against
+//! the store (one read-only script each, 64 in flight) and the loss signal
+//! of any that no longer holds its lock fires. A subscription that dies
+//! without a word (a half-open TCP connection) is found by a `PING` every
+//! response timeout while anything is registered, and replaced.
+//!
+//! **Wake-ups.** Once something waits, the instance also subscribes to one
+//! channel of its own. A waiting acquire joins the name's line in Redis with
+//! a member naming this channel and a wait id (see `scripts/line.lua`). When
+//! the lock is released, or found free by anyone, the script pops the first
+//! waiter and publishes to that waiter's instance only: per hand-off one
+//! instance and one wait are woken, never a herd. A message for a wait that
+//! has already ended is handed back to the backend ([`Orphan`]), which
+//! passes the hand-off on to the next waiter.
 //!
 //! When the subscription connection drops, releases meanwhile find no
 //! subscriber and skip this instance's waiters; once it is back, every local
@@ -17,12 +33,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lockcore::LockError;
+use lockcore::{FencingToken, LockError, OwnerToken};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -36,10 +52,35 @@ const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 enum Link {
     /// Never connected yet: the first wait waits for it.
     Starting,
-    /// Subscribed.
-    Up,
+    /// Subscribed to the eviction channel, and to the wake-up channel once
+    /// `wake` is true.
+    Up {
+        /// The wake-up channel is subscribed too.
+        wake: bool,
+    },
     /// Lost; being re-established. Waits poll meanwhile.
     Down,
+}
+
+/// What the notifier hands to the backend, whose command connection it
+/// needs.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A wake-up for a wait that has ended.
+    Orphan(Orphan),
+    /// Leases to check against the store: evictions may have been
+    /// published while they were not heard.
+    Check(Checks),
+}
+
+/// Held leases to look up, and the subscription they were checked after.
+#[derive(Debug)]
+pub(crate) struct Checks {
+    /// The subscription established before the check; the check is moot
+    /// (and stops retrying) once it is gone: the next one checks again.
+    pub(crate) subscription: u64,
+    /// Each lease: its lock key, the value it holds there, its loss signal.
+    pub(crate) leases: Vec<(String, String, CancellationToken)>,
 }
 
 /// A wake-up that reached this instance for a wait that has ended: the
@@ -54,15 +95,41 @@ pub(crate) struct Orphan {
 
 pub(crate) struct Notifier {
     client: redis::Client,
+    /// Time to connect and subscribe.
     timeout: Duration,
-    /// This instance's channel: `<prefix>wake:<random>`.
+    /// Time a `PING` on the subscription may take, and the pause between two.
+    ping_every: Duration,
+    /// This instance's wake-up channel: `<prefix>wake:<random>`.
     channel: String,
+    /// The prefix's eviction channel: `<prefix>evict`.
+    evictions: String,
     waits: Mutex<HashMap<u64, Arc<Notify>>>,
+    holds: Mutex<Holds>,
     next_id: AtomicU64,
     link: watch::Sender<Link>,
-    orphans: mpsc::UnboundedSender<Orphan>,
+    /// A wait needs the wake-up channel; `wake_wanted` pokes the connection task.
+    wants_wake: AtomicBool,
+    wake_wanted: Notify,
+    events: mpsc::UnboundedSender<Event>,
     started: OnceLock<()>,
     shutdown: CancellationToken,
+}
+
+/// The leases this instance holds (or is acquiring), by owner token.
+#[derive(Default)]
+struct Holds {
+    leases: HashMap<OwnerToken, Held>,
+    /// The current subscription's number, while subscribed. Numbers grow
+    /// with every new subscription, so an unchanged number means "subscribed
+    /// all along".
+    subscription: Option<u64>,
+}
+
+struct Held {
+    lock_key: String,
+    /// Known once the grant's reply is in.
+    fence: Option<FencingToken>,
+    lost: CancellationToken,
 }
 
 impl fmt::Debug for Notifier {
@@ -70,6 +137,7 @@ impl fmt::Debug for Notifier {
         f.debug_struct("Notifier")
             .field("link", &*self.link.borrow())
             .field("waits", &self.lock().len())
+            .field("leases", &self.holds().leases.len())
             .finish()
     }
 }
@@ -103,26 +171,79 @@ impl Drop for Wait {
     }
 }
 
+/// One lease (or acquire attempt) listening for its eviction. Registered
+/// before the acquire is sent; kept in the granted lease (as its
+/// extension) and unregistered when the last copy of the lease is dropped.
+pub(crate) struct HoldWatch {
+    notifier: Arc<Notifier>,
+    owner: OwnerToken,
+    /// The subscription at registration, if any.
+    since: Option<u64>,
+    lost: CancellationToken,
+}
+
+impl HoldWatch {
+    /// The acquire was granted `fence`: the lease's loss signal. If the
+    /// instance was not subscribed all along since registration, an
+    /// eviction may have gone unheard: the lease is checked at once.
+    pub(crate) fn granted(&self, fence: FencingToken) -> CancellationToken {
+        let notifier = &self.notifier;
+        let mut holds = notifier.holds();
+        let subscription = holds.subscription;
+        if let Some(held) = holds.leases.get_mut(&self.owner) {
+            held.fence = Some(fence);
+            if let Some(subscription) = subscription
+                && self.since != Some(subscription)
+            {
+                let lease = (
+                    held.lock_key.clone(),
+                    format!("{}:{fence}", self.owner.encode()),
+                    self.lost.clone(),
+                );
+                drop(holds);
+                notifier.check(subscription, vec![lease]);
+            }
+        }
+        self.lost.clone()
+    }
+}
+
+impl Drop for HoldWatch {
+    fn drop(&mut self) {
+        self.notifier.holds().leases.remove(&self.owner);
+    }
+}
+
 impl Notifier {
-    /// A notifier for `channel`, and the receiver of its orphaned wake-ups.
+    /// A notifier with wake-up channel `channel` and eviction channel
+    /// `evictions`, and the receiver of what it hands to the backend.
+    /// Connecting and subscribing may take `timeout`; a `PING` may take
+    /// `ping_every`, and is sent that often while anything is registered.
     pub(crate) fn new(
         client: redis::Client,
         timeout: Duration,
+        ping_every: Duration,
         channel: String,
-    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Orphan>) {
-        let (orphans, orphaned) = mpsc::unbounded_channel();
+        evictions: String,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Event>) {
+        let (events, received) = mpsc::unbounded_channel();
         let notifier = Arc::new(Notifier {
             client,
             timeout,
+            ping_every,
             channel,
+            evictions,
             waits: Mutex::new(HashMap::new()),
+            holds: Mutex::new(Holds::default()),
             next_id: AtomicU64::new(1),
             link: watch::channel(Link::Starting).0,
-            orphans,
+            wants_wake: AtomicBool::new(false),
+            wake_wanted: Notify::new(),
+            events,
             started: OnceLock::new(),
             shutdown: CancellationToken::new(),
         });
-        (notifier, orphaned)
+        (notifier, received)
     }
 
     /// Stops the connection task; called when the backend is dropped.
@@ -136,23 +257,73 @@ impl Notifier {
         self.waits.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a wait once the channel is subscribed (connecting on first
-    /// use), so a wake-up published after this returns is never missed.
+    fn holds(&self) -> MutexGuard<'_, Holds> {
+        // As for `lock`: single inserts, removals and field updates.
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the connection task on first use.
+    fn start(self: &Arc<Self>) {
+        if self.started.set(()).is_ok() {
+            tokio::spawn(self.clone().run());
+        }
+    }
+
+    /// Registers an acquire attempt by `owner` on `lock_key`, before it is
+    /// sent, so that an eviction of its grant is heard (see [`HoldWatch`]).
+    pub(crate) fn watch_hold(self: &Arc<Self>, lock_key: &str, owner: OwnerToken) -> HoldWatch {
+        self.start();
+        let lost = CancellationToken::new();
+        let mut holds = self.holds();
+        holds.leases.insert(
+            owner,
+            Held {
+                lock_key: lock_key.to_owned(),
+                fence: None,
+                lost: lost.clone(),
+            },
+        );
+        HoldWatch {
+            notifier: self.clone(),
+            owner,
+            since: holds.subscription,
+            lost,
+        }
+    }
+
+    /// The current subscription's number, while subscribed.
+    pub(crate) fn subscription(&self) -> Option<u64> {
+        self.holds().subscription
+    }
+
+    fn check(&self, subscription: u64, leases: Vec<(String, String, CancellationToken)>) {
+        if !leases.is_empty() {
+            let _ = self.events.send(Event::Check(Checks {
+                subscription,
+                leases,
+            }));
+        }
+    }
+
+    /// Registers a wait once the wake-up channel is subscribed (connecting
+    /// on first use), so a wake-up published after this returns is never
+    /// missed.
     ///
     /// # Errors
     /// A retryable error while the subscription connection is down.
     pub(crate) async fn join(self: &Arc<Self>) -> Result<Wait, LockError> {
-        if self.started.set(()).is_ok() {
-            tokio::spawn(self.clone().run());
+        if !self.wants_wake.swap(true, Ordering::SeqCst) {
+            self.wake_wanted.notify_one();
         }
+        self.start();
         let mut link = self.link.subscribe();
         let ready = tokio::time::timeout(
             self.timeout,
-            link.wait_for(|l| !matches!(l, Link::Starting)),
+            link.wait_for(|l| matches!(l, Link::Up { wake: true } | Link::Down)),
         )
         .await;
         match ready {
-            Ok(Ok(link)) if *link == Link::Up => {}
+            Ok(Ok(link)) if *link == (Link::Up { wake: true }) => {}
             Ok(_) => return Err(link_down()),
             Err(_) => return Err(error::timed_out("pub/sub connect", self.timeout)),
         }
@@ -166,8 +337,8 @@ impl Notifier {
         })
     }
 
-    /// Handles one message, `<member> <lock key>`: wakes the wait it names,
-    /// or hands it back if that wait has ended.
+    /// Handles one message on the wake-up channel, `<member> <lock key>`:
+    /// wakes the wait it names, or hands it back if that wait has ended.
     fn dispatch(&self, payload: &str) {
         let Some((member, lock_key)) = payload.split_once(' ') else {
             return;
@@ -184,11 +355,34 @@ impl Notifier {
         match notify {
             Some(notify) => notify.notify_one(),
             None => {
-                let _ = self.orphans.send(Orphan {
+                let _ = self.events.send(Event::Orphan(Orphan {
                     member: member.to_owned(),
                     lock_key: lock_key.to_owned(),
-                });
+                }));
             }
+        }
+    }
+
+    /// Handles one message on the eviction channel, `<lock key>
+    /// <owner>:<fence>`: fires the loss signal of the lease it names, if
+    /// this instance holds it. (Names may contain spaces; the value cannot.)
+    fn evicted(&self, payload: &str) {
+        let Some((lock_key, value)) = payload.rsplit_once(' ') else {
+            return;
+        };
+        let Some((owner, fence)) = value.split_once(':') else {
+            return;
+        };
+        let (Some(owner), Ok(fence)) = (OwnerToken::decode(owner), fence.parse::<u64>()) else {
+            return;
+        };
+        let holds = self.holds();
+        let Some(held) = holds.leases.get(&owner) else {
+            return; // another instance's lease
+        };
+        if held.lock_key == lock_key && held.fence.is_none_or(|f| f.get() == fence) {
+            tracing::debug!(key = lock_key, fence, "lease evicted by a forced release");
+            held.lost.cancel();
         }
     }
 
@@ -199,22 +393,51 @@ impl Notifier {
         }
     }
 
-    async fn subscribe(&self) -> redis::RedisResult<redis::aio::PubSub> {
+    /// Whether anything listens: then the subscription is watched with `PING`.
+    fn in_use(&self) -> bool {
+        !self.holds().leases.is_empty() || !self.lock().is_empty()
+    }
+
+    /// Subscription `number` is up: every lease granted so far may have
+    /// missed its eviction message, so each is checked against the store.
+    fn subscribed(&self, number: u64, wake: bool) {
+        let mut holds = self.holds();
+        holds.subscription = Some(number);
+        let leases = holds
+            .leases
+            .iter()
+            .filter(|(_, held)| !held.lost.is_cancelled())
+            .filter_map(|(owner, held)| {
+                let value = format!("{}:{}", owner.encode(), held.fence?);
+                Some((held.lock_key.clone(), value, held.lost.clone()))
+            })
+            .collect();
+        drop(holds);
+        self.check(number, leases);
+        self.link.send_replace(Link::Up { wake });
+    }
+
+    async fn connect(&self, wake: bool) -> redis::RedisResult<redis::aio::PubSub> {
         let mut pubsub = self.client.get_async_pubsub().await?;
-        pubsub.subscribe(&self.channel).await?;
+        let mut channels = vec![self.evictions.as_str()];
+        if wake {
+            channels.push(&self.channel);
+        }
+        pubsub.subscribe(channels).await?;
         Ok(pubsub)
     }
 
     /// Keeps the subscription connection up until shutdown.
     async fn run(self: Arc<Self>) {
-        let mut connections: u64 = 0;
+        let mut subscriptions: u64 = 0;
         let mut failures: u32 = 0;
         loop {
-            let subscribed = tokio::select! {
+            let mut wake = self.wants_wake.load(Ordering::SeqCst);
+            let connected = tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                s = tokio::time::timeout(self.timeout, self.subscribe()) => s,
+                s = tokio::time::timeout(self.timeout, self.connect(wake)) => s,
             };
-            let mut pubsub = match subscribed {
+            let pubsub = match connected {
                 Ok(Ok(pubsub)) => pubsub,
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "redis pub/sub subscribe failed");
@@ -227,20 +450,48 @@ impl Notifier {
                     continue;
                 }
             };
-            connections += 1;
+            subscriptions += 1;
             failures = 0;
-            self.link.send_replace(Link::Up);
-            if connections > 1 {
+            self.subscribed(subscriptions, wake);
+            if subscriptions > 1 {
                 self.wake_all();
             }
-            let mut messages = pubsub.on_message();
+            let (mut sink, mut messages) = pubsub.split();
+            let mut ping = tokio::time::interval(self.ping_every);
+            ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = self.shutdown.cancelled() => return,
                     msg = messages.next() => match msg {
-                        Some(msg) => self.dispatch(&String::from_utf8_lossy(msg.get_payload_bytes())),
+                        Some(msg) => {
+                            let payload = String::from_utf8_lossy(msg.get_payload_bytes());
+                            if msg.get_channel_name() == self.evictions {
+                                self.evicted(&payload);
+                            } else {
+                                self.dispatch(&payload);
+                            }
+                        }
                         None => break,
                     },
+                    _ = self.wake_wanted.notified(), if !wake => {
+                        match tokio::time::timeout(self.timeout, sink.subscribe(&self.channel)).await {
+                            Ok(Ok(())) => {
+                                wake = true;
+                                self.link.send_replace(Link::Up { wake });
+                            }
+                            _ => break,
+                        }
+                    }
+                    _ = ping.tick() => {
+                        if !self.in_use() {
+                            continue;
+                        }
+                        let pong = tokio::time::timeout(self.ping_every, sink.ping::<redis::Value>()).await;
+                        if !matches!(pong, Ok(Ok(_))) {
+                            tracing::debug!("redis pub/sub connection does not answer PING");
+                            break;
+                        }
+                    }
                 }
             }
             tracing::debug!("redis pub/sub connection lost; reconnecting");
@@ -250,8 +501,10 @@ impl Notifier {
 
     /// Marks the link down and pauses before the next attempt. Registered
     /// waits keep sleeping (bounded by their re-check) and are all woken
-    /// once the link is back; new ones poll until then.
+    /// once the link is back; new ones poll until then. Leases are checked
+    /// once the link is back.
     async fn link_down(&self, failures: &mut u32) {
+        self.holds().subscription = None;
         self.link.send_replace(Link::Down);
         let delay = Duration::from_millis(50)
             .saturating_mul(1 << (*failures).min(5))

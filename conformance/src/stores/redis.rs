@@ -36,6 +36,9 @@ pub struct Options {
     pub persistence: Persistence,
     /// TLS only, no plaintext port; default off.
     pub tls: Option<Tls>,
+    /// More `redis-server` arguments, after the launcher's own (a later
+    /// setting wins); default none.
+    pub server_args: Vec<String>,
 }
 
 impl Options {
@@ -43,13 +46,19 @@ impl Options {
     pub fn durable() -> Self {
         Options {
             persistence: Persistence::AofAlways,
-            tls: None,
+            ..Options::default()
         }
     }
 
     /// Sets the persistence.
     pub fn persistence(mut self, persistence: Persistence) -> Self {
         self.persistence = persistence;
+        self
+    }
+
+    /// Appends `redis-server` arguments, e.g. `["--maxmemory", "2mb"]`.
+    pub fn server_args<S: Into<String>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.server_args.extend(args.into_iter().map(Into::into));
         self
     }
 
@@ -142,6 +151,7 @@ pub fn start(options: Options) -> io::Result<Store> {
         let log = data.join("redis.log");
         let program = program.clone();
         let persistence = options.persistence;
+        let server_args = options.server_args.clone();
         let tls_args = match &options.tls {
             Some(tls) => Some(tls.args(&data)?),
             None => None,
@@ -174,6 +184,7 @@ pub fn start(options: Options) -> io::Result<Store> {
                     cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"])
                 }
             };
+            cmd.args(&server_args);
             cmd
         };
         let tls = options.tls.is_some();

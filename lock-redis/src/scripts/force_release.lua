@@ -1,9 +1,11 @@
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next.
--- ARGV[1] request nonce, ARGV[2] the fence to evict ('' for any holder).
+-- ARGV[1] request nonce, ARGV[2] the fence to evict ('' for any holder),
+-- ARGV[3] the eviction channel.
 -- Evicts whoever holds the lock (with ARGV[2], only the holder of that
 -- fence; otherwise nothing changes) and advances the fence, so the next grant
--- and any resource that saw the bump refuse the evicted holder; then wakes
--- the first waiter in line.
+-- and any resource that saw the bump refuse the evicted holder; tells the
+-- holder by publishing "<lock key> <evicted value>" on ARGV[3] (delivered
+-- once the script is done); then wakes the first waiter in line.
 -- Returns {nonce, new fence, evicted's remaining ms, evicted value or nil}.
 local value = redis.call('GET', KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
@@ -11,6 +13,9 @@ if ARGV[2] ~= '' and (not value or string.match(value, ':(%d+)$') ~= ARGV[2]) th
   return {ARGV[1], 0, pttl, false}
 end
 if value then
+  -- First, so that a channel the ACL denies fails the script before it
+  -- changes anything.
+  redis.call('PUBLISH', ARGV[3], KEYS[1] .. ' ' .. value)
   redis.call('DEL', KEYS[1])
 end
 local fence = next_fence(KEYS[2])

@@ -1,0 +1,92 @@
+//! Shared setup for the focused test files: private servers, raw
+//! connections, unique names, and timing bounds derived from what the
+//! backend declares and a measured round trip.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use lock_conformance::stores::Store;
+use lock_conformance::stores::redis::{self as launcher, Options};
+use lock_redis::RedisBackend;
+use lock_redis::redis;
+use lockcore::{Attempt, Lease, LockBackend, LockName};
+use tokio::time::Instant;
+
+/// `LOCK_TEST_TIME_SCALE` (default 1.0), which stretches every timing.
+pub fn time_scale() -> f64 {
+    std::env::var("LOCK_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(1.0)
+}
+
+/// `d` stretched by the time scale.
+pub fn scaled(d: Duration) -> Duration {
+    d.mul_f64(time_scale())
+}
+
+/// A lock name no other test (or rerun) uses.
+pub fn unique(what: &str) -> LockName {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    LockName::new(format!(
+        "redis-tests/{what}/{nanos:x}-{}",
+        std::process::id()
+    ))
+    .unwrap()
+}
+
+/// A private `redis-server` of this test, to configure, kill or restart.
+pub async fn private(options: Options) -> Store {
+    tokio::task::spawn_blocking(move || launcher::start(options))
+        .await
+        .expect("launcher thread")
+        .expect("redis-server must be installed (apt-get install redis-server)")
+}
+
+/// A plain connection, to look at (or tamper with) what the backend wrote.
+pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+/// Takes `name` at once (it must be free) and returns the lease.
+pub async fn take(backend: &RedisBackend, name: &LockName, ttl: Duration) -> Lease {
+    match backend.try_acquire(name, ttl).await.expect("try_acquire") {
+        Attempt::Acquired(lease) => lease,
+        Attempt::Held { .. } => panic!("{name} should be free"),
+    }
+}
+
+/// An allowance for one round trip to `backend`'s server on this machine,
+/// as the conformance suite computes it: four times the slowest of five
+/// `inspect` calls, plus 100 ms, scaled.
+pub async fn round_trip(backend: &RedisBackend) -> Duration {
+    let probe = unique("round-trip");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        backend.inspect(&probe).await.expect("inspect");
+        slowest = slowest.max(started.elapsed());
+    }
+    scaled(slowest * 4 + Duration::from_millis(100))
+}
+
+/// Connections of `type` (e.g. `pubsub`) the server has open.
+pub async fn clients_of_type(con: &redis::aio::MultiplexedConnection, kind: &str) -> usize {
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg(kind)
+        .query_async(&mut con.clone())
+        .await
+        .unwrap();
+    clients.lines().count()
+}
