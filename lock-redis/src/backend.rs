@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use lockcore::backend::{LockRequest, Moment, Ttl, WaitPolicy};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
-    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
+    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -268,7 +269,7 @@ impl RedisBackend {
         &self,
         name: &LockName,
         keys: &Keys,
-        ttl: Duration,
+        ttl: Ttl,
         owner: OwnerToken,
         line: Option<(&str, Duration)>,
     ) -> Result<Attempt, LockError> {
@@ -280,12 +281,12 @@ impl RedisBackend {
             .key(&keys.queue)
             .key(&keys.next)
             .arg(owner.encode())
-            .arg(ttl.as_millis() as u64)
+            .arg(ttl.as_millis_ceil())
             .arg(member)
             .arg(linger.as_millis() as u64);
         // Listening for an eviction of this grant starts before it exists.
         let watch = self.inner.notifier.watch_hold(&keys.lock, owner);
-        let sent_at = Instant::now();
+        let sent_at = Moment::now();
         let acquired = self
             .inner
             .commands
@@ -295,7 +296,12 @@ impl RedisBackend {
             Ok(reply) => reply,
             Err((e, maybe_ran)) => {
                 if maybe_ran {
-                    self.leave_later(keys.clone(), String::new(), Some(owner), sent_at + ttl);
+                    self.leave_later(
+                        keys.clone(),
+                        String::new(),
+                        Some(owner),
+                        sent_at.mono() + ttl.get(),
+                    );
                 }
                 return Err(e);
             }
@@ -549,23 +555,29 @@ impl LockBackend for RedisBackend {
         self.inner.caps.clone()
     }
 
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        let ttl = self.inner.caps.effective_ttl(ttl)?;
-        self.attempt(name, &self.keys(name), ttl, OwnerToken::new(), None)
-            .await
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let name = request.name();
+        self.attempt(
+            name,
+            &self.keys(name),
+            request.ttl(),
+            OwnerToken::new(),
+            None,
+        )
+        .await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let ttl = self.inner.caps.effective_ttl(lease.ttl())?;
+        let ttl = lease.ttl();
         let keys = self.keys(lease.name());
         let mut call = Self::prepare(&scripts::RENEW);
         call.0
             .key(&keys.lock)
             .arg(lease_value(lease))
             .arg(ttl.as_millis() as u64);
-        let sent_at = Instant::now();
+        let sent_at = Moment::now();
         match self.invoke::<(i64,)>("renew", &call).await? {
-            (1,) => Ok(lease.renewed(ttl, sent_at)),
+            (1,) => Ok(lease.renewed(sent_at)),
             _ => Err(LockError::NotHeld {
                 name: lease.name().clone(),
             }),
@@ -634,18 +646,17 @@ impl LockBackend for RedisBackend {
     /// line, and no barging: a free lock goes to whoever heads the line).
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        let ttl = self.inner.caps.effective_ttl(ttl)?;
-        let window = ttl.min(self.inner.claim_window);
+        let (name, ttl) = (request.name(), request.ttl());
+        let window = ttl.get().min(self.inner.claim_window);
         // A waiter re-attempts at least every `recheck`; its entry outlives that.
         let linger = wait.recheck.min(MAX_TTL) + self.inner.op_timeout;
         let mut line = InLine {
             backend: self.clone(),
             keys: self.keys(name),
-            ttl,
+            ttl: ttl.get(),
             wait: None,
             member: String::new(),
             joined: false,
@@ -720,7 +731,9 @@ mod tests {
             LockName::new("n").unwrap(),
             OwnerToken::new(),
             FencingToken::new(1_795_940_012_062_115).unwrap(),
-            Duration::from_secs(1),
+            Capabilities::new("test")
+                .effective_ttl(Duration::from_secs(1))
+                .unwrap(),
             Instant::now(),
         );
         let value = lease_value(&lease);

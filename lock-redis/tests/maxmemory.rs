@@ -11,6 +11,7 @@ use std::time::Duration;
 use lock_conformance::stores::redis::{Options, Persistence};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Eviction, FENCE_ASSUMPTION, Fenced, RedisBackend, RedisConfig};
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, FenceDurability, LockBackend, LockError, Locker};
 use support::{private, raw, unique};
 
@@ -319,7 +320,7 @@ async fn expected_violation_an_evicted_lock_key_gives_two_holders() {
     // Some memory comes back; the name looks free.
     let fillers: Vec<String> = (0..filled).map(|i| format!("filler:{i}")).collect();
     let () = con.del(&fillers).await.unwrap();
-    let lease = match second.try_acquire(&name, LONG).await.unwrap() {
+    let lease = match second.try_acquire_for(&name, LONG).await.unwrap() {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("the evicted lock should look free"),
     };
@@ -364,7 +365,7 @@ async fn a_full_noeviction_server_drops_nothing() {
     let url = store.url();
     let backend = RedisBackend::connect(&url).await.unwrap();
     let (name, new) = (unique("held"), unique("new"));
-    let held = match backend.try_acquire(&name, LONG).await.unwrap() {
+    let held = match backend.try_acquire_for(&name, LONG).await.unwrap() {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => unreachable!("a fresh name is free"),
     };
@@ -379,7 +380,7 @@ async fn a_full_noeviction_server_drops_nothing() {
     // Full: the limit is now below what the server uses.
     let () = set_limit("1").query_async(&mut con).await.unwrap();
 
-    let refused = backend.try_acquire(&new, LONG).await.unwrap_err();
+    let refused = backend.try_acquire_for(&new, LONG).await.unwrap_err();
     assert!(refused.is_retryable(), "memory can come back: {refused:?}");
     assert!(refused.to_string().contains("OOM"), "{refused}");
     let renewed = backend.renew(&held).await.expect("the holder renews");
@@ -394,6 +395,6 @@ async fn a_full_noeviction_server_drops_nothing() {
     );
 
     let () = set_limit(LIMIT).query_async(&mut con).await.unwrap();
-    let granted = backend.try_acquire(&new, LONG).await.unwrap();
+    let granted = backend.try_acquire_for(&new, LONG).await.unwrap();
     assert!(matches!(granted, Attempt::Acquired(_)), "{granted:?}");
 }

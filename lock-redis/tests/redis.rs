@@ -15,6 +15,7 @@ use lock_conformance::stores::redis::{self as launcher, Options, Persistence as 
 use lock_conformance::stores::{Store, until};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Fenced, MAX_TTL, Persistence, RedisBackend, RedisConfig, fenced_apply};
+use lockcore::backend::LockBackendExt;
 use lockcore::{
     Attempt, Backoff, FencingToken, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
 };
@@ -54,7 +55,11 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 }
 
 async fn acquire(backend: &RedisBackend, name: &LockName, ttl: Duration) -> lockcore::Lease {
-    match backend.try_acquire(name, ttl).await.expect("try_acquire") {
+    match backend
+        .try_acquire_for(name, ttl)
+        .await
+        .expect("try_acquire")
+    {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
     }
@@ -251,7 +256,7 @@ async fn ttls_are_capped_and_rounded_before_any_io() {
         Duration::from_millis(9_223_372_036_854_775),
         Duration::MAX,
     ] {
-        let outcome = backend.try_acquire(&lock, bad).await;
+        let outcome = backend.try_acquire_for(&lock, bad).await;
         assert!(
             matches!(outcome, Err(LockError::InvalidTtl { .. })),
             "{bad:?}: {outcome:?}"
@@ -266,7 +271,7 @@ async fn ttls_are_capped_and_rounded_before_any_io() {
     );
     let lease = loop {
         // A 2 ms lease may already be gone; wait for it and take the name with the longest TTL.
-        match backend.try_acquire(&lock, MAX_TTL).await.unwrap() {
+        match backend.try_acquire_for(&lock, MAX_TTL).await.unwrap() {
             Attempt::Acquired(l) => break l,
             Attempt::Held { .. } => tokio::time::sleep(Duration::from_millis(2)).await,
         }
@@ -520,7 +525,7 @@ async fn a_cancelled_wait_passes_its_reservation_on() {
     let holder = RedisBackend::connect(&url).await.unwrap();
     let lock = name("cancel-reserved");
     let lease = acquire(&holder, &lock, LONG).await;
-    let cancel = lockcore::CancellationToken::new();
+    let cancel = lockcore::backend::CancellationToken::new();
     let first = tokio::spawn({
         let (locker, lock, cancel) = (
             patient(RedisBackend::connect(&url).await.unwrap()),
@@ -551,7 +556,7 @@ async fn a_cancelled_wait_passes_its_reservation_on() {
         .await
         .unwrap();
     assert!(matches!(
-        holder.try_acquire(&lock, LONG).await.unwrap(),
+        holder.try_acquire_for(&lock, LONG).await.unwrap(),
         Attempt::Held { .. }
     ));
 
@@ -621,7 +626,7 @@ async fn a_hung_waiter_holds_a_hand_off_for_its_claim_window_only() {
     holder.release(&lease).await.unwrap();
     // Reserved: free, yet nobody else may take it.
     assert_eq!(holder.inspect(&lock).await.unwrap(), None);
-    match holder.try_acquire(&lock, LONG).await.unwrap() {
+    match holder.try_acquire_for(&lock, LONG).await.unwrap() {
         Attempt::Held { expires_in } => assert!(
             expires_in.is_some_and(|d| d <= WINDOW),
             "a reservation reports when it lapses: {expires_in:?}"
@@ -667,7 +672,7 @@ async fn waits_that_end_leave_the_line() {
                 .await
         }
     });
-    let cancel = lockcore::CancellationToken::new();
+    let cancel = lockcore::backend::CancellationToken::new();
     let cancelled = tokio::spawn({
         let (locker, lock, cancel) = (lockers[1].clone(), lock.clone(), cancel.clone());
         async move { locker.acquire_cancellable(&lock, &cancel).await }
@@ -835,7 +840,7 @@ async fn a_lost_acquire_reply_leaves_no_phantom_holder() {
     cut.release(&warm).await.unwrap();
 
     proxy.set(Mode::DropDownstream);
-    let outcome = cut.try_acquire(&lock, LONG).await;
+    let outcome = cut.try_acquire_for(&lock, LONG).await;
     assert!(
         matches!(&outcome, Err(e) if e.is_retryable()),
         "a lost reply is a retryable error: {outcome:?}"
@@ -958,7 +963,7 @@ async fn passwords_and_acl_users() {
     )
     .await
     .unwrap();
-    let denied = outside.try_acquire(&lock, LONG).await;
+    let denied = outside.try_acquire_for(&lock, LONG).await;
     assert!(matches!(denied, Err(LockError::Store { .. })), "{denied:?}");
 }
 
@@ -1056,7 +1061,7 @@ async fn a_foreign_value_under_the_prefix_is_an_error_not_a_panic() {
         Err(LockError::Store { .. })
     ));
     assert!(matches!(
-        backend.try_acquire(&lock, LONG).await,
+        backend.try_acquire_for(&lock, LONG).await,
         Ok(Attempt::Held { .. })
     ));
     let evicted = backend.evict(&lock, None).await.unwrap();

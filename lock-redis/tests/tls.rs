@@ -11,6 +11,7 @@ use lock_conformance::stores::Store;
 use lock_conformance::stores::pki::TestCa;
 use lock_conformance::stores::redis::{self as launcher, Options, Tls};
 use lock_redis::{RedisBackend, RedisConfig};
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
 /// Short, so a refused connection fails fast.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -75,7 +76,7 @@ async fn lock_cycle(backend: &RedisBackend) {
     ))
     .unwrap();
     let ttl = Duration::from_secs(10);
-    let Attempt::Acquired(first) = backend.try_acquire(&name, ttl).await.unwrap() else {
+    let Attempt::Acquired(first) = backend.try_acquire_for(&name, ttl).await.unwrap() else {
         panic!("{name} is fresh, so free");
     };
     let renewed = backend.renew(&first).await.unwrap();
@@ -85,14 +86,14 @@ async fn lock_cycle(backend: &RedisBackend) {
         "renew keeps the grant's fence"
     );
     assert!(matches!(
-        backend.try_acquire(&name, ttl).await.unwrap(),
+        backend.try_acquire_for(&name, ttl).await.unwrap(),
         Attempt::Held { .. }
     ));
     assert_eq!(
         backend.release(&renewed).await.unwrap(),
         ReleaseOutcome::Released
     );
-    let Attempt::Acquired(second) = backend.try_acquire(&name, ttl).await.unwrap() else {
+    let Attempt::Acquired(second) = backend.try_acquire_for(&name, ttl).await.unwrap() else {
         panic!("{name} was released, so free");
     };
     assert!(

@@ -10,6 +10,7 @@ use lock_conformance::stores::Store;
 use lock_conformance::stores::redis::{self as launcher, Options};
 use lock_redis::RedisBackend;
 use lock_redis::redis;
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, Lease, LockBackend, LockName};
 use tokio::time::Instant;
 
@@ -59,7 +60,11 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 
 /// Takes `name` at once (it must be free) and returns the lease.
 pub async fn take(backend: &RedisBackend, name: &LockName, ttl: Duration) -> Lease {
-    match backend.try_acquire(name, ttl).await.expect("try_acquire") {
+    match backend
+        .try_acquire_for(name, ttl)
+        .await
+        .expect("try_acquire")
+    {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
     }
