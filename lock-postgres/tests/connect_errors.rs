@@ -52,7 +52,11 @@ async fn closed_port_says_connection_refused_at_once() {
     assert!(err.is_retryable(), "a refused connection may heal: {err:?}");
     assert!(text.contains("refused"), "the cause must be named: {text}");
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
-    assert!(took <= bound(), "took {took:?}, bound {:?}: {text}", bound());
+    assert!(
+        took <= bound(),
+        "took {took:?}, bound {:?}: {text}",
+        bound()
+    );
 }
 
 #[tokio::test]
@@ -100,7 +104,11 @@ async fn wrong_password_and_missing_database_are_named_quickly() {
     assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     assert!(text.contains("password authentication failed"), "{text}");
     assert!(!text.contains("wrong-pw"), "never the password: {text}");
-    assert!(took <= bound(), "took {took:?}, bound {:?}: {text}", bound());
+    assert!(
+        took <= bound(),
+        "took {took:?}, bound {:?}: {text}",
+        bound()
+    );
 
     let (err, took) = failed_connect(&format!("postgres://locker:right-pw@{addr}/nowhere")).await;
     let text = err.to_string();
@@ -109,7 +117,11 @@ async fn wrong_password_and_missing_database_are_named_quickly() {
         text.contains("database \"nowhere\" does not exist"),
         "{text}"
     );
-    assert!(took <= bound(), "took {took:?}, bound {:?}: {text}", bound());
+    assert!(
+        took <= bound(),
+        "took {took:?}, bound {:?}: {text}",
+        bound()
+    );
 }
 
 /// A server that accepts the connection but never answers is reported
@@ -123,6 +135,10 @@ async fn silent_server_times_out_at_the_connect_timeout() {
     assert!(err.is_retryable(), "{err:?}");
     assert!(text.contains(&format!("{CONNECT_TIMEOUT:?}")), "{text}");
     assert!(took >= CONNECT_TIMEOUT, "{took:?}");
-    assert!(took <= bound(), "took {took:?}, bound {:?}: {text}", bound());
+    assert!(
+        took <= bound(),
+        "took {took:?}, bound {:?}: {text}",
+        bound()
+    );
     drop(silent);
 }

@@ -23,10 +23,7 @@ fn scale() -> f64 {
 }
 
 fn prefix() -> String {
-    format!(
-        "evict/{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
+    format!("evict/{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
 }
 
 fn with_app(url: &str, app: &str) -> String {
@@ -150,13 +147,14 @@ async fn ten_thousand_holders_share_one_listener() {
     const LOCKS: usize = 10_000;
     const POOL: u32 = 8;
     let url = postgres::shared().url();
-    let app = format!("holders-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let holder = PostgresBackend::connect(&format!(
-        "{}&lock_pool_size={POOL}",
-        with_app(&url, &app)
-    ))
-    .await
-    .unwrap();
+    let app = format!(
+        "holders-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let holder =
+        PostgresBackend::connect(&format!("{}&lock_pool_size={POOL}", with_app(&url, &app)))
+            .await
+            .unwrap();
     let admin = PostgresBackend::connect(&url).await.unwrap();
     let prefix = prefix();
     let names: Vec<LockName> = (0..LOCKS)
@@ -195,7 +193,9 @@ async fn ten_thousand_holders_share_one_listener() {
     );
 
     let victim = &leases[LOCKS / 2];
-    let lost = victim.loss_signal().expect("held leases carry a loss signal");
+    let lost = victim
+        .loss_signal()
+        .expect("held leases carry a loss signal");
     admin.evict(victim.name(), None).await.unwrap().unwrap();
     tokio::time::timeout(bound, lost.cancelled())
         .await

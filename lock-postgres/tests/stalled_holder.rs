@@ -55,7 +55,10 @@ async fn round_trip(client: &PostgresBackend) -> Duration {
 /// slack + a round trip of the holder's grant.
 async fn waiter_gets_the_lock_at_expiry(holder: &PostgresBackend, stall: impl FnOnce()) {
     let url = postgres::shared().url();
-    let app = format!("stalled-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let app = format!(
+        "stalled-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
     let waiter = PostgresBackend::connect(&with_app(&url, &app))
         .await
         .unwrap();

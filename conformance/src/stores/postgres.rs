@@ -354,8 +354,7 @@ pub(crate) fn probe(addr: SocketAddr, timeout: Duration) -> io::Result<bool> {
 
 static SHARED: SharedSlot = SharedSlot::new();
 static CONFIGURED: SharedSlot = SharedSlot::new();
-static CONFIGURED_SETTINGS: std::sync::OnceLock<Vec<(String, String)>> =
-    std::sync::OnceLock::new();
+static CONFIGURED_SETTINGS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
 /// The PostgreSQL of this test binary (default options), or the server named
 /// by `LOCK_TEST_POSTGRES_URL`.
@@ -403,7 +402,10 @@ where
 ///
 /// # Panics
 /// When called again in the same binary with different settings.
-pub fn factory_with_settings<F, Fut, B>(settings: &[(&str, &str)], connect: F) -> super::StoreFactory
+pub fn factory_with_settings<F, Fut, B>(
+    settings: &[(&str, &str)],
+    connect: F,
+) -> super::StoreFactory
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
@@ -424,7 +426,11 @@ where
     }
     super::factory(
         Kind::Postgres,
-        || super::shared_store(Kind::Postgres, &CONFIGURED, || start(configured(Options::default()))),
+        || {
+            super::shared_store(Kind::Postgres, &CONFIGURED, || {
+                start(configured(Options::default()))
+            })
+        },
         || start(configured(Options::default().faketime(true))),
         connect,
     )
