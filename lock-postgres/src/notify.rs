@@ -645,12 +645,23 @@ impl Listener {
         let names: Vec<&str> = grants.iter().map(|(_, n, _)| n.as_str()).collect();
         let owners: Vec<Uuid> = grants.iter().map(|(o, _, _)| *o).collect();
         let fences: Vec<i64> = grants.iter().map(|(_, _, f)| *f).collect();
-        let query = sqlx::query_scalar::<_, Uuid>(&self.config.gone)
-            .bind(names)
-            .bind(owners)
-            .bind(fences)
-            .fetch_all(&self.config.pool);
-        match tokio::time::timeout(self.config.connect_timeout, query).await {
+        let query = async {
+            let mut conn = self.config.pool.acquire().await?;
+            let gone = sqlx::query_scalar::<_, Uuid>(&self.config.gone)
+                .bind(names)
+                .bind(owners)
+                .bind(fences)
+                .fetch_all(&mut *conn);
+            match tokio::time::timeout(self.config.connect_timeout, gone).await {
+                Ok(result) => result,
+                Err(_) => {
+                    // Its reply may still come: never pool the connection.
+                    conn.close_on_drop();
+                    Err(sqlx::Error::PoolTimedOut)
+                }
+            }
+        };
+        match tokio::time::timeout(self.config.connect_timeout * 2, query).await {
             Ok(Ok(gone)) => {
                 self.shared.checked(epoch, &grants, &gone);
                 self.checked = wanted;

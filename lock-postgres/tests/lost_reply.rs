@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{eventually, postgres};
+use lock_conformance::stores::{eventually, postgres, until};
 use lock_postgres::PostgresBackend;
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
 use tokio::time::Instant;
@@ -30,12 +30,34 @@ fn lock_name(s: &str) -> LockName {
 /// Opens a pooled connection and prepares the acquire statement on it, so
 /// a later acquire is sent in one go (sqlx would otherwise wait for the
 /// reply to its Parse first, and a lost reply would mean nothing ran).
+/// Then waits until the backend's background work on its single pooled
+/// connection is over (its first grant starts the eviction LISTEN, and a
+/// check of that grant), so nothing else is in flight when replies drop.
 async fn warm_up(client: &PostgresBackend) {
     let name = lock_name("warm-up");
+    let lease = match client.try_acquire(&name, Duration::from_secs(5)).await {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!("the free lock: {other:?}"),
+    };
+    until(Duration::from_secs(10), "the eviction LISTEN", || async {
+        format!("{client:?}").contains("listening_for_evictions: true")
+    })
+    .await;
+    client.release(&lease).await.unwrap();
+    // Again, on the one connection (the check is over once it is free):
+    // the acquire statement is prepared on it.
     match client.try_acquire(&name, Duration::from_secs(5)).await {
         Ok(Attempt::Acquired(lease)) => client.release(&lease).await.unwrap(),
         other => panic!("the free lock: {other:?}"),
     };
+    // sqlx pings a connection before it goes back to the pool: a ping whose
+    // reply is dropped would keep the one connection out of it.
+    until(
+        Duration::from_secs(10),
+        "the connection back in the pool",
+        || async { client.pool().num_idle() == 1 },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -43,8 +65,9 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
     let store = postgres::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let op_timeout = Duration::from_millis(500).mul_f64(scale());
+    // One pooled connection, so the acquire goes on the one `warm_up` prepared.
     let url = format!(
-        "{}?lock_op_timeout_ms={}",
+        "{}?lock_op_timeout_ms={}&lock_pool_size=1",
         store.url_via(proxy.addr()),
         op_timeout.as_millis()
     );
@@ -103,8 +126,9 @@ async fn the_cleanup_never_frees_a_later_grant() {
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let op_timeout = Duration::from_millis(300).mul_f64(scale());
     let ttl = Duration::from_millis(400).mul_f64(scale());
+    // One pooled connection, so the acquire goes on the one `warm_up` prepared.
     let url = format!(
-        "{}?lock_op_timeout_ms={}",
+        "{}?lock_op_timeout_ms={}&lock_pool_size=1",
         store.url_via(proxy.addr()),
         op_timeout.as_millis()
     );
