@@ -470,8 +470,8 @@ async fn lost_turnstile_connections_fall_back_without_leaks() {
 
 /// A session that holds a name's turnstile and never moves (a hung waiter,
 /// or another name or application whose advisory key collides) costs
-/// waiters about two re-check intervals once the lease is free, never a
-/// stall; and `try_acquire` never queues at all.
+/// waiters at most about a re-check interval once the lease is free, never
+/// a stall; and `try_acquire` never queues at all.
 #[tokio::test]
 async fn a_stuck_turnstile_delays_but_never_blocks() {
     let app = unique("stuck");
@@ -502,7 +502,7 @@ async fn a_stuck_turnstile_delays_but_never_blocks() {
     let guard = waiter.await.unwrap().expect("served past the squatter");
     let lag = released.elapsed();
     assert!(
-        lag >= recheck && lag < recheck * 3 + Duration::from_secs(1),
+        lag < recheck * 2 + Duration::from_secs(1),
         "served {lag:?} after the release"
     );
     assert!(guard.fencing_token() > lease.fence());
