@@ -5,10 +5,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::backend::{LockRequest, Moment, Polling, Ttl, WaitPolicy, Wakeup, async_trait};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
-    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop,
-    async_trait,
+    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
@@ -302,19 +302,18 @@ impl PostgresBackend {
     async fn attempt(
         &self,
         name: &LockName,
-        ttl: Duration,
+        ttl: Ttl,
         free_for: Duration,
     ) -> Result<Attempt, LockError> {
-        let ttl = self.inner.caps.effective_ttl(ttl)?;
-        let ttl_us = micros(ttl).ok_or_else(|| LockError::InvalidTtl {
-            ttl,
+        let ttl_us = micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
+            ttl: ttl.get(),
             reason: "does not fit PostgreSQL's interval".into(),
         })?;
         let free_for_us = micros(free_for).unwrap_or(i64::MAX);
         let owner = OwnerToken::new();
         // Counted from before the wait for a connection: the local deadline
         // may only be early.
-        let sent_at = Instant::now();
+        let sent_at = Moment::now();
         let mut op = self.checkout("acquire").await?;
         // Registered before it is sent: an eviction right after the grant
         // must find it.
@@ -333,7 +332,7 @@ impl PostgresBackend {
             Ok(rows) => rows,
             Err(e) => {
                 if op.in_doubt() {
-                    self.forget_later(name, owner, sent_at + ttl);
+                    self.forget_later(name, owner, sent_at.mono() + ttl.get());
                 }
                 return Err(e);
             }
@@ -512,8 +511,9 @@ impl LockBackend for PostgresBackend {
     }
 
     /// Never waits, never queues: a free lock is taken whoever waits for it.
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        self.attempt(name, ttl, Duration::ZERO).await
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        self.attempt(request.name(), request.ttl(), Duration::ZERO)
+            .await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -522,14 +522,11 @@ impl LockBackend for PostgresBackend {
         };
         // A lease whose fence or TTL this backend could never have issued
         // is not ours: NotHeld, without asking the server.
-        let (Some(fence), Ok(ttl)) = (
-            db_fence(lease.fence()),
-            self.inner.caps.effective_ttl(lease.ttl()),
-        ) else {
+        let Some(fence) = db_fence(lease.fence()) else {
             return Err(not_held());
         };
-        let ttl_us = micros(ttl).ok_or_else(not_held)?;
-        let sent_at = Instant::now();
+        let ttl_us = micros(lease.ttl()).ok_or_else(not_held)?;
+        let sent_at = Moment::now();
         let mut op = self.checkout("renew").await?;
         let done = op
             .run(|c| {
@@ -542,7 +539,7 @@ impl LockBackend for PostgresBackend {
             })
             .await?;
         if done.rows_affected() == 1 {
-            Ok(lease.renewed(ttl, sent_at))
+            Ok(lease.renewed(sent_at))
         } else {
             end_turn(lease);
             Err(not_held())
@@ -667,10 +664,10 @@ impl LockBackend for PostgresBackend {
     /// Waits in line (see the crate docs): behind this instance's earlier
     /// waiters of `name`, then in the server's queue at the name's
     /// turnstile. The turnstile holder alone asks for the lease (at once,
-    /// then with [`acquire_loop`]), and the lease it gets keeps the
+    /// then with lockcore's wait loop), and the lease it gets keeps the
     /// turnstile until it is released. Without a turnstile (turned off,
     /// none to spare, connection lost) the first local waiter runs
-    /// `acquire_loop` alone.
+    /// lockcore's wait loop alone.
     ///
     /// # Cancel safety
     /// Dropping the future leaves the local line and the server's queue
@@ -678,13 +675,11 @@ impl LockBackend for PostgresBackend {
     /// in the background), so the next waiter goes on.
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
+        let (name, ttl) = (request.name(), request.ttl());
         let turnstiles = &self.inner.turnstiles;
-        // Bad input fails before any waiting.
-        self.inner.caps.effective_ttl(ttl)?;
         let Ok(_turn) =
             tokio::time::timeout_at(wait.deadline, turnstiles.local_turn(name.as_str())).await
         else {
@@ -692,7 +687,7 @@ impl LockBackend for PostgresBackend {
         };
         let Some(mut ticket) = turnstiles.enter(self.turnstile_key(name)).await else {
             tracing::debug!(lock = %name, "no turnstile to spare; waiting without one");
-            return acquire_loop(self, name, ttl, wait).await;
+            return lockcore::wait::wait(wait, &mut Polling::new(self, request)).await;
         };
         // While queued, look at the lease soon (to learn when it expires),
         // then at its expiry, and at least every re-check interval: if it
@@ -725,7 +720,7 @@ impl LockBackend for PostgresBackend {
                 }
                 Err(error) => {
                     tracing::debug!(lock = %name, %error, "turnstile connection lost; waiting without one");
-                    return acquire_loop(self, name, ttl, wait).await;
+                    return lockcore::wait::wait(wait, &mut Polling::new(self, request)).await;
                 }
             }
         }
@@ -734,8 +729,12 @@ impl LockBackend for PostgresBackend {
         // once, before setting up wake-ups.
         let lease = match self.attempt(name, ttl, Duration::ZERO).await {
             Ok(Attempt::Acquired(lease)) => Some(lease),
-            Ok(Attempt::Held { .. }) => acquire_loop(self, name, ttl, wait).await?,
-            Err(e) if e.is_retryable() => acquire_loop(self, name, ttl, wait).await?,
+            Ok(Attempt::Held { .. }) => {
+                lockcore::wait::wait(wait, &mut Polling::new(self, request)).await?
+            }
+            Err(e) if e.is_retryable() => {
+                lockcore::wait::wait(wait, &mut Polling::new(self, request)).await?
+            }
             Err(e) => return Err(e),
         };
         // The lease keeps the turnstile until it is released (or renewing

@@ -6,7 +6,7 @@
 //! commits. The listener task wakes one local waiter of that name (a release
 //! frees the lock for one acquirer; waking all would be a herd). Expiries
 //! do not notify: waiters also re-check at the holder's expiry and at least
-//! every `WaitPolicy::recheck`, which `acquire_loop` arranges.
+//! every `WaitPolicy::recheck`, which the wait loop arranges.
 //!
 //! PostgreSQL signals *every* listening session of the database at each
 //! notification, whatever its channel, so an idle listener is not free: with
@@ -37,7 +37,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use lockcore::{CancellationToken, LockName, Wakeup};
+use lockcore::LockName;
+use lockcore::backend::{CancellationToken, Wakeup};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPoolOptions};
 use tokio::sync::{Notify, mpsc, oneshot};

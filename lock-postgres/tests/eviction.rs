@@ -9,6 +9,7 @@ use std::time::Duration;
 use lock_conformance::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lockcore::backend::LockBackendExt;
 use lockcore::{
     Attempt, FencingToken, Lease, LockBackend, LockName, Locker, LossReason, ReleaseOutcome,
 };
@@ -131,7 +132,7 @@ async fn compare_and_evict_evicts_only_the_named_grant() {
         .expect("lost() within the notice");
     assert_eq!(reason, LossReason::StoreReported);
     assert_eq!(admin.evict(&name, Some(fence)).await.unwrap(), None);
-    let next = match admin.try_acquire(&name, Duration::from_secs(5)).await {
+    let next = match admin.try_acquire_for(&name, Duration::from_secs(5)).await {
         Ok(Attempt::Acquired(lease)) => lease,
         other => panic!("free after the eviction: {other:?}"),
     };
@@ -168,7 +169,10 @@ async fn ten_thousand_holders_share_one_listener() {
             .map(|name| {
                 let holder = holder.clone();
                 tokio::spawn(async move {
-                    match holder.try_acquire(&name, Duration::from_secs(120)).await {
+                    match holder
+                        .try_acquire_for(&name, Duration::from_secs(120))
+                        .await
+                    {
                         Ok(Attempt::Acquired(lease)) => lease,
                         other => panic!("{name}: {other:?}"),
                     }

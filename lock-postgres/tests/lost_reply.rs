@@ -8,6 +8,7 @@ use std::time::Duration;
 use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::{eventually, postgres, until};
 use lock_postgres::PostgresBackend;
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
 use tokio::time::Instant;
 
@@ -35,7 +36,7 @@ fn lock_name(s: &str) -> LockName {
 /// check of that grant), so nothing else is in flight when replies drop.
 async fn warm_up(client: &PostgresBackend) {
     let name = lock_name("warm-up");
-    let lease = match client.try_acquire(&name, Duration::from_secs(5)).await {
+    let lease = match client.try_acquire_for(&name, Duration::from_secs(5)).await {
         Ok(Attempt::Acquired(lease)) => lease,
         other => panic!("the free lock: {other:?}"),
     };
@@ -46,7 +47,7 @@ async fn warm_up(client: &PostgresBackend) {
     client.release(&lease).await.unwrap();
     // Again, on the one connection (the check is over once it is free):
     // the acquire statement is prepared on it.
-    match client.try_acquire(&name, Duration::from_secs(5)).await {
+    match client.try_acquire_for(&name, Duration::from_secs(5)).await {
         Ok(Attempt::Acquired(lease)) => client.release(&lease).await.unwrap(),
         other => panic!("the free lock: {other:?}"),
     };
@@ -74,7 +75,7 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
     let blind = PostgresBackend::connect(&url).await.unwrap();
     let other = PostgresBackend::connect(&store.url()).await.unwrap();
     let name = lock_name("phantom");
-    let before = match other.try_acquire(&name, Duration::from_secs(5)).await {
+    let before = match other.try_acquire_for(&name, Duration::from_secs(5)).await {
         Ok(Attempt::Acquired(lease)) => lease,
         other => panic!("the free lock: {other:?}"),
     };
@@ -85,7 +86,7 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
     proxy.set(Mode::DropDownstream);
     let ttl = Duration::from_secs(120);
     let err = blind
-        .try_acquire(&name, ttl)
+        .try_acquire_for(&name, ttl)
         .await
         .expect_err("no reply, no answer");
     assert!(err.is_retryable(), "{err:?}");
@@ -103,7 +104,7 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
     let within = (op_timeout * 3 + Duration::from_secs(2)).mul_f64(scale());
     let next = eventually(within, "the phantom's removal", || async {
         other
-            .try_acquire(&name, Duration::from_secs(30))
+            .try_acquire_for(&name, Duration::from_secs(30))
             .await
             .unwrap()
             .into_lease()
@@ -137,7 +138,10 @@ async fn the_cleanup_never_frees_a_later_grant() {
     let name = lock_name("later");
     warm_up(&blind).await;
     proxy.set(Mode::DropDownstream);
-    blind.try_acquire(&name, ttl).await.expect_err("no reply");
+    blind
+        .try_acquire_for(&name, ttl)
+        .await
+        .expect_err("no reply");
     // The phantom expires while the network is still down; another client
     // takes the name.
     let next = eventually(
@@ -145,7 +149,7 @@ async fn the_cleanup_never_frees_a_later_grant() {
         "the phantom's expiry",
         || async {
             other
-                .try_acquire(&name, Duration::from_secs(60))
+                .try_acquire_for(&name, Duration::from_secs(60))
                 .await
                 .unwrap()
                 .into_lease()

@@ -11,7 +11,8 @@ use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
-use lockcore::{Lease, LockBackend, LockName, Locker, WaitPolicy};
+use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::{Lease, LockBackend, LockName, Locker};
 use tokio::time::Instant;
 
 fn scale() -> f64 {
@@ -66,7 +67,7 @@ async fn waiter_gets_the_lock_at_expiry(holder: &PostgresBackend, stall: impl Fn
     let ttl = Duration::from_secs(1).mul_f64(scale());
     let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(30));
     let lease: Lease = holder
-        .acquire(&name, ttl, &wait)
+        .acquire_for(&name, ttl, &wait)
         .await
         .unwrap()
         .expect("the free lock");

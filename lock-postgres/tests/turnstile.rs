@@ -11,6 +11,7 @@ use std::time::Duration;
 use lock_conformance::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lockcore::backend::LockBackendExt;
 use lockcore::{
     Attempt, Backoff, Fairness, FencingToken, Lease, LockBackend, LockError, LockGuard, LockName,
     Locker,
@@ -47,7 +48,7 @@ async fn backend(url: &str) -> PostgresBackend {
 
 async fn acquired(client: &PostgresBackend, name: &LockName) -> Lease {
     match client
-        .try_acquire(name, Duration::from_secs(60))
+        .try_acquire_for(name, Duration::from_secs(60))
         .await
         .expect("try_acquire")
     {
@@ -245,7 +246,7 @@ async fn cancelled_waiters_pass_their_turn_on() {
     .await;
     assert!(matches!(
         holder
-            .try_acquire(&name, Duration::from_secs(5))
+            .try_acquire_for(&name, Duration::from_secs(5))
             .await
             .unwrap(),
         Attempt::Acquired(_)
