@@ -253,9 +253,9 @@ impl PostgresConfig {
         let table = Ident::new(
             "table",
             &self.table,
-            Ident::MAX_BYTES - crate::sql::SEQUENCE_SUFFIX.len(),
+            Ident::MAX_BYTES - crate::schema::SEQUENCE_SUFFIX.len(),
         )?;
-        let sequence = table.with_suffix(crate::sql::SEQUENCE_SUFFIX);
+        let sequence = table.with_suffix(crate::schema::SEQUENCE_SUFFIX);
         Ok((schema, table, sequence))
     }
 

@@ -1,5 +1,6 @@
 //! sqlx errors mapped to `LockError`: retryable (`Unavailable`) or not (`Store`).
 
+use std::future::Future;
 use std::time::Duration;
 
 use lockcore::LockError;
@@ -48,7 +49,16 @@ pub(crate) fn connecting(server: &str, error: sqlx::Error) -> LockError {
     }
 }
 
-/// The error for an operation that got no answer in time.
+/// Runs a sqlx request for at most `limit` (lockcore's `timed`), mapping its error.
+pub(crate) async fn timed_sql<T>(
+    what: &str,
+    limit: Duration,
+    request: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, LockError> {
+    lockcore::backend::timed(BACKEND, what, limit, async { request.await.map_err(map) }).await
+}
+
+/// The error for an operation that got no answer by its deadline.
 pub(crate) fn timed_out(what: &str, after: Duration) -> LockError {
     LockError::unavailable(
         BACKEND,

@@ -8,6 +8,7 @@ use lockcore::{FencingToken, LockError, StaleToken};
 use sqlx::{Postgres, Transaction};
 
 use crate::ident::Ident;
+use crate::schema::resource_fence_table;
 
 /// Why a [`fence_check`] did not pass.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +45,7 @@ pub struct ResourceFence {
 impl Default for ResourceFence {
     /// `public.resource_fence`.
     fn default() -> Self {
-        ResourceFence::new("public", crate::sql::RESOURCE_FENCE_TABLE)
+        ResourceFence::new("public", crate::schema::RESOURCE_FENCE_TABLE)
             .expect("constant identifiers are valid")
     }
 }
@@ -68,7 +69,7 @@ impl ResourceFence {
                  RETURNING last_token"
             ),
             highest: format!("SELECT last_token FROM {t} WHERE resource = $1"),
-            create: create_table_sql(&t),
+            create: resource_fence_table(&t),
         })
     }
 
@@ -145,15 +146,4 @@ pub async fn fence_check(
 ) -> Result<(), FenceError> {
     static DEFAULT: LazyLock<ResourceFence> = LazyLock::new(ResourceFence::default);
     DEFAULT.check(tx, resource, token).await
-}
-
-/// DDL of a resource fence table named `qualified` (already quoted).
-pub(crate) fn create_table_sql(qualified: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {qualified} (
-            resource   text COLLATE \"C\" PRIMARY KEY,
-            last_token bigint NOT NULL CHECK (last_token > 0),
-            updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
-        )"
-    )
 }

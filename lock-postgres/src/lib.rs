@@ -7,13 +7,19 @@
 )]
 
 mod backend;
+mod client;
 mod config;
 mod error;
 mod fence;
 mod ident;
+mod keys;
+mod listener;
 mod notify;
+mod probe;
+mod schema;
 mod sql;
 mod turnstile;
+mod wait;
 
 pub use backend::PostgresBackend;
 pub use config::PostgresConfig;

@@ -9,12 +9,7 @@
 //! its holders; fences come from one sequence that is never reset.
 
 use crate::ident::Ident;
-
-/// The sequence of a lock table is `<table>` + this.
-pub(crate) const SEQUENCE_SUFFIX: &str = "_fence_seq";
-
-/// The resource-side fencing table created next to the lock table.
-pub(crate) const RESOURCE_FENCE_TABLE: &str = "resource_fence";
+use crate::keys;
 
 /// Remaining lease time in whole microseconds, at least 1 (the row was
 /// live when selected; a later clock read must not make it look free).
@@ -58,51 +53,22 @@ pub(crate) struct Sql {
     pub(crate) force_select: String,
     /// `$1` name: free the row and move its fence past the evicted grant.
     pub(crate) force_free: String,
+    /// `$1` age in µs → rows deleted: rows free for at least that long.
+    pub(crate) purge_free: String,
     /// `$1` channel, `$2` payload.
     pub(crate) notify: &'static str,
-    /// Server facts checked at connect; `$1`, `$2`, `$3` the regclass texts
-    /// of table, sequence and resource-fence table.
-    pub(crate) probe: &'static str,
     /// The NOTIFY channel of this table (payload: a freed name).
     pub(crate) channel: String,
     /// The NOTIFY channel of evictions (payload: `fence owner name`).
     pub(crate) evict_channel: String,
-    /// `"schema"."table"` and friends, as text for `to_regclass`.
-    pub(crate) table_regclass: String,
-    pub(crate) sequence_regclass: String,
-    pub(crate) resource_fence_regclass: String,
-    pub(crate) schema: Ident,
-    pub(crate) ddl: Ddl,
-}
-
-/// Schema creation, run under a transaction-scoped advisory lock so
-/// concurrent first uses do not race on the catalog.
-#[derive(Debug)]
-pub(crate) struct Ddl {
-    /// `$1` key text → serialises creators.
-    pub(crate) lock: &'static str,
-    /// `$1` schema name → whether it exists.
-    pub(crate) schema_exists: &'static str,
-    pub(crate) create_schema: String,
-    pub(crate) create_sequence: String,
-    pub(crate) create_table: String,
-    /// Starts a re-created sequence above every fence left in the table,
-    /// so an operator who dropped the sequence cannot make fences go back.
-    pub(crate) resync_sequence: String,
-    pub(crate) create_resource_fence: String,
+    /// `"schema"."table"`, as text for `to_regclass` and keys.
+    pub(crate) table: String,
 }
 
 impl Sql {
-    pub(crate) fn new(schema: &Ident, table: &Ident, sequence: &Ident) -> Sql {
-        let t = format!("{}.{}", schema.quoted(), table.quoted());
-        let seq = format!("{}.{}", schema.quoted(), sequence.quoted());
-        let resource_fence = format!(
-            "{}.{}",
-            schema.quoted(),
-            Ident::new("table", RESOURCE_FENCE_TABLE, Ident::MAX_BYTES)
-                .expect("constant identifier")
-                .quoted()
-        );
+    /// The statements of `schema.table`; `t` and `seq` are the quoted,
+    /// qualified names of the table and its sequence.
+    pub(crate) fn new(schema: &Ident, table: &Ident, t: &str, seq: &str) -> Sql {
         // `seq` holds only identifier characters and double quotes, so it
         // is safe inside a single-quoted literal.
         let nextval = format!("nextval('{seq}'::regclass)");
@@ -205,27 +171,10 @@ impl Sql {
                     updated_at = clock_timestamp()
               WHERE name = $1"
         );
-        let ddl = Ddl {
-            lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-            schema_exists: "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-            create_schema: format!("CREATE SCHEMA IF NOT EXISTS {}", schema.quoted()),
-            create_sequence: format!(
-                "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
-            ),
-            create_table: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    name       text COLLATE \"C\" PRIMARY KEY,
-                    owner      uuid,
-                    fence      bigint NOT NULL CHECK (fence > 0),
-                    expires_at timestamptz NOT NULL,
-                    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
-                )"
-            ),
-            resync_sequence: format!(
-                "SELECT setval('{seq}'::regclass, max(fence)) FROM {t} HAVING max(fence) IS NOT NULL"
-            ),
-            create_resource_fence: crate::fence::create_table_sql(&resource_fence),
-        };
+        let purge_free = format!(
+            "DELETE FROM {t} WHERE expires_at <= clock_timestamp()
+               AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'"
+        );
         Sql {
             acquire,
             renew,
@@ -235,55 +184,13 @@ impl Sql {
             inspect,
             force_select,
             force_free,
+            purge_free,
             notify: "SELECT pg_notify($1, $2)",
-            probe: "SELECT current_setting('server_version_num')::int4,
-                           current_setting('server_encoding'),
-                           current_setting('fsync'),
-                           current_setting('synchronous_commit'),
-                           current_setting('default_transaction_isolation'),
-                           to_regclass($1) IS NOT NULL
-                             AND to_regclass($2) IS NOT NULL
-                             AND to_regclass($3) IS NOT NULL",
-            channel: channel("distlock", schema, table),
-            evict_channel: channel("distlock-evict", schema, table),
-            table_regclass: t,
-            sequence_regclass: seq,
-            resource_fence_regclass: resource_fence,
-            schema: schema.clone(),
-            ddl,
+            channel: keys::channel("distlock", schema, table),
+            evict_channel: keys::channel("distlock-evict", schema, table),
+            table: t.to_owned(),
         }
     }
-}
-
-/// The NOTIFY channel of a table: readable when it fits PostgreSQL's
-/// 63-byte identifier limit, hashed otherwise. Two tables sharing a channel
-/// would only cost spurious wake-ups.
-fn channel(prefix: &str, schema: &Ident, table: &Ident) -> String {
-    let readable = format!("{prefix}:{}.{}", schema.as_str(), table.as_str());
-    if readable.len() <= Ident::MAX_BYTES {
-        return readable;
-    }
-    format!("{prefix}:{:016x}", fnv1a(readable.as_bytes()))
-}
-
-/// The advisory-lock key of a name's turnstile (see `turnstile.rs`): the
-/// table and the name, hashed into PostgreSQL's 64-bit advisory key space.
-/// Two names may share a key; that only makes their waiters queue in one
-/// line (and the stale check keeps that from stalling anyone), it never
-/// grants a lease: the lease row stays the only authority.
-pub(crate) fn turnstile_key(table_regclass: &str, name: &str) -> i64 {
-    let mut bytes = Vec::with_capacity(table_regclass.len() + 1 + name.len());
-    bytes.extend_from_slice(table_regclass.as_bytes());
-    bytes.push(0); // neither part contains NUL: the pair is unambiguous
-    bytes.extend_from_slice(name.as_bytes());
-    i64::from_le_bytes(fnv1a(&bytes).to_le_bytes())
-}
-
-/// FNV-1a: stable across builds and platforms, unlike std's hasher.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -295,44 +202,14 @@ mod tests {
     }
 
     #[test]
-    fn channels_fit_identifiers() {
-        let short = channel("distlock", &ident("public"), &ident("distlock_locks"));
-        assert_eq!(short, "distlock:public.distlock_locks");
-        for prefix in ["distlock", "distlock-evict"] {
-            let long = channel(prefix, &ident(&"s".repeat(63)), &ident(&"t".repeat(53)));
-            assert!(long.len() <= 63, "{long}");
-            assert_ne!(
-                long,
-                channel(prefix, &ident(&"s".repeat(63)), &ident(&"u".repeat(53)))
-            );
-        }
-        let sql = Sql::new(&ident("public"), &ident("t"), &ident("t_fence_seq"));
-        assert_ne!(sql.channel, sql.evict_channel);
-    }
-
-    #[test]
-    fn turnstile_keys_are_stable_and_per_table() {
-        let key = turnstile_key("\"public\".\"distlock_locks\"", "sku-42");
-        assert_eq!(
-            key,
-            turnstile_key("\"public\".\"distlock_locks\"", "sku-42")
-        );
-        assert_ne!(
-            key,
-            turnstile_key("\"public\".\"distlock_locks\"", "sku-43")
-        );
-        assert_ne!(key, turnstile_key("\"public\".\"other\"", "sku-42"));
-        // Pinned: every instance, whatever its build, must queue on one key.
-        assert_eq!(
-            turnstile_key("t", "n"),
-            i64::from_le_bytes(fnv1a(b"t\0n").to_le_bytes())
-        );
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-    }
-
-    #[test]
     fn identifiers_are_quoted_everywhere() {
-        let sql = Sql::new(&ident("Sch"), &ident("select"), &ident("select_fence_seq"));
+        let (schema, table) = (ident("Sch"), ident("select"));
+        let sql = Sql::new(
+            &schema,
+            &table,
+            "\"Sch\".\"select\"",
+            "\"Sch\".\"select_fence_seq\"",
+        );
         for text in [
             &sql.acquire,
             &sql.renew,
@@ -346,5 +223,6 @@ mod tests {
             sql.acquire
                 .contains("nextval('\"Sch\".\"select_fence_seq\"'::regclass)")
         );
+        assert_ne!(sql.channel, sql.evict_channel);
     }
 }

@@ -1,13 +1,12 @@
 //! Turnstiles: waiters of a name queue in PostgreSQL's lock manager, first
 //! come, first served, and only the first of them asks for the lease.
 //!
-//! A waiting `acquire` first waits its turn among the waiters of the same
-//! name in *this* backend instance (a FIFO mutex per name, no I/O), so an
-//! instance sends one waiter per name to the server at a time. That waiter
-//! opens a transaction on a connection of its own and calls
-//! `pg_advisory_xact_lock(key)`, where `key` hashes the table and the name:
-//! the call blocks in the server's lock queue, which is FIFO and in memory,
-//! so queueing writes nothing and polls nothing.
+//! The first local waiter of a name (see `wait.rs`) opens a transaction on
+//! a connection of its own and calls `pg_advisory_xact_lock(key)`, where
+//! `key` hashes the table and the name: the call blocks in the server's
+//! lock queue, which is FIFO and in memory, so queueing writes nothing and
+//! polls nothing. A task drives the queued call and signals the waiter when
+//! its turn comes.
 //!
 //! The waiter holding the turnstile tries the lease at once, and, if it is
 //! held, waits for it as any waiter does (NOTIFY, the holder's expiry,
@@ -44,17 +43,14 @@
 //! and later); older servers keep the dead session queued until its turn,
 //! then end it at once, passing the turnstile on.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Executor};
-use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::JoinHandle;
 
 /// The first PostgreSQL version with `client_connection_check_interval`.
 const CONNECTION_CHECK_SINCE: i32 = 140_000;
@@ -74,14 +70,7 @@ pub(crate) struct Turnstiles {
 struct Shared {
     /// Connections whose last transaction ended cleanly, for reuse.
     idle: Mutex<Vec<PgConnection>>,
-    /// The local line of each name with waiters.
-    lines: Mutex<HashMap<String, Line>>,
     op_timeout: Duration,
-}
-
-struct Line {
-    turn: Arc<tokio::sync::Mutex<()>>,
-    waiting: usize,
 }
 
 impl Turnstiles {
@@ -95,7 +84,6 @@ impl Turnstiles {
         Turnstiles {
             shared: Arc::new(Shared {
                 idle: Mutex::new(Vec::new()),
-                lines: Mutex::new(HashMap::new()),
                 op_timeout,
             }),
             options,
@@ -117,21 +105,16 @@ impl Turnstiles {
         }
     }
 
-    /// Waits until every earlier waiter of `name` in this instance is done
-    /// waiting.
-    pub(crate) async fn local_turn(&self, name: &str) -> LocalTurn {
-        let place = Place::new(&self.shared, name);
-        let turn = place.turn.clone().lock_owned().await;
-        LocalTurn {
-            _turn: turn,
-            _place: place,
-        }
+    /// Whether this instance may use turnstiles at all.
+    pub(crate) fn enabled(&self) -> bool {
+        self.capacity > 0
     }
 
-    /// A place in the server's queue for `key`, sent when the ticket is
-    /// first waited on; `None` when no turnstile connection can be had
-    /// (all in use, or connecting failed): the caller then waits without.
-    pub(crate) async fn enter(&self, key: i64) -> Option<Ticket> {
+    /// A place in the server's queue for `key`, on a connection of its own;
+    /// `signal` is notified when the turn comes (or the place is lost).
+    /// `None` when no turnstile connection can be had (all in use, or
+    /// connecting failed): the caller then waits without.
+    pub(crate) async fn enter(&self, key: i64, signal: Arc<Notify>) -> Option<Ticket> {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         let idle = self.shared.idle().pop();
         let mut conn = match idle {
@@ -154,22 +137,18 @@ impl Turnstiles {
         // One round trip: the transaction and the wait in the server's
         // queue. `key` is an integer, safe to inline.
         let sql = format!("{} SELECT pg_advisory_xact_lock({key})", self.begin);
-        let queued: Queued = Box::pin(async move {
+        let (sender, turn) = oneshot::channel();
+        let queued = tokio::spawn(async move {
             // A bare string runs as a simple query: several statements.
             let result = conn.execute(sql.as_str()).await.map(drop);
-            (conn, result)
+            let _ = sender.send((conn, result));
+            signal.notify_one();
         });
         Some(Ticket {
-            state: State::Queued(queued),
+            state: State::Queued { queued, turn },
             shared: self.shared.clone(),
             permit: Some(permit),
         })
-    }
-
-    /// `acquire` calls of this instance in progress (queued locally or
-    /// waiting their turn at the server).
-    pub(crate) fn waiting(&self) -> usize {
-        self.shared.lines().values().map(|l| l.waiting).sum()
     }
 }
 
@@ -177,21 +156,19 @@ impl fmt::Debug for Turnstiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Turnstiles")
             .field("capacity", &self.capacity)
+            .field(
+                "in_use",
+                &(self.capacity - self.permits.available_permits()),
+            )
             .field("idle", &self.shared.idle().len())
-            .field("waiting", &self.waiting())
             .finish()
     }
 }
 
 impl Shared {
-    // Updates are single map or vector operations; a panic cannot leave
-    // them torn.
+    // Updates are single vector operations; a panic cannot leave them torn.
     fn idle(&self) -> MutexGuard<'_, Vec<PgConnection>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn lines(&self) -> MutexGuard<'_, HashMap<String, Line>> {
-        self.lines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Ends the turnstile transaction (releasing the advisory lock) and
@@ -202,52 +179,6 @@ impl Shared {
         let rollback = conn.execute("ROLLBACK");
         if let Ok(Ok(_)) = tokio::time::timeout(self.op_timeout, rollback).await {
             self.idle().push(conn);
-        }
-    }
-}
-
-/// This instance's turn for a name; dropping it lets the next local waiter go.
-pub(crate) struct LocalTurn {
-    // Field order is drop order: unlock, then leave the line.
-    _turn: OwnedMutexGuard<()>,
-    _place: Place,
-}
-
-/// A waiter's membership of its name's local line; the line goes away with
-/// its last member, so memory follows the waiters, not the names.
-struct Place {
-    shared: Arc<Shared>,
-    name: String,
-    turn: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl Place {
-    fn new(shared: &Arc<Shared>, name: &str) -> Self {
-        let turn = {
-            let mut lines = shared.lines();
-            let line = lines.entry(name.to_owned()).or_insert_with(|| Line {
-                turn: Arc::new(tokio::sync::Mutex::new(())),
-                waiting: 0,
-            });
-            line.waiting += 1;
-            line.turn.clone()
-        };
-        Place {
-            shared: shared.clone(),
-            name: name.to_owned(),
-            turn,
-        }
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut lines = self.shared.lines();
-        if let Some(line) = lines.get_mut(&self.name) {
-            line.waiting -= 1;
-            if line.waiting == 0 {
-                lines.remove(&self.name);
-            }
         }
     }
 }
@@ -270,15 +201,30 @@ impl HeldTurnstile {
     }
 }
 
-/// The queueing request; it owns its connection and hands it back.
-type Queued = Pin<Box<dyn Future<Output = (PgConnection, Result<(), sqlx::Error>)> + Send>>;
+/// What the queueing task hands back: its connection, and whether the
+/// advisory lock was granted on it.
+type Queued = (PgConnection, Result<(), sqlx::Error>);
 
 enum State {
-    /// In the server's queue (or not yet sent).
-    Queued(Queued),
+    /// In the server's queue: the task waits for the advisory lock.
+    Queued {
+        queued: JoinHandle<()>,
+        turn: oneshot::Receiver<Queued>,
+    },
     /// Holding the turnstile: the connection is idle in its transaction.
     Holding(PgConnection),
     Left,
+}
+
+/// Where a ticket stands.
+pub(crate) enum Turn {
+    /// Still queued.
+    Waiting,
+    /// This ticket holds the turnstile.
+    Mine,
+    /// The place is lost (connection gone, statement cancelled); the
+    /// ticket is spent.
+    Lost(sqlx::Error),
 }
 
 /// A waiter's place at a turnstile; dropping it is how a waiter leaves.
@@ -293,25 +239,27 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
-    /// Waits for this ticket's turn until `until`: `Ok(true)` once it holds
-    /// the turnstile, `Ok(false)` while still queued. An error means the
-    /// turnstile is lost (connection gone, statement cancelled); the ticket
-    /// is then spent.
-    pub(crate) async fn wait_until(&mut self, until: Instant) -> Result<bool, sqlx::Error> {
-        let queued = match &mut self.state {
-            State::Queued(queued) => queued,
-            State::Holding(_) => return Ok(true),
-            State::Left => return Err(sqlx::Error::Protocol("the turnstile was left".into())),
+    /// Whether this ticket's turn has come, without waiting.
+    pub(crate) fn turn(&mut self) -> Turn {
+        let State::Queued { turn, .. } = &mut self.state else {
+            return match self.state {
+                State::Holding(_) => Turn::Mine,
+                _ => Turn::Lost(sqlx::Error::Protocol("the turnstile was left".into())),
+            };
         };
-        match tokio::time::timeout_at(until, queued.as_mut()).await {
-            Err(_) => Ok(false),
+        match turn.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => Turn::Waiting,
             Ok((conn, Ok(()))) => {
                 self.state = State::Holding(conn);
-                Ok(true)
+                Turn::Mine
             }
             Ok((_closed, Err(error))) => {
                 self.state = State::Left;
-                Err(error)
+                Turn::Lost(error)
+            }
+            Err(oneshot::error::TryRecvError::Closed) => {
+                self.state = State::Left;
+                Turn::Lost(sqlx::Error::WorkerCrashed)
             }
         }
     }
@@ -338,18 +286,23 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let State::Holding(conn) = std::mem::replace(&mut self.state, State::Left) else {
-            // Queued: dropping the request closes its connection.
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (shared, permit) = (self.shared.clone(), self.permit.take());
-            runtime.spawn(async move {
-                shared.leave(conn).await;
-                drop(permit);
-            });
+        match std::mem::replace(&mut self.state, State::Left) {
+            // Queued: stopping the task drops its request and closes its
+            // connection (and a connection already handed back, unread,
+            // closes with the receiver).
+            State::Queued { queued, .. } => queued.abort(),
+            State::Holding(conn) => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let (shared, permit) = (self.shared.clone(), self.permit.take());
+                    runtime.spawn(async move {
+                        shared.leave(conn).await;
+                        drop(permit);
+                    });
+                }
+                // Without a runtime the connection closes here, which ends
+                // its transaction and the lock with it.
+            }
+            State::Left => {}
         }
-        // Without a runtime the connection closes here, which ends its
-        // transaction and the lock with it.
     }
 }

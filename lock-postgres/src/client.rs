@@ -1,0 +1,430 @@
+//! The store client: one function per round trip (acquire, renew, release,
+//! inspect, evict, ...), each on a pooled connection within the operation
+//! timeout.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::backend::{LockRequest, Moment};
+use lockcore::{
+    Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken, ReleaseOutcome,
+};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgConnection;
+use sqlx::{Connection, PgPool, Postgres};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::error;
+use crate::notify::{Holding, Wakeups};
+use crate::sql::{self, Sql};
+use crate::turnstile::HeldTurnstile;
+
+/// What a lease of this backend carries: the turnstile it keeps, and its
+/// registration for eviction notices.
+pub(crate) struct Held {
+    pub(crate) turnstile: HeldTurnstile,
+    eviction: Holding,
+}
+
+/// The pool and statements of one backend instance.
+pub(crate) struct Client {
+    pub(crate) pool: PgPool,
+    pub(crate) sql: Sql,
+    pub(crate) op_timeout: Duration,
+    pub(crate) wakeups: Wakeups,
+}
+
+impl Client {
+    /// One attempt; with `free_for` > 0, only takes a row that has been
+    /// free at least that long on the server's clock.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        request: &LockRequest,
+        free_for: Duration,
+    ) -> Result<Attempt, LockError> {
+        let (name, ttl) = (request.name(), request.ttl());
+        let ttl_us = micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
+            ttl: ttl.get(),
+            reason: "does not fit PostgreSQL's interval".into(),
+        })?;
+        let free_for_us = micros(free_for).unwrap_or(i64::MAX);
+        let owner = OwnerToken::new();
+        // Counted from before the wait for a connection: the local deadline
+        // may only be early.
+        let sent_at = Moment::now();
+        let mut op = self.checkout("acquire").await?;
+        // Registered before it is sent: an eviction right after the grant
+        // must find it.
+        let pending = self.wakeups.expect(name.as_str(), owner.as_uuid());
+        let rows: Vec<(Option<i64>, Option<i64>)> = match op
+            .run(|c| {
+                sqlx::query_as(&self.sql.acquire)
+                    .bind(name.as_str())
+                    .bind(owner.as_uuid())
+                    .bind(ttl_us)
+                    .bind(free_for_us)
+                    .fetch_all(c)
+            })
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                if op.in_doubt() {
+                    self.forget_later(name, owner, sent_at.mono() + ttl.get());
+                }
+                return Err(e);
+            }
+        };
+        // A grant row wins over a holder row: the holder seen by the
+        // snapshot may have expired by the time the row was locked.
+        if let Some(fence) = rows.iter().find_map(|(fence, _)| *fence) {
+            let token = fence_token(fence)?;
+            let (lost, eviction) = pending.granted(fence);
+            return Ok(Attempt::Acquired(
+                Lease::new(name.clone(), owner, token, ttl, sent_at)
+                    .with_loss_signal(lost)
+                    .with_extension(Held {
+                        turnstile: HeldTurnstile::default(),
+                        eviction,
+                    }),
+            ));
+        }
+        // No row: a contender is taking the lock right now, or took it after
+        // this statement's snapshot (or it has not been free for `free_for`).
+        Ok(Attempt::Held {
+            expires_in: rows.iter().find_map(|(_, left)| left.map(from_micros)),
+        })
+    }
+
+    pub(crate) async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let not_held = || LockError::NotHeld {
+            name: lease.name().clone(),
+        };
+        // A lease whose fence or TTL this backend could never have issued
+        // is not ours: NotHeld, without asking the server.
+        let Some(fence) = db_fence(lease.fence()) else {
+            return Err(not_held());
+        };
+        let ttl_us = micros(lease.ttl()).ok_or_else(not_held)?;
+        let sent_at = Moment::now();
+        let mut op = self.checkout("renew").await?;
+        let done = op
+            .run(|c| {
+                sqlx::query(&self.sql.renew)
+                    .bind(lease.name().as_str())
+                    .bind(lease.owner().as_uuid())
+                    .bind(fence)
+                    .bind(ttl_us)
+                    .execute(c)
+            })
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(lease.renewed(sent_at))
+        } else {
+            end_turn(lease);
+            Err(not_held())
+        }
+    }
+
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let Some(fence) = db_fence(lease.fence()) else {
+            end_turn(lease);
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let release = || {
+            sqlx::query_scalar::<_, i64>(&self.sql.release)
+                .bind(lease.name().as_str())
+                .bind(lease.owner().as_uuid())
+                .bind(fence)
+                .bind(&self.sql.channel)
+        };
+        let outcome = |released: i64| {
+            if released == 1 {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            }
+        };
+        // A lease let in by a turnstile still holds it: release in the
+        // turnstile's transaction, so the commit that frees the row is the
+        // very one that lets the next waiter in, who finds it free.
+        if let Some(mut ticket) = lease
+            .extension::<Held>()
+            .and_then(|held| held.turnstile.take())
+            && let Some(conn) = ticket.connection()
+        {
+            let released =
+                error::timed_sql("release", self.op_timeout, release().fetch_one(&mut *conn)).await;
+            match released {
+                Ok(released) => {
+                    // A lost COMMIT reply is a lost release reply: the lease
+                    // may be free or not; the caller sees a retryable error.
+                    error::timed_sql("release", self.op_timeout, ticket.commit()).await?;
+                    forget_eviction(lease);
+                    return Ok(outcome(released));
+                }
+                // Nothing was committed (the turnstile's connection broke, or
+                // the server ended the session): dropping the ticket rolls
+                // back, and the release runs on its own below.
+                Err(error) => {
+                    tracing::debug!(name = %lease.name(), %error, "release in the turnstile failed; releasing alone");
+                }
+            }
+        }
+        let mut op = self.checkout("release").await?;
+        let released = op.run(|c| release().fetch_one(c)).await?;
+        forget_eviction(lease);
+        Ok(outcome(released))
+    }
+
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        let mut op = self.checkout("inspect").await?;
+        let row: Option<(i64, Option<Uuid>, i64)> = op
+            .run(|c| {
+                sqlx::query_as(&self.sql.inspect)
+                    .bind(name.as_str())
+                    .fetch_optional(c)
+            })
+            .await?;
+        row.map(holder).transpose()
+    }
+
+    /// Frees `name` (if its holder has fence `expected`, when given), moves
+    /// its fence on, and notifies waiters and the evicted holder, in one
+    /// short transaction.
+    pub(crate) async fn evict(
+        &self,
+        name: &LockName,
+        expected: Option<FencingToken>,
+    ) -> Result<Option<Holder>, LockError> {
+        let sql = &self.sql;
+        let mut op = self.checkout("force release").await?;
+        op.run(|c| async move {
+            let mut tx = c.begin_with(sql::BEGIN).await?;
+            let row: Option<(i64, Option<Uuid>, i64)> = sqlx::query_as(&sql.force_select)
+                .bind(name.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+            let row = row.filter(|(fence, _, _)| {
+                expected.is_none_or(|expected| u64::try_from(*fence).ok() == Some(expected.get()))
+            });
+            if let Some((fence, owner, _)) = row {
+                sqlx::query(&sql.force_free)
+                    .bind(name.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                // Waiters learn the name is free; the evicted holder (if
+                // connected) that its grant is gone.
+                sqlx::query(sql.notify)
+                    .bind(&sql.channel)
+                    .bind(name.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                if let Some(owner) = owner {
+                    sqlx::query(sql.notify)
+                        .bind(&sql.evict_channel)
+                        .bind(format!("{fence} {owner} {}", name.as_str()))
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            tx.commit().await?;
+            Ok(row)
+        })
+        .await?
+        .map(holder)
+        .transpose()
+    }
+
+    /// Deletes rows free for at least `older_than`; see
+    /// [`PostgresBackend::purge_free`](crate::PostgresBackend::purge_free).
+    pub(crate) async fn purge_free(&self, older_than: Duration) -> Result<u64, LockError> {
+        let micros = micros(older_than).ok_or_else(|| LockError::InvalidTimeout {
+            timeout: older_than,
+            reason: "the age does not fit PostgreSQL's interval".into(),
+        })?;
+        let mut op = self.checkout("purge").await?;
+        let done = op
+            .run(|c| sqlx::query(&self.sql.purge_free).bind(micros).execute(c))
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// A pooled connection for one operation, within its time limit.
+    async fn checkout(&self, what: &'static str) -> Result<Checkout, LockError> {
+        let limit = self.op_timeout;
+        let deadline = Instant::now() + limit;
+        match tokio::time::timeout_at(deadline, self.pool.acquire()).await {
+            Ok(Ok(conn)) => Ok(Checkout {
+                conn,
+                deadline,
+                limit,
+                what,
+                in_doubt: false,
+            }),
+            Ok(Err(e)) => Err(error::map(e)),
+            Err(_) => Err(error::timed_out(what, limit)),
+        }
+    }
+
+    /// Frees, in the background, what the acquire by `owner` may have got
+    /// when its reply was lost, so the name is not blocked for a whole TTL
+    /// by a grant nobody will use. Owner-checked (the owner token belongs to
+    /// that one attempt), so it never frees anyone else's grant. Retries
+    /// until the server answers, `until` passes (by then the grant has
+    /// expired) or the backend is dropped. An acquire still in flight when
+    /// the cleanup runs can still grant later; that grant expires.
+    fn forget_later(self: &Arc<Self>, name: &LockName, owner: OwnerToken, until: Instant) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = Arc::downgrade(self);
+        let name = name.clone();
+        runtime.spawn(async move {
+            let retry = lockcore::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            for attempt in 0_u32.. {
+                let Some(client) = client.upgrade() else {
+                    return;
+                };
+                let outcome = client.forget(&name, owner).await;
+                drop(client);
+                match outcome {
+                    Ok(freed) => {
+                        if freed > 0 {
+                            tracing::debug!(lock = %name, "freed the grant of an acquire whose reply was lost");
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_retryable() => {
+                        let next = Instant::now() + retry.delay(attempt);
+                        if next >= until {
+                            return;
+                        }
+                        tokio::time::sleep_until(next).await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(lock = %name, error = %e, "could not free the grant of an acquire whose reply was lost; it expires");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Frees the grant of `owner` on `name`, if live: how many were freed.
+    async fn forget(&self, name: &LockName, owner: OwnerToken) -> Result<i64, LockError> {
+        let mut op = self.checkout("cleanup").await?;
+        op.run(|c| {
+            sqlx::query_scalar::<_, i64>(&self.sql.forget)
+                .bind(name.as_str())
+                .bind(owner.as_uuid())
+                .bind(&self.sql.channel)
+                .fetch_one(c)
+        })
+        .await
+    }
+}
+
+/// One operation's pooled connection. A statement that ends without the
+/// server's answer (timeout, broken connection) leaves the connection in
+/// doubt: it is closed, never pooled, since a late reply would be taken
+/// for the next statement's.
+struct Checkout {
+    conn: PoolConnection<Postgres>,
+    deadline: Instant,
+    limit: Duration,
+    what: &'static str,
+    in_doubt: bool,
+}
+
+impl Checkout {
+    /// Runs one statement (or transaction) on the connection, until the
+    /// operation's deadline.
+    async fn run<'c, T, F>(
+        &'c mut self,
+        statement: impl FnOnce(&'c mut PgConnection) -> F,
+    ) -> Result<T, LockError>
+    where
+        F: Future<Output = Result<T, sqlx::Error>> + 'c,
+    {
+        let sent = statement(&mut self.conn);
+        match tokio::time::timeout_at(self.deadline, sent).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                // The server answered with an error: nothing was done, and
+                // the connection is fine. Anything else: in doubt.
+                self.in_doubt = !matches!(e, sqlx::Error::Database(_));
+                Err(error::map(e))
+            }
+            Err(_) => {
+                self.in_doubt = true;
+                Err(error::timed_out(self.what, self.limit))
+            }
+        }
+    }
+
+    /// Whether the last statement may have taken effect without its answer
+    /// arriving.
+    fn in_doubt(&self) -> bool {
+        self.in_doubt
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if self.in_doubt {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// Passes on the turnstile `lease` holds, if any (see `wait.rs`).
+pub(crate) fn end_turn(lease: &Lease) {
+    drop(
+        lease
+            .extension::<Held>()
+            .and_then(|held| held.turnstile.take()),
+    );
+}
+
+/// Stops watching for the eviction of a lease that was released.
+fn forget_eviction(lease: &Lease) {
+    if let Some(held) = lease.extension::<Held>() {
+        held.eviction.forget();
+    }
+}
+
+fn holder((fence, owner, remaining): (i64, Option<Uuid>, i64)) -> Result<Holder, LockError> {
+    Ok(Holder::new(
+        fence_token(fence)?,
+        owner.map(OwnerToken::from_uuid),
+        Some(from_micros(remaining)),
+    ))
+}
+
+fn fence_token(value: i64) -> Result<FencingToken, LockError> {
+    u64::try_from(value)
+        .ok()
+        .and_then(FencingToken::new)
+        .ok_or_else(|| {
+            error::corrupt(format!(
+                "the lock table holds fence {value}, not a positive number"
+            ))
+        })
+}
+
+/// The fence as stored, if it could be one of ours (sequences stay below
+/// `i64::MAX`).
+fn db_fence(fence: FencingToken) -> Option<i64> {
+    i64::try_from(fence.get()).ok()
+}
+
+pub(crate) fn micros(d: Duration) -> Option<i64> {
+    i64::try_from(d.as_micros()).ok()
+}
+
+fn from_micros(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}

@@ -1,0 +1,114 @@
+//! The objects a lock table needs (schema, sequence, tables), their DDL, and
+//! their creation at connect.
+
+use sqlx::PgPool;
+
+use crate::ident::Ident;
+use crate::sql::BEGIN;
+
+/// The sequence of a lock table is `<table>` + this.
+pub(crate) const SEQUENCE_SUFFIX: &str = "_fence_seq";
+
+/// The resource-side fencing table created next to the lock table.
+pub(crate) const RESOURCE_FENCE_TABLE: &str = "resource_fence";
+
+/// The DDL of one lock table and its companions, built from validated,
+/// quoted identifiers. Every statement is idempotent.
+#[derive(Debug)]
+pub(crate) struct Ddl {
+    /// `"schema"."table"` and friends, as text for `to_regclass`.
+    pub(crate) table: String,
+    pub(crate) sequence: String,
+    pub(crate) resource_fence: String,
+    schema: Ident,
+    create_schema: String,
+    create_sequence: String,
+    create_table: String,
+    /// Starts a re-created sequence above every fence left in the table,
+    /// so an operator who dropped the sequence cannot make fences go back.
+    resync_sequence: String,
+    create_resource_fence: String,
+}
+
+impl Ddl {
+    pub(crate) fn new(schema: &Ident, table: &Ident, sequence: &Ident) -> Ddl {
+        let t = format!("{}.{}", schema.quoted(), table.quoted());
+        let seq = format!("{}.{}", schema.quoted(), sequence.quoted());
+        let resource_fence = format!(
+            "{}.{}",
+            schema.quoted(),
+            Ident::new("table", RESOURCE_FENCE_TABLE, Ident::MAX_BYTES)
+                .expect("constant identifier")
+                .quoted()
+        );
+        Ddl {
+            create_schema: format!("CREATE SCHEMA IF NOT EXISTS {}", schema.quoted()),
+            create_sequence: format!(
+                "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
+            ),
+            create_table: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    name       text COLLATE \"C\" PRIMARY KEY,
+                    owner      uuid,
+                    fence      bigint NOT NULL CHECK (fence > 0),
+                    expires_at timestamptz NOT NULL,
+                    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+                )"
+            ),
+            // `seq` holds only identifier characters and double quotes, so
+            // it is safe inside a single-quoted literal.
+            resync_sequence: format!(
+                "SELECT setval('{seq}'::regclass, max(fence)) FROM {t} HAVING max(fence) IS NOT NULL"
+            ),
+            create_resource_fence: resource_fence_table(&resource_fence),
+            table: t,
+            sequence: seq,
+            resource_fence,
+            schema: schema.clone(),
+        }
+    }
+
+    /// Creates what is missing, serialised by an advisory lock so concurrent
+    /// first uses cannot race on the catalog.
+    pub(crate) async fn create(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin_with(BEGIN).await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("distlock ddl {}", self.table))
+            .execute(&mut *tx)
+            .await?;
+        // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when
+        // the schema exists; only try it when it is missing.
+        let schema_exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                .bind(self.schema.as_str())
+                .fetch_one(&mut *tx)
+                .await?;
+        if !schema_exists {
+            sqlx::query(&self.create_schema).execute(&mut *tx).await?;
+        }
+        let sequence_existed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&self.sequence)
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query(&self.create_sequence).execute(&mut *tx).await?;
+        sqlx::query(&self.create_table).execute(&mut *tx).await?;
+        if !sequence_existed {
+            sqlx::query(&self.resync_sequence).execute(&mut *tx).await?;
+        }
+        sqlx::query(&self.create_resource_fence)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+}
+
+/// DDL of a resource fence table named `qualified` (already quoted).
+pub(crate) fn resource_fence_table(qualified: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {qualified} (
+            resource   text COLLATE \"C\" PRIMARY KEY,
+            last_token bigint NOT NULL CHECK (last_token > 0),
+            updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+        )"
+    )
+}

@@ -1,0 +1,354 @@
+//! Waiting in line: the adapter's [`Waiter`] for lockcore's one wait loop.
+//!
+//! A waiting `acquire` stands in line twice, and only the head of the line
+//! asks for the lease:
+//!
+//! 1. in this backend instance, behind earlier waiters of the same name
+//!    (a FIFO line per name, no I/O), so an instance sends one waiter per
+//!    name to the server at a time;
+//! 2. at the server, in the name's turnstile queue (`turnstile.rs`).
+//!
+//! The turnstile holder tries the lease at once, then waits for it as any
+//! waiter does (LISTEN/NOTIFY, the holder's expiry, re-checks); the lease it
+//! gets keeps the turnstile until it is released. While queued, it looks at
+//! the lease soon after queueing, then at the holder's expiry (and at least
+//! every re-check interval): if the lease has been free or expired for
+//! [`TAKE_PAST_AFTER`], whoever holds the turnstile is not taking it (a
+//! holder that stopped renewing, a hung waiter, a name whose key collides
+//! with ours), and the waiter takes it past them. Without a turnstile
+//! (turned off, none to spare, connection lost) the head of the local line
+//! waits without one.
+//!
+//! Every step is one [`Waiter::attempt`]; [`Waiter::arm`] registers the
+//! wake-up of the coming step: the waiter's own signal (its local turn, its
+//! turnstile turn) while in line, the store's notification once it asks
+//! for the lease.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lockcore::backend::{LockRequest, Waiter, Wakeup, async_trait};
+use lockcore::{Attempt, LockError};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::client::{Client, Held};
+use crate::keys;
+use crate::turnstile::{Ticket, Turn, Turnstiles};
+
+/// How long a lease must have been free (or expired) before a waiter
+/// queued at its turnstile takes it past whoever holds the turnstile: a
+/// holder that stopped renewing (paused, hung) keeps its turnstile until
+/// the server notices, and a turnstile holder that waits for the lease
+/// itself retries right at its expiry, well within this.
+pub(crate) const TAKE_PAST_AFTER: Duration = Duration::from_millis(50);
+
+/// How long after a lease's expiry a waiter queued behind a stalled
+/// turnstile holder may still be waiting (beyond round trips): the wait
+/// above, and one retry when its timer fired a little early.
+pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(100);
+
+/// One waiting `acquire`, step by step.
+pub(crate) struct LineWaiter<'a> {
+    client: &'a Arc<Client>,
+    turnstiles: &'a Turnstiles,
+    lines: &'a Lines,
+    request: &'a LockRequest,
+    recheck: Duration,
+    /// Notified when this waiter's local turn or turnstile turn comes.
+    signal: Arc<Notify>,
+    stage: Stage,
+    /// This waiter's place in the local line, kept until the wait ends.
+    place: Option<Place>,
+    /// Whether the last `arm` registered a store wake-up (not only the
+    /// waiter's own signal).
+    armed_store: bool,
+}
+
+enum Stage {
+    /// Not in line yet.
+    Start,
+    /// Behind earlier waiters of this instance.
+    Local,
+    /// In the server's queue; look at the lease at `look_at`.
+    Queued { ticket: Ticket, look_at: Instant },
+    /// Holding the turnstile: the only waiter asking for the lease.
+    Turn(Ticket),
+    /// No turnstile: waiting like any client, unordered.
+    Plain,
+}
+
+impl<'a> LineWaiter<'a> {
+    pub(crate) fn new(
+        client: &'a Arc<Client>,
+        turnstiles: &'a Turnstiles,
+        lines: &'a Lines,
+        request: &'a LockRequest,
+        recheck: Duration,
+    ) -> Self {
+        LineWaiter {
+            client,
+            turnstiles,
+            lines,
+            request,
+            recheck,
+            signal: Arc::new(Notify::new()),
+            stage: Stage::Start,
+            place: None,
+            armed_store: false,
+        }
+    }
+
+    /// The head of the local line enters the server's queue, or waits
+    /// without a turnstile when there is none to spare.
+    async fn enter(&mut self) -> Stage {
+        let name = self.request.name();
+        let key = keys::turnstile_key(&self.client.sql.table, name.as_str());
+        if !self.turnstiles.enabled() {
+            return Stage::Plain;
+        }
+        match self.turnstiles.enter(key, self.signal.clone()).await {
+            Some(ticket) => Stage::Queued {
+                ticket,
+                look_at: Instant::now() + TAKE_PAST_AFTER.min(self.recheck),
+            },
+            None => {
+                tracing::debug!(lock = %name, "no turnstile to spare; waiting without one");
+                Stage::Plain
+            }
+        }
+    }
+
+    /// Queued at the turnstile: its turn, or a look at the lease when one
+    /// is due (taking it if it has been left free for `TAKE_PAST_AFTER`).
+    async fn queued(&mut self, mut ticket: Ticket, look_at: Instant) -> Result<Attempt, LockError> {
+        match ticket.turn() {
+            Turn::Mine => {
+                // Most often the lease was just released by the previous
+                // turnstile holder: try at once.
+                self.stage = Stage::Turn(ticket);
+                return self.try_lease().await;
+            }
+            Turn::Lost(error) => {
+                tracing::debug!(lock = %self.request.name(), %error, "turnstile connection lost; waiting without one");
+                self.stage = Stage::Plain;
+                return self.client.acquire(self.request, Duration::ZERO).await;
+            }
+            Turn::Waiting => {}
+        }
+        let now = Instant::now();
+        if now < look_at {
+            self.stage = Stage::Queued { ticket, look_at };
+            return Ok(Attempt::Held {
+                expires_in: Some(look_at - now),
+            });
+        }
+        let next = match self.client.acquire(self.request, TAKE_PAST_AFTER).await {
+            Ok(Attempt::Acquired(lease)) => {
+                tracing::debug!(lock = %self.request.name(), "the turnstile's holder left the lease free; took it past them");
+                // Dropping the ticket leaves the queue.
+                return Ok(Attempt::Acquired(lease));
+            }
+            // Just past the holder's expiry (by the server's count).
+            Ok(Attempt::Held {
+                expires_in: Some(left),
+            }) => left + TAKE_PAST_AFTER + Duration::from_millis(1),
+            // Free or expired, but not for long enough yet (or being taken
+            // right now): look again shortly.
+            Ok(Attempt::Held { expires_in: None }) => TAKE_PAST_AFTER / 2,
+            Err(e) if e.is_retryable() => self.recheck,
+            Err(e) => return Err(e),
+        };
+        let next = next.min(self.recheck);
+        self.stage = Stage::Queued {
+            ticket,
+            look_at: Instant::now() + next,
+        };
+        Ok(Attempt::Held {
+            expires_in: Some(next),
+        })
+    }
+
+    /// Holding the turnstile: asks for the lease; a lease it gets keeps the
+    /// turnstile until it is released (or renewing finds it gone, or the
+    /// lease is dropped), so the next waiter's turn begins exactly when
+    /// this lease ends, and it finds it free.
+    async fn try_lease(&mut self) -> Result<Attempt, LockError> {
+        let attempt = self.client.acquire(self.request, Duration::ZERO).await?;
+        if let Attempt::Acquired(lease) = &attempt
+            && let Some(held) = lease.extension::<Held>()
+            && let Stage::Turn(ticket) = std::mem::replace(&mut self.stage, Stage::Plain)
+        {
+            held.turnstile.keep(ticket);
+        }
+        Ok(attempt)
+    }
+
+    fn signalled(&self) -> Wakeup {
+        Box::pin(self.signal.clone().notified_owned())
+    }
+}
+
+#[async_trait]
+impl Waiter for LineWaiter<'_> {
+    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
+        self.armed_store = matches!(self.stage, Stage::Turn(_) | Stage::Plain);
+        if self.armed_store {
+            Ok(self.client.wakeups.watch(self.request.name()).await)
+        } else {
+            Ok(Some(self.signalled()))
+        }
+    }
+
+    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
+        let attempt = self.step().await?;
+        // Asking for the lease now, but only the waiter's own signal was
+        // armed: come straight back to arm the store's wake-up.
+        if let Attempt::Held { .. } = attempt
+            && !self.armed_store
+            && matches!(self.stage, Stage::Turn(_) | Stage::Plain)
+        {
+            return Ok(Attempt::Held {
+                expires_in: Some(Duration::ZERO),
+            });
+        }
+        Ok(attempt)
+    }
+}
+
+impl LineWaiter<'_> {
+    /// One step: through the line, up to the next thing to wait for.
+    async fn step(&mut self) -> Result<Attempt, LockError> {
+        loop {
+            match std::mem::replace(&mut self.stage, Stage::Plain) {
+                Stage::Start => {
+                    let place = self.lines.join(self.request.name().as_str(), &self.signal);
+                    self.place = Some(place);
+                    self.stage = Stage::Local;
+                }
+                Stage::Local => {
+                    if !self.place.as_ref().is_some_and(Place::has_turn) {
+                        self.stage = Stage::Local;
+                        return Ok(Attempt::Held { expires_in: None });
+                    }
+                    self.stage = self.enter().await;
+                    if let Stage::Queued { .. } = self.stage {
+                        // The queueing is under way: look again at the
+                        // turnstile's signal, or when a look is due.
+                        return Ok(Attempt::Held {
+                            expires_in: Some(TAKE_PAST_AFTER.min(self.recheck)),
+                        });
+                    }
+                }
+                Stage::Queued { ticket, look_at } => return self.queued(ticket, look_at).await,
+                Stage::Turn(ticket) => {
+                    self.stage = Stage::Turn(ticket);
+                    return self.try_lease().await;
+                }
+                Stage::Plain => {
+                    self.stage = Stage::Plain;
+                    return self.client.acquire(self.request, Duration::ZERO).await;
+                }
+            }
+        }
+    }
+}
+
+/// The local lines of one backend instance: per name, the waiters of this
+/// instance in arrival order. Only the first one goes on to the server; it
+/// hands the turn to the next when its wait ends.
+#[derive(Debug, Default)]
+pub(crate) struct Lines {
+    lines: Arc<Mutex<HashMap<String, Line>>>,
+}
+
+#[derive(Debug, Default)]
+struct Line {
+    /// Waiters behind the one whose turn it is, in arrival order.
+    behind: VecDeque<Arc<Spot>>,
+    /// Waiters in the line, the one whose turn it is included.
+    waiting: usize,
+}
+
+/// One waiter's spot: whether its turn has come, and how to tell it.
+#[derive(Debug)]
+struct Spot {
+    turn: AtomicBool,
+    signal: Arc<Notify>,
+}
+
+impl Lines {
+    /// Joins the line of `name`: its turn comes at once if nobody of this
+    /// instance waits for `name`, else `signal` is notified when it does.
+    fn join(&self, name: &str, signal: &Arc<Notify>) -> Place {
+        let spot = Arc::new(Spot {
+            turn: AtomicBool::new(false),
+            signal: signal.clone(),
+        });
+        let mut lines = self.lock();
+        let line = lines.entry(name.to_owned()).or_default();
+        if line.waiting == 0 {
+            spot.turn.store(true, Ordering::Relaxed);
+        } else {
+            line.behind.push_back(spot.clone());
+        }
+        line.waiting += 1;
+        Place {
+            lines: self.lines.clone(),
+            name: name.to_owned(),
+            spot,
+        }
+    }
+
+    /// `acquire` calls of this instance waiting in a line.
+    pub(crate) fn waiting(&self) -> usize {
+        self.lock().values().map(|l| l.waiting).sum()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Line>> {
+        lock(&self.lines)
+    }
+}
+
+// Updates are single map or queue operations; a panic cannot leave them torn.
+fn lock(lines: &Mutex<HashMap<String, Line>>) -> MutexGuard<'_, HashMap<String, Line>> {
+    lines.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A waiter's membership of its name's local line; leaving it (dropped
+/// with the waiter) passes the turn on if it had it. The line goes away
+/// with its last member, so memory follows the waiters, not the names.
+struct Place {
+    lines: Arc<Mutex<HashMap<String, Line>>>,
+    name: String,
+    spot: Arc<Spot>,
+}
+
+impl Place {
+    fn has_turn(&self) -> bool {
+        self.spot.turn.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut lines = lock(&self.lines);
+        let Some(line) = lines.get_mut(&self.name) else {
+            return;
+        };
+        line.waiting -= 1;
+        if self.has_turn() {
+            if let Some(next) = line.behind.pop_front() {
+                next.turn.store(true, Ordering::Relaxed);
+                next.signal.notify_one();
+            }
+        } else if let Some(at) = line.behind.iter().position(|s| Arc::ptr_eq(s, &self.spot)) {
+            line.behind.remove(at);
+        }
+        if line.waiting == 0 {
+            lines.remove(&self.name);
+        }
+    }
+}
