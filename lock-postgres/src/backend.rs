@@ -16,9 +16,10 @@ use sqlx::{Executor, PgPool};
 use crate::client::Client;
 use crate::config::{PostgresConfig, Server, Source};
 use crate::error::BACKEND;
+use crate::fence::ResourceFence;
 use crate::notify::Wakeups;
 use crate::probe::Facts;
-use crate::schema::Ddl;
+use crate::schema::{Ddl, RESOURCE_FENCE_TABLE};
 use crate::sql::{self, Sql};
 use crate::turnstile::Turnstiles;
 use crate::wait::{EXPIRY_SLACK, LineWaiter, Lines};
@@ -46,6 +47,7 @@ struct Inner {
     connect_timeout: Duration,
     turnstiles: Turnstiles,
     lines: Lines,
+    resource_fence: ResourceFence,
 }
 
 impl PostgresBackend {
@@ -83,6 +85,7 @@ impl PostgresBackend {
         let (schema, table, sequence) = config.idents()?;
         let ddl = Ddl::new(&schema, &table, &sequence);
         let sql = Sql::new(&schema, &table, &ddl.table, &ddl.sequence);
+        let resource_fence = ResourceFence::new(schema.as_str(), RESOURCE_FENCE_TABLE)?;
         let (op_timeout, connect_timeout) = (config.op_timeout, config.connect_timeout);
         let (pool, options, facts) = match config.source {
             Source::Options(options) => {
@@ -174,11 +177,12 @@ impl PostgresBackend {
                 connect_timeout,
                 turnstiles,
                 lines: Lines::default(),
+                resource_fence,
             }),
         })
     }
 
-    /// The pool lock statements run on; handy for [`fence_check`](crate::fence_check)
+    /// The pool lock statements run on; handy for [`fenced_write`](crate::fenced_write)
     /// transactions when the protected data lives in the same database.
     pub fn pool(&self) -> &PgPool {
         &self.inner.client.pool
@@ -187,6 +191,12 @@ impl PostgresBackend {
     /// The lock table, schema-qualified and quoted.
     pub fn table(&self) -> &str {
         &self.inner.client.sql.table
+    }
+
+    /// The resource fence table `connect` created next to the lock table
+    /// (`<schema>.resource_fence`), for [`ResourceFence::write`].
+    pub fn resource_fence(&self) -> ResourceFence {
+        self.inner.resource_fence.clone()
     }
 
     /// The NOTIFY channel waiters listen on.

@@ -23,7 +23,7 @@ mod wait;
 
 pub use backend::PostgresBackend;
 pub use config::PostgresConfig;
-pub use fence::{FenceError, ResourceFence, fence_check};
+pub use fence::{ResourceFence, fenced_write, fenced_write_slot};
 
 /// The sqlx version this crate speaks, for [`PostgresConfig::from_options`]
 /// and [`PostgresConfig::from_pool`].

@@ -3,6 +3,8 @@
 //! LISTEN connection of its backend instance, however many locks it holds;
 //! and compare-and-evict only evicts the grant it names.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,35 +15,11 @@ use lockcore::backend::LockBackendExt;
 use lockcore::{
     Attempt, FencingToken, Lease, LockBackend, LockName, Locker, LossReason, ReleaseOutcome,
 };
+use support::{round_trip, unique, with_app};
 use tokio::time::Instant;
 
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
 fn prefix() -> String {
-    format!("evict/{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
-}
-
-fn with_app(url: &str, app: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}application_name={app}")
-}
-
-/// Four times the slowest of three `inspect` calls, plus 100 ms, scaled.
-async fn round_trip(client: &PostgresBackend) -> Duration {
-    let probe = LockName::new(format!("{}/round-trip", prefix())).unwrap();
-    let mut slowest = Duration::ZERO;
-    for _ in 0..3 {
-        let sent = Instant::now();
-        client.inspect(&probe).await.unwrap();
-        slowest = slowest.max(sent.elapsed());
-    }
-    (slowest * 4 + Duration::from_millis(100)).mul_f64(scale())
+    unique("evict")
 }
 
 fn notice(client: &PostgresBackend) -> Duration {

@@ -3,30 +3,17 @@
 //! (owner-checked) once the store answers again, instead of leaving the
 //! name blocked for the whole TTL.
 
+mod support;
+
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::{eventually, postgres, until};
 use lock_postgres::PostgresBackend;
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
+use lockcore::{Attempt, LockBackend, ReleaseOutcome};
+use support::{lock_name, scaled};
 use tokio::time::Instant;
-
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
-fn lock_name(s: &str) -> LockName {
-    LockName::new(format!(
-        "lost-reply/{}/{s}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    ))
-    .unwrap()
-}
 
 /// Opens a pooled connection and prepares the acquire statement on it, so
 /// a later acquire is sent in one go (sqlx would otherwise wait for the
@@ -65,7 +52,7 @@ async fn warm_up(client: &PostgresBackend) {
 async fn a_lost_acquire_reply_leaves_no_phantom() {
     let store = postgres::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let op_timeout = Duration::from_millis(500).mul_f64(scale());
+    let op_timeout = scaled(Duration::from_millis(500));
     // One pooled connection, so the acquire goes on the one `warm_up` prepared.
     let url = format!(
         "{}?lock_op_timeout_ms={}&lock_pool_size=1",
@@ -101,7 +88,7 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
     // and a round of retry backoff (1 s at most), far below the TTL.
     proxy.set(Mode::Pass);
     let healed = Instant::now();
-    let within = (op_timeout * 3 + Duration::from_secs(2)).mul_f64(scale());
+    let within = scaled(op_timeout * 3 + Duration::from_secs(2));
     let next = eventually(within, "the phantom's removal", || async {
         other
             .try_acquire_for(&name, Duration::from_secs(30))
@@ -125,8 +112,8 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
 async fn the_cleanup_never_frees_a_later_grant() {
     let store = postgres::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let op_timeout = Duration::from_millis(300).mul_f64(scale());
-    let ttl = Duration::from_millis(400).mul_f64(scale());
+    let op_timeout = scaled(Duration::from_millis(300));
+    let ttl = scaled(Duration::from_millis(400));
     // One pooled connection, so the acquire goes on the one `warm_up` prepared.
     let url = format!(
         "{}?lock_op_timeout_ms={}&lock_pool_size=1",
@@ -159,7 +146,7 @@ async fn the_cleanup_never_frees_a_later_grant() {
     proxy.set(Mode::Pass);
     // Whatever the cleanup does once it gets through, the later grant stays.
     blind.inspect(&name).await.ok();
-    let give_up = Instant::now() + (op_timeout * 3 + Duration::from_secs(2)).mul_f64(scale());
+    let give_up = Instant::now() + scaled(op_timeout * 3 + Duration::from_secs(2));
     while Instant::now() < give_up {
         let holder = other.inspect(&name).await.unwrap();
         assert_eq!(holder.map(|h| h.fence), Some(next.fence()), "S1");

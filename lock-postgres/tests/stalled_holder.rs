@@ -4,50 +4,20 @@
 //! its lease expires on the server, within TTL + the declared expiry slack
 //! + a round trip, not a whole re-check interval later.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::postgres;
+use lock_conformance::stores::until;
 use lock_postgres::PostgresBackend;
-use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lock_postgres::sqlx::{self, PgPool};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
-use lockcore::{Lease, LockBackend, LockName, Locker};
+use lockcore::{Lease, LockBackend, Locker};
+use support::{lock_name, round_trip, scaled, with_app};
 use tokio::time::Instant;
-
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
-fn lock_name(s: &str) -> LockName {
-    LockName::new(format!(
-        "stalled/{}/{s}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    ))
-    .unwrap()
-}
-
-fn with_app(url: &str, app: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}application_name={app}")
-}
-
-/// A round-trip allowance as the conformance suite computes it: four times
-/// the slowest of three `inspect` calls, plus 100 ms, scaled.
-async fn round_trip(client: &PostgresBackend) -> Duration {
-    let probe = lock_name("round-trip");
-    let mut slowest = Duration::ZERO;
-    for _ in 0..3 {
-        let sent = Instant::now();
-        client.inspect(&probe).await.unwrap();
-        slowest = slowest.max(sent.elapsed());
-    }
-    (slowest * 4 + Duration::from_millis(100)).mul_f64(scale())
-}
 
 /// `holder` takes `name` with a waiting `acquire` (so its lease keeps the
 /// turnstile) and never renews it; `stall` then freezes it (or does
@@ -64,7 +34,7 @@ async fn waiter_gets_the_lock_at_expiry(holder: &PostgresBackend, stall: impl Fn
         .await
         .unwrap();
     let name = lock_name("name");
-    let ttl = Duration::from_secs(1).mul_f64(scale());
+    let ttl = scaled(Duration::from_secs(1));
     let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(30));
     let lease: Lease = holder
         .acquire_for(&name, ttl, &wait)
@@ -83,28 +53,23 @@ async fn waiter_gets_the_lock_at_expiry(holder: &PostgresBackend, stall: impl Fn
         let name = name.clone();
         tokio::spawn(async move { (locker.acquire(&name).await, Instant::now()) })
     };
-    let mut observer = PgConnection::connect(&url).await.unwrap();
-    let queued_in_time = tokio::time::timeout(ttl / 2, async {
-        loop {
+    let observer = PgPool::connect(&url).await.unwrap();
+    until(
+        ttl / 2,
+        "the waiter queued at the turnstile well before the holder's expiry",
+        || async {
             let queued: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity
                   WHERE application_name = $1 AND wait_event = 'advisory'",
             )
             .bind(&app)
-            .fetch_one(&mut observer)
+            .fetch_one(&observer)
             .await
             .unwrap();
-            if queued == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
+            queued == 1
+        },
+    )
     .await;
-    assert!(
-        queued_in_time.is_ok(),
-        "the waiter must queue at the turnstile well before the holder's expiry"
-    );
 
     let (guard, granted) = waiting.await.unwrap();
     let guard = guard.expect("the waiter gets the lock");

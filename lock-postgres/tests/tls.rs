@@ -1,6 +1,8 @@
 //! T4.12: TLS from the URL's `sslmode`/`sslrootcert`, against a private
 //! PostgreSQL switched to `ssl = on` with certificates made here (rcgen).
 
+mod support;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName};
+use support::with_params;
 /// Writes `contents` to `path` with `mode`, owned like `owner_of` (the data
 /// dir, which belongs to the user the server runs as).
 fn write_as_server(path: &Path, contents: &str, mode: u32, owner_of: &Path) {
@@ -26,11 +29,6 @@ async fn reload(url: &str) {
         .execute(&mut conn)
         .await
         .unwrap();
-}
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
 }
 
 async fn lock_cycle(backend: &PostgresBackend) {

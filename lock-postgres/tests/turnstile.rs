@@ -8,53 +8,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::postgres;
+mod support;
+
+use lock_conformance::stores::{eventually, until};
 use lock_postgres::PostgresBackend;
-use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lock_postgres::sqlx::{self, Connection, PgPool};
 use lockcore::backend::LockBackendExt;
 use lockcore::{
-    Attempt, Backoff, Fairness, FencingToken, Lease, LockBackend, LockError, LockGuard, LockName,
-    Locker,
+    Attempt, Backoff, Fairness, FencingToken, LockBackend, LockError, LockGuard, LockName, Locker,
 };
+use support::{acquired, backend, lock_name, shared_url, sql_conn, unique, with_app};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-
-fn shared_url() -> String {
-    postgres::shared().url()
-}
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
-
-fn lock_name(s: &str) -> LockName {
-    LockName::new(format!("{}/{s}", unique("turnstile"))).unwrap()
-}
 
 /// The shared server's URL, with every connection tagged `app` so the
 /// test can find its sessions.
 fn app_url(app: &str, params: &str) -> String {
-    let url = shared_url();
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}application_name={app}{params}")
-}
-
-async fn backend(url: &str) -> PostgresBackend {
-    PostgresBackend::connect(url).await.expect("connect")
-}
-
-async fn acquired(client: &PostgresBackend, name: &LockName) -> Lease {
-    match client
-        .try_acquire_for(name, Duration::from_secs(60))
-        .await
-        .expect("try_acquire")
-    {
-        Attempt::Acquired(lease) => lease,
-        Attempt::Held { .. } => panic!("{name} should be free"),
-    }
+    format!("{}{params}", with_app(&shared_url(), app))
 }
 
 /// A locker whose waiters can only be woken by a notification or the
@@ -86,7 +56,7 @@ struct Sessions {
     holding: i64,
 }
 
-async fn sessions(conn: &mut PgConnection, app: &str) -> Sessions {
+async fn sessions(conn: &PgPool, app: &str) -> Sessions {
     let (total, queued, holding): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*),
                 count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'),
@@ -104,26 +74,23 @@ async fn sessions(conn: &mut PgConnection, app: &str) -> Sessions {
     }
 }
 
-/// Polls `pg_stat_activity` every 10 ms until `check` holds, for at most 10 s.
+/// Waits (up to 10 s) until the sessions of `app` satisfy `check`.
 async fn await_sessions(
-    conn: &mut PgConnection,
+    conn: &PgPool,
     app: &str,
     what: &str,
     check: impl Fn(Sessions) -> bool,
 ) -> Sessions {
-    let give_up = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = sessions(conn, app).await;
-        if check(now) {
-            return now;
-        }
-        assert!(Instant::now() < give_up, "{what}: still {now:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let check = &check;
+    eventually(Duration::from_secs(10), what, || async move {
+        Some(sessions(conn, app).await).filter(|now| check(*now))
+    })
+    .await
 }
 
-async fn observer() -> PgConnection {
-    PgConnection::connect(&shared_url()).await.unwrap()
+/// A pool for looking at `pg_stat_activity`.
+async fn observer() -> PgPool {
+    PgPool::connect(&shared_url()).await.unwrap()
 }
 
 /// One turnstile holder asks for the lease; every other waiting instance
@@ -137,8 +104,8 @@ async fn waiters_are_served_in_arrival_order_one_attempter_at_a_time() {
     let url = app_url(&app, "");
     let name = lock_name("fifo");
     let holder = backend(&url).await;
-    let first = acquired(&holder, &name).await;
-    let mut conn = observer().await;
+    let first = acquired(&holder, &name, Duration::from_secs(60)).await;
+    let conn = observer().await;
 
     let mut clients = Vec::new();
     let mut waiting = Vec::new();
@@ -148,7 +115,7 @@ async fn waiters_are_served_in_arrival_order_one_attempter_at_a_time() {
         // Arrival order is the server's queue order: wait until this
         // waiter holds the turnstile (the first) or is queued behind it.
         let queued = i64::try_from(i).unwrap();
-        await_sessions(&mut conn, &app, "the waiter in line", |s| {
+        await_sessions(&conn, &app, "the waiter in line", |s| {
             s.holding == 1 && s.queued == queued
         })
         .await;
@@ -164,7 +131,7 @@ async fn waiters_are_served_in_arrival_order_one_attempter_at_a_time() {
         // The lease keeps its turnstile: everyone behind it (the
         // re-acquiring holder too) is still queued in the server.
         let left = i64::try_from(WAITERS - i).unwrap();
-        await_sessions(&mut conn, &app, "the line behind the grant", |s| {
+        await_sessions(&conn, &app, "the line behind the grant", |s| {
             s.holding == 1 && s.queued == left
         })
         .await;
@@ -179,7 +146,7 @@ async fn waiters_are_served_in_arrival_order_one_attempter_at_a_time() {
         "grants in arrival order: {fences:?}"
     );
     last.release().await.unwrap();
-    await_sessions(&mut conn, &app, "an empty line", |s| {
+    await_sessions(&conn, &app, "an empty line", |s| {
         s.queued == 0 && s.holding == 0
     })
     .await;
@@ -200,31 +167,31 @@ async fn cancelled_waiters_pass_their_turn_on() {
     let url = app_url(&app, "");
     let name = lock_name("cancel");
     let holder = backend(&url).await;
-    let lease = acquired(&holder, &name).await;
-    let mut conn = observer().await;
+    let lease = acquired(&holder, &name, Duration::from_secs(60)).await;
+    let conn = observer().await;
     let (a, b, c) = (
         backend(&url).await,
         backend(&url).await,
         backend(&url).await,
     );
     let first = spawn_acquire(patient(&a), &name);
-    await_sessions(&mut conn, &app, "A at the turnstile", |s| s.holding == 1).await;
+    await_sessions(&conn, &app, "A at the turnstile", |s| s.holding == 1).await;
     let second = spawn_acquire(patient(&b), &name);
-    await_sessions(&mut conn, &app, "B queued", |s| s.queued == 1).await;
+    await_sessions(&conn, &app, "B queued", |s| s.queued == 1).await;
     let third = spawn_acquire(patient(&c), &name);
-    await_sessions(&mut conn, &app, "C queued", |s| s.queued == 2).await;
+    await_sessions(&conn, &app, "C queued", |s| s.queued == 2).await;
 
     // A holds the turnstile: dropping its acquire hands it to B.
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
-    await_sessions(&mut conn, &app, "B at the turnstile", |s| {
+    await_sessions(&conn, &app, "B at the turnstile", |s| {
         s.holding == 1 && s.queued == 1
     })
     .await;
     // C is queued: dropping its acquire takes it out of the server's queue.
     third.abort();
     assert!(third.await.unwrap_err().is_cancelled());
-    await_sessions(&mut conn, &app, "C out of the queue", |s| {
+    await_sessions(&conn, &app, "C out of the queue", |s| {
         s.holding == 1 && s.queued == 0
     })
     .await;
@@ -240,7 +207,7 @@ async fn cancelled_waiters_pass_their_turn_on() {
     );
     assert!(guard.fencing_token() > lease.fence());
     guard.release().await.unwrap();
-    await_sessions(&mut conn, &app, "nothing left behind", |s| {
+    await_sessions(&conn, &app, "nothing left behind", |s| {
         s.holding == 0 && s.queued == 0
     })
     .await;
@@ -262,7 +229,7 @@ async fn the_turnstile_passes_on_when_the_lease_ends() {
     let app = unique("passes");
     let url = app_url(&app, "");
     let name = lock_name("passes");
-    let mut conn = observer().await;
+    let conn = observer().await;
     let (a, b, c) = (
         backend(&url).await,
         backend(&url).await,
@@ -270,9 +237,9 @@ async fn the_turnstile_passes_on_when_the_lease_ends() {
     );
     // A gets the lock through the turnstile (nobody ahead).
     let first = patient(&a).acquire(&name).await.unwrap();
-    await_sessions(&mut conn, &app, "A keeps the turnstile", |s| s.holding == 1).await;
+    await_sessions(&conn, &app, "A keeps the turnstile", |s| s.holding == 1).await;
     let second = spawn_acquire(patient(&b), &name);
-    await_sessions(&mut conn, &app, "B queued", |s| s.queued == 1).await;
+    await_sessions(&conn, &app, "B queued", |s| s.queued == 1).await;
     // Evicted: A's renewal is refused and the turnstile goes to B, who
     // takes the now free lock without waiting for any notification.
     a.evict(&name, None).await.unwrap();
@@ -287,16 +254,13 @@ async fn the_turnstile_passes_on_when_the_lease_ends() {
     // C queues behind B; B's turnstile session dies under it; B's release
     // still frees the lock, and C gets it.
     let third = spawn_acquire(patient(&c), &name);
-    await_sessions(&mut conn, &app, "C queued", |s| {
-        s.holding == 1 && s.queued == 1
-    })
-    .await;
+    await_sessions(&conn, &app, "C queued", |s| s.holding == 1 && s.queued == 1).await;
     let killed: i64 = sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
           WHERE application_name = $1 AND state = 'idle in transaction'",
     )
     .bind(&app)
-    .fetch_one(&mut conn)
+    .fetch_one(&conn)
     .await
     .unwrap();
     assert_eq!(killed, 1);
@@ -308,7 +272,7 @@ async fn the_turnstile_passes_on_when_the_lease_ends() {
     let last = third.await.unwrap().expect("C is served");
     assert!(last.fencing_token() > fence);
     last.release().await.unwrap();
-    await_sessions(&mut conn, &app, "nothing left behind", |s| {
+    await_sessions(&conn, &app, "nothing left behind", |s| {
         s.holding == 0 && s.queued == 0
     })
     .await;
@@ -321,11 +285,11 @@ async fn a_queued_waiter_that_times_out_leaves_the_queue() {
     let url = app_url(&app, "");
     let name = lock_name("timeout");
     let holder = backend(&url).await;
-    let lease = acquired(&holder, &name).await;
-    let mut conn = observer().await;
+    let lease = acquired(&holder, &name, Duration::from_secs(60)).await;
+    let conn = observer().await;
     let (a, b) = (backend(&url).await, backend(&url).await);
     let first = spawn_acquire(patient(&a), &name);
-    await_sessions(&mut conn, &app, "A at the turnstile", |s| s.holding == 1).await;
+    await_sessions(&conn, &app, "A at the turnstile", |s| s.holding == 1).await;
     let started = Instant::now();
     let outcome = patient(&b)
         .acquire_timeout(&name, Duration::from_millis(300))
@@ -339,7 +303,7 @@ async fn a_queued_waiter_that_times_out_leaves_the_queue() {
         took >= Duration::from_millis(300) && took < Duration::from_secs(2),
         "{took:?}"
     );
-    await_sessions(&mut conn, &app, "B out of the queue", |s| {
+    await_sessions(&conn, &app, "B out of the queue", |s| {
         s.holding == 1 && s.queued == 0
     })
     .await;
@@ -360,7 +324,7 @@ async fn turnstile_connections_stay_bounded() {
     let names: Vec<LockName> = (0..NAMES).map(|i| lock_name(&format!("n{i}"))).collect();
     let mut leases = Vec::new();
     for name in &names {
-        leases.push(acquired(&holder, name).await);
+        leases.push(acquired(&holder, name, Duration::from_secs(60)).await);
     }
     let client = backend(&url).await;
     let locker = Locker::new(client.clone())
@@ -380,17 +344,12 @@ async fn turnstile_connections_stay_bounded() {
             })
         })
         .collect();
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while client.waiting() < NAMES * PER_NAME {
-        assert!(
-            Instant::now() < give_up,
-            "only {} waiting",
-            client.waiting()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let mut conn = observer().await;
-    let busy = await_sessions(&mut conn, &app, "two turnstiles", |s| s.holding == 2).await;
+    until(Duration::from_secs(10), "every waiter waiting", || async {
+        client.waiting() == NAMES * PER_NAME
+    })
+    .await;
+    let conn = observer().await;
+    let busy = await_sessions(&conn, &app, "two turnstiles", |s| s.holding == 2).await;
     // Pool 2 + listener 1 + turnstiles 2.
     assert!(busy.total <= 5, "{busy:?}");
     for lease in &leases {
@@ -401,7 +360,7 @@ async fn turnstile_connections_stay_bounded() {
     }
     assert_eq!(*served.lock().unwrap(), NAMES * PER_NAME);
     assert_eq!(client.waiting(), 0);
-    let after = sessions(&mut conn, &app).await;
+    let after = sessions(&conn, &app).await;
     assert!(after.total <= 5 && after.holding == 0, "{after:?}");
 }
 
@@ -414,8 +373,8 @@ async fn lost_turnstile_connections_fall_back_without_leaks() {
     let url = app_url(&app, "");
     let name = lock_name("lost");
     let holder = backend(&shared_url()).await;
-    let lease = acquired(&holder, &name).await;
-    let mut conn = observer().await;
+    let lease = acquired(&holder, &name, Duration::from_secs(60)).await;
+    let conn = observer().await;
     let (a, b, c) = (
         backend(&url).await,
         backend(&url).await,
@@ -431,11 +390,11 @@ async fn lost_turnstile_connections_fall_back_without_leaks() {
         })
     };
     let first = cycle(&a);
-    await_sessions(&mut conn, &app, "A at the turnstile", |s| s.holding == 1).await;
+    await_sessions(&conn, &app, "A at the turnstile", |s| s.holding == 1).await;
     let second = cycle(&b);
-    await_sessions(&mut conn, &app, "B queued", |s| s.queued == 1).await;
+    await_sessions(&conn, &app, "B queued", |s| s.queued == 1).await;
     let third = cycle(&c);
-    await_sessions(&mut conn, &app, "C queued", |s| s.queued == 2).await;
+    await_sessions(&conn, &app, "C queued", |s| s.queued == 2).await;
 
     // End A's (holding) and one queued session from the server side.
     let killed: i64 = sqlx::query_scalar(
@@ -448,12 +407,12 @@ async fn lost_turnstile_connections_fall_back_without_leaks() {
          ) SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM victims",
     )
     .bind(&app)
-    .fetch_one(&mut conn)
+    .fetch_one(&conn)
     .await
     .unwrap();
     assert_eq!(killed, 2);
     // The queued survivor now holds the turnstile; nobody is queued.
-    await_sessions(&mut conn, &app, "the survivor at the turnstile", |s| {
+    await_sessions(&conn, &app, "the survivor at the turnstile", |s| {
         s.holding == 1 && s.queued == 0
     })
     .await;
@@ -462,7 +421,7 @@ async fn lost_turnstile_connections_fall_back_without_leaks() {
     for task in [first, second, third] {
         task.await.unwrap().expect("every waiter is served");
     }
-    await_sessions(&mut conn, &app, "nothing left behind", |s| {
+    await_sessions(&conn, &app, "nothing left behind", |s| {
         s.holding == 0 && s.queued == 0
     })
     .await;
@@ -479,7 +438,7 @@ async fn a_stuck_turnstile_delays_but_never_blocks() {
     let url = app_url(&app, "");
     let name = lock_name("stuck");
     let client = backend(&url).await;
-    let mut squatter = observer().await;
+    let mut squatter = sql_conn(&shared_url()).await;
     let mut tx = squatter.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(client.turnstile_key(&name))
@@ -489,15 +448,15 @@ async fn a_stuck_turnstile_delays_but_never_blocks() {
 
     // try_acquire ignores the turnstile.
     let started = Instant::now();
-    let lease = acquired(&client, &name).await;
+    let lease = acquired(&client, &name, Duration::from_secs(60)).await;
     assert!(started.elapsed() < Duration::from_secs(1));
 
     // A waiter queues behind the squatter; once the lease has been free a
     // re-check interval, it takes it anyway.
     let recheck = Duration::from_millis(300);
     let waiter = spawn_acquire(patient(&client).recheck(recheck), &name);
-    let mut conn = observer().await;
-    await_sessions(&mut conn, &app, "the waiter queued", |s| s.queued == 1).await;
+    let conn = observer().await;
+    await_sessions(&conn, &app, "the waiter queued", |s| s.queued == 1).await;
     let released = Instant::now();
     client.release(&lease).await.unwrap();
     let guard = waiter.await.unwrap().expect("served past the squatter");
@@ -507,10 +466,7 @@ async fn a_stuck_turnstile_delays_but_never_blocks() {
         "served {lag:?} after the release"
     );
     assert!(guard.fencing_token() > lease.fence());
-    await_sessions(&mut conn, &app, "the waiter left the queue", |s| {
-        s.queued == 0
-    })
-    .await;
+    await_sessions(&conn, &app, "the waiter left the queue", |s| s.queued == 0).await;
     guard.release().await.unwrap();
     tx.rollback().await.unwrap();
 }
@@ -524,15 +480,14 @@ async fn turnstiles_can_be_turned_off() {
     let name = lock_name("off");
     let (holder, client) = (backend(&url).await, backend(&url).await);
     assert_eq!(client.capabilities().fairness, Fairness::None);
-    let lease = acquired(&holder, &name).await;
+    let lease = acquired(&holder, &name, Duration::from_secs(60)).await;
     let waiter = spawn_acquire(patient(&client), &name);
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while client.waiting() == 0 {
-        assert!(Instant::now() < give_up, "no waiter");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let mut conn = observer().await;
-    let now = sessions(&mut conn, &app).await;
+    until(Duration::from_secs(10), "a waiter waiting", || async {
+        client.waiting() == 1
+    })
+    .await;
+    let conn = observer().await;
+    let now = sessions(&conn, &app).await;
     assert_eq!((now.queued, now.holding), (0, 0), "{now:?}");
     holder.release(&lease).await.unwrap();
     let guard = waiter.await.unwrap().expect("woken by notification");

@@ -1,0 +1,78 @@
+//! Wake-ups: the one listener connection of a backend instance comes back
+//! after it is killed, and releases still wake waiters by notification.
+
+mod support;
+
+use std::time::Duration;
+
+use lock_conformance::stores::{eventually, until};
+use lock_postgres::PostgresBackend;
+use lock_postgres::sqlx::{self, PgPool};
+use lockcore::{Backoff, Locker};
+use support::{acquired, connect, lock_name as name, shared_url, unique, with_params};
+use tokio::time::Instant;
+
+/// The listener connection is killed while a waiter waits: it reconnects,
+/// re-listens, and the next release still wakes the waiter by notification
+/// (re-checks are 30 s apart, so polling cannot explain a prompt grant).
+#[tokio::test]
+async fn listener_reconnects_after_its_connection_is_killed() {
+    let app = unique("relisten");
+    let url = with_params(&shared_url(), &format!("application_name={app}"));
+    let holder = connect(&shared_url()).await;
+    let lock = name("relisten");
+    let lease = acquired(&holder, &lock, Duration::from_secs(60)).await;
+    let backend = PostgresBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone())
+        .ttl(Duration::from_secs(30))
+        .max_wait(Duration::from_secs(60))
+        .recheck(Duration::from_secs(30))
+        .backoff(Backoff::new(
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+        ));
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { locker.acquire(&lock).await.map(|g| (g, Instant::now())) }
+    });
+    let conn = PgPool::connect(&shared_url()).await.unwrap();
+    // The waiter starts the listener when it first waits.
+    let old = eventually(Duration::from_secs(10), "a LISTEN connection", || {
+        listener_pid(&conn, &app)
+    })
+    .await;
+    assert_eq!(backend.waiting(), 1);
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(old)
+        .fetch_one(&conn)
+        .await
+        .unwrap();
+    assert!(killed);
+    until(Duration::from_secs(10), "the listener back", || async {
+        listener_pid(&conn, &app)
+            .await
+            .is_some_and(|pid| pid != old)
+    })
+    .await;
+    let released = Instant::now();
+    holder.release(&lease).await.unwrap();
+    let (guard, granted) = waiter.await.unwrap().expect("the waiter gets the lock");
+    let lag = granted - released;
+    assert!(
+        lag < Duration::from_secs(2),
+        "woken {lag:?} after the release"
+    );
+    assert!(guard.fencing_token() > lease.fence());
+    guard.release().await.unwrap();
+}
+
+/// The backend pid of the LISTEN connection of application `app`.
+async fn listener_pid(conn: &PgPool, app: &str) -> Option<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(app)
+    .fetch_optional(conn)
+    .await
+    .unwrap()
+}
