@@ -10,20 +10,21 @@ use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease, LockBackend,
     LockError, LockName, ReleaseOutcome,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Executor, PgPool};
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
 
-use crate::client::Client;
+use crate::client::{Client, Take};
 use crate::config::{PostgresConfig, Server, Source};
 use crate::error::BACKEND;
 use crate::fence::ResourceFence;
 use crate::notify::Wakeups;
+use crate::pool::Pool;
 use crate::probe::Facts;
 use crate::schema::{Ddl, RESOURCE_FENCE_TABLE};
-use crate::sql::{self, Sql};
+use crate::sql::Sql;
 use crate::turnstile::Turnstiles;
 use crate::wait::{EXPIRY_SLACK, LineWaiter, Lines};
-use crate::{error, keys};
+use crate::{keys, listener};
 
 /// Eviction notices travel as a NOTIFY to the holder's listener connection:
 /// one hop after the eviction commits.
@@ -100,25 +101,14 @@ impl PostgresBackend {
                 // then reports only that it timed out.
                 let facts =
                     Facts::first_connection(&options, &ddl, connect_timeout, &server).await?;
-                let pool = PgPoolOptions::new()
-                    .max_connections(config.pool_size)
-                    .min_connections(0)
-                    .acquire_timeout(op_timeout)
-                    // sqlx would otherwise ping before every statement: one
-                    // round trip per lock operation for nothing; a dead
-                    // connection fails the statement, which is retryable.
-                    .test_before_acquire(false)
-                    .after_connect(|conn, _| {
-                        Box::pin(async move { conn.execute(sql::PIN_ISOLATION).await.map(drop) })
-                    })
-                    .connect_lazy_with(options.clone());
+                let pool = Pool::own(options.clone(), config.pool_size);
                 (pool, options, facts)
             }
             Source::Pool(pool) => {
                 let options: PgConnectOptions = (*pool.connect_options()).clone();
                 let server = Server(&options).to_string();
                 let facts = Facts::of_pool(&pool, &ddl, op_timeout, &server).await?;
-                (pool, options, facts)
+                (Pool::Caller(pool), options, facts)
             }
         };
         let server = Server(&options).to_string();
@@ -130,7 +120,8 @@ impl PostgresBackend {
                     ddl.table, ddl.sequence
                 )));
             }
-            error::timed_sql("schema creation", op_timeout, ddl.create(&pool)).await?;
+            let mut op = pool.checkout("schema creation", op_timeout).await?;
+            op.run(|c| ddl.create(c)).await?;
         }
         let caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreWallClock)
@@ -157,13 +148,15 @@ impl PostgresBackend {
             facts.version,
             op_timeout,
         );
-        let wakeups = Wakeups::new(
+        let wakeups = Wakeups::new(listener::Config {
             options,
-            (sql.channel.clone(), sql.evict_channel.clone()),
-            op_timeout,
-            pool.clone(),
-            sql.gone.clone(),
-        );
+            channel: sql.channel.clone(),
+            evict_channel: sql.evict_channel.clone(),
+            table: sql.table.clone(),
+            connect_timeout: op_timeout,
+            pool: pool.clone(),
+            gone: sql.gone.clone(),
+        });
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 client: Arc::new(Client {
@@ -180,12 +173,6 @@ impl PostgresBackend {
                 resource_fence,
             }),
         })
-    }
-
-    /// The pool lock statements run on; handy for [`fenced_write`](crate::fenced_write)
-    /// transactions when the protected data lives in the same database.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.client.pool
     }
 
     /// The lock table, schema-qualified and quoted.
@@ -236,7 +223,7 @@ impl fmt::Debug for PostgresBackend {
         f.debug_struct("PostgresBackend")
             .field("server", &self.inner.server)
             .field("table", &client.sql.table)
-            .field("pool_size", &client.pool.options().get_max_connections())
+            .field("pool_size", &client.pool.size())
             .field("op_timeout", &client.op_timeout)
             .field("connect_timeout", &self.inner.connect_timeout)
             .field("wakeups", &client.wakeups)
@@ -254,7 +241,7 @@ impl LockBackend for PostgresBackend {
 
     /// Never waits, never queues: a free lock is taken whoever waits for it.
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        self.inner.client.acquire(request, Duration::ZERO).await
+        self.inner.client.acquire(request, Take::Any).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -278,7 +265,8 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        Ok(self.inner.client.wakeups.watch(name).await)
+        let topic = keys::lock_topic(name.as_str());
+        Ok(self.inner.client.wakeups.watch(topic).await)
     }
 
     /// Waits in line (see the crate docs and `wait.rs`).

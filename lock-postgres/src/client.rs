@@ -2,7 +2,6 @@
 //! inspect, evict, ...), each on a pooled connection within the operation
 //! timeout.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,16 +9,15 @@ use lockcore::backend::{LockRequest, Moment};
 use lockcore::{
     Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
-use sqlx::pool::PoolConnection;
-use sqlx::postgres::PgConnection;
-use sqlx::{Connection, PgPool, Postgres};
+use sqlx::Connection;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::error;
 use crate::notify::{Holding, Wakeups};
+use crate::pool::{Checkout, Pool};
 use crate::sql::{self, Sql};
 use crate::turnstile::HeldTurnstile;
+use crate::{error, keys};
 
 /// What a lease of this backend carries: the turnstile it keeps, and its
 /// registration for eviction notices.
@@ -28,28 +26,42 @@ pub(crate) struct Held {
     eviction: Holding,
 }
 
+/// How an acquire may take a free lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Whoever waits for it.
+    Any,
+    /// Only if nobody of any instance waits in the name's turnstile line.
+    IfNoLine,
+    /// Only if it has been free (or expired) at least this long.
+    FreeFor(Duration),
+}
+
 /// The pool and statements of one backend instance.
 pub(crate) struct Client {
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Pool,
     pub(crate) sql: Sql,
     pub(crate) op_timeout: Duration,
     pub(crate) wakeups: Wakeups,
 }
 
 impl Client {
-    /// One attempt; with `free_for` > 0, only takes a row that has been
-    /// free at least that long on the server's clock.
+    /// One attempt, in one statement, taking a free lock as `take` says.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         request: &LockRequest,
-        free_for: Duration,
+        take: Take,
     ) -> Result<Attempt, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
         let ttl_us = micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
             ttl: ttl.get(),
             reason: "does not fit PostgreSQL's interval".into(),
         })?;
-        let free_for_us = micros(free_for).unwrap_or(i64::MAX);
+        let free_for_us = match take {
+            Take::FreeFor(free_for) => micros(free_for).unwrap_or(i64::MAX).max(1),
+            Take::Any | Take::IfNoLine => 0,
+        };
+        let line = keys::turnstile_key(&self.sql.table, name.as_str());
         let owner = OwnerToken::new();
         // Counted from before the wait for a connection: the local deadline
         // may only be early.
@@ -65,6 +77,8 @@ impl Client {
                     .bind(owner.as_uuid())
                     .bind(ttl_us)
                     .bind(free_for_us)
+                    .bind(take == Take::IfNoLine)
+                    .bind(line)
                     .fetch_all(c)
             })
             .await
@@ -82,6 +96,7 @@ impl Client {
         if let Some(fence) = rows.iter().find_map(|(fence, _)| *fence) {
             let token = fence_token(fence)?;
             let (lost, eviction) = pending.granted(fence);
+            tracing::debug!(lock = %name, %token, "acquired");
             return Ok(Attempt::Acquired(
                 Lease::new(name.clone(), owner, token, ttl, sent_at)
                     .with_loss_signal(lost)
@@ -121,6 +136,7 @@ impl Client {
             })
             .await?;
         if done.rows_affected() == 1 {
+            tracing::debug!(lock = %lease.name(), fence = %lease.fence(), "renewed");
             Ok(lease.renewed(sent_at))
         } else {
             end_turn(lease);
@@ -133,49 +149,45 @@ impl Client {
             end_turn(lease);
             return Ok(ReleaseOutcome::NotHeld);
         };
+        let watch = keys::watch_key(&self.sql.table, &keys::lock_topic(lease.name().as_str()));
         let release = || {
             sqlx::query_scalar::<_, i64>(&self.sql.release)
                 .bind(lease.name().as_str())
                 .bind(lease.owner().as_uuid())
                 .bind(fence)
                 .bind(&self.sql.channel)
+                .bind(watch)
         };
         let outcome = |released: i64| {
+            forget_eviction(lease);
             if released == 1 {
+                tracing::debug!(lock = %lease.name(), fence = %lease.fence(), "released");
                 ReleaseOutcome::Released
             } else {
                 ReleaseOutcome::NotHeld
             }
         };
-        // A lease let in by a turnstile still holds it: release in the
-        // turnstile's transaction, so the commit that frees the row is the
-        // very one that lets the next waiter in, who finds it free.
+        // A lease let in by a turnstile still holds it: release on the
+        // turnstile's connection, and let go of the turnstile once the
+        // release has committed (dropping the ticket), so the next waiter
+        // comes in after the row is free, and finds it free.
         if let Some(mut ticket) = lease
             .extension::<Held>()
             .and_then(|held| held.turnstile.take())
             && let Some(conn) = ticket.connection()
         {
-            let released =
-                error::timed_sql("release", self.op_timeout, release().fetch_one(&mut *conn)).await;
-            match released {
-                Ok(released) => {
-                    // A lost COMMIT reply is a lost release reply: the lease
-                    // may be free or not; the caller sees a retryable error.
-                    error::timed_sql("release", self.op_timeout, ticket.commit()).await?;
-                    forget_eviction(lease);
-                    return Ok(outcome(released));
-                }
-                // Nothing was committed (the turnstile's connection broke, or
-                // the server ended the session): dropping the ticket rolls
-                // back, and the release runs on its own below.
+            match error::timed_sql("release", self.op_timeout, release().fetch_one(conn)).await {
+                Ok(released) => return Ok(outcome(released)),
+                // The turnstile's connection broke, or the server ended the
+                // session: the release runs on its own below (owner-checked,
+                // so harmless if the first one did take effect).
                 Err(error) => {
-                    tracing::debug!(name = %lease.name(), %error, "release in the turnstile failed; releasing alone");
+                    tracing::debug!(name = %lease.name(), %error, "release on the turnstile's connection failed; releasing alone");
                 }
             }
         }
         let mut op = self.checkout("release").await?;
         let released = op.run(|c| release().fetch_one(c)).await?;
-        forget_eviction(lease);
         Ok(outcome(released))
     }
 
@@ -252,21 +264,9 @@ impl Client {
         Ok(done.rows_affected())
     }
 
-    /// A pooled connection for one operation, within its time limit.
+    /// A connection for one operation, within the operation timeout.
     async fn checkout(&self, what: &'static str) -> Result<Checkout, LockError> {
-        let limit = self.op_timeout;
-        let deadline = Instant::now() + limit;
-        match tokio::time::timeout_at(deadline, self.pool.acquire()).await {
-            Ok(Ok(conn)) => Ok(Checkout {
-                conn,
-                deadline,
-                limit,
-                what,
-                in_doubt: false,
-            }),
-            Ok(Err(e)) => Err(error::map(e)),
-            Err(_) => Err(error::timed_out(what, limit)),
-        }
+        self.pool.checkout(what, self.op_timeout).await
     }
 
     /// Frees, in the background, what the acquire by `owner` may have got
@@ -315,68 +315,17 @@ impl Client {
 
     /// Frees the grant of `owner` on `name`, if live: how many were freed.
     async fn forget(&self, name: &LockName, owner: OwnerToken) -> Result<i64, LockError> {
+        let watch = keys::watch_key(&self.sql.table, &keys::lock_topic(name.as_str()));
         let mut op = self.checkout("cleanup").await?;
         op.run(|c| {
             sqlx::query_scalar::<_, i64>(&self.sql.forget)
                 .bind(name.as_str())
                 .bind(owner.as_uuid())
                 .bind(&self.sql.channel)
+                .bind(watch)
                 .fetch_one(c)
         })
         .await
-    }
-}
-
-/// One operation's pooled connection. A statement that ends without the
-/// server's answer (timeout, broken connection) leaves the connection in
-/// doubt: it is closed, never pooled, since a late reply would be taken
-/// for the next statement's.
-struct Checkout {
-    conn: PoolConnection<Postgres>,
-    deadline: Instant,
-    limit: Duration,
-    what: &'static str,
-    in_doubt: bool,
-}
-
-impl Checkout {
-    /// Runs one statement (or transaction) on the connection, until the
-    /// operation's deadline.
-    async fn run<'c, T, F>(
-        &'c mut self,
-        statement: impl FnOnce(&'c mut PgConnection) -> F,
-    ) -> Result<T, LockError>
-    where
-        F: Future<Output = Result<T, sqlx::Error>> + 'c,
-    {
-        let sent = statement(&mut self.conn);
-        match tokio::time::timeout_at(self.deadline, sent).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => {
-                // The server answered with an error: nothing was done, and
-                // the connection is fine. Anything else: in doubt.
-                self.in_doubt = !matches!(e, sqlx::Error::Database(_));
-                Err(error::map(e))
-            }
-            Err(_) => {
-                self.in_doubt = true;
-                Err(error::timed_out(self.what, self.limit))
-            }
-        }
-    }
-
-    /// Whether the last statement may have taken effect without its answer
-    /// arriving.
-    fn in_doubt(&self) -> bool {
-        self.in_doubt
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        if self.in_doubt {
-            self.conn.close_on_drop();
-        }
     }
 }
 

@@ -26,6 +26,19 @@ pub(crate) fn turnstile_key(table_regclass: &str, name: &str) -> i64 {
     key(&[table_regclass.as_bytes(), name.as_bytes()])
 }
 
+/// The wake-up topic of a lock name: the name itself, the payload of the
+/// NOTIFY a release sends.
+pub(crate) fn lock_topic(name: &str) -> String {
+    name.to_owned()
+}
+
+/// The advisory-lock key a waiter's listener holds (shared) while it waits
+/// for `topic`: a release takes it exclusively (`pg_try_advisory_xact_lock`)
+/// and notifies only when that fails, i.e. when somebody waits.
+pub(crate) fn watch_key(table_regclass: &str, topic: &str) -> i64 {
+    key(&[table_regclass.as_bytes(), topic.as_bytes(), b"watch"])
+}
+
 /// Hashes `parts` joined by NUL bytes. No part contains NUL (table names
 /// are identifiers, lock names have no control characters), so different
 /// part lists never hash the same bytes.
@@ -87,5 +100,6 @@ mod tests {
             i64::from_le_bytes(fnv1a(b"t\0n").to_le_bytes())
         );
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_ne!(key, watch_key("\"public\".\"distlock_locks\"", "sku-42"));
     }
 }

@@ -1,281 +1,52 @@
 //! The listener task: one connection per backend instance, shared by its
-//! waiters and holders, and what they registered with it (see `notify.rs`
-//! for what it is for).
+//! waiters and holders (see `notify.rs` for what it is for), driven by
+//! their requests and the notifications it receives.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::Backoff;
 use lockcore::backend::CancellationToken;
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPoolOptions};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::keys;
+use crate::pool::Pool;
+use crate::registry::Shared;
+
 /// How long the eviction LISTEN outlives the last grant this instance held.
 const LINGER: Duration = Duration::from_secs(60);
+
+/// Reconnecting and re-checking after a failure back off, jittered.
+fn retry() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(2))
+}
 
 /// What the listener task needs.
 pub(crate) struct Config {
     pub(crate) options: PgConnectOptions,
     pub(crate) channel: String,
     pub(crate) evict_channel: String,
+    /// The lock table, whose name the watch keys hash.
+    pub(crate) table: String,
     pub(crate) connect_timeout: Duration,
     /// Checks grants against the table (see `Sql::gone`).
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Pool,
     pub(crate) gone: String,
-}
-
-/// The registry of one backend instance, shared with its listener task.
-pub(crate) struct Shared {
-    state: Mutex<State>,
-}
-
-/// Waiters, holders and what `LISTEN`s are in effect, under one lock: a
-/// waiter or holder that registers sees the state as the task left it.
-struct State {
-    waiters: HashMap<String, Waiters>,
-    listening: bool,
-    holders: HashMap<Uuid, Grant>,
-    /// The eviction `LISTEN` in effect, numbered anew each time it starts
-    /// (notifications before it are lost).
-    evictions: Option<u64>,
-    /// Bumped whenever a held grant may not be covered by that `LISTEN`.
-    checks_wanted: u64,
-}
-
-struct Waiters {
-    notify: Arc<Notify>,
-    count: usize,
-}
-
-/// A grant this instance holds, or an acquire that may get one.
-struct Grant {
-    name: String,
-    /// `None` while the acquire is in flight.
-    fence: Option<i64>,
-    /// An eviction of this owner seen while the acquire was in flight.
-    evicted: Option<i64>,
-    /// The eviction `LISTEN` that covers this grant: in effect before its
-    /// acquire was sent, or before it was last checked against the table.
-    covered_by: Option<u64>,
-    lost: CancellationToken,
 }
 
 /// Requests to the listener task.
 pub(crate) enum Request {
-    /// Make `LISTEN` on the wake-up channel effective, then answer.
-    Wakeups(oneshot::Sender<bool>),
+    /// Make `LISTEN` on the wake-up channel and the topic's watch key
+    /// effective, then answer whether they are.
+    Watch(String, oneshot::Sender<bool>),
+    /// The topic's last waiter left: let go of its watch key.
+    Unwatch(String),
     /// Holders came or went: listen for evictions while there are any, and
     /// check grants no `LISTEN` covers.
     Holders,
-}
-
-impl Shared {
-    pub(crate) fn new() -> Self {
-        Shared {
-            state: Mutex::new(State {
-                waiters: HashMap::new(),
-                listening: false,
-                holders: HashMap::new(),
-                evictions: None,
-                checks_wanted: 0,
-            }),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Updates are single map operations; a panic cannot leave it torn.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Registers a waiter of `name`: the notification it waits on, and
-    /// whether `LISTEN` was in effect at that moment.
-    pub(crate) fn register(&self, name: &str) -> (Arc<Notify>, bool) {
-        let mut state = self.lock();
-        let entry = state
-            .waiters
-            .entry(name.to_owned())
-            .or_insert_with(|| Waiters {
-                notify: Arc::new(Notify::new()),
-                count: 0,
-            });
-        entry.count += 1;
-        (entry.notify.clone(), state.listening)
-    }
-
-    /// Undoes one [`register`](Self::register); the entry of a name goes
-    /// away with its last waiter.
-    pub(crate) fn unregister(&self, name: &str) {
-        let mut state = self.lock();
-        if let Some(entry) = state.waiters.get_mut(name) {
-            entry.count -= 1;
-            if entry.count == 0 {
-                state.waiters.remove(name);
-            }
-        }
-    }
-
-    /// Waiters currently registered, over all names.
-    pub(crate) fn waiting(&self) -> usize {
-        self.lock().waiters.values().map(|w| w.count).sum()
-    }
-
-    /// `(listening, listening for evictions, grants registered)`, for Debug.
-    pub(crate) fn status(&self) -> (bool, bool, usize) {
-        let state = self.lock();
-        (
-            state.listening,
-            state.evictions.is_some(),
-            state.holders.len(),
-        )
-    }
-
-    /// Registers the grant an acquire of `name` by `owner` may get; `true`
-    /// when the eviction `LISTEN` already covers it.
-    pub(crate) fn expect(&self, name: &str, owner: Uuid) -> bool {
-        let mut state = self.lock();
-        let covered_by = state.evictions;
-        state.holders.insert(
-            owner,
-            Grant {
-                name: name.to_owned(),
-                fence: None,
-                evicted: None,
-                covered_by,
-                lost: CancellationToken::new(),
-            },
-        );
-        covered_by.is_some()
-    }
-
-    /// The acquire of `owner` got `fence`: its loss signal (already
-    /// cancelled if an eviction of it arrived first), and whether the
-    /// eviction `LISTEN` covers it (if not, the task must check it).
-    pub(crate) fn granted(&self, owner: Uuid, fence: i64) -> (CancellationToken, bool) {
-        let mut state = self.lock();
-        let evictions = state.evictions;
-        let (lost, covered) = match state.holders.get_mut(&owner) {
-            Some(grant) => {
-                grant.fence = Some(fence);
-                if grant.evicted == Some(fence) {
-                    grant.lost.cancel();
-                }
-                (
-                    grant.lost.clone(),
-                    evictions.is_some() && grant.covered_by == evictions,
-                )
-            }
-            None => (CancellationToken::new(), true),
-        };
-        if !covered {
-            state.checks_wanted += 1;
-        }
-        (lost, covered)
-    }
-
-    /// Forgets the grant of `owner`; `true` if this instance now holds none.
-    pub(crate) fn forget(&self, owner: Uuid) -> bool {
-        let mut state = self.lock();
-        state.holders.remove(&owner).is_some() && state.holders.is_empty()
-    }
-
-    /// Wakes one waiter of `name`; `false` when this instance waits for
-    /// nothing at all (the notification was of no use to it).
-    fn wake(&self, name: &str) -> bool {
-        let state = self.lock();
-        if let Some(waiters) = state.waiters.get(name) {
-            waiters.notify.notify_one();
-        }
-        !state.waiters.is_empty()
-    }
-
-    fn wake_all(&self) {
-        for waiters in self.lock().waiters.values() {
-            waiters.notify.notify_waiters();
-        }
-    }
-
-    fn set_listening(&self, listening: bool) {
-        self.lock().listening = listening;
-    }
-
-    /// Stops counting as listening if nobody waits; true if so.
-    fn stop_listening_if_idle(&self) -> bool {
-        let mut state = self.lock();
-        if state.waiters.is_empty() {
-            state.listening = false;
-        }
-        !state.listening
-    }
-
-    fn holding(&self) -> bool {
-        !self.lock().holders.is_empty()
-    }
-
-    fn set_evictions(&self, epoch: Option<u64>) {
-        let mut state = self.lock();
-        state.evictions = epoch;
-        state.checks_wanted += 1;
-    }
-
-    fn checks_wanted(&self) -> u64 {
-        self.lock().checks_wanted
-    }
-
-    /// An eviction notice `fence owner name`: cancels the matching grant's
-    /// loss signal (or remembers it for an acquire still in flight).
-    fn evicted(&self, payload: &str) {
-        let mut parts = payload.splitn(3, ' ');
-        let (Some(fence), Some(owner), Some(name)) = (
-            parts.next().and_then(|f| f.parse::<i64>().ok()),
-            parts.next().and_then(|o| Uuid::parse_str(o).ok()),
-            parts.next(),
-        ) else {
-            tracing::debug!(%payload, "ignoring a malformed eviction notice");
-            return;
-        };
-        let mut state = self.lock();
-        let Some(grant) = state.holders.get_mut(&owner) else {
-            return;
-        };
-        if grant.name != name {
-            return;
-        }
-        match grant.fence {
-            Some(held) if held == fence => grant.lost.cancel(),
-            Some(_) => {}
-            None => grant.evicted = Some(fence),
-        }
-    }
-
-    /// Held grants the eviction `LISTEN` number `epoch` does not cover yet:
-    /// `(owner, name, fence)`.
-    fn uncovered(&self, epoch: u64) -> Vec<(Uuid, String, i64)> {
-        self.lock()
-            .holders
-            .iter()
-            .filter(|(_, g)| g.covered_by != Some(epoch))
-            .filter_map(|(owner, g)| Some((*owner, g.name.clone(), g.fence?)))
-            .collect()
-    }
-
-    /// After checking `checked` against the table with `LISTEN` number
-    /// `epoch` in effect: signals those `gone`, and counts the rest covered.
-    fn checked(&self, epoch: u64, checked: &[(Uuid, String, i64)], gone: &[Uuid]) {
-        let mut state = self.lock();
-        for (owner, _, fence) in checked {
-            if let Some(grant) = state.holders.get_mut(owner)
-                && grant.fence == Some(*fence)
-            {
-                if gone.contains(owner) {
-                    grant.lost.cancel();
-                }
-                grant.covered_by = Some(epoch);
-            }
-        }
-    }
 }
 
 /// What the listener task reacts to.
@@ -298,7 +69,8 @@ struct Listener {
     epochs: u64,
     /// Reconnect no sooner than this after a failure, backing off.
     retry_at: Instant,
-    backoff: Duration,
+    /// Failures in a row, for the backoff.
+    failures: u32,
     /// Since when this instance holds nothing (the eviction LISTEN lingers).
     idle_since: Option<Instant>,
     /// Check uncovered grants no sooner than this after a failed check.
@@ -306,9 +78,6 @@ struct Listener {
     /// `State::checks_wanted` as of the last successful check.
     checked: u64,
 }
-
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The listener task: `LISTEN` on request, dispatch notifications,
 /// `UNLISTEN` when idle, reconnect (with backoff after a failure), until
@@ -327,7 +96,7 @@ pub(crate) async fn listen(
         evicting: None,
         epochs: 0,
         retry_at: Instant::now(),
-        backoff: MIN_BACKOFF,
+        failures: 0,
         idle_since: None,
         check_at: Instant::now(),
         checked: 0,
@@ -348,16 +117,11 @@ pub(crate) async fn listen(
         };
         match event {
             Event::Stop => return,
-            Event::Request(Request::Wakeups(answer)) => {
-                if !l.waking && Instant::now() >= l.retry_at {
-                    let channel = l.config.channel.clone();
-                    if l.start(&channel).await {
-                        l.waking = true;
-                        l.shared.set_listening(true);
-                    }
-                }
-                let _ = answer.send(l.waking);
+            Event::Request(Request::Watch(topic, answer)) => {
+                let watching = l.watch(&topic).await;
+                let _ = answer.send(watching);
             }
+            Event::Request(Request::Unwatch(topic)) => l.unwatch(&topic).await,
             Event::Request(Request::Holders) | Event::Timer => {}
             Event::Received(Ok(Some(notification))) => {
                 if notification.channel() == l.config.evict_channel {
@@ -373,7 +137,7 @@ pub(crate) async fn listen(
             // The connection dropped and sqlx reconnected and re-listened
             // before returning: notifications in between are lost.
             Event::Received(Ok(None)) => {
-                l.shared.wake_all();
+                l.shared.rewatch();
                 if l.evicting.is_some() {
                     l.new_epoch();
                 }
@@ -388,6 +152,60 @@ pub(crate) async fn listen(
 }
 
 impl Listener {
+    /// Makes `LISTEN` and the watch key of `topic` effective (if it still
+    /// has waiters): a release of `topic` then notifies. Whether both are.
+    async fn watch(&mut self, topic: &str) -> bool {
+        if !self.waking && Instant::now() >= self.retry_at {
+            let channel = self.config.channel.clone();
+            if self.start(&channel).await {
+                self.waking = true;
+                self.shared.set_listening(true);
+            }
+        }
+        if !self.waking {
+            return false;
+        }
+        if self.shared.wants_watch(topic) {
+            let key = keys::watch_key(&self.config.table, topic);
+            if !self
+                .run_on_listener("SELECT pg_advisory_lock_shared($1)", key)
+                .await
+            {
+                return false;
+            }
+            self.shared.set_watched(topic);
+        }
+        true
+    }
+
+    /// Lets go of the watch key of `topic` if nobody waits for it.
+    async fn unwatch(&mut self, topic: &str) {
+        if self.shared.unwatch_if_idle(topic) {
+            let key = keys::watch_key(&self.config.table, topic);
+            self.run_on_listener("SELECT pg_advisory_unlock_shared($1)", key)
+                .await;
+        }
+    }
+
+    /// Runs a statement with an advisory key on the listener connection;
+    /// on failure starts over (the connection's state is unknown).
+    async fn run_on_listener(&mut self, statement: &str, key: i64) -> bool {
+        let Some(conn) = self.conn.as_mut() else {
+            return false;
+        };
+        let ran = tokio::time::timeout(
+            self.config.connect_timeout,
+            sqlx::query(statement).bind(key).execute(&mut *conn),
+        )
+        .await;
+        if let Ok(Ok(_)) = ran {
+            return true;
+        }
+        tracing::debug!(%statement, "statement on the LISTEN connection failed; starting over");
+        self.lost();
+        false
+    }
+
     /// When the task must act on its own: reconnect for holders, check
     /// uncovered grants after a failure, or end the eviction LISTEN.
     fn next_timer(&self) -> Option<Instant> {
@@ -455,32 +273,31 @@ impl Listener {
         let names: Vec<&str> = grants.iter().map(|(_, n, _)| n.as_str()).collect();
         let owners: Vec<Uuid> = grants.iter().map(|(o, _, _)| *o).collect();
         let fences: Vec<i64> = grants.iter().map(|(_, _, f)| *f).collect();
-        let query = async {
-            let mut conn = self.config.pool.acquire().await?;
-            let gone = sqlx::query_scalar::<_, Uuid>(&self.config.gone)
-                .bind(names)
-                .bind(owners)
-                .bind(fences)
-                .fetch_all(&mut *conn);
-            match tokio::time::timeout(self.config.connect_timeout, gone).await {
-                Ok(result) => result,
-                Err(_) => {
-                    // Its reply may still come: never pool the connection.
-                    conn.close_on_drop();
-                    Err(sqlx::Error::PoolTimedOut)
-                }
-            }
+        let gone = async {
+            let mut op = self
+                .config
+                .pool
+                .checkout("eviction check", self.config.connect_timeout)
+                .await?;
+            op.run(|c| {
+                sqlx::query_scalar::<_, Uuid>(&self.config.gone)
+                    .bind(names)
+                    .bind(owners)
+                    .bind(fences)
+                    .fetch_all(c)
+            })
+            .await
         };
-        match tokio::time::timeout(self.config.connect_timeout * 2, query).await {
-            Ok(Ok(gone)) => {
+        match gone.await {
+            Ok(gone) => {
                 self.shared.checked(epoch, &grants, &gone);
                 self.checked = wanted;
-                self.backoff = MIN_BACKOFF;
+                self.failures = 0;
             }
-            failed => {
-                tracing::debug!(ok = failed.is_ok(), "checking held grants failed; retrying");
-                self.check_at = Instant::now() + self.backoff;
-                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            Err(error) => {
+                tracing::debug!(%error, "checking held grants failed; retrying");
+                self.check_at = Instant::now() + retry().delay(self.failures);
+                self.failures = self.failures.saturating_add(1);
             }
         }
     }
@@ -506,7 +323,7 @@ impl Listener {
         .await;
         match started {
             Ok(Ok(())) => {
-                self.backoff = MIN_BACKOFF;
+                self.failures = 0;
                 true
             }
             failed => {
@@ -516,8 +333,8 @@ impl Listener {
                 };
                 tracing::debug!(%channel, %error, "LISTEN failed; waiters poll and holders learn of evictions at renewal meanwhile");
                 self.lost();
-                self.retry_at = Instant::now() + self.backoff;
-                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                self.retry_at = Instant::now() + retry().delay(self.failures);
+                self.failures = self.failures.saturating_add(1);
                 false
             }
         }
@@ -536,15 +353,13 @@ impl Listener {
         }
     }
 
-    /// The connection is gone, and every LISTEN with it: waiters re-check
-    /// (they may have missed a release).
+    /// The connection is gone, and every LISTEN and watch key with it:
+    /// waiters re-check (they may have missed a release).
     fn lost(&mut self) {
         self.conn = None;
         self.waking = false;
         self.evicting = None;
-        self.shared.set_listening(false);
-        self.shared.set_evictions(None);
-        self.shared.wake_all();
+        self.shared.lost();
     }
 }
 

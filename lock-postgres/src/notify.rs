@@ -34,16 +34,13 @@
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use lockcore::LockName;
 use lockcore::backend::{CancellationToken, Wakeup};
-use sqlx::PgPool;
-use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Notify, mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::listener::{self, Config, Request, Shared};
+use crate::listener::{self, Config, Request};
+use crate::registry::Shared;
 
 /// The waiters and holders of one backend instance, and its listener task.
 pub(crate) struct Wakeups {
@@ -54,38 +51,29 @@ pub(crate) struct Wakeups {
 }
 
 impl Wakeups {
-    pub(crate) fn new(
-        options: PgConnectOptions,
-        channels: (String, String),
-        connect_timeout: Duration,
-        pool: PgPool,
-        gone: String,
-    ) -> Self {
+    pub(crate) fn new(config: Config) -> Self {
         Wakeups {
             shared: Arc::new(Shared::new()),
-            config: Arc::new(Config {
-                options,
-                channel: channels.0,
-                evict_channel: channels.1,
-                connect_timeout,
-                pool,
-                gone,
-            }),
+            config: Arc::new(config),
             requests: OnceLock::new(),
             stop: CancellationToken::new(),
         }
     }
 
-    /// A wake-up for the next release of `name`, registered and with
-    /// `LISTEN` in effect before it is returned; `None` while the listener
-    /// cannot connect (the caller then polls with backoff).
-    pub(crate) async fn watch(&self, name: &LockName) -> Option<Wakeup> {
-        let (registration, listening) = Registration::new(&self.shared, name.as_str());
+    /// A wake-up for the next release of `topic` (see `keys::lock_topic`),
+    /// registered, and with `LISTEN` and the topic's watch key in effect,
+    /// before it is returned; `None` while the listener cannot connect (the
+    /// caller then polls with backoff).
+    pub(crate) async fn watch(&self, topic: String) -> Option<Wakeup> {
+        let requests = self.task().clone();
+        let (registration, ready) = Registration::new(&self.shared, topic, requests.clone());
         let mut notified = Box::pin(registration.notify.clone().notified_owned());
         notified.as_mut().enable();
-        if !listening {
+        if !ready {
             let (answer, answered) = oneshot::channel();
-            self.task().send(Request::Wakeups(answer)).ok()?;
+            requests
+                .send(Request::Watch(registration.topic.clone(), answer))
+                .ok()?;
             match tokio::time::timeout(self.config.connect_timeout, answered).await {
                 Ok(Ok(true)) => {}
                 _ => return None,
@@ -208,25 +196,36 @@ impl fmt::Debug for Holding {
 /// One waiter's place in the registry, for as long as its wake-up lives.
 struct Registration {
     shared: Arc<Shared>,
-    name: String,
+    topic: String,
     notify: Arc<Notify>,
+    requests: mpsc::UnboundedSender<Request>,
 }
 
 impl Registration {
-    /// Registers, and says whether `LISTEN` was in effect at that moment.
-    fn new(shared: &Arc<Shared>, name: &str) -> (Self, bool) {
-        let (notify, listening) = shared.register(name);
+    /// Registers, and says whether `LISTEN` and the watch key were in
+    /// effect at that moment.
+    fn new(
+        shared: &Arc<Shared>,
+        topic: String,
+        requests: mpsc::UnboundedSender<Request>,
+    ) -> (Self, bool) {
+        let (notify, ready) = shared.register(&topic);
         let registration = Registration {
             shared: shared.clone(),
-            name: name.to_owned(),
+            topic,
             notify,
+            requests,
         };
-        (registration, listening)
+        (registration, ready)
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.shared.unregister(&self.name);
+        if self.shared.unregister(&self.topic) {
+            let _ = self
+                .requests
+                .send(Request::Unwatch(std::mem::take(&mut self.topic)));
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The objects a lock table needs (schema, sequence, tables), their DDL, and
 //! their creation at connect.
 
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection};
 
 use crate::ident::Ident;
 use crate::sql::BEGIN;
@@ -70,8 +70,8 @@ impl Ddl {
 
     /// Creates what is missing, serialised by an advisory lock so concurrent
     /// first uses cannot race on the catalog.
-    pub(crate) async fn create(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin_with(BEGIN).await?;
+    pub(crate) async fn create(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        let mut tx = conn.begin_with(BEGIN).await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
             .bind(format!("distlock ddl {}", self.table))
             .execute(&mut *tx)

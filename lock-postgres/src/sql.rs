@@ -32,15 +32,17 @@ pub(crate) const PIN_ISOLATION: &str = "SET default_transaction_isolation = 'rea
 #[derive(Debug)]
 pub(crate) struct Sql {
     /// `$1` name, `$2` owner, `$3` TTL µs, `$4` minimum time free in µs
-    /// (0: any free row) → `(fence, remaining_us)`: `(Some, None)`
-    /// acquired; `(None, Some)` held; no row: held by a grant this
-    /// statement's snapshot cannot see yet, or free for less than `$4`.
+    /// (0: any free row), `$5` gated, `$6` turnstile key → `(fence,
+    /// remaining_us)`: `(Some, None)` acquired; `(None, Some)` held; no
+    /// row: held by a grant this statement's snapshot cannot see yet, free
+    /// for less than `$4`, or (gated) free with waiters in line.
     pub(crate) acquire: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` TTL µs → rows affected.
     pub(crate) renew: String,
-    /// `$1` name, `$2` owner, `$3` fence, `$4` channel → released count.
+    /// `$1` name, `$2` owner, `$3` fence, `$4` channel, `$5` watch key →
+    /// released count.
     pub(crate) release: String,
-    /// `$1` name, `$2` owner, `$3` channel → freed count: frees a grant
+    /// `$1` name, `$2` owner, `$3` channel, `$4` watch key → freed count: frees a grant
     /// whose fence is unknown (an acquire whose reply was lost); the owner
     /// token is unique to that one attempt.
     pub(crate) forget: String,
@@ -73,16 +75,14 @@ impl Sql {
         // is safe inside a single-quoted literal.
         let nextval = format!("nextval('{seq}'::regclass)");
         let ttl = "$3 * interval '1 microsecond'";
-        // One statement, three exclusive paths, decided on the row itself:
-        // - `live`: the snapshot shows a live holder: report it, write nothing
-        //   (no row lock, no transaction id, so no WAL flush at commit);
-        // - `taken`: the row is free or expired: lock it (skipping it if
-        //   another transaction holds it, i.e. a contender is taking it right
-        //   now), re-check the expiry under the lock, take it;
-        // - `inserted`: the name has no row yet: insert one, and if a
-        //   concurrent insert won, do nothing.
-        // Contenders that lose write nothing, so a herd woken by one release
-        // costs one WAL flush (the winner's), not one per contender.
+        // One statement, one look at the row (`cur`, the statement's
+        // snapshot), then one of two exclusive paths:
+        // - the row is live: report the holder's remaining time, write
+        //   nothing (no row lock, no transaction id, so no WAL flush);
+        // - free, expired or missing: insert it, or, on conflict, take the
+        //   row under its lock if it is (still) free or expired, judged on
+        //   the row's latest version. A contender that loses that race
+        //   writes nothing of the row and gets no grant.
         //
         // `$4` (µs, normally 0) asks for a row that has been free for at
         // least that long (released: since `updated_at`; expired: since
@@ -90,41 +90,35 @@ impl Sql {
         // take a lease nobody else is taking, without racing a live
         // attempter. With 0 the condition is skipped entirely, so a server
         // clock stepped backwards cannot delay an ordinary acquire.
-        let stale =
-            "($4 = 0 OR CASE WHEN expires_at = '-infinity' THEN updated_at ELSE expires_at END
-                       <= clock_timestamp() - $4 * interval '1 microsecond')";
-        let stale_l = stale
-            .replace("expires_at", "l.expires_at")
-            .replace("updated_at", "l.updated_at");
+        //
+        // `$5` (the gate) makes a free lock go to whoever is in line first:
+        // with it, the statement takes the row only if the name's turnstile
+        // (`$6`, see `keys::turnstile_key`) is free, i.e. nobody waits in
+        // line; a waiting `acquire` asks this way before queueing.
         let acquire = format!(
-            "WITH live AS (
-                SELECT expires_at FROM {t}
-                 WHERE name = $1 AND expires_at > clock_timestamp()
-            ), free AS (
-                SELECT name FROM {t}
-                 WHERE name = $1 AND expires_at <= clock_timestamp() AND {stale}
-                   FOR UPDATE SKIP LOCKED
+            "WITH cur AS (
+                SELECT expires_at FROM {t} WHERE name = $1
             ), taken AS (
-                UPDATE {t} AS l
-                   SET owner = $2, fence = {nextval},
-                       expires_at = clock_timestamp() + {ttl},
-                       updated_at = clock_timestamp()
-                  FROM free
-                 WHERE l.name = free.name AND l.expires_at <= clock_timestamp()
-                   AND {stale_l}
-                RETURNING l.fence
-            ), inserted AS (
-                INSERT INTO {t} (name, owner, fence, expires_at, updated_at)
+                INSERT INTO {t} AS l (name, owner, fence, expires_at, updated_at)
                 SELECT $1, $2, {nextval}, clock_timestamp() + {ttl}, clock_timestamp()
-                 WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = $1)
-                ON CONFLICT (name) DO NOTHING
-                RETURNING fence
+                 WHERE CASE
+                         WHEN EXISTS (SELECT 1 FROM cur WHERE expires_at > clock_timestamp())
+                           THEN false
+                         WHEN $5 THEN pg_try_advisory_xact_lock($6)
+                         ELSE true
+                       END
+                ON CONFLICT (name) DO UPDATE
+                   SET owner = EXCLUDED.owner, fence = EXCLUDED.fence,
+                       expires_at = clock_timestamp() + {ttl}, updated_at = clock_timestamp()
+                 WHERE l.expires_at <= clock_timestamp()
+                   AND ($4 = 0 OR CASE WHEN l.expires_at = '-infinity' THEN l.updated_at
+                                       ELSE l.expires_at END
+                                  <= clock_timestamp() - $4 * interval '1 microsecond')
+                RETURNING l.fence
             )
             SELECT fence, NULL::bigint AS remaining_us FROM taken
             UNION ALL
-            SELECT fence, NULL FROM inserted
-            UNION ALL
-            SELECT NULL, {REMAINING_US} FROM live"
+            SELECT NULL, {REMAINING_US} FROM cur WHERE expires_at > clock_timestamp()"
         );
         let renew = format!(
             "UPDATE {t}
@@ -132,6 +126,12 @@ impl Sql {
                     updated_at = clock_timestamp()
               WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()"
         );
+        // Releases notify only when somebody waits: a waiter's listener
+        // holds the name's watch key (`$5`) shared, so taking it here fails.
+        // Taken, it is held to this statement's commit, so a waiter that
+        // registers meanwhile waits for the commit and then sees the row
+        // free. (Every NOTIFY serializes its transaction's commit with all
+        // other notifying commits of the server.)
         let release = format!(
             "WITH released AS (
                 UPDATE {t}
@@ -139,7 +139,11 @@ impl Sql {
                  WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
                 RETURNING name
             )
-            SELECT count(*) FROM (SELECT pg_notify($4, name) FROM released) notified"
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($5) THEN NULL
+                            ELSE pg_notify($4, name) END
+                  FROM released
+            ) notified"
         );
         let forget = format!(
             "WITH freed AS (
@@ -148,7 +152,11 @@ impl Sql {
                  WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
                 RETURNING name
             )
-            SELECT count(*) FROM (SELECT pg_notify($3, name) FROM freed) notified"
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($4) THEN NULL
+                            ELSE pg_notify($3, name) END
+                  FROM freed
+            ) notified"
         );
         let gone = format!(
             "SELECT r.owner FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS r(name, owner, fence)

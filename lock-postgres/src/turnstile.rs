@@ -1,22 +1,23 @@
 //! Turnstiles: waiters of a name queue in PostgreSQL's lock manager, first
 //! come, first served, and only the first of them asks for the lease.
 //!
-//! The first local waiter of a name (see `wait.rs`) opens a transaction on
-//! a connection of its own and calls `pg_advisory_xact_lock(key)`, where
-//! `key` hashes the table and the name: the call blocks in the server's
-//! lock queue, which is FIFO and in memory, so queueing writes nothing and
-//! polls nothing. A task drives the queued call and signals the waiter when
-//! its turn comes.
+//! The first local waiter of a name (see `wait.rs`) calls
+//! `pg_advisory_lock(key)` on a connection of its own, where `key` hashes
+//! the table and the name: the call blocks in the server's lock queue,
+//! which is FIFO and in memory, so queueing writes nothing and polls
+//! nothing. A task drives the queued call and signals the waiter when its
+//! turn comes.
 //!
 //! The waiter holding the turnstile tries the lease at once, and, if it is
 //! held, waits for it as any waiter does (NOTIFY, the holder's expiry,
-//! re-checks). The lease it gets keeps the turnstile: the transaction stays
-//! open, idle, while the lease is held, and `release` runs in it, so the
-//! `COMMIT` that frees the row is the very one that lets the next waiter
-//! in, and that waiter finds the lock free. A hand-off costs the next
-//! waiter's own attempt, with no notification and no herd. The turnstile
-//! also ends (rolled back) when a renewal finds the lease gone, or when the
-//! lease is dropped.
+//! re-checks). The lease it gets keeps the turnstile (the session keeps the
+//! advisory lock, idle, no transaction open) while the lease is held, and
+//! `release` runs on that connection: once the release has committed, the
+//! connection lets go of the advisory lock (in the background: the caller
+//! has its answer after one round trip), which lets the next waiter in, and
+//! that waiter finds the lock free. A hand-off costs the next waiter's own
+//! attempt, with no notification and no herd. The turnstile also ends when a
+//! renewal finds the lease gone, or when the lease is dropped.
 //!
 //! The turnstile only orders waiters; it never grants anything: the lease
 //! row, taken by its atomic statement, stays the only authority. So every
@@ -25,23 +26,20 @@
 //! - two names whose keys collide (or an application's own advisory lock on
 //!   the same key) make their waiters queue in one line;
 //! - a turnstile holder that hangs (a stopped process, a partition) keeps
-//!   its transaction open until the server notices;
-//! - so a queued waiter looks at the lease soon after queueing, then at
-//!   the holder's expiry (and at least every re-check interval), and takes
-//!   it itself once it has been free or expired for a moment (50 ms: nobody
-//!   is taking it). A stalled holder costs its waiters its TTL plus that
-//!   moment and a round trip; a turnstile squatter at most about a re-check
-//!   interval once the lease is free; never a stall;
+//!   its session until the server notices; `wait.rs` takes the lease past
+//!   it once the lease has been free or expired for a moment;
 //! - a lost turnstile connection, or no connection to spare (at most
 //!   `turnstiles` per instance), means waiting without: LISTEN/NOTIFY and
 //!   re-checks, unordered; a release whose turnstile connection broke runs
 //!   on its own.
 //!
-//! Leaving the queue early (deadline, cancellation, the stale take above)
-//! closes the connection: the server drops a waiter whose client is gone
-//! within `client_connection_check_interval` (set to 1 s on PostgreSQL 14
-//! and later); older servers keep the dead session queued until its turn,
-//! then end it at once, passing the turnstile on.
+//! Leaving the queue early (deadline, cancellation, the take past a stalled
+//! holder) closes the connection: the server drops a waiter whose client is
+//! gone within `client_connection_check_interval` (set to 1 s on
+//! PostgreSQL 14 and later); older servers keep the dead session queued
+//! until its turn, then end it at once, passing the turnstile on. The
+//! locks are session locks, so turnstile connections must reach the server
+//! itself or a session-mode pool, not a transaction-mode PgBouncer.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,9 +60,9 @@ pub(crate) struct Turnstiles {
     /// One per turnstile connection, in use or idle.
     permits: Arc<Semaphore>,
     capacity: usize,
-    /// Starts the queueing transaction: `SET LOCAL`s, not connection
-    /// options, which PgBouncer refuses and would leak across clients.
-    begin: &'static str,
+    /// Prepares a new connection's session before it first queues
+    /// (settings, not connection options, which some poolers refuse).
+    setup: &'static str,
 }
 
 struct Shared {
@@ -92,15 +90,15 @@ impl Turnstiles {
             // The wait is bounded by the caller's deadline, not by server
             // defaults meant for queries; a waiter whose client is gone
             // leaves the queue within a second where the server can tell.
-            // READ COMMITTED: a release in this transaction must see the
-            // lease's current row, not the snapshot of the queueing.
-            begin: if server_version >= CONNECTION_CHECK_SINCE {
-                "BEGIN ISOLATION LEVEL READ COMMITTED; \
-                 SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; \
-                 SET LOCAL client_connection_check_interval = 1000;"
+            // The release that runs here later is pinned to READ COMMITTED
+            // like every statement of this crate.
+            setup: if server_version >= CONNECTION_CHECK_SINCE {
+                "SET statement_timeout = 0; SET lock_timeout = 0; \
+                 SET client_connection_check_interval = 1000; \
+                 SET default_transaction_isolation = 'read committed';"
             } else {
-                "BEGIN ISOLATION LEVEL READ COMMITTED; \
-                 SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;"
+                "SET statement_timeout = 0; SET lock_timeout = 0; \
+                 SET default_transaction_isolation = 'read committed';"
             },
         }
     }
@@ -117,12 +115,13 @@ impl Turnstiles {
     pub(crate) async fn enter(&self, key: i64, signal: Arc<Notify>) -> Option<Ticket> {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         let idle = self.shared.idle().pop();
-        let mut conn = match idle {
-            Some(conn) => conn,
+        // A new connection is set up in the same round trip as it queues.
+        let (mut conn, setup) = match idle {
+            Some(conn) => (conn, ""),
             None => {
                 let connecting = PgConnection::connect_with(&self.options);
                 match tokio::time::timeout(self.shared.op_timeout, connecting).await {
-                    Ok(Ok(conn)) => conn,
+                    Ok(Ok(conn)) => (conn, self.setup),
                     Ok(Err(error)) => {
                         tracing::debug!(%error, "no turnstile connection; waiting without one");
                         return None;
@@ -134,9 +133,8 @@ impl Turnstiles {
                 }
             }
         };
-        // One round trip: the transaction and the wait in the server's
-        // queue. `key` is an integer, safe to inline.
-        let sql = format!("{} SELECT pg_advisory_xact_lock({key})", self.begin);
+        // `key` is an integer, safe to inline.
+        let sql = format!("{setup} SELECT pg_advisory_lock({key})");
         let (sender, turn) = oneshot::channel();
         let queued = tokio::spawn(async move {
             // A bare string runs as a simple query: several statements.
@@ -171,13 +169,13 @@ impl Shared {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Ends the turnstile transaction (releasing the advisory lock) and
-    /// keeps the connection for the next waiter; any doubt closes it, which
-    /// ends the transaction just as well. Idle connections never outnumber
-    /// the permits: one is only opened when none is idle.
+    /// Lets go of the turnstile (the session's advisory locks) and keeps
+    /// the connection for the next waiter; any doubt closes it, which lets
+    /// go just as well. Idle connections never outnumber the permits: one
+    /// is only opened when none is idle.
     async fn leave(&self, mut conn: PgConnection) {
-        let rollback = conn.execute("ROLLBACK");
-        if let Ok(Ok(_)) = tokio::time::timeout(self.op_timeout, rollback).await {
+        let unlock = conn.execute("SELECT pg_advisory_unlock_all()");
+        if let Ok(Ok(_)) = tokio::time::timeout(self.op_timeout, unlock).await {
             self.idle().push(conn);
         }
     }
@@ -211,7 +209,8 @@ enum State {
         queued: JoinHandle<()>,
         turn: oneshot::Receiver<Queued>,
     },
-    /// Holding the turnstile: the connection is idle in its transaction.
+    /// Holding the turnstile: the connection is idle, its session holding
+    /// the advisory lock.
     Holding(PgConnection),
     Left,
 }
@@ -229,7 +228,7 @@ pub(crate) enum Turn {
 
 /// A waiter's place at a turnstile; dropping it is how a waiter leaves.
 /// Dropped while queued, it closes its connection (the server then drops
-/// the waiter); dropped while holding, it rolls back in the background (or
+/// the waiter); dropped while holding, it lets go in the background (or
 /// closes the connection when there is no runtime), so the next waiter
 /// goes on.
 pub(crate) struct Ticket {
@@ -264,23 +263,12 @@ impl Ticket {
         }
     }
 
-    /// The connection of a held turnstile, inside its transaction.
+    /// The connection of a held turnstile.
     pub(crate) fn connection(&mut self) -> Option<&mut PgConnection> {
         match &mut self.state {
             State::Holding(conn) => Some(conn),
             _ => None,
         }
-    }
-
-    /// Commits the turnstile's transaction: what ran in it takes effect,
-    /// and the next waiter's turn begins, at the same instant. Keeps the
-    /// connection; on error it is closed (which rolls back).
-    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
-        if let State::Holding(mut conn) = std::mem::replace(&mut self.state, State::Left) {
-            conn.execute("COMMIT").await?;
-            self.shared.idle().push(conn);
-        }
-        Ok(())
     }
 }
 
@@ -300,7 +288,7 @@ impl Drop for Ticket {
                     });
                 }
                 // Without a runtime the connection closes here, which ends
-                // its transaction and the lock with it.
+                // its session and the lock with it.
             }
             State::Left => {}
         }

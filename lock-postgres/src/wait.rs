@@ -34,7 +34,7 @@ use lockcore::{Attempt, LockError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::client::{Client, Held};
+use crate::client::{Client, Held, Take};
 use crate::keys;
 use crate::turnstile::{Ticket, Turn, Turnstiles};
 
@@ -65,6 +65,9 @@ pub(crate) struct LineWaiter<'a> {
     /// Whether the last `arm` registered a store wake-up (not only the
     /// waiter's own signal).
     armed_store: bool,
+    /// The holder's remaining time when this waiter last looked, before
+    /// queueing: the first look at the lease while queued is due then.
+    first_look: Option<Duration>,
 }
 
 enum Stage {
@@ -98,6 +101,7 @@ impl<'a> LineWaiter<'a> {
             stage: Stage::Start,
             place: None,
             armed_store: false,
+            first_look: None,
         }
     }
 
@@ -112,7 +116,7 @@ impl<'a> LineWaiter<'a> {
         match self.turnstiles.enter(key, self.signal.clone()).await {
             Some(ticket) => Stage::Queued {
                 ticket,
-                look_at: Instant::now() + TAKE_PAST_AFTER.min(self.recheck),
+                look_at: Instant::now() + self.first_look_in(),
             },
             None => {
                 tracing::debug!(lock = %name, "no turnstile to spare; waiting without one");
@@ -134,7 +138,7 @@ impl<'a> LineWaiter<'a> {
             Turn::Lost(error) => {
                 tracing::debug!(lock = %self.request.name(), %error, "turnstile connection lost; waiting without one");
                 self.stage = Stage::Plain;
-                return self.client.acquire(self.request, Duration::ZERO).await;
+                return self.client.acquire(self.request, Take::Any).await;
             }
             Turn::Waiting => {}
         }
@@ -145,7 +149,11 @@ impl<'a> LineWaiter<'a> {
                 expires_in: Some(look_at - now),
             });
         }
-        let next = match self.client.acquire(self.request, TAKE_PAST_AFTER).await {
+        let next = match self
+            .client
+            .acquire(self.request, Take::FreeFor(TAKE_PAST_AFTER))
+            .await
+        {
             Ok(Attempt::Acquired(lease)) => {
                 tracing::debug!(lock = %self.request.name(), "the turnstile's holder left the lease free; took it past them");
                 // Dropping the ticket leaves the queue.
@@ -176,7 +184,7 @@ impl<'a> LineWaiter<'a> {
     /// lease is dropped), so the next waiter's turn begins exactly when
     /// this lease ends, and it finds it free.
     async fn try_lease(&mut self) -> Result<Attempt, LockError> {
-        let attempt = self.client.acquire(self.request, Duration::ZERO).await?;
+        let attempt = self.client.acquire(self.request, Take::Any).await?;
         if let Attempt::Acquired(lease) = &attempt
             && let Some(held) = lease.extension::<Held>()
             && let Stage::Turn(ticket) = std::mem::replace(&mut self.stage, Stage::Plain)
@@ -184,6 +192,18 @@ impl<'a> LineWaiter<'a> {
             held.turnstile.keep(ticket);
         }
         Ok(attempt)
+    }
+
+    /// When to look at the lease first once queued: just past the holder's
+    /// expiry if this waiter saw the holder before queueing (a turnstile
+    /// holder that does not take the lease then is not taking it), else
+    /// shortly (to learn when it expires); at least every re-check.
+    fn first_look_in(&mut self) -> Duration {
+        let look = match self.first_look.take() {
+            Some(left) => left + TAKE_PAST_AFTER + Duration::from_millis(1),
+            None => TAKE_PAST_AFTER,
+        };
+        look.min(self.recheck)
     }
 
     fn signalled(&self) -> Wakeup {
@@ -196,7 +216,8 @@ impl Waiter for LineWaiter<'_> {
     async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
         self.armed_store = matches!(self.stage, Stage::Turn(_) | Stage::Plain);
         if self.armed_store {
-            Ok(self.client.wakeups.watch(self.request.name()).await)
+            let topic = keys::lock_topic(self.request.name().as_str());
+            Ok(self.client.wakeups.watch(topic).await)
         } else {
             Ok(Some(self.signalled()))
         }
@@ -224,8 +245,21 @@ impl LineWaiter<'_> {
         loop {
             match std::mem::replace(&mut self.stage, Stage::Plain) {
                 Stage::Start => {
-                    let place = self.lines.join(self.request.name().as_str(), &self.signal);
-                    self.place = Some(place);
+                    // Nobody waiting (here or at the server): take a free
+                    // lock at once, no line, one statement.
+                    let name = self.request.name().as_str();
+                    if self.lines.is_empty(name) {
+                        let take = if self.turnstiles.enabled() {
+                            Take::IfNoLine
+                        } else {
+                            Take::Any
+                        };
+                        match self.client.acquire(self.request, take).await? {
+                            attempt @ Attempt::Acquired(_) => return Ok(attempt),
+                            Attempt::Held { expires_in } => self.first_look = expires_in,
+                        }
+                    }
+                    self.place = Some(self.lines.join(name, &self.signal));
                     self.stage = Stage::Local;
                 }
                 Stage::Local => {
@@ -234,11 +268,11 @@ impl LineWaiter<'_> {
                         return Ok(Attempt::Held { expires_in: None });
                     }
                     self.stage = self.enter().await;
-                    if let Stage::Queued { .. } = self.stage {
+                    if let Stage::Queued { look_at, .. } = &self.stage {
                         // The queueing is under way: look again at the
                         // turnstile's signal, or when a look is due.
                         return Ok(Attempt::Held {
-                            expires_in: Some(TAKE_PAST_AFTER.min(self.recheck)),
+                            expires_in: Some(look_at.saturating_duration_since(Instant::now())),
                         });
                     }
                 }
@@ -249,7 +283,7 @@ impl LineWaiter<'_> {
                 }
                 Stage::Plain => {
                     self.stage = Stage::Plain;
-                    return self.client.acquire(self.request, Duration::ZERO).await;
+                    return self.client.acquire(self.request, Take::Any).await;
                 }
             }
         }
@@ -300,6 +334,11 @@ impl Lines {
             name: name.to_owned(),
             spot,
         }
+    }
+
+    /// Whether nobody of this instance waits for `name`.
+    fn is_empty(&self, name: &str) -> bool {
+        !self.lock().contains_key(name)
     }
 
     /// `acquire` calls of this instance waiting in a line.

@@ -40,7 +40,7 @@ async fn quantity(pool: &PgPool, table: &str) -> i32 {
 #[tokio::test]
 async fn fenced_write_guards_the_inventory_decrement() {
     let backend = backend(&shared_url()).await;
-    let pool = backend.pool().clone();
+    let pool = PgPool::connect(&shared_url()).await.unwrap();
     let table = inventory(&pool).await;
     let decrement =
         format!("UPDATE {table} SET quantity = quantity - 1 WHERE id = $1 AND quantity > 0");
@@ -102,7 +102,7 @@ async fn fenced_write_guards_the_inventory_decrement() {
 #[tokio::test]
 async fn resource_fence_tables_can_live_elsewhere() {
     let backend = backend(&shared_url()).await;
-    let pool = backend.pool().clone();
+    let pool = PgPool::connect(&shared_url()).await.unwrap();
     let resource = unique("elsewhere");
     let (old, new) = (FencingToken::new(7).unwrap(), FencingToken::new(8).unwrap());
     let schema = unique("fences");
@@ -130,8 +130,7 @@ async fn resource_fence_tables_can_live_elsewhere() {
 /// resource of the same name is another mark altogether.
 #[tokio::test]
 async fn slots_are_fenced_apart() {
-    let backend = backend(&shared_url()).await;
-    let pool = backend.pool().clone();
+    let pool = PgPool::connect(&shared_url()).await.unwrap();
     let resource = unique("uploads");
     let token = |n| FencingToken::new(n).unwrap();
     let write = |slot: Option<u32>, fence: FencingToken| {

@@ -91,11 +91,16 @@ async fn tls_modes_come_from_the_url() {
         }
     };
     lock_cycle(&backend).await;
-    let encrypted: bool =
-        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
-            .fetch_one(backend.pool())
-            .await
-            .unwrap();
+    let mut observer = PgConnection::connect(&verified).await.unwrap();
+    let (sessions, encrypted): (i64, bool) = sqlx::query_as(
+        "SELECT count(*), coalesce(bool_and(s.ssl), false)
+           FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+          WHERE a.application_name = 'distlock'",
+    )
+    .fetch_one(&mut observer)
+    .await
+    .unwrap();
+    assert!(sessions >= 1, "the backend's statement connection");
     assert!(encrypted, "statements must run over TLS");
 
     // A server certificate from another CA is refused, and not retried.

@@ -52,7 +52,7 @@ struct Sessions {
     total: i64,
     /// Blocked in the turnstile queue (waiting on an advisory lock).
     queued: i64,
-    /// Holding a turnstile (idle in its transaction).
+    /// Holding a turnstile (idle, its session holding the advisory lock).
     holding: i64,
 }
 
@@ -60,8 +60,11 @@ async fn sessions(conn: &PgPool, app: &str) -> Sessions {
     let (total, queued, holding): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*),
                 count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'),
-                count(*) FILTER (WHERE state = 'idle in transaction')
-           FROM pg_stat_activity WHERE application_name = $1",
+                count(*) FILTER (WHERE state = 'idle' AND EXISTS (
+                    SELECT 1 FROM pg_locks l
+                     WHERE l.pid = a.pid AND l.locktype = 'advisory'
+                       AND l.mode = 'ExclusiveLock' AND l.granted))
+           FROM pg_stat_activity a WHERE application_name = $1",
     )
     .bind(app)
     .fetch_one(conn)
@@ -235,8 +238,13 @@ async fn the_turnstile_passes_on_when_the_lease_ends() {
         backend(&url).await,
         backend(&url).await,
     );
-    // A gets the lock through the turnstile (nobody ahead).
-    let first = patient(&a).acquire(&name).await.unwrap();
+    // A waits for a lock taken with try_acquire (holding the turnstile),
+    // and gets it through the turnstile.
+    let taken = acquired(&c, &name, Duration::from_secs(60)).await;
+    let waiting = spawn_acquire(patient(&a), &name);
+    await_sessions(&conn, &app, "A at the turnstile", |s| s.holding == 1).await;
+    c.release(&taken).await.unwrap();
+    let first = waiting.await.unwrap().unwrap();
     await_sessions(&conn, &app, "A keeps the turnstile", |s| s.holding == 1).await;
     let second = spawn_acquire(patient(&b), &name);
     await_sessions(&conn, &app, "B queued", |s| s.queued == 1).await;
@@ -256,8 +264,10 @@ async fn the_turnstile_passes_on_when_the_lease_ends() {
     let third = spawn_acquire(patient(&c), &name);
     await_sessions(&conn, &app, "C queued", |s| s.holding == 1 && s.queued == 1).await;
     let killed: i64 = sqlx::query_scalar(
-        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = $1 AND state = 'idle in transaction'",
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity a
+          WHERE application_name = $1 AND state = 'idle' AND EXISTS (
+            SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory'
+               AND l.mode = 'ExclusiveLock' AND l.granted)",
     )
     .bind(&app)
     .fetch_one(&conn)
@@ -360,8 +370,11 @@ async fn turnstile_connections_stay_bounded() {
     }
     assert_eq!(*served.lock().unwrap(), NAMES * PER_NAME);
     assert_eq!(client.waiting(), 0);
-    let after = sessions(&conn, &app).await;
-    assert!(after.total <= 5 && after.holding == 0, "{after:?}");
+    // Released turnstiles are let go of in the background.
+    await_sessions(&conn, &app, "no turnstile held", |s| {
+        s.total <= 5 && s.holding == 0
+    })
+    .await;
 }
 
 /// The server ends the turnstile sessions of two waiters (the holder and a
@@ -399,8 +412,10 @@ async fn lost_turnstile_connections_fall_back_without_leaks() {
     // End A's (holding) and one queued session from the server side.
     let killed: i64 = sqlx::query_scalar(
         "WITH victims AS (
-            (SELECT pid FROM pg_stat_activity
-              WHERE application_name = $1 AND state = 'idle in transaction')
+            (SELECT pid FROM pg_stat_activity a
+              WHERE application_name = $1 AND state = 'idle' AND EXISTS (
+                SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory'
+                   AND l.mode = 'ExclusiveLock' AND l.granted))
             UNION ALL
             (SELECT pid FROM pg_stat_activity
               WHERE application_name = $1 AND wait_event = 'advisory' LIMIT 1)

@@ -1,5 +1,6 @@
-//! Wake-ups: the one listener connection of a backend instance comes back
-//! after it is killed, and releases still wake waiters by notification.
+//! Wake-ups: releases notify only when somebody waits; the one listener
+//! connection of a backend instance comes back after it is killed, and
+//! releases still wake waiters by notification.
 
 mod support;
 
@@ -7,9 +8,10 @@ use std::time::Duration;
 
 use lock_conformance::stores::{eventually, until};
 use lock_postgres::PostgresBackend;
+use lock_postgres::sqlx::postgres::PgListener;
 use lock_postgres::sqlx::{self, PgPool};
-use lockcore::{Backoff, Locker};
-use support::{acquired, connect, lock_name as name, shared_url, unique, with_params};
+use lockcore::{Backoff, LockBackend, LockName, Locker};
+use support::{acquired, backend, connect, lock_name as name, shared_url, unique, with_params};
 use tokio::time::Instant;
 
 /// The listener connection is killed while a waiter waits: it reconnects,
@@ -69,10 +71,85 @@ async fn listener_reconnects_after_its_connection_is_killed() {
 /// The backend pid of the LISTEN connection of application `app`.
 async fn listener_pid(conn: &PgPool, app: &str) -> Option<i32> {
     sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1
+            AND (query LIKE 'LISTEN%' OR query LIKE '%pg_advisory_lock_shared%')",
     )
     .bind(app)
     .fetch_optional(conn)
     .await
     .unwrap()
+}
+
+/// Releases notify only when somebody waits: a release nobody watches sends
+/// nothing (NOTIFY would serialize its commit with every other notifying
+/// commit of the server), a release of a watched name wakes its watcher,
+/// and once the watcher is gone, releases go quiet again. Notifications
+/// arrive in commit order, so the first one a raw listener receives tells
+/// which releases notified.
+#[tokio::test]
+async fn releases_notify_only_when_somebody_waits() {
+    let app = unique("quiet");
+    let holder = backend(&shared_url()).await;
+    let watcher = backend(&with_params(
+        &shared_url(),
+        &format!("application_name={app}"),
+    ))
+    .await;
+    let mut raw = PgListener::connect(&shared_url()).await.unwrap();
+    raw.listen(holder.channel()).await.unwrap();
+    let cycle = |name: LockName| {
+        let holder = holder.clone();
+        async move {
+            let lease = acquired(&holder, &name, Duration::from_secs(30)).await;
+            holder.release(&lease).await.unwrap();
+        }
+    };
+    let (quiet, watched, after) = (name("quiet"), name("watched"), name("after"));
+
+    cycle(quiet.clone()).await;
+    let wakeup = watcher
+        .watch(&watched)
+        .await
+        .unwrap()
+        .expect("a store wake-up");
+    cycle(watched.clone()).await;
+    let first = raw.recv().await.unwrap();
+    assert_eq!(
+        first.payload(),
+        watched.as_str(),
+        "the unwatched release must not have notified"
+    );
+    tokio::time::timeout(Duration::from_secs(5), wakeup)
+        .await
+        .expect("the watcher is woken");
+
+    // The watcher is gone: its listener lets go of the watch key.
+    let conn = PgPool::connect(&shared_url()).await.unwrap();
+    until(
+        Duration::from_secs(10),
+        "the watch key let go of",
+        || async {
+            let held: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+              WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.mode = 'ShareLock'",
+            )
+            .bind(&app)
+            .fetch_one(&conn)
+            .await
+            .unwrap();
+            held == 0
+        },
+    )
+    .await;
+    cycle(watched.clone()).await;
+    let wakeup = watcher
+        .watch(&after)
+        .await
+        .unwrap()
+        .expect("a store wake-up");
+    cycle(after.clone()).await;
+    assert_eq!(raw.recv().await.unwrap().payload(), after.as_str());
+    tokio::time::timeout(Duration::from_secs(5), wakeup)
+        .await
+        .expect("the watcher is woken");
 }
