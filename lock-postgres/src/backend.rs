@@ -248,6 +248,12 @@ impl LockBackend for PostgresBackend {
         self.inner.client.renew(lease).await
     }
 
+    /// One statement for the whole batch (`unnest` of names, owners,
+    /// fences and TTLs), each lease owner-, fence- and liveness-checked.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        self.inner.client.renew_many(leases).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.inner.client.release(lease).await
     }

@@ -2,6 +2,7 @@
 //! inspect, evict, ...), each on a pooled connection within the operation
 //! timeout.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -141,6 +142,87 @@ impl Client {
         } else {
             end_turn(lease);
             Err(not_held())
+        }
+    }
+
+    /// Renews `leases` in one statement, each checked on its own as
+    /// [`renew`](Self::renew) checks it: one result per lease, in order.
+    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let not_held = |lease: &Lease| {
+            end_turn(lease);
+            Err(LockError::NotHeld {
+                name: lease.name().clone(),
+            })
+        };
+        // Where each lease's answer comes from: its position in the batch
+        // (a lease given twice is asked about once), or none (not ours).
+        let mut asked: HashMap<(Uuid, i64), i64> = HashMap::new();
+        let mut batch = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let positions: Vec<Option<i64>> = leases
+            .iter()
+            .map(|lease| {
+                let fence = db_fence(lease.fence())?;
+                let ttl_us = micros(lease.ttl())?;
+                let key = (lease.owner().as_uuid(), fence);
+                Some(*asked.entry(key).or_insert_with(|| {
+                    batch.0.push(lease.name().as_str());
+                    batch.1.push(key.0);
+                    batch.2.push(fence);
+                    batch.3.push(ttl_us);
+                    i64::try_from(batch.0.len()).unwrap_or(i64::MAX)
+                }))
+            })
+            .collect();
+        let sent_at = Moment::now();
+        let renewed: Result<HashSet<i64>, LockError> = async {
+            if batch.0.is_empty() {
+                return Ok(HashSet::new());
+            }
+            let mut op = self.checkout("renew").await?;
+            let renewed = op
+                .run(|c| {
+                    sqlx::query_scalar::<_, i64>(&self.sql.renew_many)
+                        .bind(&batch.0)
+                        .bind(&batch.1)
+                        .bind(&batch.2)
+                        .bind(&batch.3)
+                        .fetch_all(c)
+                })
+                .await?;
+            Ok(renewed.into_iter().collect())
+        }
+        .await;
+        match renewed {
+            Ok(renewed) => {
+                tracing::debug!(
+                    leases = leases.len(),
+                    renewed = renewed.len(),
+                    "renewed a batch"
+                );
+                leases
+                    .iter()
+                    .zip(positions)
+                    .map(|(lease, at)| match at {
+                        Some(at) if renewed.contains(&at) => Ok(lease.renewed(sent_at)),
+                        _ => not_held(lease),
+                    })
+                    .collect()
+            }
+            // Every lease of the batch gets the batch's error.
+            Err(e) => {
+                let (retryable, message) = (e.is_retryable(), e.to_string());
+                leases
+                    .iter()
+                    .zip(positions)
+                    .map(|(lease, at)| match at {
+                        None => not_held(lease),
+                        Some(_) if retryable => {
+                            Err(LockError::unavailable(error::BACKEND, message.clone()))
+                        }
+                        Some(_) => Err(LockError::store(error::BACKEND, message.clone())),
+                    })
+                    .collect()
+            }
         }
     }
 

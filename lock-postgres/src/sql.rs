@@ -39,6 +39,9 @@ pub(crate) struct Sql {
     pub(crate) acquire: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` TTL µs → rows affected.
     pub(crate) renew: String,
+    /// `$1` names, `$2` owners, `$3` fences, `$4` TTLs µs (arrays) → the
+    /// 1-based positions of the leases renewed.
+    pub(crate) renew_many: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` channel, `$5` watch key →
     /// released count.
     pub(crate) release: String,
@@ -126,6 +129,18 @@ impl Sql {
                     updated_at = clock_timestamp()
               WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()"
         );
+        // Each lease is owner-, fence- and liveness-checked on its own row,
+        // as `renew` does, in one statement for the whole batch.
+        let renew_many = format!(
+            "UPDATE {t} AS l
+                SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
+                    updated_at = clock_timestamp()
+               FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[])
+                    WITH ORDINALITY AS r(name, owner, fence, ttl_us, i)
+              WHERE l.name = r.name AND l.owner = r.owner AND l.fence = r.fence
+                AND l.expires_at > clock_timestamp()
+            RETURNING r.i"
+        );
         // Releases notify only when somebody waits: a waiter's listener
         // holds the name's watch key (`$5`) shared, so taking it here fails.
         // Taken, it is held to this statement's commit, so a waiter that
@@ -186,6 +201,7 @@ impl Sql {
         Sql {
             acquire,
             renew,
+            renew_many,
             release,
             forget,
             gone,

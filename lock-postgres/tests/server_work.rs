@@ -9,75 +9,13 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::Store;
-use lock_conformance::stores::postgres::{self, Options};
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
 use lockcore::{Attempt, LockBackend, LockName};
-use support::{acquired, backend, lock_name};
+use support::{
+    acquired, backend, counting_observer, counting_server, lock_name, reset, server_cpu, statements,
+};
 use tokio::time::Instant;
-
-/// A private server recording every statement, utility ones included.
-fn counting_server() -> Store {
-    postgres::start(
-        Options::default()
-            .setting("shared_preload_libraries", "pg_stat_statements")
-            .setting("pg_stat_statements.track", "all")
-            .setting("pg_stat_statements.track_utility", "on"),
-    )
-    .expect("private postgres with pg_stat_statements")
-}
-
-/// The server's CPU so far: the postmaster and its children (backends and
-/// background processes), exited children included, from `/proc`.
-fn server_cpu(store: &Store) -> Duration {
-    let root = store.pid().expect("running");
-    let ticks_per_sec = 100.0; // USER_HZ on Linux
-    let stat = |pid: u32| -> Option<(u32, f64)> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the command (which may hold spaces) in parentheses.
-        let rest = &text[text.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split(' ').collect();
-        let ppid = f[1].parse().ok()?;
-        let ticks: f64 = f[11..15].iter().filter_map(|v| v.parse::<f64>().ok()).sum();
-        Some((ppid, ticks))
-    };
-    let mut ticks = stat(root).map_or(0.0, |(_, t)| t);
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok())
-            && let Some((ppid, t)) = stat(pid)
-            && ppid == root
-        {
-            ticks += t;
-        }
-    }
-    Duration::from_secs_f64(ticks / ticks_per_sec)
-}
-
-/// `(statements, statements that wrote WAL, server time in statements)`
-/// since the last reset among statements whose text matches `like`,
-/// leaving out the observer's own queries.
-async fn statements(observer: &mut PgConnection, like: &str) -> (i64, i64, f64) {
-    let (calls, writes, ms): (i64, i64, f64) = sqlx::query_as(
-        "SELECT coalesce(sum(calls), 0)::int8,
-                coalesce(sum(calls) FILTER (WHERE wal_records > 0), 0)::int8,
-                coalesce(sum(total_exec_time + total_plan_time), 0)::float8
-           FROM pg_stat_statements
-          WHERE query NOT LIKE '%pg_stat_statements%' AND query LIKE $1",
-    )
-    .bind(like)
-    .fetch_one(&mut *observer)
-    .await
-    .unwrap();
-    (calls, writes, ms)
-}
-
-async fn reset(observer: &mut PgConnection) {
-    sqlx::query("SELECT pg_stat_statements_reset()")
-        .execute(&mut *observer)
-        .await
-        .unwrap();
-}
 
 /// An uncontended acquire+release (a waiting `acquire`, as `Locker` does)
 /// is one statement each; a `try_acquire` of a held lock is one statement
@@ -86,11 +24,7 @@ async fn reset(observer: &mut PgConnection) {
 async fn uncontended_cycles_cost_one_statement_each_way() {
     const CYCLES: u32 = 1000;
     let store = counting_server();
-    let mut observer = PgConnection::connect(&store.url()).await.unwrap();
-    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .execute(&mut observer)
-        .await
-        .unwrap();
+    let mut observer = counting_observer(&store).await;
     let client = backend(&store.url()).await;
     let name = lock_name("uncontended");
     let ttl = Duration::from_secs(10);
@@ -159,12 +93,7 @@ async fn contended_handoffs() {
     let run = Duration::from_secs(4);
     let store = counting_server();
     let name = LockName::new("contended").unwrap();
-    let mut observer = PgConnection::connect(&store.url()).await.unwrap();
-    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .execute(&mut observer)
-        .await
-        .unwrap();
-    drop(observer);
+    drop(counting_observer(&store).await);
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
         clients.push(Arc::new(backend(&store.url()).await));

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::postgres;
+use lock_conformance::stores::Store;
+use lock_conformance::stores::postgres::{self, Options};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lockcore::backend::LockBackendExt;
@@ -111,4 +112,95 @@ pub async fn sessions(conn: &mut PgConnection, app: &str) -> i64 {
         .fetch_one(conn)
         .await
         .unwrap()
+}
+
+/// A private server recording every statement, utility ones included.
+pub fn counting_server() -> Store {
+    postgres::start(
+        Options::default()
+            .setting("shared_preload_libraries", "pg_stat_statements")
+            .setting("pg_stat_statements.track", "all")
+            .setting("pg_stat_statements.track_utility", "on"),
+    )
+    .expect("private postgres with pg_stat_statements")
+}
+
+/// A connection to `store` that reads `pg_stat_statements`.
+pub async fn counting_observer(store: &Store) -> PgConnection {
+    let mut observer = PgConnection::connect(&store.url()).await.unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut observer)
+        .await
+        .unwrap();
+    observer
+}
+
+/// The server's CPU so far: the postmaster and its children (backends and
+/// background processes), exited children included, from `/proc`.
+pub fn server_cpu(store: &Store) -> Duration {
+    let root = store.pid().expect("running");
+    let ticks_per_sec = 100.0; // USER_HZ on Linux
+    let stat = |pid: u32| -> Option<(u32, f64)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command (which may hold spaces) in parentheses.
+        let rest = &text[text.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        let ppid = f[1].parse().ok()?;
+        let ticks: f64 = f[11..15].iter().filter_map(|v| v.parse::<f64>().ok()).sum();
+        Some((ppid, ticks))
+    };
+    let mut ticks = stat(root).map_or(0.0, |(_, t)| t);
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok())
+            && let Some((ppid, t)) = stat(pid)
+            && ppid == root
+        {
+            ticks += t;
+        }
+    }
+    Duration::from_secs_f64(ticks / ticks_per_sec)
+}
+
+/// `(statements, statements that wrote WAL, server time in statements)`
+/// since the last reset among statements whose text matches `like`,
+/// leaving out the observer's own queries.
+pub async fn statements(observer: &mut PgConnection, like: &str) -> (i64, i64, f64) {
+    let (calls, writes, ms): (i64, i64, f64) = sqlx::query_as(
+        "SELECT coalesce(sum(calls), 0)::int8,
+                coalesce(sum(calls) FILTER (WHERE wal_records > 0), 0)::int8,
+                coalesce(sum(total_exec_time + total_plan_time), 0)::float8
+           FROM pg_stat_statements
+          WHERE query NOT LIKE '%pg_stat_statements%' AND query LIKE $1",
+    )
+    .bind(like)
+    .fetch_one(&mut *observer)
+    .await
+    .unwrap();
+    (calls, writes, ms)
+}
+
+pub async fn reset(observer: &mut PgConnection) {
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&mut *observer)
+        .await
+        .unwrap();
+}
+
+/// This process's CPU time so far (all threads), from `/proc/self/stat`.
+pub fn client_cpu() -> Duration {
+    let text = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &text[text.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = f[11..13].iter().map(|v| v.parse::<f64>().unwrap()).sum();
+    Duration::from_secs_f64(ticks / 100.0)
+}
+
+/// This process's peak resident set (`VmHWM`), in bytes.
+pub fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
