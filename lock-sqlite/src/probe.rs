@@ -144,7 +144,10 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
         .read_only(true)
         .connect()
         .await
-        .map_err(|e| not_ours(format!("cannot be opened as a SQLite database ({e})")))?;
+        .map_err(|e| match error::primary_code(&e) {
+            Some(code::NOTADB) => not_ours("is not a SQLite database".to_owned()),
+            _ => not_ours(format!("cannot be opened as a SQLite database ({e})")),
+        })?;
     let looked = look(&mut conn).await;
     let _ = conn.close().await;
     match looked {

@@ -35,7 +35,7 @@ use lockcore::{LockBackend, LockError};
 /// The variable naming the lock file a helper process (a lock-taker, a
 /// helper) must use instead of making its own.
 pub const PATH_ENV: &str = "LOCK_TEST_SQLITE_PATH";
-/// What a helper process does: `write` or `stall`.
+/// What a helper process does: `write`, `stall` or `hold NAME`.
 pub const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
 
 /// Hands out clients of one lock file (in a temp dir of its own, or the
@@ -297,6 +297,7 @@ pub fn helper_main() {
         match what.to_str() {
             Some("write") => write_forever(&path).await,
             Some("stall") => stall_forever(&path).await,
+            Some(hold) if hold.starts_with("hold ") => hold_forever(&path, &hold[5..]).await,
             other => Err(format!("unknown helper {other:?}")),
         }
     });
@@ -332,6 +333,23 @@ async fn write_forever(path: &Path) -> Result<(), String> {
             say("writing");
         }
     }
+    Ok(())
+}
+
+/// Takes lock `name` for a minute and keeps renewing it until killed.
+async fn hold_forever(path: &Path, name: &str) -> Result<(), String> {
+    let url = format!("sqlite://{}", path.display());
+    let backend = SqliteBackend::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let locker = lockcore::Locker::new(backend).ttl(Duration::from_secs(60));
+    let guard = locker
+        .try_acquire(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the lock was held")?;
+    say(&format!("held {}", guard.fencing_token()));
+    std::future::pending::<()>().await;
     Ok(())
 }
 
