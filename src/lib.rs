@@ -7,6 +7,10 @@ mod connect;
 pub use connect::{SCHEMES, connect};
 pub use lockcore::*;
 
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use lock_sqlite as sqlite;
+
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock_redis as redis;

@@ -137,7 +137,10 @@ impl LockBackend for SqliteBackend {
     fn capabilities(&self) -> Capabilities {
         let notifies = self.client.notifies();
         Capabilities::new(BACKEND)
-            .ttl_range(Duration::from_millis(1), Duration::from_secs(365 * 24 * 3600))
+            .ttl_range(
+                Duration::from_millis(1),
+                Duration::from_secs(365 * 24 * 3600),
+            )
             .fence_durability(FenceDurability::Durable)
             .fairness(Fairness::None)
             .notifications(notifies)
@@ -168,7 +171,12 @@ impl LockBackend for SqliteBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        Ok(self.client.holders(Kind::Lock, name).await?.into_iter().next())
+        Ok(self
+            .client
+            .holders(Kind::Lock, name)
+            .await?
+            .into_iter()
+            .next())
     }
 
     async fn evict(

@@ -86,7 +86,10 @@ impl Row {
         let fence = FencingToken::from_store(BACKEND, self.fence)?;
         let owner = OwnerToken::decode(&self.owner);
         let label = self.label.as_deref().and_then(|l| HolderLabel::new(l).ok());
-        Ok(Holder::new(fence, owner, Some(clock::duration(self.expires_at - now))).with_label(label))
+        Ok(
+            Holder::new(fence, owner, Some(clock::duration(self.expires_at - now)))
+                .with_label(label),
+        )
     }
 }
 
@@ -215,7 +218,8 @@ impl Client {
         let now = self.clock.now()?;
         presence::close_expired(now);
         let rows = Self::rows(&mut *tx, kind, request.name()).await?;
-        let (live, stale): (Vec<Row>, Vec<Row>) = rows.into_iter().partition(|r| self.is_live(r, now));
+        let (live, stale): (Vec<Row>, Vec<Row>) =
+            rows.into_iter().partition(|r| self.is_live(r, now));
         if let Some(other) = live.iter().find(|r| r.permits != i64::from(permits)) {
             return Err(LockError::PermitsMismatch {
                 name: request.name().clone(),
@@ -319,12 +323,19 @@ impl Client {
         }
     }
 
-    async fn renew_all(&self, leases: &[Lease]) -> Result<Vec<Result<Lease, LockError>>, LockError> {
+    async fn renew_all(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Lease, LockError>>, LockError> {
         // Before the clock is read: no presence file closes while a renewal
         // may be moving its expiry.
         let renewing: Vec<Option<Renewing>> = leases
             .iter()
-            .map(|l| self.presence.as_ref().map(|p| Renewing::start(p.path(l.fence().get()))))
+            .map(|l| {
+                self.presence
+                    .as_ref()
+                    .map(|p| Renewing::start(p.path(l.fence().get())))
+            })
             .collect();
         let sent = Moment::now();
         let mut tx = self.begin().await?;
@@ -434,7 +445,11 @@ impl Client {
     }
 
     /// The live holders of `kind` `name`.
-    pub(crate) async fn holders(&self, kind: Kind, name: &LockName) -> Result<Vec<Holder>, LockError> {
+    pub(crate) async fn holders(
+        &self,
+        kind: Kind,
+        name: &LockName,
+    ) -> Result<Vec<Holder>, LockError> {
         timed(BACKEND, "inspect", self.limit, async {
             let mut conn = self.reader.acquire().await.map_err(error::map)?;
             let rows = Self::rows(&mut *conn, kind, name).await?;
@@ -492,7 +507,11 @@ impl Client {
     /// A wake-up for the next change of `kind` `name`: the first change of
     /// any live holder's presence file, at once if a slot is free now, or
     /// `None` if a holder cannot be watched (its waiters then poll).
-    pub(crate) async fn watch(&self, kind: Kind, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+    pub(crate) async fn watch(
+        &self,
+        kind: Kind,
+        name: &LockName,
+    ) -> Result<Option<Wakeup>, LockError> {
         let (Some(bells), Some(presence)) = (&self.bells, &self.presence) else {
             return Ok(None);
         };
@@ -549,8 +568,12 @@ impl Client {
             .map_err(error::map)?;
         let mut gone = Vec::with_capacity(stale.len());
         for row in &stale {
-            let (kind, name, slot, fence): (String, String, i64, i64) =
-                (row.try_get(0).map_err(error::map)?, row.try_get(1).map_err(error::map)?, row.try_get(2).map_err(error::map)?, row.try_get(3).map_err(error::map)?);
+            let (kind, name, slot, fence): (String, String, i64, i64) = (
+                row.try_get(0).map_err(error::map)?,
+                row.try_get(1).map_err(error::map)?,
+                row.try_get(2).map_err(error::map)?,
+                row.try_get(3).map_err(error::map)?,
+            );
             sqlx::query(sql::DROP_SLOT)
                 .bind(kind)
                 .bind(name)

@@ -65,7 +65,9 @@ impl HostClock {
 
 /// `boottime SECS NANOS` from `/proc/self/timens_offsets`, in nanoseconds.
 fn boottime_offset(text: &str) -> Option<i128> {
-    let line = text.lines().find(|l| l.trim_start().starts_with("boottime"))?;
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("boottime"))?;
     let mut words = line.split_whitespace().skip(1);
     let secs: i128 = words.next()?.parse().ok()?;
     let nanos: i128 = words.next()?.parse().ok()?;

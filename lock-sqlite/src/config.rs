@@ -182,7 +182,10 @@ mod tests {
             "sqlite://x.db?journal=delete",
         ] {
             let err = bad.parse::<SqliteConfig>().unwrap_err();
-            assert!(matches!(err, LockError::InvalidConfig { .. }), "{bad}: {err:?}");
+            assert!(
+                matches!(err, LockError::InvalidConfig { .. }),
+                "{bad}: {err:?}"
+            );
         }
         assert!(SqliteConfig::new(":memory:").is_err());
         let err = "sqlite::memory:".parse::<SqliteConfig>().unwrap_err();

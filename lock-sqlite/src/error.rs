@@ -1,8 +1,8 @@
 //! sqlx and file-system errors mapped to `LockError`: retryable
 //! (`Unavailable`) or not (`Store`).
 
-use std::io;
 use lockcore::LockError;
+use std::io;
 
 pub(crate) const BACKEND: &str = "sqlite";
 
@@ -49,7 +49,10 @@ pub(crate) fn map(error: sqlx::Error) -> LockError {
 
 /// A file-system error around the lock file (its directory, presence files).
 pub(crate) fn io(what: &str, error: io::Error) -> LockError {
-    LockError::store(BACKEND, io::Error::new(error.kind(), format!("{what}: {error}")))
+    LockError::store(
+        BACKEND,
+        io::Error::new(error.kind(), format!("{what}: {error}")),
+    )
 }
 
 /// A row that breaks the table's invariants (someone edited it by hand).

@@ -25,7 +25,8 @@ use tokio::sync::{mpsc, watch};
 
 /// What ends a hold, on the presence file: written and closed (release,
 /// crash), attributes changed (the link count, on removal), removed, moved.
-const MASK: u32 = libc::IN_CLOSE_WRITE | libc::IN_ATTRIB | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
+const MASK: u32 =
+    libc::IN_CLOSE_WRITE | libc::IN_ATTRIB | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
 
 /// One inotify instance and its watches.
 #[derive(Debug)]
@@ -179,7 +180,12 @@ impl Shared {
         let mut at = 0;
         while at + 16 <= buf.len() {
             let word = |i: usize| {
-                let bytes = [buf[at + i], buf[at + i + 1], buf[at + i + 2], buf[at + i + 3]];
+                let bytes = [
+                    buf[at + i],
+                    buf[at + i + 1],
+                    buf[at + i + 2],
+                    buf[at + i + 3],
+                ];
                 u32::from_ne_bytes(bytes)
             };
             let wd = word(0) as i32;
@@ -297,13 +303,20 @@ mod tests {
         let ring = bells.ring(&path).unwrap().expect("the file exists");
         let wd = bells.hold(&path, 1).unwrap();
         drop(file); // a writer closes it: a release or a crash
-        tokio::time::timeout(Duration::from_secs(5), ring).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), ring)
+            .await
+            .unwrap();
         let ring = bells.ring(&path).unwrap().unwrap();
         std::fs::remove_file(&path).unwrap(); // an eviction
-        tokio::time::timeout(Duration::from_secs(5), ring).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), ring)
+            .await
+            .unwrap();
         let fence = tokio::time::timeout(Duration::from_secs(5), touched.recv()).await;
         assert_eq!(fence.unwrap(), Some(1));
         bells.unhold(wd, 1);
-        assert!(bells.ring(&path).unwrap().is_none(), "a missing file rings nothing");
+        assert!(
+            bells.ring(&path).unwrap().is_none(),
+            "a missing file rings nothing"
+        );
     }
 }

@@ -12,7 +12,10 @@ pub(crate) struct Doorbells;
 
 impl Doorbells {
     pub(crate) fn new() -> io::Result<(Doorbells, mpsc::UnboundedReceiver<u64>)> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "inotify is Linux only"))
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "inotify is Linux only",
+        ))
     }
     pub(crate) fn ring(&self, _path: &Path) -> io::Result<Option<Wakeup>> {
         Ok(None)

@@ -173,7 +173,9 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
         Err(e) if error::primary_code(&e) == Some(code::NOTADB) => {
             Err(not_ours("is not a SQLite database".to_owned()))
         }
-        Err(e) => Err(not_ours(format!("cannot be read as a SQLite database ({e})"))),
+        Err(e) => Err(not_ours(format!(
+            "cannot be read as a SQLite database ({e})"
+        ))),
     }
 }
 
@@ -215,7 +217,10 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
             }
             Err(e) if error::primary_code(&e) == Some(code::READONLY) => {
                 return Err(LockError::config_caused_by(
-                    format!("{} is read-only: distlock writes every grant to it", path.display()),
+                    format!(
+                        "{} is read-only: distlock writes every grant to it",
+                        path.display()
+                    ),
                     e,
                 ));
             }

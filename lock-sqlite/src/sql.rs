@@ -79,8 +79,7 @@ WHERE kind = ?1 AND name = ?2 AND slot = ?3 AND owner = ?4 AND fence = ?5
 RETURNING boot_id, expires_at, presence_dev, presence_ino";
 
 /// Raises the counter to at least `?1`.
-pub(crate) const RAISE_FLOOR: &str =
-    "UPDATE distlock_fence SET last = max(last, ?1) WHERE id = 1";
+pub(crate) const RAISE_FLOOR: &str = "UPDATE distlock_fence SET last = max(last, ?1) WHERE id = 1";
 
 /// Rows of an earlier boot or past their expiry, for the sweep at connect.
 pub(crate) const STALE: &str =

@@ -61,9 +61,10 @@ async fn a_file_that_is_not_a_database_is_left_alone() {
 async fn another_programs_database_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("app.db");
-    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-        .await
-        .unwrap();
+    let mut conn =
+        sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .unwrap();
     sqlx::query("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
         .execute(&mut conn)
         .await
@@ -101,7 +102,9 @@ impl<'a> ReadOnly<'a> {
                 .status()
                 .is_ok_and(|s| s.success());
             if !done {
-                eprintln!("SKIP: running as root without chattr +i, the file cannot be made read-only");
+                eprintln!(
+                    "SKIP: running as root without chattr +i, the file cannot be made read-only"
+                );
                 return None;
             }
         }
@@ -140,9 +143,16 @@ async fn a_read_only_file_is_refused_untouched() {
 
 #[tokio::test]
 async fn memory_databases_and_directories_are_refused() {
-    for bad in ["sqlite::memory:", "sqlite://:memory:", "sqlite://x.db?mode=memory"] {
+    for bad in [
+        "sqlite::memory:",
+        "sqlite://:memory:",
+        "sqlite://x.db?mode=memory",
+    ] {
         let err = SqliteBackend::connect(bad).await.unwrap_err();
-        assert!(matches!(err, LockError::InvalidConfig { .. }), "{bad}: {err:?}");
+        assert!(
+            matches!(err, LockError::InvalidConfig { .. }),
+            "{bad}: {err:?}"
+        );
         assert!(err.to_string().contains("across processes"), "{err}");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -180,7 +190,11 @@ async fn fences_survive_every_client_closing_and_a_reopen() {
                 .unwrap()
                 .into_lease()
                 .unwrap();
-            assert!(lease.fence().get() > last, "round {round}: {} <= {last}", lease.fence());
+            assert!(
+                lease.fence().get() > last,
+                "round {round}: {} <= {last}",
+                lease.fence()
+            );
             last = lease.fence().get();
             backend.release(&lease).await.unwrap();
         }

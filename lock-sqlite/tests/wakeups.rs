@@ -28,7 +28,10 @@ fn deaf(backend: SqliteBackend) -> Locker {
         .ttl(Duration::from_secs(60))
         .max_wait(Duration::from_secs(60))
         .recheck(Duration::from_secs(30))
-        .backoff(Backoff::new(Duration::from_secs(30), Duration::from_secs(30)))
+        .backoff(Backoff::new(
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+        ))
 }
 
 fn report(what: &str, mut lags: Vec<Duration>) -> Duration {
@@ -49,7 +52,8 @@ fn report(what: &str, mut lags: Vec<Duration>) -> Duration {
 async fn a_waiter_gets_a_released_lock_at_once() {
     let factory = support::SqliteFactory::fresh();
     let url = format!("sqlite://{}", factory.path().display());
-    let holder = Locker::new(SqliteBackend::connect(&url).await.unwrap()).ttl(Duration::from_secs(60));
+    let holder =
+        Locker::new(SqliteBackend::connect(&url).await.unwrap()).ttl(Duration::from_secs(60));
     let waiter = deaf(SqliteBackend::connect(&url).await.unwrap());
     let mut lags = Vec::new();
     for run in 0..RUNS {
@@ -105,7 +109,10 @@ async fn a_waiter_gets_the_lock_of_a_killed_holder_at_once() {
     }
     let max = report("wake-up after the holder's kill -9", lags);
     let bound = Duration::from_secs(1).mul_f64(scale());
-    assert!(max < bound, "slowest takeover {max:?} (bound {bound:?}), with a 60 s TTL");
+    assert!(
+        max < bound,
+        "slowest takeover {max:?} (bound {bound:?}), with a 60 s TTL"
+    );
 }
 
 /// Not a test: the helper processes of `support`.
