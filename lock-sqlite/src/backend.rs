@@ -225,6 +225,7 @@ impl LockBackend for SqliteBackend {
 mod send_check {
     use super::*;
 
+    #[allow(dead_code)] // only has to compile
     #[async_trait]
     trait Connects {
         async fn connect(&self) -> Result<SqliteBackend, LockError>;

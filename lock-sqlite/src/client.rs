@@ -217,7 +217,7 @@ impl Client {
         let mut tx = self.begin().await?;
         let now = self.clock.now()?;
         presence::close_expired(now);
-        let rows = Self::rows(&mut *tx, kind, request.name()).await?;
+        let rows = Self::rows(&mut tx, kind, request.name()).await?;
         let (live, stale): (Vec<Row>, Vec<Row>) =
             rows.into_iter().partition(|r| self.is_live(r, now));
         if let Some(other) = live.iter().find(|r| r.permits != i64::from(permits)) {
@@ -452,7 +452,7 @@ impl Client {
     ) -> Result<Vec<Holder>, LockError> {
         timed(BACKEND, "inspect", self.limit, async {
             let mut conn = self.reader.acquire().await.map_err(error::map)?;
-            let rows = Self::rows(&mut *conn, kind, name).await?;
+            let rows = Self::rows(&mut conn, kind, name).await?;
             let now = self.clock.now()?;
             rows.iter()
                 .filter(|r| self.is_live(r, now))
@@ -477,7 +477,7 @@ impl Client {
         timed(BACKEND, "evict", self.limit, async {
             let mut tx = self.begin().await?;
             let now = self.clock.now()?;
-            let rows = Self::rows(&mut *tx, Kind::Lock, name).await?;
+            let rows = Self::rows(&mut tx, Kind::Lock, name).await?;
             let Some(row) = rows.into_iter().find(|r| {
                 self.is_live(r, now) && expected.is_none_or(|f| f.get() as i64 == r.fence)
             }) else {
@@ -516,7 +516,7 @@ impl Client {
             return Ok(None);
         };
         let mut conn = self.reader.acquire().await.map_err(error::map)?;
-        let rows = Self::rows(&mut *conn, kind, name).await?;
+        let rows = Self::rows(&mut conn, kind, name).await?;
         drop(conn);
         let now = self.clock.now()?;
         let live: Vec<&Row> = rows.iter().filter(|r| self.is_live(r, now)).collect();
