@@ -16,7 +16,8 @@ pub async fn run(settings: &Settings) -> Vec<Row> {
     let url = format!("sqlite://{}/locks.db", dir.path().display());
     let name = LockName::new("bench/sqlite").unwrap();
     let backend: Arc<dyn LockBackend> = Arc::new(SqliteBackend::connect(&url).await.unwrap());
-    let cycles = harness::uncontended(backend, &name, settings.ttl, settings.warmup, settings.run).await;
+    let cycles =
+        harness::uncontended(backend, &name, settings.ttl, settings.warmup, settings.run).await;
 
     // The floor: the same file settings, two durable write transactions per cycle.
     let floor_url = format!("sqlite://{}/floor.db?mode=rwc", dir.path().display());
@@ -49,7 +50,11 @@ pub async fn run(settings: &Settings) -> Vec<Row> {
     vec![
         Row::new("sqlite", "uncontended acquire+release", &cycles)
             .note(format!("{ratio:.2}x the floor")),
-        Row::new("sqlite", "floor: 2 x (BEGIN IMMEDIATE + UPDATE + COMMIT)", &floor),
+        Row::new(
+            "sqlite",
+            "floor: 2 x (BEGIN IMMEDIATE + UPDATE + COMMIT)",
+            &floor,
+        ),
         Row::new(
             "sqlite",
             format!("{}-way contended (hand-off)", settings.contenders),
