@@ -40,7 +40,12 @@ pub async fn stale_slot_holder_is_refused(cx: &Ctx) -> CaseResult {
         .locker(&c, cx.long_ttl())
         .semaphore(&name, 2)?
         .acquire_timeout(ttl + cx.slack())
-        .await?;
+        .await
+        .map_err(|e| {
+            Failure::new(format!(
+                "slot {slot}, whose holder stopped renewing, was not granted again within TTL + slack: {e}"
+            ))
+        })?;
     ensure!(
         Instant::now() >= stale.deadline(),
         "the store freed a permit before its holder's local deadline"

@@ -96,14 +96,6 @@ pub async fn permits_never_exceed_n(cx: &Ctx) -> CaseResult {
 /// increasing in grant order.
 fn check_permits(grants: &[PermitGrant], permits: u32) -> Vec<String> {
     let mut found = Vec::new();
-    for g in grants {
-        if g.slot.is_none_or(|s| s >= permits) {
-            found.push(format!(
-                "client {} was granted slot {:?} of a {permits}-permit semaphore",
-                g.client, g.slot
-            ));
-        }
-    }
     // Sweep: at equal instants an end comes before a start.
     let mut events: Vec<(Instant, i32)> = grants
         .iter()
@@ -119,6 +111,14 @@ fn check_permits(grants: &[PermitGrant], permits: u32) -> Vec<String> {
         found.push(format!(
             "{most} clients counted on a permit at once, the semaphore has {permits}"
         ));
+    }
+    for g in grants {
+        if g.slot.is_none_or(|s| s >= permits) {
+            found.push(format!(
+                "client {} was granted slot {:?} of a {permits}-permit semaphore",
+                g.client, g.slot
+            ));
+        }
     }
     for slot in 0..permits {
         let mut held: Vec<&PermitGrant> = grants.iter().filter(|g| g.slot == Some(slot)).collect();
