@@ -179,7 +179,7 @@ pub async fn observers_see_every_change(cx: &Ctx) -> CaseResult {
     follower.abort();
     let seen = seen.borrow().clone();
     outcome.map_err(|why| Failure::new(format!("{why}; it saw {seen:?}")))?;
-    let reported: Vec<(FencingToken, Option<HolderLabel>)> = seen
+    let reported: Vec<Leader> = seen
         .iter()
         .map(|s| {
             s.clone()
@@ -188,12 +188,18 @@ pub async fn observers_see_every_change(cx: &Ctx) -> CaseResult {
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .flatten()
-        .map(|l| (l.term, l.label))
         .collect();
-    let expected: Vec<_> = leaders.into_iter().map(|(t, l)| (t, Some(l))).collect();
+    let terms: Vec<FencingToken> = reported.iter().map(|l| l.term).collect();
+    let expected: Vec<FencingToken> = leaders.iter().map(|(t, _)| *t).collect();
     ensure!(
-        reported == expected,
-        "the observer reported leaders {reported:?}, the leaders were {expected:?} (each once, in order)"
+        terms == expected,
+        "the observer reported terms {terms:?}, the leaders' terms were {expected:?} (each once, in order)"
+    );
+    let labels: Vec<Option<&HolderLabel>> = reported.iter().map(|l| l.label.as_ref()).collect();
+    let campaigned: Vec<Option<&HolderLabel>> = leaders.iter().map(|(_, l)| Some(l)).collect();
+    ensure!(
+        labels == campaigned,
+        "the observer reported labels {labels:?}, the leaders campaigned with {campaigned:?}"
     );
     Ok(Outcome::Passed)
 }
