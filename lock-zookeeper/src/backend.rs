@@ -16,7 +16,7 @@ use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
 use crate::error::{BACKEND, map, transient};
-use crate::held::{Held, Over, gone};
+use crate::held::{Held, Keeper, Over, gone};
 use crate::names::segment;
 use crate::queue::{Acls, Entry, delete_node, list, retry};
 use crate::session::{Session, Timing};
@@ -103,6 +103,7 @@ impl ZooKeeperBackend {
             gone(held);
             return Ok(ReleaseOutcome::NotHeld);
         }
+        held.releasing();
         let deleted = held
             .delete()
             .await
@@ -441,6 +442,9 @@ impl LockBackend for ZooKeeperBackend {
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
+            // A forced release deletes the holder's node, which its session
+            // watches from a sixteenth of the timeout after the grant on.
+            .eviction_notice(Some(Keeper::watched_within(timeout)))
             // 7/5 of the timeout + 1.5 ticks (see `Timing::new`).
             .expiry_slack(timing.slack)
     }
