@@ -9,7 +9,6 @@ use lockcore::{CancellationToken, Lease, LockError};
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
-use crate::error::{BACKEND, map};
 use crate::held::Keeper;
 use crate::quiet::QuietQueues;
 
@@ -107,34 +106,7 @@ pub(crate) struct Session {
 impl Session {
     /// Opens a session and starts watching its state.
     pub(crate) async fn open(config: &ZooKeeperConfig) -> Result<Arc<Session>, LockError> {
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(config.session_timeout)
-            .with_fail_eagerly();
-        if let Some(timeout) = config.connection_timeout {
-            connector = connector.with_connection_timeout(timeout);
-        }
-        if let Some(digest) = &config.digest {
-            connector = connector.with_auth("digest", &digest.auth());
-        }
-        let client =
-            tokio::time::timeout(config.connect_timeout, connector.connect(&config.connect))
-                .await
-                .map_err(|_| {
-                    LockError::unavailable(
-                        BACKEND,
-                        format!(
-                            "no session with ZooKeeper at {} within {:?}",
-                            config.connect, config.connect_timeout
-                        ),
-                    )
-                })?
-                .map_err(|e| match e {
-                    zk::Error::BadArguments(_) => LockError::config_caused_by(
-                        format!("ZooKeeper connect string {:?} is not valid", config.connect),
-                        e,
-                    ),
-                    e => map(format!("connecting to ZooKeeper at {}", config.connect), e),
-                })?;
+        let client = crate::connect::open(config).await?;
         let ended = CancellationToken::new();
         let mut states = client.state_watcher();
         let signal = ended.clone();
