@@ -2,14 +2,14 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
-    LeaseKind, LockBackend, LockError, LockName, Moment, OwnerToken, ReleaseOutcome, WaitPolicy,
-    Wakeup,
+    Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
+    Lease, LeaseKind, LockBackend, LockError, LockName, Moment, OwnerToken, ReleaseOutcome,
+    WaitPolicy, Wakeup,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -154,6 +154,7 @@ impl ZooKeeperBackend {
             acls,
             config,
         });
+        tokio::spawn(keep_a_session(Arc::downgrade(&inner)));
         Ok(ZooKeeperBackend { inner })
     }
 
@@ -412,7 +413,48 @@ impl Inner {
         self.timeout_ms
             .store(millis(fresh.timeout), Ordering::Relaxed);
         *self.session.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        // Expired here may mean given up here while the servers still keep
+        // it (and its nodes): close it there.
+        if current.client.state() == zk::SessionState::Expired {
+            tokio::spawn(crate::session::reap(
+                self.config.clone(),
+                current,
+                fresh.clone(),
+            ));
+        }
         Ok(fresh)
+    }
+}
+
+/// Opens a new session as soon as the current one ends, not only at the
+/// next call, so that a session this client gave up is closed on the
+/// servers promptly (see [`crate::session::reap`]). Stops with the backend.
+async fn keep_a_session(inner: Weak<Inner>) {
+    let backoff = Backoff::default();
+    loop {
+        let Some(ended) = inner.upgrade().map(|i| i.current().ended.clone()) else {
+            return;
+        };
+        ended.cancelled().await;
+        let mut failures = 0;
+        loop {
+            let Some(live) = inner.upgrade() else {
+                return;
+            };
+            match live.session().await {
+                Ok(_) => break,
+                Err(e) if e.is_retryable() => {
+                    drop(live);
+                    tracing::debug!(error = %e, "no new zookeeper session yet; will retry");
+                    tokio::time::sleep(backoff.delay(failures)).await;
+                    failures = failures.saturating_add(1);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a new zookeeper session");
+                    return;
+                }
+            }
+        }
     }
 }
 

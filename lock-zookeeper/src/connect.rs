@@ -1,4 +1,7 @@
-//! Opening a session, and saying why it could not be opened.
+//! Opening a session (and saying why it could not be opened), and closing
+//! a session that this client already gave up.
+
+use std::time::Duration;
 
 use lockcore::LockError;
 use tokio::net::TcpStream;
@@ -129,4 +132,37 @@ async fn look_at(host: &str, deadline: Instant) -> String {
     })
     .await;
     looked.unwrap_or_else(|_| "no answer to a TCP connect (down, or packets dropped)".to_owned())
+}
+
+/// Reconnects to the session `info` (an id and password) and closes it,
+/// which deletes its ephemeral nodes at once. `Ok` once the servers closed
+/// it or said it had already expired.
+pub(crate) async fn close(
+    config: &ZooKeeperConfig,
+    info: zk::SessionInfo,
+    within: Duration,
+) -> Result<(), zk::Error> {
+    let reconnecting = connector(config)
+        .with_session(info)
+        .connect(&config.connect);
+    let client = match tokio::time::timeout(within, reconnecting).await {
+        Err(_) => return Err(zk::Error::Timeout),
+        Ok(Err(zk::Error::SessionExpired)) => return Ok(()),
+        Ok(outcome) => outcome?,
+    };
+    let mut states = client.state_watcher();
+    // The last handle: dropping it sends `closeSession`.
+    drop(client);
+    let closed = async {
+        let mut state = states.state();
+        while !state.is_terminated() {
+            state = states.changed().await;
+        }
+        state
+    };
+    match tokio::time::timeout(within, closed).await {
+        Ok(zk::SessionState::Closed | zk::SessionState::Expired) => Ok(()),
+        Ok(_) => Err(zk::Error::ConnectionLoss),
+        Err(_) => Err(zk::Error::Timeout),
+    }
 }

@@ -5,7 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{CancellationToken, Lease, LockError};
+use lockcore::{Backoff, CancellationToken, Lease, LockError};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
@@ -18,6 +19,8 @@ use crate::quiet::QuietQueues;
 pub(crate) struct Timing {
     /// The negotiated session timeout `T`: every lease's TTL.
     pub(crate) timeout: Duration,
+    /// The servers' tick.
+    pub(crate) tick: Duration,
     /// Taken off every lease's deadline on top of lockcore's drift margin.
     pub(crate) margin: Duration,
     /// How long a lock may outlive its TTL (`capabilities().expiry_slack`).
@@ -64,6 +67,7 @@ impl Timing {
         let idle_gap = (step * 3).min(Duration::from_secs(10)) + step;
         Timing {
             timeout,
+            tick,
             margin: idle_gap + tick / 2 + Duration::from_millis(5),
             slack: timeout * 7 / 5 + tick * 3 / 2,
         }
@@ -155,5 +159,46 @@ impl fmt::Debug for Session {
             .field("timeout", &self.timeout)
             .field("state", &self.client.state())
             .finish()
+    }
+}
+
+/// Closes `old`, a session that ended on this side, on the servers if they
+/// still keep it. `zookeeper-client` gives a session up 7/5 of its timeout
+/// after the last reply it got; when its requests still reached a server
+/// (a one-way partition), that server keeps the session, and its lock
+/// nodes block their names, for up to one more timeout. Reconnecting to
+/// the session and closing it deletes them at once.
+///
+/// A reconnection keeps a session alive for one more timeout if its reply
+/// is lost, so attempts are made only right after the network answered
+/// `fresh` (its connect, then a `sync`), and stop once the servers have
+/// surely expired the session by themselves.
+pub(crate) async fn reap(config: ZooKeeperConfig, old: Arc<Session>, fresh: Arc<Session>) {
+    let Timing { timeout, tick, .. } = old.timing;
+    let surely_gone = |last_touch: Instant| last_touch + timeout + tick * 2;
+    let mut gone_by = surely_gone(Instant::now());
+    let backoff = Backoff::new(timeout / 20, timeout / 4);
+    let info = old.client.session().clone();
+    for attempt in 0_u32.. {
+        if attempt > 0 {
+            tokio::time::sleep(backoff.delay(attempt)).await;
+            if fresh.is_ended() || Instant::now() >= gone_by {
+                return;
+            }
+            if fresh.client.sync(&config.root).await.is_err() {
+                continue;
+            }
+        }
+        let sent = Instant::now();
+        match crate::connect::close(&config, info.clone(), timeout / 4).await {
+            Ok(()) => {
+                tracing::debug!(session = %info.id(), "closed a session this client had given up");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(session = %info.id(), error = %e, "could not close a session given up; again");
+                gone_by = gone_by.max(surely_gone(sent));
+            }
+        }
     }
 }
