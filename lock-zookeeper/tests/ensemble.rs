@@ -323,6 +323,50 @@ async fn stale_read_trials(hold: Hold) {
     );
 }
 
+/// A holder on a follower whose replies are lost (its requests still
+/// arrive) keeps its session alive while it retries, for 7/5 of the timeout
+/// after its last reply; the leader then expires the session within a
+/// timeout and 1.5 ticks of the last request. Its lock is free within TTL +
+/// the declared slack of the moment the replies stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_one_way_frees_its_lock_within_ttl_and_slack() {
+    if !support::may_launch_servers("a_holder_cut_off_one_way") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let split = Split::start().await;
+    let observer = raw(&split.url(split.leader)).await;
+    for trial in 0..trials(3) {
+        let follower = split.follower();
+        let link = FaultProxy::start(split.cluster.members[follower].addr())
+            .await
+            .unwrap();
+        let holder = ZooKeeperBackend::connect_with(config(&link.addr().to_string()))
+            .await
+            .unwrap();
+        let caps = holder.capabilities();
+        let name = unique("one-way");
+        let _lease = take(&holder, &name).await;
+        let (_, watcher, _) = watch_only_node(&observer, &holder.lock_path(&name)).await;
+        link.set(Mode::DropDownstream);
+        let cut = Instant::now();
+        let bound = SESSION + caps.expiry_slack;
+        let event = tokio::time::timeout(bound * 2, watcher.changed())
+            .await
+            .expect("the leader expires the session");
+        assert_eq!(event.event_type, zk::EventType::NodeDeleted);
+        let freed = cut.elapsed();
+        eprintln!(
+            "trial {trial}: freed {freed:?} after the replies stopped (TTL + slack {bound:?})"
+        );
+        // The observer hears of the deletion within a few milliseconds.
+        assert!(
+            freed <= bound + Duration::from_millis(100).mul_f64(support::time_scale()),
+            "the lock outlived TTL + slack: {freed:?} > {bound:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_told_late_of_its_turn_by_a_cut_off_follower_is_not_granted_early() {
     if support::may_launch_servers("waiter_told_late_of_its_turn") {

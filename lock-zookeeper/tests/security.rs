@@ -96,6 +96,7 @@ async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
             "{who}: {refused:?}"
         );
         let said = refused.to_string();
+        eprintln!("{who}: refused after {:?}: {said}", started.elapsed());
         assert!(
             said.contains("check the digest credentials") && said.contains("digest:alice"),
             "{who}: {said}"
