@@ -194,6 +194,63 @@ async fn cut_off_holder_counts_the_lease_lost_by_its_own_clock() {
     assert!(violations.is_empty(), "{violations:?}");
 }
 
+/// A holder cut off one way (its requests reach the server, the replies do
+/// not) gives its session up on its own 7/5 of the timeout after its last
+/// reply, while the server, which still heard its reconnection attempts,
+/// keeps the session and its lock node for up to one more timeout. Once the
+/// network heals, the backend closes that session itself: the node goes at
+/// once, not when the server would have expired it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
+    let store = zookeeper::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let ttl = session_timeout();
+    // A short connection timeout: a reconnection whose reply was lost is
+    // given up after a fifth of the session.
+    let a = connect_with(&store.url_via(proxy.addr()), |c| {
+        c.connection_timeout(ttl / 5)
+    })
+    .await
+    .unwrap();
+    let observer = raw(&store.url()).await;
+    let name = unique("given-up");
+    let _lease = take(&a, &name).await;
+    let nodes = children(&observer, &a.lock_path(&name)).await;
+    let node = format!("{}/{}", a.lock_path(&name), nodes[0]);
+    let (_, deleted) = observer.check_and_watch_stat(&node).await.unwrap();
+    let given_up = a.zk_client();
+
+    proxy.set(Mode::DropDownstream);
+    eventually(ttl * 2, "the client giving its session up", || async {
+        given_up.state().is_terminated().then_some(())
+    })
+    .await;
+    let local_end = Instant::now();
+    assert_eq!(given_up.state(), zk::SessionState::Expired);
+    assert!(
+        observer.check_stat(&node).await.unwrap().is_some(),
+        "the server still keeps the session the client gave up"
+    );
+    proxy.set(Mode::Pass);
+    timeout(ttl * 2, deleted.changed())
+        .await
+        .expect("the node goes at last");
+    let gone = Instant::now() - local_end;
+    eprintln!("node deleted {gone:?} after the client gave its session up");
+    // The server heard the client's last reconnection attempt at most a
+    // connection timeout (plus the client's pause between attempts) before
+    // the client gave up, and would keep the session until a timeout after
+    // that: at least 3/5 of the timeout past the local end.
+    assert!(
+        gone < ttl / 2,
+        "the node lived {gone:?} past the local end: the session was left to expire on the server"
+    );
+    assert!(
+        !a.zk_client().state().is_terminated(),
+        "the backend went on with a new session"
+    );
+}
+
 /// `kill -9` of the server while a lock is held: the session survives the
 /// restart (the server restores it from its log), so the holder keeps the
 /// lock and keeps renewing it; fences keep growing across the crash.

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+pub mod tap;
+
 use lock_conformance::stores::{self, StoreFactory};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
 use lockcore::{LockBackend, LockError};
@@ -23,10 +25,22 @@ pub fn time_scale() -> f64 {
         .unwrap_or(1.0)
 }
 
+/// The servers' tick: the launcher's (`ci/docker-compose.yml` uses the same).
+pub fn tick() -> Duration {
+    Duration::from_millis(stores::zookeeper::Options::default().tick_ms.into())
+}
+
+/// The configuration of a test client of `connect`: the tests' session
+/// timeout and the servers' tick.
+pub fn config(connect: impl Into<String>) -> ZooKeeperConfig {
+    ZooKeeperConfig::new(connect)
+        .session_timeout(session_timeout())
+        .tick_time(tick())
+}
+
 /// Connects a test client to `connect` with the tests' session timeout.
 pub async fn connect(connect: String) -> Result<ZooKeeperBackend, LockError> {
-    ZooKeeperBackend::connect_with(ZooKeeperConfig::new(connect).session_timeout(session_timeout()))
-        .await
+    ZooKeeperBackend::connect_with(config(connect)).await
 }
 
 /// The conformance factory: the shared ZooKeeper, proxies, private servers.
@@ -39,10 +53,7 @@ pub async fn connect_with(
     connect: &str,
     configure: impl FnOnce(ZooKeeperConfig) -> ZooKeeperConfig,
 ) -> Result<ZooKeeperBackend, LockError> {
-    ZooKeeperBackend::connect_with(configure(
-        ZooKeeperConfig::new(connect).session_timeout(session_timeout()),
-    ))
-    .await
+    ZooKeeperBackend::connect_with(configure(config(connect))).await
 }
 
 /// A plain ZooKeeper client, to look at (or tamper with) what the backend wrote.
