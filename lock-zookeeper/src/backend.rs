@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::backend::{LockRequest, Moment, WaitPolicy, Wakeup};
 use lockcore::{
     Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
-    Lease, LeaseKind, LockBackend, LockError, LockName, Moment, OwnerToken, ReleaseOutcome,
-    WaitPolicy, Wakeup,
+    Lease, LeaseKind, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -180,12 +180,6 @@ impl ZooKeeperBackend {
         format!("{}/{}", self.inner.config.root, segment(name))
     }
 
-    /// Validates `ttl` before any I/O. Whatever is asked, a lease lasts the
-    /// negotiated session timeout.
-    fn effective_ttl(&self, ttl: Duration) -> Result<Duration, LockError> {
-        self.capabilities().effective_ttl(ttl)
-    }
-
     /// The lease's node, if `lease` is a grant of this backend kind that
     /// matches its own fields (a forged lease has none).
     fn held<'l>(&self, lease: &'l Lease) -> Option<&'l Arc<Held>> {
@@ -231,11 +225,13 @@ impl ZooKeeperBackend {
             .granted()
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
         let vouch = watched.zip(node.sequence).filter(|_| alone);
+        // Whatever was asked, a lease lasts the negotiated session timeout.
+        let ttl = self.capabilities().effective_ttl(session.timeout)?;
         let lease = Lease::new(
             name.clone(),
             OwnerToken::from_uuid(guid),
             fence,
-            session.timeout,
+            ttl,
             alive_since,
         )
         .with_extra_margin(session.timing.margin);
@@ -547,8 +543,8 @@ impl LockBackend for ZooKeeperBackend {
             .expiry_slack(timing.slack)
     }
 
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        self.effective_ttl(ttl)?;
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let name = request.name();
         self.bounded("acquiring", name, self.attempt(name)).await
     }
 
@@ -594,7 +590,7 @@ impl LockBackend for ZooKeeperBackend {
             gone(held);
             return Err(not_held());
         }
-        let renewed = lease.renewed(held.session.timeout, sent_at);
+        let renewed = lease.renewed(sent_at);
         if !held.extend(Instant::now(), renewed.deadline()) {
             return Err(not_held());
         }
@@ -684,11 +680,10 @@ impl LockBackend for ZooKeeperBackend {
 
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        self.effective_ttl(ttl)?;
+        let name = request.name();
         // Requests wait out a disconnection; never let one hold the caller
         // past its deadline (dropping the queue entry removes its node).
         let stuck = wait.deadline + Duration::from_millis(250);

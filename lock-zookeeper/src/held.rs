@@ -8,7 +8,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lockcore::{CancellationToken, FencingToken, LockName};
+use lockcore::backend::CancellationToken;
+use lockcore::{FencingToken, LockName};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;

@@ -5,7 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{Backoff, CancellationToken, Lease, LockError};
+use lockcore::backend::CancellationToken;
+use lockcore::{Backoff, Lease, LockError};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 

@@ -17,7 +17,8 @@ use std::time::Duration;
 use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::{Cluster, eventually, until, zookeeper};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig, zk};
-use lockcore::{LockBackend, ReleaseOutcome, WaitPolicy};
+use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::{LockBackend, ReleaseOutcome};
 use rand::Rng;
 use support::tap::Tap;
 use support::{children, raw, take, unique};
@@ -237,7 +238,7 @@ async fn stale_read_trial(split: &mut Split, hold: Hold) -> Option<f64> {
     }
     let acquiring = tokio::spawn({
         let (waiter, name) = (waiter.clone(), name.clone());
-        async move { waiter.acquire(&name, SESSION, &policy).await }
+        async move { waiter.acquire_for(&name, SESSION, &policy).await }
     });
     let ours = eventually(Duration::from_secs(10), "the waiter queueing", || async {
         let nodes = children(&observer, &parent).await;

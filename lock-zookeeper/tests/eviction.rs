@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::ZooKeeperBackend;
-use lockcore::{FencingToken, LockBackend, ReleaseOutcome, WaitPolicy};
+use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::{FencingToken, LockBackend, ReleaseOutcome};
 use rand::Rng;
 use support::{take, time_scale, unique};
 use tokio::time::Instant;
@@ -80,7 +81,10 @@ async fn evict_with_a_fence_evicts_that_grant_only() {
     let waiting = tokio::spawn({
         let (next, name) = (next.clone(), name.clone());
         let policy = WaitPolicy::new(Instant::now() + Duration::from_secs(30));
-        async move { next.acquire(&name, next.session_timeout(), &policy).await }
+        async move {
+            next.acquire_for(&name, next.session_timeout(), &policy)
+                .await
+        }
     });
     let parent = admin.lock_path(&name);
     let observer = support::raw(&store.url()).await;

@@ -12,6 +12,7 @@ use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::zk;
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LeaseKind, LockBackend, LockError, Locker, LossReason, ReleaseOutcome};
 use support::{children, connect, connect_with, raw, session_timeout, take, unique};
 use tokio::time::{Instant, timeout};
@@ -108,7 +109,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
     let fence_b = guard_b.fencing_token();
     guard_b.release().await.unwrap();
     let again = a
-        .try_acquire(&name, ttl)
+        .try_acquire_for(&name, ttl)
         .await
         .unwrap()
         .into_lease()
@@ -299,7 +300,7 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
         .expect("the lock is still held");
     assert_eq!(holder.fence, guard.fencing_token());
     assert!(matches!(
-        b.try_acquire(&name, ttl).await.unwrap(),
+        b.try_acquire_for(&name, ttl).await.unwrap(),
         Attempt::Held { .. }
     ));
 
@@ -431,7 +432,7 @@ async fn negotiated_session_timeout_is_every_lease_ttl() {
         let name = unique("negotiated");
         let sent = Instant::now();
         let lease = backend
-            .try_acquire(&name, Duration::from_secs(30))
+            .try_acquire_for(&name, Duration::from_secs(30))
             .await
             .unwrap()
             .into_lease()
@@ -455,7 +456,7 @@ async fn short_sessions_hold_while_renewed() {
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
         assert!(matches!(
-            b.try_acquire(&name, b.session_timeout()).await.unwrap(),
+            b.try_acquire_for(&name, b.session_timeout()).await.unwrap(),
             Attempt::Held { .. }
         ));
         tokio::time::sleep(Duration::from_millis(200)).await;

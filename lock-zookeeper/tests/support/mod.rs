@@ -8,7 +8,8 @@ pub mod tap;
 
 use lock_conformance::stores::{self, StoreFactory};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
-use lockcore::{LockBackend, LockError};
+use lockcore::LockError;
+use lockcore::backend::LockBackendExt;
 
 /// The session timeout the tests ask for: 4 s, stretched by
 /// `LOCK_TEST_TIME_SCALE` (the harness's ZooKeeper allows 1 s to 60 s).
@@ -71,7 +72,7 @@ pub fn unique(what: &str) -> lockcore::LockName {
 /// Takes `name` at once (it must be free) and returns the lease.
 pub async fn take(backend: &ZooKeeperBackend, name: &lockcore::LockName) -> lockcore::Lease {
     backend
-        .try_acquire(name, backend.session_timeout())
+        .try_acquire_for(name, backend.session_timeout())
         .await
         .unwrap()
         .into_lease()
