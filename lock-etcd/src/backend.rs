@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
-    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use lockcore::{
-    Attempt, CancellationToken, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken,
-    Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
-    Wakeup, async_trait,
+    Attempt, Backoff, CancellationToken, Capabilities, ExpiryClock, Fairness, FenceDurability,
+    FencingToken, Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
+    WaitPolicy, Wakeup, async_trait,
 };
 use tokio::time::Instant;
 
@@ -319,6 +318,8 @@ impl Inner {
         }
     }
 
+    /// Revokes a lease in the background (its keys go with it); if that
+    /// fails, nobody keeps the lease alive and it expires on its own.
     fn spawn_revoke(&self, id: i64) {
         let mut leases = self.client.lease_client();
         let limit = self.timeout;
@@ -327,6 +328,37 @@ impl Inner {
                 let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
             });
         }
+    }
+
+    /// Gives up the lease of a put whose outcome is unknown (no reply): it
+    /// is revoked, never pooled. The put may still land later, after any
+    /// cleanup; on a pooled lease it would leave a key that every reuse of
+    /// the lease keeps alive, blocking the name for as long as this client
+    /// is busy. Revoked, the lease takes a landed key with it, and a put
+    /// that lands afterwards fails. The revoke is retried (it is idempotent)
+    /// until etcd confirms it or the lease has expired anyway.
+    pub(crate) fn abandon(&self, slot: Slot) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the lease expires on its own
+        };
+        let mut leases = self.client.lease_client();
+        let limit = self.timeout;
+        let expired = slot.refreshed + slot.ttl;
+        runtime.spawn(async move {
+            let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            for attempt in 0.. {
+                match tokio::time::timeout(limit, leases.revoke(slot.id)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) if lease_not_found(&e) => return,
+                    _ => {}
+                }
+                let next = Instant::now() + backoff.delay(attempt);
+                if next >= expired {
+                    return;
+                }
+                tokio::time::sleep_until(next).await;
+            }
+        });
     }
 
     pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, LockError> {
@@ -350,12 +382,13 @@ impl Inner {
         Ok(self.txn("release", txn).await?.succeeded())
     }
 
-    /// Deletes our entry in the background (an acquire whose outcome is
-    /// unknown, or that was cancelled), then pools its lease.
+    /// Deletes our entry (`key`, created at `revision` for `owner`) in the
+    /// background after a cancelled wait, then pools its lease.
     pub(crate) fn spawn_cleanup(
         self: &Arc<Self>,
         key: Vec<u8>,
-        grant: Option<(i64, OwnerToken)>,
+        revision: i64,
+        owner: OwnerToken,
         slot: Slot,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -363,19 +396,7 @@ impl Inner {
         };
         let inner = self.clone();
         runtime.spawn(async move {
-            let deleted = match grant {
-                Some((revision, owner)) => inner.delete_entry(&key, revision, owner).await,
-                // Unknown revision (the reply was lost): the key is named
-                // after our lease, which nobody else holds, so it is ours.
-                None => timed(
-                    inner.timeout,
-                    "cleanup",
-                    inner.client.kv_client().delete(key.clone(), None::<DeleteOptions>),
-                )
-                .await
-                .map(|_| true),
-            };
-            match deleted {
+            match inner.delete_entry(&key, revision, owner).await {
                 Ok(true) => inner.pool.give_back(slot),
                 Ok(false) => {}
                 Err(e) => tracing::debug!(error = %e, "cleanup of a queue entry failed; it expires with its lease"),
@@ -509,12 +530,12 @@ impl LockBackend for EtcdBackend {
                 }
                 Ok(Err(e)) if lease_not_found(&e) && !fresh_grant => continue,
                 Ok(Err(e)) => {
-                    // The put may or may not have happened.
-                    inner.spawn_cleanup(key, None, slot);
+                    // The put may or may not have happened, or happen later.
+                    inner.abandon(slot);
                     return Err(error::map(e));
                 }
                 Err(_) => {
-                    inner.spawn_cleanup(key, None, slot);
+                    inner.abandon(slot);
                     return Err(LockError::unavailable(
                         BACKEND,
                         format!("acquire got no answer within {:?}", inner.timeout),
