@@ -25,6 +25,34 @@ use crate::queue;
 /// etcd refuses lease TTLs above this (`MaxLeaseTTL`, 9e9 s).
 pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 
+/// How often etcd's leader looks for expired leases (etcd 3.4's lessor
+/// loop); it then revokes them through raft.
+const EXPIRY_SWEEP: Duration = Duration::from_millis(500);
+
+/// How long after its TTL etcd may keep a lock whose holder died, for TTLs
+/// up to `max_ttl` on a cluster whose minimum lease TTL is `min_ttl`.
+///
+/// Without a leader change, one expiry sweep. etcd 3.4 keeps lease
+/// deadlines in the leader's memory only: a new leader (after a leader loss
+/// or a restart) restarts every lease at its full TTL plus one election
+/// timeout, once it is elected, which takes up to two more. A holder that
+/// died just before its lease's sweep is then revoked
+///
+/// ```text
+/// TTL + sweep (missed) + 2 × election (new leader) + election + TTL (restarted lease) + sweep
+/// ```
+///
+/// after its last renewal: the slack is one more TTL, three election
+/// timeouts and two sweeps. etcd's minimum lease TTL is 1.5 election
+/// timeouts rounded up to whole seconds, so three election timeouts are at
+/// most two minimum TTLs. A restart adds its downtime; every further leader
+/// change adds as much again. Measured on a 3-member cluster with 500 ms
+/// elections and 1 s leases, a dead holder's lock went 1.3 to 3 s past its
+/// TTL when the leader was killed (`tests/failover.rs`).
+fn expiry_slack(max_ttl: Duration, min_ttl: Duration) -> Duration {
+    max_ttl + min_ttl * 2 + EXPIRY_SWEEP * 2
+}
+
 /// Locks in etcd. See the crate docs for the design and guarantees.
 ///
 /// Clones share one connection and one lease pool; call
@@ -129,16 +157,21 @@ impl EtcdBackend {
         .await?;
         let min_secs = u64::try_from(probe.ttl()).unwrap_or(0).max(1);
         let min_ttl = Duration::from_secs(min_secs);
+        if config.max_ttl < min_ttl {
+            inner.spawn_revoke(probe.id());
+            return Err(LockError::config(format!(
+                "max_ttl {:?} is below this cluster's minimum lease TTL {min_ttl:?}",
+                config.max_ttl
+            )));
+        }
         inner.caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreLeaseTimer)
-            .ttl_range(min_ttl, MAX_TTL)
+            .ttl_range(min_ttl, config.max_ttl)
             .ttl_granularity(Duration::from_secs(1))
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
-            // The leader sweeps expired leases every 500 ms, then revokes
-            // through raft.
-            .expiry_slack(Duration::from_secs(1));
+            .expiry_slack(expiry_slack(config.max_ttl, min_ttl));
         // The probe lease is a perfectly good lease of the minimum TTL.
         inner.pool.give_back(Slot {
             id: probe.id(),
