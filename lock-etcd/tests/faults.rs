@@ -146,3 +146,69 @@ async fn churn(client: EtcdBackend, granted: Vec<Lease>, stop: CancellationToken
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A connection whose server preface was lost (the proxy dropped the
+/// server's first bytes after a reset) fails its next requests with an
+/// HTTP/2 protocol error: a transport fault like any other, so it must be
+/// retryable (the nemesis case hit it as a permanent `Store` error), and
+/// the client must recover once the network does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbled_connection_is_a_retryable_error_and_heals() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = Duration::from_millis(300).mul_f64(scale());
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.url_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let lock = name("garbled", 0);
+    let mut errors = Vec::new();
+    for _ in 0..5 {
+        proxy.set(Mode::DropDownstream);
+        proxy.reset_existing();
+        // Until the client has reconnected, with the server's preface
+        // dropped: its request then goes unanswered.
+        for _ in 0..10 {
+            let sent = Instant::now();
+            let Err(e) = client.inspect(&lock).await else {
+                panic!("an answer through a proxy that drops every reply");
+            };
+            errors.push(e);
+            if sent.elapsed() >= timeout {
+                break;
+            }
+        }
+        proxy.set(Mode::Pass);
+        for _ in 0..3 {
+            if let Err(e) = client.inspect(&lock).await {
+                errors.push(e);
+            }
+        }
+    }
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("protocol error")),
+        "the garbled connection never showed: {errors:?}"
+    );
+    for e in &errors {
+        assert!(
+            e.is_retryable(),
+            "a transport fault reported as permanent: {e:?}"
+        );
+    }
+    until(
+        Duration::from_secs(10),
+        "the client serving again",
+        || async { client.inspect(&lock).await.is_ok() },
+    )
+    .await;
+    let lease = client
+        .try_acquire(&lock, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    client.release(&lease).await.unwrap();
+}
