@@ -174,7 +174,10 @@ impl EtcdBackend {
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
-            .expiry_slack(expiry_slack(config.max_ttl, min_ttl));
+            .expiry_slack(expiry_slack(config.max_ttl, min_ttl))
+            // Every grant's key is watched (see `loss`): a forced release
+            // reaches a connected holder without waiting for its renewal.
+            .eviction_notice(Some(crate::loss::NOTICE));
         // The probe lease is a perfectly good lease of the minimum TTL.
         inner.pool.give_back(Slot {
             id: probe.id(),
@@ -672,10 +675,12 @@ impl LockBackend for EtcdBackend {
             let Some((kv, _)) = inner.head(name).await? else {
                 return Ok(None);
             };
-            let holder = inner.holder_of(&kv).await?;
-            if expected.is_some_and(|fence| fence != holder.fence) {
+            // Compare-and-evict: only the grant holding `expected`, so a
+            // retry never evicts the next holder.
+            if expected.is_some_and(|fence| Some(fence) != inner.fence(kv.create_revision()).ok()) {
                 return Ok(None);
             }
+            let holder = inner.holder_of(&kv).await?;
             let txn = Txn::new()
                 .when([Compare::create_revision(
                     kv.key().to_vec(),
