@@ -599,6 +599,56 @@ async fn tls_and_url_mistakes_are_typed_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_name_their_cause_within_the_connect_timeout() {
+    let connect_timeout = scaled(Duration::from_secs(2));
+    let config = |endpoints: &[&str]| {
+        EtcdConfig::new(endpoints.iter().copied()).connect_timeout(connect_timeout)
+    };
+    let failed = |config: EtcdConfig| async move {
+        let started = Instant::now();
+        let err = EtcdBackend::connect_with(config)
+            .await
+            .expect_err("connect must fail");
+        let took = started.elapsed();
+        assert!(took < connect_timeout, "{took:?} to report: {err}");
+        err
+    };
+
+    // A closed port (with and without credentials, one or every endpoint):
+    // retryable, and the message says the connection was refused.
+    let closed = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
+    for config in [
+        config(&closed[..1]),
+        config(&closed),
+        config(&closed[..1]).user("locker", "s3cret-pw"),
+    ] {
+        let err = failed(config).await;
+        assert!(err.is_retryable(), "{err:?}");
+        let text = err.to_string();
+        assert!(text.to_lowercase().contains("connection refused"), "{text}");
+        assert!(!text.contains("s3cret-pw"), "{text}");
+    }
+
+    // Wrong credentials: permanent, and the message says so.
+    let store = tokio::task::spawn_blocking(|| etcd::start(etcd::Options::default()))
+        .await
+        .unwrap()
+        .expect("a private etcd for auth");
+    let url = store.url();
+    let mut root = raw(&url).await;
+    root.user_add("root", "r00t-secret", None).await.unwrap();
+    root.user_grant_role("root", "root").await.unwrap();
+    root.auth_enable().await.unwrap();
+    for (user, password) in [("root", "not-the-pw"), ("nobody", "not-the-pw")] {
+        let err = failed(config(&[url.as_str()]).user(user, password)).await;
+        assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("authentication failed"), "{text}");
+        assert!(!text.contains("not-the-pw"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_facade_style_url_connects() {
     let store = etcd::shared();
     let backend: Arc<dyn LockBackend> = Arc::new(
