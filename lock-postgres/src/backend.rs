@@ -116,8 +116,8 @@ impl PostgresBackend {
         if !facts.objects_exist {
             if !config.create_schema {
                 return Err(LockError::config(format!(
-                    "{server}: {} or {} is missing and create_schema is off; create them (see the lock-postgres README) or turn create_schema on",
-                    ddl.table, ddl.sequence
+                    "{server}: {} or its companions are missing, or were made by an older version (without the label columns), and create_schema is off; run the DDL of the lock-postgres README or turn create_schema on",
+                    ddl.table
                 )));
             }
             let mut op = pool.checkout("schema creation", op_timeout).await?;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use lockcore::backend::{LockRequest, Moment};
 use lockcore::{
-    Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken, ReleaseOutcome,
+    Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
+    ReleaseOutcome,
 };
 use sqlx::Connection;
 use tokio::time::Instant;
@@ -80,6 +81,7 @@ impl Client {
                     .bind(free_for_us)
                     .bind(take == Take::IfNoLine)
                     .bind(line)
+                    .bind(request.label().as_str())
                     .fetch_all(c)
             })
             .await
@@ -275,7 +277,7 @@ impl Client {
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
         let mut op = self.checkout("inspect").await?;
-        let row: Option<(i64, Option<Uuid>, i64)> = op
+        let row: Option<HolderRow> = op
             .run(|c| {
                 sqlx::query_as(&self.sql.inspect)
                     .bind(name.as_str())
@@ -297,14 +299,14 @@ impl Client {
         let mut op = self.checkout("force release").await?;
         op.run(|c| async move {
             let mut tx = c.begin_with(sql::BEGIN).await?;
-            let row: Option<(i64, Option<Uuid>, i64)> = sqlx::query_as(&sql.force_select)
+            let row: Option<HolderRow> = sqlx::query_as(&sql.force_select)
                 .bind(name.as_str())
                 .fetch_optional(&mut *tx)
                 .await?;
-            let row = row.filter(|(fence, _, _)| {
+            let row = row.filter(|(fence, _, _, _)| {
                 expected.is_none_or(|expected| u64::try_from(*fence).ok() == Some(expected.get()))
             });
-            if let Some((fence, owner, _)) = row {
+            if let Some((fence, owner, _, _)) = row {
                 sqlx::query(&sql.force_free)
                     .bind(name.as_str())
                     .execute(&mut *tx)
@@ -427,12 +429,17 @@ fn forget_eviction(lease: &Lease) {
     }
 }
 
-fn holder((fence, owner, remaining): (i64, Option<Uuid>, i64)) -> Result<Holder, LockError> {
+/// A holder as a statement returns it: fence, owner, remaining µs, label.
+type HolderRow = (i64, Option<Uuid>, i64, Option<String>);
+
+fn holder((fence, owner, remaining, label): HolderRow) -> Result<Holder, LockError> {
     Ok(Holder::new(
         fence_token(fence)?,
         owner.map(OwnerToken::from_uuid),
         Some(from_micros(remaining)),
-    ))
+    )
+    // A label that no longer validates (edited by hand) is no label.
+    .with_label(label.and_then(|l| HolderLabel::new(l).ok())))
 }
 
 fn fence_token(value: i64) -> Result<FencingToken, LockError> {

@@ -96,7 +96,11 @@ impl Facts {
                         current_setting('default_transaction_isolation'),
                         to_regclass($1) IS NOT NULL
                           AND to_regclass($2) IS NOT NULL
-                          AND to_regclass($3) IS NOT NULL",
+                          AND to_regclass($3) IS NOT NULL
+                          AND (SELECT EXISTS (
+                               SELECT 1 FROM pg_attribute
+                                WHERE attrelid = to_regclass($1) AND attname = 'label_owner'
+                                  AND NOT attisdropped))",
             )
             .bind(&ddl.table)
             .bind(&ddl.sequence)

@@ -24,6 +24,8 @@ pub(crate) struct Ddl {
     create_schema: String,
     create_sequence: String,
     create_table: String,
+    /// Adds the label columns to a table made by a version without them.
+    add_labels: String,
     /// Starts a re-created sequence above every fence left in the table,
     /// so an operator who dropped the sequence cannot make fences go back.
     resync_sequence: String,
@@ -52,8 +54,14 @@ impl Ddl {
                     owner      uuid,
                     fence      bigint NOT NULL CHECK (fence > 0),
                     expires_at timestamptz NOT NULL,
-                    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+                    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                    label      text,
+                    label_owner uuid
                 )"
+            ),
+            add_labels: format!(
+                "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS label text,
+                                 ADD COLUMN IF NOT EXISTS label_owner uuid"
             ),
             // `seq` holds only identifier characters and double quotes, so
             // it is safe inside a single-quoted literal.
@@ -92,6 +100,14 @@ impl Ddl {
             .await?;
         sqlx::query(&self.create_sequence).execute(&mut *tx).await?;
         sqlx::query(&self.create_table).execute(&mut *tx).await?;
+        // ALTER TABLE locks the table out for a moment: only when needed.
+        let labelled: bool = sqlx::query_scalar(LABELLED)
+            .bind(&self.table)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !labelled {
+            sqlx::query(&self.add_labels).execute(&mut *tx).await?;
+        }
         if !sequence_existed {
             sqlx::query(&self.resync_sequence).execute(&mut *tx).await?;
         }
@@ -101,6 +117,11 @@ impl Ddl {
         tx.commit().await
     }
 }
+
+/// `$1` a table's regclass text → whether it has the label columns.
+pub(crate) const LABELLED: &str = "SELECT EXISTS (
+    SELECT 1 FROM pg_attribute
+     WHERE attrelid = to_regclass($1) AND attname = 'label_owner' AND NOT attisdropped)";
 
 /// DDL of a resource fence table named `qualified` (already quoted).
 pub(crate) fn resource_fence_table(qualified: &str) -> String {

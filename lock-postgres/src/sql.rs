@@ -18,6 +18,9 @@ use crate::keys;
 const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
     ELSE GREATEST((extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint, 1) END";
 
+/// The label of the row's grant (`NULL` when written for another grant).
+const LABEL: &str = "CASE WHEN label_owner = owner THEN label END";
+
 /// Starts every transaction this crate opens: READ COMMITTED whatever the
 /// server's default, so each statement sees what committed before it began.
 /// Under REPEATABLE READ or SERIALIZABLE a release in a long turnstile
@@ -32,7 +35,7 @@ pub(crate) const PIN_ISOLATION: &str = "SET default_transaction_isolation = 'rea
 #[derive(Debug)]
 pub(crate) struct Sql {
     /// `$1` name, `$2` owner, `$3` TTL µs, `$4` minimum time free in µs
-    /// (0: any free row), `$5` gated, `$6` turnstile key → `(fence,
+    /// (0: any free row), `$5` gated, `$6` turnstile key, `$7` label → `(fence,
     /// remaining_us)`: `(Some, None)` acquired; `(None, Some)` held; no
     /// row: held by a grant this statement's snapshot cannot see yet, free
     /// for less than `$4`, or (gated) free with waiters in line.
@@ -52,7 +55,7 @@ pub(crate) struct Sql {
     /// `$1` names, `$2` owners, `$3` fences (arrays) → the owners of those
     /// grants that are no longer live.
     pub(crate) gone: String,
-    /// `$1` name → `(fence, owner, remaining_us)` of a live holder.
+    /// `$1` name → `(fence, owner, remaining_us, label)` of a live holder.
     pub(crate) inspect: String,
     /// `$1` name → the live holder, row-locked until commit.
     pub(crate) force_select: String,
@@ -102,8 +105,8 @@ impl Sql {
             "WITH cur AS (
                 SELECT expires_at FROM {t} WHERE name = $1
             ), taken AS (
-                INSERT INTO {t} AS l (name, owner, fence, expires_at, updated_at)
-                SELECT $1, $2, {nextval}, clock_timestamp() + {ttl}, clock_timestamp()
+                INSERT INTO {t} AS l (name, owner, fence, expires_at, updated_at, label, label_owner)
+                SELECT $1, $2, {nextval}, clock_timestamp() + {ttl}, clock_timestamp(), $7, $2
                  WHERE CASE
                          WHEN EXISTS (SELECT 1 FROM cur WHERE expires_at > clock_timestamp())
                            THEN false
@@ -112,7 +115,8 @@ impl Sql {
                        END
                 ON CONFLICT (name) DO UPDATE
                    SET owner = EXCLUDED.owner, fence = EXCLUDED.fence,
-                       expires_at = clock_timestamp() + {ttl}, updated_at = clock_timestamp()
+                       expires_at = clock_timestamp() + {ttl}, updated_at = clock_timestamp(),
+                       label = EXCLUDED.label, label_owner = EXCLUDED.owner
                  WHERE l.expires_at <= clock_timestamp()
                    AND ($4 = 0 OR CASE WHEN l.expires_at = '-infinity' THEN l.updated_at
                                        ELSE l.expires_at END
@@ -180,12 +184,14 @@ impl Sql {
                  WHERE l.name = r.name AND l.owner = r.owner AND l.fence = r.fence
                    AND l.expires_at > clock_timestamp())"
         );
+        // A label is shown only with the grant that wrote it: a version
+        // without labels takes rows without touching them.
         let inspect = format!(
-            "SELECT fence, owner, {REMAINING_US} FROM {t}
+            "SELECT fence, owner, {REMAINING_US}, {LABEL} FROM {t}
               WHERE name = $1 AND expires_at > clock_timestamp()"
         );
         let force_select = format!(
-            "SELECT fence, owner, {REMAINING_US} FROM {t}
+            "SELECT fence, owner, {REMAINING_US}, {LABEL} FROM {t}
               WHERE name = $1 AND expires_at > clock_timestamp() FOR UPDATE"
         );
         let force_free = format!(

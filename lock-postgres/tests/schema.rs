@@ -10,7 +10,8 @@ use std::time::Duration;
 use lock_postgres::sqlx;
 use lock_postgres::{PostgresBackend, PostgresConfig};
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
+use lockcore::backend::LockRequest;
+use lockcore::{Attempt, HolderLabel, LockBackend, LockError, LockName, ReleaseOutcome};
 use support::{acquired, connect, lock_name as name, shared_url, sql_conn, unique, with_params};
 
 /// T4.6: hostile schema and table options are refused before any I/O, and
@@ -163,4 +164,89 @@ async fn purge_free_keeps_fences_monotonic() {
         Some(keep.fence()),
         "held rows are never purged"
     );
+}
+
+/// A table made by a version without labels: `connect` adds the label
+/// columns (with `create_schema`; without it, it refuses and says why); a
+/// lease written the old way shows no label, a new one shows its label,
+/// and an old-style takeover of a labelled row does not inherit the label.
+#[tokio::test]
+async fn labels_come_to_tables_of_older_versions() {
+    let table = unique("unlabelled");
+    let url = with_params(&shared_url(), &format!("lock_table={table}"));
+    let mut conn = sql_conn(&url).await;
+    for ddl in [
+        format!("CREATE SEQUENCE public.{table}_fence_seq AS bigint MINVALUE 1 NO CYCLE"),
+        format!(
+            "CREATE TABLE public.{table} (
+                name text COLLATE \"C\" PRIMARY KEY, owner uuid,
+                fence bigint NOT NULL CHECK (fence > 0), expires_at timestamptz NOT NULL,
+                updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ),
+    ] {
+        sqlx::query(&ddl).execute(&mut conn).await.unwrap();
+    }
+    // An older client's grant.
+    let old = name("old");
+    sqlx::query(&format!(
+        "INSERT INTO public.{table} VALUES ($1, gen_random_uuid(), nextval('public.{table}_fence_seq'), clock_timestamp() + interval '1 minute')"
+    ))
+    .bind(old.as_str())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    let refused = PostgresBackend::connect(&with_params(&url, "lock_create_schema=false"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, LockError::InvalidConfig { .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("label"), "{refused}");
+
+    let client = connect(&url).await;
+    let shown = client.inspect(&old).await.unwrap().expect("the old grant");
+    assert_eq!(shown.label, None, "written without a label");
+    let label = HolderLabel::new("labelled worker").unwrap();
+    let request = LockRequest::new(
+        name("new"),
+        client
+            .capabilities()
+            .effective_ttl(Duration::from_millis(200))
+            .unwrap(),
+    )
+    .with_label(label.clone());
+    let lease = client
+        .try_acquire(&request)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    assert_eq!(
+        client
+            .inspect(lease.name())
+            .await
+            .unwrap()
+            .and_then(|h| h.label),
+        Some(label)
+    );
+    // The lease expires; an older client takes the row the old way.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let taken = sqlx::query(&format!(
+        "UPDATE public.{table} SET owner = gen_random_uuid(), fence = nextval('public.{table}_fence_seq'),
+                expires_at = clock_timestamp() + interval '1 minute'
+          WHERE name = $1 AND expires_at <= clock_timestamp()"
+    ))
+    .bind(lease.name().as_str())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(taken.rows_affected(), 1);
+    let holder = client
+        .inspect(lease.name())
+        .await
+        .unwrap()
+        .expect("the old-style grant");
+    assert_eq!(holder.label, None, "another grant's label is not shown");
 }
