@@ -85,7 +85,7 @@ impl PostgresBackend {
         config.validate()?;
         let (schema, table, sequence) = config.idents()?;
         let ddl = Ddl::new(&schema, &table, &sequence);
-        let sql = Sql::new(&schema, &table, &ddl.table, &ddl.sequence);
+        let sql = Sql::new(&schema, &table, &ddl.table, &ddl.sequence, &ddl.permits);
         let resource_fence = ResourceFence::new(schema.as_str(), RESOURCE_FENCE_TABLE)?;
         let (op_timeout, connect_timeout) = (config.op_timeout, config.connect_timeout);
         let (pool, options, facts) = match config.source {
@@ -137,6 +137,7 @@ impl PostgresBackend {
             .ttl_granularity(Duration::from_micros(1))
             .fence_durability(facts.durability(&server))
             .notifications(true)
+            .semaphores(true)
             .fairness(if config.turnstiles > 0 {
                 Fairness::Fifo
             } else {
@@ -272,6 +273,26 @@ impl LockBackend for PostgresBackend {
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let topic = keys::lock_topic(name.as_str());
+        Ok(self.inner.client.wakeups.watch(topic).await)
+    }
+
+    /// One short transaction: under the semaphore's advisory lock, the
+    /// lowest free slot below `permits` is taken (or `PermitsMismatch` when
+    /// live holders agreed on another count).
+    async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        self.inner.client.try_acquire_permit(request, permits).await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.inner.client.inspect_permits(name).await
+    }
+
+    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        let topic = keys::permits_topic(name.as_str());
         Ok(self.inner.client.wakeups.watch(topic).await)
     }
 

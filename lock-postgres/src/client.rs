@@ -117,6 +117,9 @@ impl Client {
     }
 
     pub(crate) async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        if lease.slot().is_some() {
+            return self.renew_permit(lease).await;
+        }
         let not_held = || LockError::NotHeld {
             name: lease.name().clone(),
         };
@@ -159,18 +162,23 @@ impl Client {
         // Where each lease's answer comes from: its position in the batch
         // (a lease given twice is asked about once), or none (not ours).
         let mut asked: HashMap<(Uuid, i64), i64> = HashMap::new();
-        let mut batch = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut batch = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let positions: Vec<Option<i64>> = leases
             .iter()
             .map(|lease| {
                 let fence = db_fence(lease.fence())?;
                 let ttl_us = micros(lease.ttl())?;
+                let slot = match lease.slot() {
+                    Some(slot) => Some(i32::try_from(slot).ok()?),
+                    None => None,
+                };
                 let key = (lease.owner().as_uuid(), fence);
                 Some(*asked.entry(key).or_insert_with(|| {
                     batch.0.push(lease.name().as_str());
                     batch.1.push(key.0);
                     batch.2.push(fence);
                     batch.3.push(ttl_us);
+                    batch.4.push(slot);
                     i64::try_from(batch.0.len()).unwrap_or(i64::MAX)
                 }))
             })
@@ -188,6 +196,7 @@ impl Client {
                         .bind(&batch.1)
                         .bind(&batch.2)
                         .bind(&batch.3)
+                        .bind(&batch.4)
                         .fetch_all(c)
                 })
                 .await?;
@@ -229,6 +238,9 @@ impl Client {
     }
 
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        if lease.slot().is_some() {
+            return self.release_permit(lease).await;
+        }
         let Some(fence) = db_fence(lease.fence()) else {
             end_turn(lease);
             return Ok(ReleaseOutcome::NotHeld);
@@ -342,14 +354,18 @@ impl Client {
             reason: "the age does not fit PostgreSQL's interval".into(),
         })?;
         let mut op = self.checkout("purge").await?;
-        let done = op
-            .run(|c| sqlx::query(&self.sql.purge_free).bind(micros).execute(c))
+        let purged: i64 = op
+            .run(|c| {
+                sqlx::query_scalar(&self.sql.purge_free)
+                    .bind(micros)
+                    .fetch_one(c)
+            })
             .await?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(purged).unwrap_or(0))
     }
 
     /// A connection for one operation, within the operation timeout.
-    async fn checkout(&self, what: &'static str) -> Result<Checkout, LockError> {
+    pub(crate) async fn checkout(&self, what: &'static str) -> Result<Checkout, LockError> {
         self.pool.checkout(what, self.op_timeout).await
     }
 
@@ -442,7 +458,7 @@ fn holder((fence, owner, remaining, label): HolderRow) -> Result<Holder, LockErr
     .with_label(label.and_then(|l| HolderLabel::new(l).ok())))
 }
 
-fn fence_token(value: i64) -> Result<FencingToken, LockError> {
+pub(crate) fn fence_token(value: i64) -> Result<FencingToken, LockError> {
     u64::try_from(value)
         .ok()
         .and_then(FencingToken::new)
@@ -455,7 +471,7 @@ fn fence_token(value: i64) -> Result<FencingToken, LockError> {
 
 /// The fence as stored, if it could be one of ours (sequences stay below
 /// `i64::MAX`).
-fn db_fence(fence: FencingToken) -> Option<i64> {
+pub(crate) fn db_fence(fence: FencingToken) -> Option<i64> {
     i64::try_from(fence.get()).ok()
 }
 
@@ -463,6 +479,6 @@ pub(crate) fn micros(d: Duration) -> Option<i64> {
     i64::try_from(d.as_micros()).ok()
 }
 
-fn from_micros(us: i64) -> Duration {
+pub(crate) fn from_micros(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }

@@ -32,6 +32,18 @@ pub(crate) fn lock_topic(name: &str) -> String {
     name.to_owned()
 }
 
+/// The wake-up topic of a semaphore: its name after U+0001, which no lock
+/// name contains (lock names have no control characters).
+pub(crate) fn permits_topic(name: &str) -> String {
+    format!("\u{1}{name}")
+}
+
+/// The advisory-lock key that serializes the permit grants of one
+/// semaphore (held for one short transaction each).
+pub(crate) fn permits_key(table_regclass: &str, name: &str) -> i64 {
+    key(&[table_regclass.as_bytes(), name.as_bytes(), b"permits"])
+}
+
 /// The advisory-lock key a waiter's listener holds (shared) while it waits
 /// for `topic`: a release takes it exclusively (`pg_try_advisory_xact_lock`)
 /// and notifies only when that fails, i.e. when somebody waits.
@@ -101,5 +113,10 @@ mod tests {
         );
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_ne!(key, watch_key("\"public\".\"distlock_locks\"", "sku-42"));
+        assert_ne!(key, permits_key("\"public\".\"distlock_locks\"", "sku-42"));
+        assert_ne!(
+            watch_key("t", &lock_topic("n")),
+            watch_key("t", &permits_topic("n"))
+        );
     }
 }

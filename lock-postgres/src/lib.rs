@@ -15,6 +15,7 @@ mod ident;
 mod keys;
 mod listener;
 mod notify;
+mod permits;
 mod pool;
 mod probe;
 mod registry;

@@ -9,6 +9,10 @@ use crate::sql::BEGIN;
 /// The sequence of a lock table is `<table>` + this.
 pub(crate) const SEQUENCE_SUFFIX: &str = "_fence_seq";
 
+/// The semaphores of a lock table live in `<table>` + this (shorter than
+/// the sequence suffix, so it fits whenever the sequence's name does).
+pub(crate) const PERMITS_SUFFIX: &str = "_permits";
+
 /// The resource-side fencing table created next to the lock table.
 pub(crate) const RESOURCE_FENCE_TABLE: &str = "resource_fence";
 
@@ -19,11 +23,13 @@ pub(crate) struct Ddl {
     /// `"schema"."table"` and friends, as text for `to_regclass`.
     pub(crate) table: String,
     pub(crate) sequence: String,
+    pub(crate) permits: String,
     pub(crate) resource_fence: String,
     schema: Ident,
     create_schema: String,
     create_sequence: String,
     create_table: String,
+    create_permits: String,
     /// Adds the label columns to a table made by a version without them.
     add_labels: String,
     /// Starts a re-created sequence above every fence left in the table,
@@ -36,6 +42,11 @@ impl Ddl {
     pub(crate) fn new(schema: &Ident, table: &Ident, sequence: &Ident) -> Ddl {
         let t = format!("{}.{}", schema.quoted(), table.quoted());
         let seq = format!("{}.{}", schema.quoted(), sequence.quoted());
+        let permits = format!(
+            "{}.{}",
+            schema.quoted(),
+            table.with_suffix(PERMITS_SUFFIX).quoted()
+        );
         let resource_fence = format!(
             "{}.{}",
             schema.quoted(),
@@ -59,6 +70,21 @@ impl Ddl {
                     label_owner uuid
                 )"
             ),
+            // One row per semaphore slot; fences come from the lock table's
+            // sequence. `permits` is the count its holder agreed on.
+            create_permits: format!(
+                "CREATE TABLE IF NOT EXISTS {permits} (
+                    name       text COLLATE \"C\" NOT NULL,
+                    slot       int4 NOT NULL CHECK (slot >= 0),
+                    permits    int4 NOT NULL CHECK (permits > 0),
+                    owner      uuid,
+                    fence      bigint NOT NULL CHECK (fence > 0),
+                    expires_at timestamptz NOT NULL,
+                    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                    label      text,
+                    PRIMARY KEY (name, slot)
+                )"
+            ),
             add_labels: format!(
                 "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS label text,
                                  ADD COLUMN IF NOT EXISTS label_owner uuid"
@@ -66,22 +92,26 @@ impl Ddl {
             // `seq` holds only identifier characters and double quotes, so
             // it is safe inside a single-quoted literal.
             resync_sequence: format!(
-                "SELECT setval('{seq}'::regclass, max(fence)) FROM {t} HAVING max(fence) IS NOT NULL"
+                "SELECT setval('{seq}'::regclass, max(fence))
+                   FROM (SELECT fence FROM {t} UNION ALL SELECT fence FROM {permits}) fences
+                 HAVING max(fence) IS NOT NULL"
             ),
             create_resource_fence: resource_fence_table(&resource_fence),
             table: t,
             sequence: seq,
+            permits,
             resource_fence,
             schema: schema.clone(),
         }
     }
 
-    /// Creates what is missing, serialised by an advisory lock so concurrent
-    /// first uses cannot race on the catalog.
+    /// Creates what is missing, serialised by an advisory lock per schema
+    /// so concurrent first uses (of any table of the schema: they share the
+    /// schema and its `resource_fence`) cannot race on the catalog.
     pub(crate) async fn create(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         let mut tx = conn.begin_with(BEGIN).await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("distlock ddl {}", self.table))
+            .bind(format!("distlock ddl {}", self.schema.quoted()))
             .execute(&mut *tx)
             .await?;
         // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when
@@ -108,6 +138,7 @@ impl Ddl {
         if !labelled {
             sqlx::query(&self.add_labels).execute(&mut *tx).await?;
         }
+        sqlx::query(&self.create_permits).execute(&mut *tx).await?;
         if !sequence_existed {
             sqlx::query(&self.resync_sequence).execute(&mut *tx).await?;
         }

@@ -42,8 +42,9 @@ pub(crate) struct Sql {
     pub(crate) acquire: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` TTL µs → rows affected.
     pub(crate) renew: String,
-    /// `$1` names, `$2` owners, `$3` fences, `$4` TTLs µs (arrays) → the
-    /// 1-based positions of the leases renewed.
+    /// `$1` names, `$2` owners, `$3` fences, `$4` TTLs µs, `$5` slots
+    /// (`NULL` for a lock) (arrays) → the 1-based positions of the leases
+    /// renewed.
     pub(crate) renew_many: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` channel, `$5` watch key →
     /// released count.
@@ -63,6 +64,22 @@ pub(crate) struct Sql {
     pub(crate) force_free: String,
     /// `$1` age in µs → rows deleted: rows free for at least that long.
     pub(crate) purge_free: String,
+    /// `$1` name, `$2` owner, `$3` permits, `$4` TTL µs, `$5` label → one
+    /// row `(slot, fence, existing, remaining_us)`: a slot and fence when
+    /// granted; else `existing`, the count the holders agreed on when it is
+    /// not `$3`; else the time until the first holder's expiry. Run under
+    /// the semaphore's advisory lock (`keys::permits_key`), in a
+    /// transaction of its own: this statement's snapshot, taken after the
+    /// lock, sees every grant before it.
+    pub(crate) permit_take: String,
+    /// `$1` name, `$2` slot, `$3` owner, `$4` fence, `$5` TTL µs → rows affected.
+    pub(crate) permit_renew: String,
+    /// `$1` name, `$2` slot, `$3` owner, `$4` fence, `$5` channel, `$6`
+    /// payload, `$7` watch key → released count.
+    pub(crate) permit_release: String,
+    /// `$1` name → `(slot, fence, owner, remaining_us, label)` of each live
+    /// holder, by slot.
+    pub(crate) permit_inspect: String,
     /// `$1` channel, `$2` payload.
     pub(crate) notify: &'static str,
     /// The NOTIFY channel of this table (payload: a freed name).
@@ -76,7 +93,7 @@ pub(crate) struct Sql {
 impl Sql {
     /// The statements of `schema.table`; `t` and `seq` are the quoted,
     /// qualified names of the table and its sequence.
-    pub(crate) fn new(schema: &Ident, table: &Ident, t: &str, seq: &str) -> Sql {
+    pub(crate) fn new(schema: &Ident, table: &Ident, t: &str, seq: &str, p: &str) -> Sql {
         // `seq` holds only identifier characters and double quotes, so it
         // is safe inside a single-quoted literal.
         let nextval = format!("nextval('{seq}'::regclass)");
@@ -136,14 +153,28 @@ impl Sql {
         // Each lease is owner-, fence- and liveness-checked on its own row,
         // as `renew` does, in one statement for the whole batch.
         let renew_many = format!(
-            "UPDATE {t} AS l
-                SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
-                    updated_at = clock_timestamp()
-               FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[])
-                    WITH ORDINALITY AS r(name, owner, fence, ttl_us, i)
-              WHERE l.name = r.name AND l.owner = r.owner AND l.fence = r.fence
-                AND l.expires_at > clock_timestamp()
-            RETURNING r.i"
+            "WITH r AS (
+                SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[], $5::int4[])
+                       WITH ORDINALITY AS r(name, owner, fence, ttl_us, slot, i)
+            ), locks AS (
+                UPDATE {t} AS l
+                   SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
+                       updated_at = clock_timestamp()
+                  FROM r
+                 WHERE r.slot IS NULL AND l.name = r.name AND l.owner = r.owner
+                   AND l.fence = r.fence AND l.expires_at > clock_timestamp()
+                RETURNING r.i
+            ), permits AS (
+                UPDATE {p} AS q
+                   SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
+                       updated_at = clock_timestamp()
+                  FROM r
+                 WHERE r.slot IS NOT NULL AND q.name = r.name AND q.slot = r.slot
+                   AND q.owner = r.owner AND q.fence = r.fence
+                   AND q.expires_at > clock_timestamp()
+                RETURNING r.i
+            )
+            SELECT i FROM locks UNION ALL SELECT i FROM permits"
         );
         // Releases notify only when somebody waits: a waiter's listener
         // holds the name's watch key (`$5`) shared, so taking it here fails.
@@ -201,8 +232,72 @@ impl Sql {
               WHERE name = $1"
         );
         let purge_free = format!(
-            "DELETE FROM {t} WHERE expires_at <= clock_timestamp()
-               AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'"
+            "WITH locks AS (
+                DELETE FROM {t} WHERE expires_at <= clock_timestamp()
+                   AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'
+                RETURNING 1
+            ), permits AS (
+                DELETE FROM {p} WHERE expires_at <= clock_timestamp()
+                   AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM locks) + (SELECT count(*) FROM permits)"
+        );
+        // The lowest free slot below `$3`, unless a live holder agreed on
+        // another count; a slot row is taken under its lock if it is (still)
+        // free, judged on its latest version, or inserted.
+        let permit_take = format!(
+            "WITH live AS (
+                SELECT slot, permits, expires_at FROM {p}
+                 WHERE name = $1 AND expires_at > clock_timestamp()
+            ), other AS (
+                SELECT permits FROM live WHERE permits <> $3 LIMIT 1
+            ), free AS (
+                SELECT s AS slot FROM generate_series(0, $3 - 1) AS s
+                 WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.slot = s)
+                   AND NOT EXISTS (SELECT 1 FROM other)
+                 ORDER BY s LIMIT 1
+            ), taken AS (
+                INSERT INTO {p} AS q (name, slot, permits, owner, fence, expires_at, updated_at, label)
+                SELECT $1, slot, $3, $2, {nextval}, clock_timestamp() + $4 * interval '1 microsecond',
+                       clock_timestamp(), $5
+                  FROM free
+                ON CONFLICT (name, slot) DO UPDATE
+                   SET permits = EXCLUDED.permits, owner = EXCLUDED.owner, fence = EXCLUDED.fence,
+                       expires_at = clock_timestamp() + $4 * interval '1 microsecond',
+                       updated_at = clock_timestamp(), label = EXCLUDED.label
+                 WHERE q.expires_at <= clock_timestamp()
+                RETURNING q.slot, q.fence
+            )
+            SELECT (SELECT slot FROM taken), (SELECT fence FROM taken),
+                   (SELECT permits FROM other),
+                   (SELECT GREATEST((extract(epoch FROM (min(expires_at) - clock_timestamp()))
+                                     * 1000000)::bigint, 1) FROM live)"
+        );
+        let permit_renew = format!(
+            "UPDATE {p}
+                SET expires_at = clock_timestamp() + $5 * interval '1 microsecond',
+                    updated_at = clock_timestamp()
+              WHERE name = $1 AND slot = $2 AND owner = $3 AND fence = $4
+                AND expires_at > clock_timestamp()"
+        );
+        let permit_release = format!(
+            "WITH released AS (
+                UPDATE {p}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND slot = $2 AND owner = $3 AND fence = $4
+                   AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($7) THEN NULL
+                            ELSE pg_notify($5, $6) END
+                  FROM released
+            ) notified"
+        );
+        let permit_inspect = format!(
+            "SELECT slot, fence, owner, {REMAINING_US}, label FROM {p}
+              WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY slot"
         );
         Sql {
             acquire,
@@ -215,6 +310,10 @@ impl Sql {
             force_select,
             force_free,
             purge_free,
+            permit_take,
+            permit_renew,
+            permit_release,
+            permit_inspect,
             notify: "SELECT pg_notify($1, $2)",
             channel: keys::channel("distlock", schema, table),
             evict_channel: keys::channel("distlock-evict", schema, table),
@@ -239,6 +338,7 @@ mod tests {
             &table,
             "\"Sch\".\"select\"",
             "\"Sch\".\"select_fence_seq\"",
+            "\"Sch\".\"select_permits\"",
         );
         for text in [
             &sql.acquire,

@@ -250,3 +250,25 @@ async fn labels_come_to_tables_of_older_versions() {
         .expect("the old-style grant");
     assert_eq!(holder.label, None, "another grant's label is not shown");
 }
+
+/// Backends of different tables of one new schema connect at once: the
+/// objects they share (the schema, its `resource_fence` table) are created
+/// once, without a catalog race.
+#[tokio::test]
+async fn tables_of_one_schema_are_created_side_by_side() {
+    let schema = unique("Shared");
+    let connecting: Vec<_> = (0..8)
+        .map(|i| {
+            let config = PostgresConfig::from_url(&shared_url())
+                .unwrap()
+                .schema(&schema)
+                .table(format!("locks_{i}"));
+            tokio::spawn(PostgresBackend::connect_with(config))
+        })
+        .collect();
+    for task in connecting {
+        task.await
+            .unwrap()
+            .expect("concurrent connect of another table");
+    }
+}

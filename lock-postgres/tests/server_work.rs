@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_postgres::sqlx::{self, Connection, PgConnection};
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::backend::{LockBackendExt, LockRequest, WaitPolicy};
 use lockcore::{Attempt, LockBackend, LockName};
 use support::{
     acquired, backend, counting_observer, counting_server, lock_name, reset, server_cpu, statements,
@@ -81,6 +81,38 @@ async fn uncontended_cycles_cost_one_statement_each_way() {
         "a held lock costs one read-only statement"
     );
     client.release(&lease).await.unwrap();
+
+    // A permit: one short transaction to take a slot, one statement to
+    // release it; two writing statements.
+    let request = LockRequest::new(
+        lock_name("permits"),
+        client.capabilities().effective_ttl(ttl).unwrap(),
+    );
+    let permit = || async {
+        let lease = client
+            .try_acquire_permit(&request, 2)
+            .await
+            .unwrap()
+            .into_lease()
+            .expect("a free permit");
+        client.release(&lease).await.unwrap();
+    };
+    permit().await;
+    reset(&mut observer).await;
+    let cpu = server_cpu(&store);
+    for _ in 0..CYCLES / 4 {
+        permit().await;
+    }
+    let cpu = server_cpu(&store).saturating_sub(cpu);
+    let (calls, writes, _) = statements(&mut observer, "%").await;
+    let cycles = f64::from(CYCLES / 4);
+    eprintln!(
+        "permit acquire+release: {:.2} statements, {:.2} writing, {:.1} µs of server CPU per cycle",
+        calls as f64 / cycles,
+        writes as f64 / cycles,
+        cpu.as_secs_f64() * 1e6 / cycles
+    );
+    assert_eq!(writes, i64::from(CYCLES / 4) * 2, "a take and a release");
 }
 
 /// Sixteen backend instances (as sixteen processes would) take turns on one

@@ -1,0 +1,174 @@
+//! The store client for semaphores: one short transaction per grant, one
+//! statement per renew, release or look, on the permits table (one row per
+//! slot).
+
+use lockcore::backend::{LockRequest, Moment};
+use lockcore::{
+    Attempt, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken, ReleaseOutcome,
+};
+use sqlx::Connection;
+use uuid::Uuid;
+
+use crate::client::{Client, db_fence, fence_token, from_micros, micros};
+use crate::{error, keys, sql};
+
+/// A taken slot as `permit_inspect` returns it: slot, fence, owner,
+/// remaining µs, label.
+type SlotRow = (i32, i64, Option<Uuid>, i64, Option<String>);
+
+/// What `permit_take` answers: slot and fence when granted, the count live
+/// holders agreed on when it differs, the time to the first expiry.
+type TakeRow = (Option<i32>, Option<i64>, Option<i32>, Option<i64>);
+
+impl Client {
+    /// One attempt at a slot of the `permits`-slot semaphore `request.name()`:
+    /// the grant runs under the semaphore's advisory lock, so grants of one
+    /// semaphore see each other (at most `permits` holders, one count).
+    pub(crate) async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        let name = request.name();
+        let count = i32::try_from(permits)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                LockError::config(format!(
+                    "semaphore \"{name}\" needs from 1 to {} permits, not {permits}",
+                    i32::MAX
+                ))
+            })?;
+        let ttl = request.ttl();
+        let ttl_us = micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
+            ttl: ttl.get(),
+            reason: "does not fit PostgreSQL's interval".into(),
+        })?;
+        let owner = OwnerToken::new();
+        // `key` is an integer, safe to inline: the transaction and the lock
+        // in one round trip.
+        let key = keys::permits_key(&self.sql.table, name.as_str());
+        let begin = format!("{}; SELECT pg_advisory_xact_lock({key})", sql::BEGIN);
+        let sent_at = Moment::now();
+        let mut op = self.checkout("acquire permit").await?;
+        let (slot, fence, existing, remaining): TakeRow = op
+            .run(|c| async move {
+                let mut tx = c.begin_with(begin).await?;
+                let row = sqlx::query_as(&self.sql.permit_take)
+                    .bind(name.as_str())
+                    .bind(owner.as_uuid())
+                    .bind(count)
+                    .bind(ttl_us)
+                    .bind(request.label().as_str())
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(row)
+            })
+            .await?;
+        if let (Some(slot), Some(fence)) = (slot, fence) {
+            let token = fence_token(fence)?;
+            let slot = u32::try_from(slot)
+                .map_err(|_| error::corrupt(format!("the permits table holds slot {slot}")))?;
+            tracing::debug!(semaphore = %name, slot, %token, "permit acquired");
+            return Ok(Attempt::Acquired(
+                Lease::new(name.clone(), owner, token, ttl, sent_at).with_slot(slot),
+            ));
+        }
+        if let Some(existing) = existing {
+            return Err(LockError::PermitsMismatch {
+                name: name.clone(),
+                requested: permits,
+                existing: u32::try_from(existing).unwrap_or(0),
+            });
+        }
+        Ok(Attempt::Held {
+            expires_in: remaining.map(from_micros),
+        })
+    }
+
+    pub(crate) async fn renew_permit(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let not_held = || LockError::NotHeld {
+            name: lease.name().clone(),
+        };
+        let (Some(fence), Some(ttl_us), Some(slot)) = (
+            db_fence(lease.fence()),
+            micros(lease.ttl()),
+            lease.slot().and_then(|s| i32::try_from(s).ok()),
+        ) else {
+            return Err(not_held());
+        };
+        let sent_at = Moment::now();
+        let mut op = self.checkout("renew permit").await?;
+        let done = op
+            .run(|c| {
+                sqlx::query(&self.sql.permit_renew)
+                    .bind(lease.name().as_str())
+                    .bind(slot)
+                    .bind(lease.owner().as_uuid())
+                    .bind(fence)
+                    .bind(ttl_us)
+                    .execute(c)
+            })
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(lease.renewed(sent_at))
+        } else {
+            Err(not_held())
+        }
+    }
+
+    pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let (Some(fence), Some(slot)) = (
+            db_fence(lease.fence()),
+            lease.slot().and_then(|s| i32::try_from(s).ok()),
+        ) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let topic = keys::permits_topic(lease.name().as_str());
+        let watch = keys::watch_key(&self.sql.table, &topic);
+        let mut op = self.checkout("release permit").await?;
+        let released: i64 = op
+            .run(|c| {
+                sqlx::query_scalar(&self.sql.permit_release)
+                    .bind(lease.name().as_str())
+                    .bind(slot)
+                    .bind(lease.owner().as_uuid())
+                    .bind(fence)
+                    .bind(&self.sql.channel)
+                    .bind(&topic)
+                    .bind(watch)
+                    .fetch_one(c)
+            })
+            .await?;
+        Ok(if released == 1 {
+            tracing::debug!(semaphore = %lease.name(), slot, "permit released");
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    /// The live holders of the semaphore `name`, one per taken slot.
+    pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        let mut op = self.checkout("inspect permits").await?;
+        let rows: Vec<SlotRow> = op
+            .run(|c| {
+                sqlx::query_as(&self.sql.permit_inspect)
+                    .bind(name.as_str())
+                    .fetch_all(c)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(slot, fence, owner, remaining, label)| {
+                Ok(Holder::new(
+                    fence_token(fence)?,
+                    owner.map(OwnerToken::from_uuid),
+                    Some(from_micros(remaining)),
+                )
+                .with_slot(u32::try_from(slot).unwrap_or(0))
+                .with_label(label.and_then(|l| HolderLabel::new(l).ok())))
+            })
+            .collect()
+    }
+}
