@@ -138,6 +138,7 @@ impl PostgresBackend {
             .fence_durability(facts.durability(&server))
             .notifications(true)
             .semaphores(true)
+            .fence_floor(true)
             .fairness(if config.turnstiles > 0 {
                 Fairness::Fifo
             } else {
@@ -294,6 +295,12 @@ impl LockBackend for PostgresBackend {
     async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let topic = keys::permits_topic(name.as_str());
         Ok(self.inner.client.wakeups.watch(topic).await)
+    }
+
+    /// Moves the fence sequence to at least `floor` while grants wait (see
+    /// the crate docs: restoring from a backup).
+    async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.inner.client.raise_fence_floor(floor).await
     }
 
     /// Waits in line (see the crate docs and `wait.rs`).

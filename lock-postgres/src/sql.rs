@@ -80,6 +80,13 @@ pub(crate) struct Sql {
     /// `$1` name → `(slot, fence, owner, remaining_us, label)` of each live
     /// holder, by slot.
     pub(crate) permit_inspect: String,
+    /// Locks both tables against grants (every `nextval` runs in a
+    /// statement writing one of them) until the transaction commits; reads
+    /// go on.
+    pub(crate) lock_grants: String,
+    /// `$1` floor: moves the sequence to at least the floor (`nextval`,
+    /// then `setval` to the larger), under `lock_grants`.
+    pub(crate) floor: String,
     /// `$1` channel, `$2` payload.
     pub(crate) notify: &'static str,
     /// The NOTIFY channel of this table (payload: a freed name).
@@ -299,6 +306,9 @@ impl Sql {
             "SELECT slot, fence, owner, {REMAINING_US}, label FROM {p}
               WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY slot"
         );
+        let lock_grants = format!("LOCK TABLE {t}, {p} IN EXCLUSIVE MODE");
+        let floor =
+            format!("SELECT setval('{seq}'::regclass, GREATEST($1, nextval('{seq}'::regclass)))");
         Sql {
             acquire,
             renew,
@@ -314,6 +324,8 @@ impl Sql {
             permit_renew,
             permit_release,
             permit_inspect,
+            lock_grants,
+            floor,
             notify: "SELECT pg_notify($1, $2)",
             channel: keys::channel("distlock", schema, table),
             evict_channel: keys::channel("distlock-evict", schema, table),
