@@ -122,8 +122,9 @@ async fn ten_thousand_held_locks_renew_in_one_statement_per_tick() {
     let (cpu, started) = (client_cpu(), Instant::now());
     tokio::time::sleep(every * 5).await;
     let (cpu, elapsed) = (client_cpu().saturating_sub(cpu), started.elapsed());
-    let (batches, _, batch_ms) = statements(&mut observer, "UPDATE % unnest(%").await;
-    let (singles, _, _) = statements(&mut observer, "UPDATE % SET expires_at %").await;
+    // The batch renewal starts `WITH r AS`, a single renewal `UPDATE`.
+    let (batches, _, batch_ms) = statements(&mut observer, "WITH r AS%").await;
+    let (singles, _, _) = statements(&mut observer, "UPDATE %").await;
     let ticks = elapsed.as_secs_f64() / every.as_secs_f64();
     eprintln!(
         "{LOCKS} held locks: {batches} renewal statements in {ticks:.1} ticks \
@@ -131,9 +132,11 @@ async fn ten_thousand_held_locks_renew_in_one_statement_per_tick() {
         batch_ms / batches.max(1) as f64,
         cpu.as_secs_f64() * 1e3 / ticks
     );
-    assert_eq!(singles, batches, "no lock renewed on its own");
+    assert_eq!(singles, 0, "no lock renewed on its own");
+    // A window of N intervals sees at most N + 1 ticks; one more for a
+    // batch split around a lease whose renewal was still in flight.
     assert!(
-        batches as f64 <= ticks.ceil() + 1.0,
+        batches as f64 <= ticks.ceil() + 2.0,
         "{batches} renewal statements in {ticks:.1} ticks"
     );
     assert!(batches >= 1, "the locks were renewed");
