@@ -6,6 +6,7 @@
     rust_2018_idioms
 )]
 
+mod admin;
 mod backend;
 mod client;
 mod config;

@@ -8,12 +8,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::Store;
 use lock_conformance::stores::postgres::{self, Options};
+use lock_conformance::stores::{Store, eventually};
 use lock_postgres::PostgresBackend;
-use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lock_postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, Lease, LockBackend, LockName};
+use lockcore::{Attempt, Backoff, Lease, LockBackend, LockError, LockGuard, LockName, Locker};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// `LOCK_TEST_TIME_SCALE` (default 1): timing bounds are multiplied by it
@@ -203,4 +204,81 @@ pub fn peak_rss() -> u64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+// ---- turnstiles ----
+
+/// The shared server's URL, with every connection tagged `app` so the
+/// test can find its sessions.
+pub fn app_url(app: &str, params: &str) -> String {
+    format!("{}{params}", with_app(&shared_url(), app))
+}
+
+/// A locker whose waiters can only be woken by a notification or the
+/// turnstile: re-checks and backoff are 30 s apart.
+pub fn patient(backend: &PostgresBackend) -> Locker {
+    Locker::new(backend.clone())
+        .ttl(Duration::from_secs(30))
+        .max_wait(Duration::from_secs(60))
+        .recheck(Duration::from_secs(30))
+        .backoff(Backoff::new(
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+        ))
+}
+
+pub fn spawn_acquire(locker: Locker, name: &LockName) -> JoinHandle<Result<LockGuard, LockError>> {
+    let name = name.clone();
+    tokio::spawn(async move { locker.acquire(&name).await })
+}
+
+/// Sessions of application `app`, as turnstiles see them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sessions {
+    /// All connections.
+    pub total: i64,
+    /// Blocked in the turnstile queue (waiting on an advisory lock).
+    pub queued: i64,
+    /// Holding a turnstile (idle, its session holding the advisory lock).
+    pub holding: i64,
+}
+
+pub async fn turnstile_sessions(conn: &PgPool, app: &str) -> Sessions {
+    let (total, queued, holding): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*),
+                count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'),
+                count(*) FILTER (WHERE state = 'idle' AND EXISTS (
+                    SELECT 1 FROM pg_locks l
+                     WHERE l.pid = a.pid AND l.locktype = 'advisory'
+                       AND l.mode = 'ExclusiveLock' AND l.granted))
+           FROM pg_stat_activity a WHERE application_name = $1",
+    )
+    .bind(app)
+    .fetch_one(conn)
+    .await
+    .unwrap();
+    Sessions {
+        total,
+        queued,
+        holding,
+    }
+}
+
+/// Waits (up to 10 s) until the sessions of `app` satisfy `check`.
+pub async fn await_sessions(
+    conn: &PgPool,
+    app: &str,
+    what: &str,
+    check: impl Fn(Sessions) -> bool,
+) -> Sessions {
+    let check = &check;
+    eventually(Duration::from_secs(10), what, || async move {
+        Some(turnstile_sessions(conn, app).await).filter(|now| check(*now))
+    })
+    .await
+}
+
+/// A pool for looking at `pg_stat_activity`.
+pub async fn observer() -> PgPool {
+    PgPool::connect(&shared_url()).await.unwrap()
 }
