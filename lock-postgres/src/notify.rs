@@ -1,24 +1,33 @@
 //! Wake-ups through LISTEN/NOTIFY: one listener connection per backend
 //! instance, shared by all its waiters, and listening only while they wait.
 //!
-//! Releases and forced releases `pg_notify(channel, name)` in the statement
-//! that frees the row, so the notification is sent exactly when the change
-//! commits. The listener task wakes one local waiter of that name (a release
-//! frees the lock for one acquirer; waking all would be a herd). Expiries
-//! do not notify: waiters also re-check at the holder's expiry and at least
-//! every `WaitPolicy::recheck`, which the wait loop arranges.
+//! A waiter of a topic (a lock name, or a semaphore's, see `keys.rs`) has
+//! the listener `LISTEN` and take the topic's *watch key*, an advisory lock
+//! held shared by every instance with a waiter of it. A release (or a
+//! lost-reply cleanup) frees the row and, in the same statement, tries the
+//! watch key exclusively: it fails while somebody watches, and only then
+//! does the statement `pg_notify(channel, topic)`, sent when the release
+//! commits. Taken, the key is held to the release's commit, so a waiter
+//! registering meanwhile waits for that commit, then tries the lock and
+//! finds it free: no release between registering and trying is missed.
+//! Releases nobody waits for send nothing (every NOTIFY serializes its
+//! transaction's commit with every other notifying commit of the server).
+//!
+//! The listener task wakes one local waiter of the topic per notification
+//! (a release frees one lock or slot; waking all would be a herd).
+//! Forced releases always notify. Expiries do not: waiters also re-check at
+//! the holder's expiry and at least every `WaitPolicy::recheck`, which the
+//! wait loop arranges.
 //!
 //! PostgreSQL signals *every* listening session of the database at each
-//! notification, whatever its channel, so an idle listener is not free: with
-//! turnstiles, one instance at a time waits for a given name, and N
-//! instances that all kept listening would wake N server processes (and N
-//! client tasks) per release. So the connection runs `LISTEN` when a waiter
-//! needs it and `UNLISTEN` when a notification arrives that nobody in this
-//! instance waits for. A waiter is only handed its wake-up once `LISTEN` is
-//! in effect, and then tries the lock, so no release between the two is
-//! missed. When the connection drops, every waiter is woken to re-check,
-//! because notifications sent meanwhile are lost; until it is back, waiters
-//! poll with backoff.
+//! notification, whatever its channel, so an idle listener is not free: the
+//! connection runs `LISTEN` when a waiter needs it and `UNLISTEN` when a
+//! notification arrives that nobody in this instance waits for, and lets go
+//! of a topic's watch key with its last local waiter. A waiter is handed
+//! its wake-up only once both are in effect. When the connection drops,
+//! every waiter is woken to re-check (notifications sent meanwhile are
+//! lost, and the watch keys went with the session); until it is back,
+//! waiters poll with backoff.
 //!
 //! The same connection tells holders of a forced release. Every grant is
 //! registered (by its owner token, before the acquire is sent) and, while
