@@ -120,7 +120,9 @@ impl PostgresBackend {
                     ddl.table
                 )));
             }
-            let mut op = pool.checkout("schema creation", op_timeout).await?;
+            // Part of connecting, and slower than a lock operation.
+            let limit = op_timeout.max(connect_timeout);
+            let mut op = pool.checkout("schema creation", limit).await?;
             op.run(|c| ddl.create(c)).await?;
         }
         let caps = Capabilities::new(BACKEND)

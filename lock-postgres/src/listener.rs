@@ -134,13 +134,11 @@ pub(crate) async fn listen(
                     l.stop(&channel).await;
                 }
             }
-            // The connection dropped and sqlx reconnected and re-listened
-            // before returning: notifications in between are lost.
+            // The connection dropped (sqlx does not reconnect it: a fresh
+            // connection and pool come with the next LISTEN).
             Event::Received(Ok(None)) => {
-                l.shared.rewatch();
-                if l.evicting.is_some() {
-                    l.new_epoch();
-                }
+                tracing::debug!(channel = %l.config.channel, "LISTEN connection closed");
+                l.lost();
             }
             Event::Received(Err(error)) => {
                 tracing::debug!(channel = %l.config.channel, %error, "LISTEN connection lost");
@@ -369,12 +367,15 @@ async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<PgList
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
-        // Bounds sqlx's own reconnect inside `try_recv`.
+        // Bounds connecting.
         .acquire_timeout(timeout)
         .max_lifetime(None)
         .idle_timeout(None)
         .connect_lazy_with(options.clone());
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.ignore_pool_close_event(true);
+    // A lost connection is this task's to replace (on a fresh pool), and
+    // with it every LISTEN and watch key: never behind its back.
+    listener.eager_reconnect(false);
     Ok(listener)
 }

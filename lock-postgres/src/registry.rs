@@ -130,16 +130,6 @@ impl Shared {
         }
     }
 
-    /// The connection was replaced under a `LISTEN` (sqlx reconnects and
-    /// re-listens): the watch keys are gone, and every waiter re-checks.
-    pub(crate) fn rewatch(&self) {
-        let mut state = self.lock();
-        state.watched.clear();
-        for waiters in state.waiters.values() {
-            waiters.notify.notify_waiters();
-        }
-    }
-
     pub(crate) fn set_listening(&self, listening: bool) {
         self.lock().listening = listening;
     }

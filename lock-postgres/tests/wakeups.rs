@@ -15,7 +15,8 @@ use support::{acquired, backend, connect, lock_name as name, shared_url, unique,
 use tokio::time::Instant;
 
 /// The listener connection is killed while a waiter waits: it reconnects,
-/// re-listens, and the next release still wakes the waiter by notification
+/// re-listens, takes the watch key again, and the next release still wakes
+/// the waiter by notification
 /// (re-checks are 30 s apart, so polling cannot explain a prompt grant).
 #[tokio::test]
 async fn listener_reconnects_after_its_connection_is_killed() {
@@ -38,23 +39,31 @@ async fn listener_reconnects_after_its_connection_is_killed() {
         async move { locker.acquire(&lock).await.map(|g| (g, Instant::now())) }
     });
     let conn = PgPool::connect(&shared_url()).await.unwrap();
-    // The waiter starts the listener when it first waits.
-    let old = eventually(Duration::from_secs(10), "a LISTEN connection", || {
+    until(Duration::from_secs(10), "the waiter in line", || async {
+        backend.waiting() == 1
+    })
+    .await;
+    // The waiter has its listener hold the name's watch key once it waits
+    // for the lease.
+    let old = eventually(Duration::from_secs(10), "the watching listener", || {
         listener_pid(&conn, &app)
     })
     .await;
-    assert_eq!(backend.waiting(), 1);
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(old)
         .fetch_one(&conn)
         .await
         .unwrap();
     assert!(killed);
-    until(Duration::from_secs(10), "the listener back", || async {
-        listener_pid(&conn, &app)
-            .await
-            .is_some_and(|pid| pid != old)
-    })
+    until(
+        Duration::from_secs(10),
+        "the listener back, watching",
+        || async {
+            listener_pid(&conn, &app)
+                .await
+                .is_some_and(|pid| pid != old)
+        },
+    )
     .await;
     let released = Instant::now();
     holder.release(&lease).await.unwrap();
@@ -68,11 +77,13 @@ async fn listener_reconnects_after_its_connection_is_killed() {
     guard.release().await.unwrap();
 }
 
-/// The backend pid of the LISTEN connection of application `app`.
+/// The backend pid of the listener connection of application `app` that
+/// holds a watch key (a shared advisory lock).
 async fn listener_pid(conn: &PgPool, app: &str) -> Option<i32> {
     sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = $1
-            AND (query LIKE 'LISTEN%' OR query LIKE '%pg_advisory_lock_shared%')",
+        "SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l USING (pid)
+          WHERE a.application_name = $1 AND l.locktype = 'advisory'
+            AND l.mode = 'ShareLock' AND l.granted LIMIT 1",
     )
     .bind(app)
     .fetch_optional(conn)
@@ -104,7 +115,17 @@ async fn releases_notify_only_when_somebody_waits() {
             holder.release(&lease).await.unwrap();
         }
     };
-    let (quiet, watched, after) = (name("quiet"), name("watched"), name("after"));
+    let prefix = unique("notified");
+    let named = |s: &str| LockName::new(format!("{prefix}/{s}")).unwrap();
+    let (quiet, watched, after) = (named("quiet"), named("watched"), named("after"));
+    // Other tests share the server and its channel: only this test's
+    // notifications count.
+    let mut own = async || loop {
+        let notification = raw.recv().await.unwrap();
+        if notification.payload().starts_with(&prefix) {
+            return notification.payload().to_owned();
+        }
+    };
 
     cycle(quiet.clone()).await;
     let wakeup = watcher
@@ -113,9 +134,8 @@ async fn releases_notify_only_when_somebody_waits() {
         .unwrap()
         .expect("a store wake-up");
     cycle(watched.clone()).await;
-    let first = raw.recv().await.unwrap();
     assert_eq!(
-        first.payload(),
+        own().await,
         watched.as_str(),
         "the unwatched release must not have notified"
     );
@@ -148,7 +168,7 @@ async fn releases_notify_only_when_somebody_waits() {
         .unwrap()
         .expect("a store wake-up");
     cycle(after.clone()).await;
-    assert_eq!(raw.recv().await.unwrap().payload(), after.as_str());
+    assert_eq!(own().await, after.as_str());
     tokio::time::timeout(Duration::from_secs(5), wakeup)
         .await
         .expect("the watcher is woken");
