@@ -99,9 +99,9 @@ impl PostgresBackend {
                 // The first connection is opened here, not by the pool: the
                 // pool retries a refused connection until its timeout and
                 // then reports only that it timed out.
-                let facts =
+                let (facts, first) =
                     Facts::first_connection(&options, &ddl, connect_timeout, &server).await?;
-                let pool = Pool::own(options.clone(), config.pool_size);
+                let pool = Pool::own(options.clone(), config.pool_size, first);
                 (pool, options, facts)
             }
             Source::Pool(pool) => {

@@ -43,11 +43,12 @@ pub(crate) struct Own {
 
 impl Pool {
     /// A pool of at most `size` connections opened with `options` on
-    /// demand, each pinned to READ COMMITTED.
-    pub(crate) fn own(options: PgConnectOptions, size: u32) -> Pool {
+    /// demand, each pinned to READ COMMITTED, starting with `first` (the
+    /// connection `connect` probed the server on, already pinned).
+    pub(crate) fn own(options: PgConnectOptions, size: u32, first: PgConnection) -> Pool {
         Pool::Own(Arc::new(Own {
             options,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(vec![first]),
             permits: Arc::new(Semaphore::new(size as usize)),
             size,
         }))

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lockcore::backend::timed;
 use lockcore::{FenceDurability, LockError};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{Connection, PgPool};
+use sqlx::{Connection, Executor, PgPool};
 
 use crate::error::{self, BACKEND};
 use crate::schema::Ddl;
@@ -30,13 +30,14 @@ pub(crate) struct Facts {
 impl Facts {
     /// Opens one connection within `connect_timeout` and reads the facts on
     /// it, so a server that cannot be reached or refuses us is reported at
-    /// once, with its cause.
+    /// once, with its cause. The connection, pinned to READ COMMITTED, is
+    /// handed back to become the pool's first.
     pub(crate) async fn first_connection(
         options: &PgConnectOptions,
         ddl: &Ddl,
         connect_timeout: Duration,
         server: &str,
-    ) -> Result<Facts, LockError> {
+    ) -> Result<(Facts, PgConnection), LockError> {
         let connected = tokio::time::timeout(connect_timeout, PgConnection::connect_with(options));
         let mut conn = match connected.await {
             Ok(Ok(conn)) => conn,
@@ -51,15 +52,12 @@ impl Facts {
             }
         };
         let facts = timed(BACKEND, "connect", connect_timeout, async {
-            Facts::read(&mut conn, ddl).await.map_err(error::map)
+            let facts = Facts::read(&mut conn, ddl).await.map_err(error::map)?;
+            conn.execute(sql::PIN_ISOLATION).await.map_err(error::map)?;
+            Ok(facts)
         })
-        .await;
-        // Close in the background: a server that answered the probe can be
-        // trusted to take a Terminate, but the caller need not wait for it.
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(connect_timeout, conn.close()).await;
-        });
-        facts
+        .await?;
+        Ok((facts, conn))
     }
 
     /// Reads the facts on a connection of the caller's pool, which must run

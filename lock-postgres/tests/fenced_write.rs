@@ -130,6 +130,8 @@ async fn resource_fence_tables_can_live_elsewhere() {
 /// resource of the same name is another mark altogether.
 #[tokio::test]
 async fn slots_are_fenced_apart() {
+    // Connecting creates the default fence table, public.resource_fence.
+    backend(&shared_url()).await;
     let pool = PgPool::connect(&shared_url()).await.unwrap();
     let resource = unique("uploads");
     let token = |n| FencingToken::new(n).unwrap();
