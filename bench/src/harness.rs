@@ -133,7 +133,7 @@ pub struct Raw {
 }
 
 impl Raw {
-    pub fn new(backend: Arc<dyn LockBackend>, name: &str, ttl: Duration, ask: Ask) -> Shared {
+    pub fn shared(backend: Arc<dyn LockBackend>, name: &str, ttl: Duration, ask: Ask) -> Shared {
         let ttl = backend
             .capabilities()
             .effective_ttl(ttl)
@@ -183,7 +183,7 @@ pub struct User {
 }
 
 impl User {
-    pub fn new(locker: Locker, name: &str, ask: Ask) -> Shared {
+    pub fn shared(locker: Locker, name: &str, ask: Ask) -> Shared {
         let name = LockName::new(name).expect("a valid name");
         Arc::new(User { locker, name, ask })
     }

@@ -60,15 +60,15 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     }
     let first_own = ops.len();
     labels.push((Kind::Trait, "uncontended try_acquire + release".into()));
-    ops.push(cycle(Raw::new(backend.clone(), &name, ttl, Ask::Try)));
+    ops.push(cycle(Raw::shared(backend.clone(), &name, ttl, Ask::Try)));
     labels.push((Kind::Locker, "uncontended try_acquire + release".into()));
-    ops.push(cycle(User::new(
+    ops.push(cycle(User::shared(
         harness::locker(backend.clone(), ttl),
         &name,
         Ask::Try,
     )));
     labels.push((Kind::Locker, "uncontended acquire + release".into()));
-    ops.push(cycle(User::new(
+    ops.push(cycle(User::shared(
         harness::locker(backend.clone(), ttl),
         &name,
         Ask::Wait,
@@ -115,7 +115,7 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
             lineup
                 .contenders
                 .iter()
-                .map(|c| Raw::new(c.clone(), &name, ttl, Ask::Wait))
+                .map(|c| Raw::shared(c.clone(), &name, ttl, Ask::Wait))
                 .collect(),
         ),
         (
@@ -124,7 +124,7 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
             lineup
                 .contenders
                 .iter()
-                .map(|c| User::new(harness::locker(c.clone(), ttl), &name, Ask::Wait))
+                .map(|c| User::shared(harness::locker(c.clone(), ttl), &name, Ask::Wait))
                 .collect(),
         ),
     ];
@@ -176,10 +176,11 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         "hand-off p99 through Locker ≤ 5x the store's round trip (where it notifies)",
         if rtt_p50.is_some() {
             format!(
-                "{:.2} ms = {:.1}x {rtt_label} p50 ({:.3} ms){}",
+                "{:.2} ms = {:.1}x {rtt_label} p50 ({:.3} ms); {:.1}x the floor's p50 (two writes as durable as a lock's){}",
                 ms(p99),
                 ms(p99) / ms(rtt_p50),
                 ms(rtt_p50),
+                ms(p99) / ms(floor.as_ref().and_then(Stats::p50)),
                 if notifies {
                     ""
                 } else {

@@ -284,13 +284,13 @@ async fn main() -> ExitCode {
 }
 
 fn built_in(backend: &str) -> bool {
-    match backend {
-        "memory" => true,
-        "sqlite" => cfg!(feature = "sqlite"),
-        "redis" => cfg!(feature = "redis"),
-        "postgres" => cfg!(feature = "postgres"),
-        "etcd" => cfg!(feature = "etcd"),
-        "zookeeper" => cfg!(feature = "zookeeper"),
-        _ => false,
-    }
+    [
+        ("memory", true),
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("redis", cfg!(feature = "redis")),
+        ("postgres", cfg!(feature = "postgres")),
+        ("etcd", cfg!(feature = "etcd")),
+        ("zookeeper", cfg!(feature = "zookeeper")),
+    ]
+    .contains(&(backend, true))
 }

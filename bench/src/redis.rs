@@ -109,13 +109,13 @@ async fn server(label: &str, url: &str, own: bool, settings: &Settings) -> Repor
             }
         })
     };
-    let rslock = Redlock::new(url, "bench:rslock", settings.ttl);
+    let rslock = Redlock::shared(url, "bench:rslock", settings.ttl);
     let mut contenders: Vec<Arc<dyn LockBackend>> = Vec::new();
     let mut peers: Vec<Shared> = Vec::new();
     for _ in 0..settings.contenders {
         let backend = RedisBackend::connect(url).await.expect("connect contender");
         contenders.push(Arc::new(backend));
-        peers.push(Redlock::new(url, "bench:rslock-contended", settings.ttl));
+        peers.push(Redlock::shared(url, "bench:rslock-contended", settings.ttl));
     }
     if own {
         reset_stats(&con).await;
@@ -289,7 +289,7 @@ struct Redlock {
 }
 
 impl Redlock {
-    fn new(url: &str, resource: &str, ttl: Duration) -> Shared {
+    fn shared(url: &str, resource: &str, ttl: Duration) -> Shared {
         Arc::new(Redlock {
             manager: rslock::LockManager::new(vec![url.to_string()]),
             resource: resource.to_string(),

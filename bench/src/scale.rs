@@ -128,6 +128,8 @@ async fn held_locks(
         harness_count(n)
     );
     let conns_before = settled_connections(probe).await;
+    sys::trim_heap();
+    let rss_before = sys::rss();
     let counting = Arc::new(Counting::new(connect.await));
     let locker = harness::locker(counting.clone(), ttl);
 
@@ -241,7 +243,7 @@ async fn held_locks(
         connections,
         client_cpu: sys::share(cpu, elapsed),
         store_cpu: store_share,
-        rss: bytes(rss),
+        rss: growth(rss, rss_before),
     });
     let complete = held == n && lost == 0;
     report.verdict(Verdict::new(
@@ -295,6 +297,8 @@ async fn waiters(
     let locker = harness::locker(connect.await, settings.ttl);
     let own = own_requests(probe).await;
     let requests0 = probe.requests().await;
+    sys::trim_heap();
+    let rss_before = sys::rss();
     let peak_reset = sys::reset_peak_rss();
     let (cpu0, store0) = (sys::own_cpu(), store_cpu(probe));
     let started = Instant::now();
@@ -394,7 +398,7 @@ async fn waiters(
         ),
         client_cpu: sys::share(cpu, elapsed),
         store_cpu: store_share,
-        rss: format!("peak {}", bytes(peak_rss)),
+        rss: format!("peak {}", growth(peak_rss, rss_before)),
     });
     report.verdict(Verdict::new(
         backend_name,
@@ -409,6 +413,18 @@ async fn waiters(
         ),
         Some(all_served && conns.is_none_or(|c| c <= pool.size)),
     ));
+}
+
+/// "212.3 MiB (+12.0 MiB)": a reading and its growth over the scenario's start.
+fn growth(now: Option<u64>, before: Option<u64>) -> String {
+    match (now, before) {
+        (Some(n), Some(b)) => format!(
+            "{} (+{:.1} MiB)",
+            bytes(Some(n)),
+            n.saturating_sub(b) as f64 / (1024.0 * 1024.0)
+        ),
+        _ => bytes(now),
+    }
 }
 
 /// "10,000".

@@ -60,6 +60,16 @@ fn status_kib(field: &str) -> Option<u64> {
         .map(|kib| kib * 1024)
 }
 
+/// Hands memory freed earlier back to the kernel (glibc keeps it
+/// otherwise), so an RSS reading that follows counts what is in use.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Resident memory of this process now.
 pub fn rss() -> Option<u64> {
     status_kib("VmRSS:")
