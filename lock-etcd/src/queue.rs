@@ -104,12 +104,13 @@ impl Entry {
             let reply = match reply {
                 Ok(Ok(reply)) => reply,
                 Ok(Err(e)) if lease_not_found(&e) && !fresh_grant => continue,
+                // The put may or may not have happened, or happen later.
                 Ok(Err(e)) => {
-                    inner.spawn_cleanup(key, None, slot);
+                    inner.abandon(slot);
                     return Err(crate::error::map(e));
                 }
                 Err(_) => {
-                    inner.spawn_cleanup(key, None, slot);
+                    inner.abandon(slot);
                     return Err(LockError::unavailable(
                         BACKEND,
                         format!("enqueue got no answer within {:?}", inner.timeout),
@@ -124,7 +125,7 @@ impl Entry {
                 .find(|kv| kv.key() == key.as_slice())
                 .map(KeyValue::create_revision)
             else {
-                inner.spawn_cleanup(key, None, slot);
+                inner.abandon(slot);
                 return Err(protocol("our new entry is missing from the queue"));
             };
             let line = Line::new(at, revision, &entries);
@@ -180,11 +181,8 @@ impl Entry {
 impl Drop for Entry {
     fn drop(&mut self) {
         if self.armed {
-            self.inner.spawn_cleanup(
-                self.key.clone(),
-                Some((self.revision, self.owner)),
-                self.slot,
-            );
+            self.inner
+                .spawn_cleanup(self.key.clone(), self.revision, self.owner, self.slot);
         }
     }
 }
