@@ -86,18 +86,20 @@ fn store_share(before: Option<Duration>, probe: &dyn Probe, window: Duration) ->
 }
 
 /// The server's connections once those of clients dropped just before
-/// are gone (closing is asynchronous): two equal readings 200 ms apart, or
-/// the latest after 3 s.
+/// are gone (closing is asynchronous): the count once it has not changed
+/// for a second, or the latest after 10 s.
 async fn settled_connections(probe: &dyn Probe) -> Option<u64> {
     let mut last = probe.connections().await?;
-    let until = Instant::now() + Duration::from_secs(3);
+    let mut stable_since = Instant::now();
+    let until = Instant::now() + Duration::from_secs(10);
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let now = probe.connections().await?;
-        if now == last || Instant::now() >= until {
+        if now != last {
+            (last, stable_since) = (now, Instant::now());
+        } else if stable_since.elapsed() >= Duration::from_secs(1) || Instant::now() >= until {
             return Some(now);
         }
-        last = now;
     }
 }
 
@@ -121,17 +123,21 @@ async fn held_locks(
     report: &mut Report,
 ) {
     let n = settings.held;
-    let ttl = settings.renew_ttl;
+    let conns_before = settled_connections(probe).await;
+    sys::trim_heap();
+    let rss_before = sys::rss();
+    let counting = Arc::new(Counting::new(connect.await));
+    let locker = harness::locker(counting.clone(), settings.renew_ttl);
+    // The TTL the store enforces (a session store: its session timeout).
+    let ttl = counting
+        .capabilities()
+        .effective_ttl(settings.renew_ttl)
+        .map_or(settings.renew_ttl, |t| t.get());
     let every = ttl / 3;
     let scenario = format!(
         "{} locks held through one Locker, TTL {ttl:?}, renewed every {every:?}",
         harness_count(n)
     );
-    let conns_before = settled_connections(probe).await;
-    sys::trim_heap();
-    let rss_before = sys::rss();
-    let counting = Arc::new(Counting::new(connect.await));
-    let locker = harness::locker(counting.clone(), ttl);
 
     let deadline = Instant::now() + settings.deadline;
     let errors = AtomicUsize::new(0);
@@ -167,7 +173,8 @@ async fn held_locks(
     // Let the renewer converge on one batch per interval.
     tokio::time::sleep(every * 2).await;
     let own = own_requests(probe).await;
-    let window = settings.renew_window;
+    // At least two renew intervals, so the window holds whole ticks.
+    let window = settings.renew_window.max(every * 2);
     let (requests0, batches0, leases0) = (
         probe.requests().await,
         counting.batches.load(Ordering::Relaxed),

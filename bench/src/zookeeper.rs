@@ -34,13 +34,16 @@ const BACKEND: &str = "zookeeper";
 const FLOOR_DIR: &str = "/distlock-bench-floor";
 const RECIPE_DIR: &str = "/distlock-bench-recipe";
 
-fn config(url: &str) -> ZooKeeperConfig {
-    ZooKeeperConfig::new(url).session_timeout(Duration::from_secs(10))
+/// A session of `timeout`: a lease lives as long as its session.
+fn config(url: &str, timeout: Duration) -> ZooKeeperConfig {
+    ZooKeeperConfig::new(url).session_timeout(timeout)
 }
 
-async fn connect(url: &str) -> Arc<dyn LockBackend> {
+const SESSION: Duration = Duration::from_secs(10);
+
+async fn connect(url: &str, session: Duration) -> Arc<dyn LockBackend> {
     Arc::new(
-        ZooKeeperBackend::connect_with(config(url))
+        ZooKeeperBackend::connect_with(config(url, session))
             .await
             .expect("connect"),
     )
@@ -74,7 +77,7 @@ async fn floor_cycle(client: zk::Client, list: bool) {
 pub async fn run(settings: Settings) -> Report {
     let store = lock_conformance::stores::zookeeper::shared();
     let url = store.url();
-    let backend = ZooKeeperBackend::connect_with(config(&url))
+    let backend = ZooKeeperBackend::connect_with(config(&url, SESSION))
         .await
         .expect("connect");
     let client = backend.zk_client();
@@ -117,7 +120,7 @@ pub async fn run(settings: Settings) -> Report {
     let mut contenders = Vec::new();
     let mut recipes = Vec::new();
     for _ in 0..settings.contenders {
-        contenders.push(connect(&url).await);
+        contenders.push(connect(&url, SESSION).await);
         recipes.push(Recipe::connect(&url).await);
     }
     let lineup = Lineup {
@@ -153,9 +156,10 @@ pub async fn run(settings: Settings) -> Report {
     report.extend(
         scale::run(
             BACKEND,
+            // The scenarios' short TTL is the session timeout.
             || {
-                let url = url.clone();
-                async move { connect(&url).await }.boxed()
+                let (url, session) = (url.clone(), settings.renew_ttl.max(Duration::from_secs(1)));
+                async move { connect(&url, session).await }.boxed()
             },
             &probe,
             Pool {
