@@ -17,7 +17,7 @@ use lockcore::{
 use tokio::time::Instant;
 
 use crate::Settings;
-use crate::harness;
+use crate::harness::{self, Ask, Raw, User};
 use crate::report::{Report, ScaleRow, Verdict, bytes};
 use crate::sys;
 
@@ -67,6 +67,7 @@ pub async fn run(
     settings: &Settings,
 ) -> Report {
     let mut report = Report::default();
+    requests_per_cycle(backend, connect(), probe, settings, &mut report).await;
     held_locks(backend, connect(), probe, &pool, settings, &mut report).await;
     waiters(backend, connect(), probe, &pool, settings, &mut report).await;
     report
@@ -109,6 +110,62 @@ async fn own_requests(probe: &dyn Probe) -> u64 {
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => 0,
     }
+}
+
+/// What one uncontended acquire + release costs the store, by its own
+/// count: through the trait, and through `Locker` (try and waiting).
+async fn requests_per_cycle(
+    backend_name: &str,
+    connect: Connect,
+    probe: &dyn Probe,
+    settings: &Settings,
+    report: &mut Report,
+) {
+    if probe.requests().await.is_none() {
+        return;
+    }
+    let backend = connect.await;
+    let own = own_requests(probe).await;
+    let n: u32 = if settings.smoke { 5 } else { 200 };
+    let (name, ttl) = ("bench/cycle", settings.ttl);
+    let kinds = [
+        (
+            "trait try_acquire",
+            Raw::shared(backend.clone(), name, ttl, Ask::Try),
+        ),
+        (
+            "Locker try_acquire",
+            User::shared(harness::locker(backend.clone(), ttl), name, Ask::Try),
+        ),
+        (
+            "Locker acquire",
+            User::shared(harness::locker(backend, ttl), name, Ask::Wait),
+        ),
+    ];
+    let mut counts = Vec::new();
+    for (label, client) in kinds {
+        let cycle = harness::cycle(client);
+        cycle().await; // a first use may set things up (a subscription)
+        let before = probe.requests().await;
+        for _ in 0..n {
+            cycle().await;
+        }
+        if let (Some(a), Some(b)) = (before, probe.requests().await) {
+            let per = b.saturating_sub(a).saturating_sub(own) as f64 / f64::from(n);
+            counts.push(format!("{label} {per:.1}"));
+        }
+    }
+    report.scale.push(ScaleRow {
+        backend: backend_name.to_string(),
+        scenario: format!("store requests per uncontended acquire + release ({n} cycles)"),
+        ran: !counts.is_empty(),
+        result: counts.join("; "),
+        round_trips: probe.unit().to_string(),
+        connections: "-".into(),
+        client_cpu: "-".into(),
+        store_cpu: "-".into(),
+        rss: "-".into(),
+    });
 }
 
 /// Scenario (a): `settings.held` locks held through one `Locker` with
@@ -207,16 +264,23 @@ async fn held_locks(
     let cpu_share = cpu.as_secs_f64() / elapsed.as_secs_f64().max(1e-9);
 
     let releasing = Instant::now() + settings.deadline;
-    let released = stream::iter(guards)
+    let outcomes: Vec<_> = stream::iter(guards)
         .map(|g| tokio::time::timeout_at(releasing, g.release()))
         .buffer_unordered(64)
-        .filter(|r| std::future::ready(matches!(r, Ok(Ok(ReleaseOutcome::Released)))))
-        .count()
+        .collect()
         .await;
+    let released = outcomes
+        .iter()
+        .filter(|r| matches!(r, Ok(Ok(ReleaseOutcome::Released))))
+        .count();
+    let gone = outcomes
+        .iter()
+        .filter(|r| matches!(r, Ok(Ok(ReleaseOutcome::NotHeld))))
+        .count();
 
     let errors = errors.into_inner();
     let mut result = format!(
-        "{held}/{n} taken in {:.1} s, {lost} lost, {released} released; {ticks} renew ticks in {:.1} s ({} leases)",
+        "{held}/{n} taken in {:.1} s, {lost} lost in the window, {released} released ({gone} no longer held); {ticks} renew ticks in {:.1} s ({} leases)",
         took.as_secs_f64(),
         elapsed.as_secs_f64(),
         harness_count(leases as usize),
@@ -252,7 +316,7 @@ async fn held_locks(
         store_cpu: store_share,
         rss: growth(rss, rss_before),
     });
-    let complete = held == n && lost == 0;
+    let complete = held == n && lost == 0 && gone == 0;
     report.verdict(Verdict::new(
         backend_name,
         format!(
