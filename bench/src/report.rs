@@ -197,6 +197,16 @@ impl Report {
 
     /// The whole document.
     pub fn markdown(&self, run: &RunInfo) -> String {
+        self.render(run, true)
+    }
+
+    /// The run, the stores, the scale scenarios and the targets: what the
+    /// README shows (every row is in the whole document).
+    pub fn summary(&self, run: &RunInfo) -> String {
+        self.render(run, false)
+    }
+
+    fn render(&self, run: &RunInfo, all_rows: bool) -> String {
         let mut md = String::new();
         let _ = writeln!(md, "### Machine and run\n");
         let _ = writeln!(md, "- Command: `{}`", run.command);
@@ -214,6 +224,14 @@ impl Report {
                 let _ = writeln!(md, "| {} | {} | {} |", s.backend, s.version, s.settings);
             }
         }
+        if all_rows {
+            self.render_rows(&mut md);
+        }
+        self.render_rest(&mut md);
+        md
+    }
+
+    fn render_rows(&self, md: &mut String) {
         let _ = writeln!(
             md,
             "\n### Lock cycles and hand-off\n\n\
@@ -238,6 +256,9 @@ impl Report {
                 r.note
             );
         }
+    }
+
+    fn render_rest(&self, md: &mut String) {
         if !self.scale.is_empty() {
             let _ = writeln!(
                 md,
@@ -284,7 +305,6 @@ impl Report {
                 let _ = writeln!(md, "- {f}");
             }
         }
-        md
     }
 }
 
