@@ -25,6 +25,12 @@
 //! has already ended is handed back to the backend ([`Orphan`]), which
 //! passes the hand-off on to the next waiter.
 //!
+//! **Watches.** `LockBackend::watch` (and `watch_permits`) registers the
+//! instance's channel in the key's watcher set; the next release (or forced
+//! release) of that key publishes `changed <key>` there once, and the
+//! instance wakes every local watch of that key: one message per instance,
+//! whatever the number of its watches.
+//!
 //! When the subscription connection drops, releases meanwhile find no
 //! subscriber and skip this instance's waiters; once it is back, every local
 //! wait is woken to re-check (and rejoin the line). Until then new waits
@@ -38,14 +44,16 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lockcore::{FencingToken, LockError, OwnerToken};
+use lockcore::{Backoff, FencingToken, LockError, OwnerToken};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{self, BACKEND};
 
-/// Longest pause between reconnection attempts.
-const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// Pauses between reconnection attempts: jittered, 50 ms doubling to 1 s.
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
+}
 
 /// The subscription connection's state, as waits see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +112,8 @@ pub(crate) struct Notifier {
     /// The prefix's eviction channel: `<prefix>evict`.
     evictions: String,
     waits: Mutex<HashMap<u64, Arc<Notify>>>,
+    /// Local watches by store key; one sender per watched key.
+    watches: Mutex<Watches>,
     holds: Mutex<Holds>,
     next_id: AtomicU64,
     link: watch::Sender<Link>,
@@ -113,6 +123,15 @@ pub(crate) struct Notifier {
     events: mpsc::UnboundedSender<Event>,
     started: OnceLock<()>,
     shutdown: CancellationToken,
+}
+
+/// Local watches: a change channel per watched key, forgotten once nobody
+/// listens.
+#[derive(Default)]
+struct Watches {
+    keys: HashMap<String, watch::Sender<()>>,
+    /// Sweep keys nobody listens to once the map reaches this size.
+    sweep_at: usize,
 }
 
 /// The leases this instance holds (or is acquiring), by owner token.
@@ -137,6 +156,7 @@ impl fmt::Debug for Notifier {
         f.debug_struct("Notifier")
             .field("link", &*self.link.borrow())
             .field("waits", &self.lock().len())
+            .field("watched_keys", &self.watches().keys.len())
             .field("leases", &self.holds().leases.len())
             .finish()
     }
@@ -160,8 +180,9 @@ impl Wait {
 
     /// Completes when this wait is woken; a wake-up that came while nobody
     /// awaited is kept, so none is lost between two attempts.
-    pub(crate) async fn woken(&self) {
-        self.notify.notified().await;
+    pub(crate) fn wakeup(&self) -> lockcore::backend::Wakeup {
+        let notify = self.notify.clone();
+        Box::pin(async move { notify.notified().await })
     }
 }
 
@@ -234,6 +255,7 @@ impl Notifier {
             channel,
             evictions,
             waits: Mutex::new(HashMap::new()),
+            watches: Mutex::new(Watches::default()),
             holds: Mutex::new(Holds::default()),
             next_id: AtomicU64::new(1),
             link: watch::channel(Link::Starting).0,
@@ -255,6 +277,11 @@ impl Notifier {
         // Every update under this lock is one map insert or removal that
         // cannot panic half-way, so a poisoned lock holds consistent data.
         self.waits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn watches(&self) -> MutexGuard<'_, Watches> {
+        // As for `lock`.
+        self.watches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn holds(&self) -> MutexGuard<'_, Holds> {
@@ -305,6 +332,34 @@ impl Notifier {
         }
     }
 
+    /// This instance's wake-up channel.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Registers a local watch of store key `key`, once the wake-up channel
+    /// is subscribed: the receiver sees the next `changed <key>` message (or
+    /// a resubscription, after which messages may have been missed).
+    ///
+    /// # Errors
+    /// As [`join`](Self::join).
+    pub(crate) async fn watch_key(
+        self: &Arc<Self>,
+        key: &str,
+    ) -> Result<watch::Receiver<()>, LockError> {
+        self.subscribed_to_wakeups().await?;
+        let mut watches = self.watches();
+        if watches.keys.len() >= watches.sweep_at {
+            watches.keys.retain(|_, tx| tx.receiver_count() > 0);
+            watches.sweep_at = (watches.keys.len() * 2).max(64);
+        }
+        Ok(watches
+            .keys
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(()).0)
+            .subscribe())
+    }
+
     /// Registers a wait once the wake-up channel is subscribed (connecting
     /// on first use), so a wake-up published after this returns is never
     /// missed.
@@ -312,6 +367,19 @@ impl Notifier {
     /// # Errors
     /// A retryable error while the subscription connection is down.
     pub(crate) async fn join(self: &Arc<Self>) -> Result<Wait, LockError> {
+        self.subscribed_to_wakeups().await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        self.lock().insert(id, notify.clone());
+        Ok(Wait {
+            notifier: self.clone(),
+            id,
+            notify,
+        })
+    }
+
+    /// Waits until the wake-up channel is subscribed, connecting on first use.
+    async fn subscribed_to_wakeups(self: &Arc<Self>) -> Result<(), LockError> {
         if !self.wants_wake.swap(true, Ordering::SeqCst) {
             self.wake_wanted.notify_one();
         }
@@ -327,19 +395,24 @@ impl Notifier {
             Ok(_) => return Err(link_down()),
             Err(_) => return Err(error::timed_out("pub/sub connect", self.timeout)),
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
-        self.lock().insert(id, notify.clone());
-        Ok(Wait {
-            notifier: self.clone(),
-            id,
-            notify,
-        })
+        Ok(())
     }
 
-    /// Handles one message on the wake-up channel, `<member> <lock key>`:
-    /// wakes the wait it names, or hands it back if that wait has ended.
+    /// Handles one message on the wake-up channel: `changed <key>` wakes the
+    /// local watches of that key; `<member> <lock key>` wakes the wait it
+    /// names, or hands it back if that wait has ended.
     fn dispatch(&self, payload: &str) {
+        if let Some(key) = payload.strip_prefix("changed ") {
+            let mut watches = self.watches();
+            if let Some(tx) = watches.keys.get(key) {
+                if tx.receiver_count() > 0 {
+                    tx.send_replace(());
+                } else {
+                    watches.keys.remove(key);
+                }
+            }
+            return;
+        }
         let Some((member, lock_key)) = payload.split_once(' ') else {
             return;
         };
@@ -386,16 +459,26 @@ impl Notifier {
         }
     }
 
-    /// Wakes every wait: after a reconnect, wake-ups may have been missed.
+    /// Wakes every wait and watch: after a reconnect, wake-ups may have
+    /// been missed.
     fn wake_all(&self) {
         for notify in self.lock().values() {
             notify.notify_one();
+        }
+        for tx in self.watches().keys.values() {
+            tx.send_replace(());
         }
     }
 
     /// Whether anything listens: then the subscription is watched with `PING`.
     fn in_use(&self) -> bool {
-        !self.holds().leases.is_empty() || !self.lock().is_empty()
+        !self.holds().leases.is_empty()
+            || !self.lock().is_empty()
+            || self
+                .watches()
+                .keys
+                .values()
+                .any(|tx| tx.receiver_count() > 0)
     }
 
     /// Subscription `number` is up: every lease granted so far may have
@@ -431,6 +514,7 @@ impl Notifier {
     async fn run(self: Arc<Self>) {
         let mut subscriptions: u64 = 0;
         let mut failures: u32 = 0;
+        let backoff = reconnect_backoff();
         loop {
             let mut wake = self.wants_wake.load(Ordering::SeqCst);
             let connected = tokio::select! {
@@ -441,12 +525,12 @@ impl Notifier {
                 Ok(Ok(pubsub)) => pubsub,
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "redis pub/sub subscribe failed");
-                    self.link_down(&mut failures).await;
+                    self.link_down(&backoff, &mut failures).await;
                     continue;
                 }
                 Err(_) => {
                     tracing::debug!("redis pub/sub subscribe timed out");
-                    self.link_down(&mut failures).await;
+                    self.link_down(&backoff, &mut failures).await;
                     continue;
                 }
             };
@@ -495,7 +579,7 @@ impl Notifier {
                 }
             }
             tracing::debug!("redis pub/sub connection lost; reconnecting");
-            self.link_down(&mut failures).await;
+            self.link_down(&backoff, &mut failures).await;
         }
     }
 
@@ -503,12 +587,10 @@ impl Notifier {
     /// waits keep sleeping (bounded by their re-check) and are all woken
     /// once the link is back; new ones poll until then. Leases are checked
     /// once the link is back.
-    async fn link_down(&self, failures: &mut u32) {
+    async fn link_down(&self, backoff: &Backoff, failures: &mut u32) {
         self.holds().subscription = None;
         self.link.send_replace(Link::Down);
-        let delay = Duration::from_millis(50)
-            .saturating_mul(1 << (*failures).min(5))
-            .min(MAX_RECONNECT_DELAY);
+        let delay = backoff.delay(*failures);
         *failures = failures.saturating_add(1);
         tokio::select! {
             _ = self.shutdown.cancelled() => {}

@@ -1,7 +1,8 @@
--- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next.
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next, KEYS[5] floor.
 -- ARGV[1] request nonce, ARGV[2] owner token, ARGV[3] TTL in ms,
 -- ARGV[4] the caller's wait member ('' when it will not wait),
--- ARGV[5] how long the line is kept without a refresh, in ms.
+-- ARGV[5] how long the line is kept without a refresh, in ms,
+-- ARGV[6] the holder's label.
 -- Grants a free lock to the waiter it is reserved for, else to the head of
 -- the line, else (empty line) to the caller: nobody barges past a waiter.
 -- When the lock is free, unreserved and someone else heads the line, that
@@ -12,22 +13,26 @@
 local lock, queue, next_key, me = KEYS[1], KEYS[3], KEYS[4], ARGV[4]
 local wait_ms = redis.call('PTTL', lock)
 if wait_ms == -2 then
-  local reserved = redis.call('GET', next_key)
-  if reserved == me then
-    line_call('DEL', next_key)
-    wait_ms = nil
-  elseif not reserved and wake_next(lock, queue, next_key, me) ~= 'reserved' then
-    wait_ms = nil
+  if redis.call('EXISTS', next_key, queue) == 0 then
+    wait_ms = nil -- nobody waits and nothing is reserved: the common case
   else
-    wait_ms = redis.call('PTTL', next_key)
+    local reserved = redis.call('GET', next_key)
+    if reserved == me then
+      line_call('DEL', next_key)
+      wait_ms = nil
+    elseif not reserved and wake_next(lock, queue, next_key, me) ~= 'reserved' then
+      wait_ms = nil
+    else
+      wait_ms = redis.call('PTTL', next_key)
+    end
   end
 end
 if not wait_ms then
   if me ~= '' then
     line_call('ZREM', queue, me)
   end
-  local fence, decimal = next_fence(KEYS[2])
-  redis.call('SET', lock, ARGV[2] .. ':' .. decimal, 'PX', ARGV[3])
+  local fence, decimal = next_fence(KEYS[2], KEYS[5])
+  redis.call('SET', lock, ARGV[2] .. ':' .. decimal .. ' ' .. ARGV[6], 'PX', ARGV[3])
   return {ARGV[1], 1, fence}
 end
 if me ~= '' then
