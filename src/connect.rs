@@ -8,6 +8,7 @@ use lockcore::{LockBackend, LockError, MemoryBackend};
 /// Every scheme distlock knows, with the cargo feature that enables it.
 pub const SCHEMES: &[(&str, &str)] = &[
     ("memory", "(always)"),
+    ("sqlite", "sqlite"),
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+unix", "redis"),
@@ -24,6 +25,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | scheme | backend | feature |
 /// |---|---|---|
 /// | `memory://` | [`MemoryBackend`] (this process only) | always |
+/// | `sqlite://PATH` (`sqlite:///abs.db`, `sqlite://rel.db`) | a SQLite lock file shared by the processes of one host (`lock_sqlite::SqliteBackend`) | `sqlite` |
 /// | `redis://`, `rediss://` (TLS), `redis+unix://` | Redis (`lock_redis::RedisBackend`) | `redis` |
 /// | `postgres://`, `postgresql://` (TLS from `sslmode`) | PostgreSQL (`lock_postgres::PostgresBackend`) | `postgres` |
 /// | `etcd://`, `etcds://` (TLS) | etcd v3 (`lock_etcd::EtcdBackend`) | `etcd` |
@@ -34,17 +36,26 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// scheme, or one whose feature was not compiled in (the message names the
 /// feature); the backend's own errors otherwise.
 pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
-    let scheme = url
-        .split_once("://")
-        .map(|(scheme, _)| scheme.to_ascii_lowercase())
-        .ok_or_else(|| {
-            LockError::config(format!(
-                "{:?} is not a URL: expected scheme://...",
-                redact(url)
-            ))
-        })?;
+    // `sqlite::memory:` has no `//`: let the SQLite backend refuse it by name.
+    let scheme = if url
+        .get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("sqlite:"))
+    {
+        "sqlite".to_owned()
+    } else {
+        url.split_once("://")
+            .map(|(scheme, _)| scheme.to_ascii_lowercase())
+            .ok_or_else(|| {
+                LockError::config(format!(
+                    "{:?} is not a URL: expected scheme://...",
+                    redact(url)
+                ))
+            })?
+    };
     match scheme.as_str() {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(lock_sqlite::SqliteBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+unix" => {
             Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?))

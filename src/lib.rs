@@ -23,6 +23,10 @@ pub mod backend {
     pub use lockcore::wait;
 }
 
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use lock_sqlite as sqlite;
+
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use lock_redis as redis;

@@ -14,6 +14,8 @@ mod memory;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
@@ -52,6 +54,10 @@ async fn main() {
     let mut rows = Vec::new();
     if wants("memory") {
         rows.extend(memory::run(&settings).await);
+    }
+    #[cfg(feature = "sqlite")]
+    if wants("sqlite") {
+        rows.extend(sqlite::run(&settings).await);
     }
     #[cfg(feature = "redis")]
     if wants("redis") {

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::LockBackendExt;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Attempt, Backoff, Capabilities, Lease, LeaseKind, LockBackend, LockName, Locker};
 use tokio::time::Instant;
 
@@ -253,6 +253,36 @@ impl Ctx {
                     lease.fence()
                 )))
             }
+        }
+    }
+
+    /// A request for `name` for `ttl`, validated with the backend's
+    /// capabilities (labelled with this process), for trait-level calls
+    /// such as `try_acquire_permit`.
+    pub fn request(&self, name: &LockName, ttl: Duration) -> Result<LockRequest, Failure> {
+        Ok(LockRequest::new(
+            name.clone(),
+            self.caps.effective_ttl(ttl)?,
+        ))
+    }
+
+    /// `try_acquire_permit` of one of `permits` slots of `name` that must
+    /// succeed.
+    pub async fn must_acquire_permit(
+        &self,
+        client: &Arc<dyn LockBackend>,
+        name: &LockName,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Lease, Failure> {
+        match client
+            .try_acquire_permit(&self.request(name, ttl)?, permits)
+            .await?
+        {
+            Attempt::Acquired(lease) => Ok(lease),
+            Attempt::Held { .. } => Err(Failure::new(format!(
+                "expected a permit of semaphore {name}, but all {permits} were taken"
+            ))),
         }
     }
 

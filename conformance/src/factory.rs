@@ -38,6 +38,13 @@ pub trait Factory: Send + Sync + 'static {
         None
     }
 
+    /// Why [`client_via`](Self::client_via) cannot work for this store by
+    /// its nature (a file on a local disk has no network link to cut), for
+    /// the skip message of the cases that need a fault proxy.
+    fn no_proxy_reason(&self) -> Option<String> {
+        None
+    }
+
     /// A factory over a fresh store of the same kind that only the calling
     /// case uses, for cases that kill, pause or restart the store (doing that
     /// to a store other tests share would break them). `None`: not offered
@@ -126,6 +133,9 @@ impl<T: Factory + ?Sized> Factory for Arc<T> {
         addr: SocketAddr,
     ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
         (**self).client_via(addr).await
+    }
+    fn no_proxy_reason(&self) -> Option<String> {
+        (**self).no_proxy_reason()
     }
     async fn private(&self) -> Option<Result<Arc<dyn Factory>, LockError>> {
         (**self).private().await

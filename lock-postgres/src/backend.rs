@@ -5,24 +5,48 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::backend::{LockRequest, Moment, Polling, Ttl, WaitPolicy, Wakeup, async_trait};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
-    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup, acquire_loop,
-    async_trait,
+    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
-use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::{Connection, Executor, PgPool, Postgres};
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::{PostgresConfig, Server, Source};
 use crate::error::{self, BACKEND};
-use crate::notify::Wakeups;
+use crate::notify::{Holding, Wakeups};
 use crate::sql::{self, Sql};
 use crate::turnstile::{HeldTurnstile, Turnstiles};
 
 /// The oldest server this crate runs on (`hashtextextended`, `ON CONFLICT`).
 const MIN_SERVER_VERSION: i32 = 110_000;
+
+/// How long a lease must have been free (or expired) before a waiter
+/// queued at its turnstile takes it past whoever holds the turnstile: a
+/// holder that stopped renewing (paused, hung) keeps its turnstile until
+/// the server notices, and a turnstile holder that waits for the lease
+/// itself retries right at its expiry, well within this.
+const TAKE_PAST_AFTER: Duration = Duration::from_millis(50);
+
+/// How long after a lease's expiry a waiter queued behind a stalled
+/// turnstile holder may still be waiting (beyond round trips): the wait
+/// above, and one retry when its timer fired a little early.
+const EXPIRY_SLACK: Duration = Duration::from_millis(100);
+
+/// Eviction notices travel as a NOTIFY to the holder's listener connection:
+/// one hop after the eviction commits.
+const EVICTION_NOTICE: Duration = Duration::from_millis(100);
+
+/// What a lease of this backend carries: the turnstile it keeps, and its
+/// registration for eviction notices.
+struct Held {
+    turnstile: HeldTurnstile,
+    eviction: Holding,
+}
 
 /// Locks in a PostgreSQL table, fenced by a sequence, with waiters queued
 /// first come, first served in the server's lock manager and woken by
@@ -38,6 +62,7 @@ pub struct PostgresBackend {
 struct Inner {
     pool: PgPool,
     sql: Sql,
+    connect_timeout: Duration,
     caps: Capabilities,
     op_timeout: Duration,
     server: String,
@@ -51,6 +76,7 @@ struct Facts {
     encoding: String,
     fsync: String,
     synchronous_commit: String,
+    default_isolation: String,
     objects_exist: bool,
 }
 
@@ -61,14 +87,18 @@ impl PostgresBackend {
     /// # Errors
     /// [`LockError::InvalidConfig`] for a bad URL or option,
     /// [`LockError::Unavailable`] when the server cannot be reached within the
-    /// operation timeout, [`LockError::Store`] when it refuses (authentication,
-    /// permissions, an unsupported server).
+    /// connect timeout (saying why: refused, no answer...), [`LockError::Store`]
+    /// when it refuses us (authentication, a missing database, permissions,
+    /// an unsupported server).
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::connect_with(PostgresConfig::from_url(url)?).await
     }
 
     /// Uses `pool` for lock statements (default table and schema); the
     /// listener opens one extra connection with the pool's connect options.
+    /// The pool's sessions must run at READ COMMITTED (PostgreSQL's
+    /// default); set it in the pool's `after_connect` if the server's
+    /// default is stricter.
     ///
     /// # Errors
     /// As [`connect`](Self::connect).
@@ -84,32 +114,54 @@ impl PostgresBackend {
         config.validate()?;
         let (schema, table, sequence) = config.idents()?;
         let sql = Sql::new(&schema, &table, &sequence);
-        let (pool, options) = match config.source {
+        let op_timeout = config.op_timeout;
+        let connect_timeout = config.connect_timeout;
+        let (pool, options, facts) = match config.source {
             Source::Options(options) => {
                 let options = if options.get_application_name().is_none() {
                     options.application_name("distlock")
                 } else {
                     *options
                 };
+                let server = Server(&options).to_string();
+                // The first connection is opened here, not by the pool: the
+                // pool retries a refused connection until its timeout and
+                // then reports only that it timed out.
+                let facts = probe_first(&options, &sql, connect_timeout, &server).await?;
                 let pool = PgPoolOptions::new()
                     .max_connections(config.pool_size)
                     .min_connections(0)
-                    .acquire_timeout(config.op_timeout)
+                    .acquire_timeout(op_timeout)
                     // sqlx would otherwise ping before every statement: one
                     // round trip per lock operation for nothing; a dead
                     // connection fails the statement, which is retryable.
                     .test_before_acquire(false)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move { conn.execute(sql::PIN_ISOLATION).await.map(drop) })
+                    })
                     .connect_lazy_with(options.clone());
-                (pool, options)
+                (pool, options, facts)
             }
             Source::Pool(pool) => {
                 let options: PgConnectOptions = (*pool.connect_options()).clone();
-                (pool, options)
+                let facts = timed("connect", op_timeout, async {
+                    let mut conn = pool.acquire().await?;
+                    probe(&mut conn, &sql).await
+                })
+                .await?;
+                if facts.default_isolation != "read committed" {
+                    return Err(LockError::config(format!(
+                        "{}: the pool's sessions run at {}; lock statements need READ COMMITTED \
+                         (run `{}` in the pool's after_connect)",
+                        Server(&options),
+                        facts.default_isolation.to_uppercase(),
+                        sql::PIN_ISOLATION
+                    )));
+                }
+                (pool, options, facts)
             }
         };
         let server = Server(&options).to_string();
-        let op_timeout = config.op_timeout;
-        let facts = timed("connect", op_timeout, probe(&pool, &sql)).await?;
         if facts.version < MIN_SERVER_VERSION {
             return Err(LockError::store(
                 BACKEND,
@@ -147,6 +199,8 @@ impl PostgresBackend {
         };
         let caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreWallClock)
+            .expiry_slack(EXPIRY_SLACK)
+            .eviction_notice(Some(EVICTION_NOTICE))
             // Below ~10 ms a lease would be spent by one round trip plus the
             // drift margin before the caller could use it.
             .ttl_range(
@@ -168,11 +222,18 @@ impl PostgresBackend {
             facts.version,
             op_timeout,
         );
-        let wakeups = Wakeups::new(options, sql.channel.clone(), op_timeout);
+        let wakeups = Wakeups::new(
+            options,
+            (sql.channel.clone(), sql.evict_channel.clone()),
+            op_timeout,
+            pool.clone(),
+            sql.gone.clone(),
+        );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 pool,
                 sql,
+                connect_timeout,
                 caps,
                 op_timeout,
                 server,
@@ -216,11 +277,9 @@ impl PostgresBackend {
                AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'",
             self.inner.sql.table_regclass
         );
-        let done = self
-            .timed(
-                "purge",
-                sqlx::query(&sql).bind(micros).execute(&self.inner.pool),
-            )
+        let mut op = self.checkout("purge").await?;
+        let done = op
+            .run(|c| sqlx::query(&sql).bind(micros).execute(c))
             .await?;
         Ok(done.rows_affected())
     }
@@ -243,38 +302,54 @@ impl PostgresBackend {
     async fn attempt(
         &self,
         name: &LockName,
-        ttl: Duration,
+        ttl: Ttl,
         free_for: Duration,
     ) -> Result<Attempt, LockError> {
-        let ttl = self.inner.caps.effective_ttl(ttl)?;
-        let ttl_us = micros(ttl).ok_or_else(|| LockError::InvalidTtl {
-            ttl,
+        let ttl_us = micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
+            ttl: ttl.get(),
             reason: "does not fit PostgreSQL's interval".into(),
         })?;
         let free_for_us = micros(free_for).unwrap_or(i64::MAX);
         let owner = OwnerToken::new();
-        let sent_at = Instant::now();
-        let rows: Vec<(Option<i64>, Option<i64>)> = self
-            .timed(
-                "acquire",
+        // Counted from before the wait for a connection: the local deadline
+        // may only be early.
+        let sent_at = Moment::now();
+        let mut op = self.checkout("acquire").await?;
+        // Registered before it is sent: an eviction right after the grant
+        // must find it.
+        let pending = self.inner.wakeups.expect(name.as_str(), owner.as_uuid());
+        let rows: Vec<(Option<i64>, Option<i64>)> = match op
+            .run(|c| {
                 sqlx::query_as(&self.inner.sql.acquire)
                     .bind(name.as_str())
                     .bind(owner.as_uuid())
                     .bind(ttl_us)
                     .bind(free_for_us)
-                    .fetch_all(&self.inner.pool),
-            )
-            .await?;
+                    .fetch_all(c)
+            })
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                if op.in_doubt() {
+                    self.forget_later(name, owner, sent_at.mono() + ttl.get());
+                }
+                return Err(e);
+            }
+        };
         // A grant row wins over a holder row: the holder seen by the
         // snapshot may have expired by the time the row was locked.
         if let Some(fence) = rows.iter().find_map(|(fence, _)| *fence) {
-            return Ok(Attempt::Acquired(Lease::new(
-                name.clone(),
-                owner,
-                fence_token(fence)?,
-                ttl,
-                sent_at,
-            )));
+            let token = fence_token(fence)?;
+            let (lost, eviction) = pending.granted(fence);
+            return Ok(Attempt::Acquired(
+                Lease::new(name.clone(), owner, token, ttl, sent_at)
+                    .with_loss_signal(lost)
+                    .with_extension(Held {
+                        turnstile: HeldTurnstile::default(),
+                        eviction,
+                    }),
+            ));
         }
         // No row: a contender is taking the lock right now, or took it after
         // this statement's snapshot (or it has not been free for `free_for`).
@@ -283,12 +358,132 @@ impl PostgresBackend {
         })
     }
 
-    async fn timed<T>(
-        &self,
-        what: &str,
-        op: impl Future<Output = Result<T, sqlx::Error>>,
-    ) -> Result<T, LockError> {
-        timed(what, self.inner.op_timeout, op).await
+    /// A pooled connection for one operation, within its time limit.
+    async fn checkout(&self, what: &'static str) -> Result<Checkout, LockError> {
+        let limit = self.inner.op_timeout;
+        let deadline = Instant::now() + limit;
+        match tokio::time::timeout_at(deadline, self.inner.pool.acquire()).await {
+            Ok(Ok(conn)) => Ok(Checkout {
+                conn,
+                deadline,
+                limit,
+                what,
+                in_doubt: false,
+            }),
+            Ok(Err(e)) => Err(error::map(e)),
+            Err(_) => Err(error::timed_out(what, limit)),
+        }
+    }
+
+    /// Frees, in the background, what the acquire by `owner` may have got
+    /// when its reply was lost, so the name is not blocked for a whole TTL
+    /// by a grant nobody will use. Owner-checked (the owner token belongs to
+    /// that one attempt), so it never frees anyone else's grant. Retries
+    /// until the server answers, `until` passes (by then the grant has
+    /// expired) or the backend is dropped. An acquire still in flight when
+    /// the cleanup runs can still grant later; that grant expires.
+    fn forget_later(&self, name: &LockName, owner: OwnerToken, until: Instant) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = Arc::downgrade(&self.inner);
+        let name = name.clone();
+        runtime.spawn(async move {
+            let retry = lockcore::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            for attempt in 0_u32.. {
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                let backend = PostgresBackend { inner };
+                let outcome = match backend.checkout("cleanup").await {
+                    Ok(mut op) => {
+                        let sql = &backend.inner.sql;
+                        op.run(|c| {
+                            sqlx::query_scalar::<_, i64>(&sql.forget)
+                                .bind(name.as_str())
+                                .bind(owner.as_uuid())
+                                .bind(&sql.channel)
+                                .fetch_one(c)
+                        })
+                        .await
+                    }
+                    Err(e) => Err(e),
+                };
+                drop(backend);
+                match outcome {
+                    Ok(freed) => {
+                        if freed > 0 {
+                            tracing::debug!(lock = %name, "freed the grant of an acquire whose reply was lost");
+                        }
+                        return;
+                    }
+                    Err(e) if e.is_retryable() => {
+                        let next = Instant::now() + retry.delay(attempt);
+                        if next >= until {
+                            return;
+                        }
+                        tokio::time::sleep_until(next).await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(lock = %name, error = %e, "could not free the grant of an acquire whose reply was lost; it expires");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// One operation's pooled connection. A statement that ends without the
+/// server's answer (timeout, broken connection) leaves the connection in
+/// doubt: it is closed, never pooled, since a late reply would be taken
+/// for the next statement's.
+struct Checkout {
+    conn: PoolConnection<Postgres>,
+    deadline: Instant,
+    limit: Duration,
+    what: &'static str,
+    in_doubt: bool,
+}
+
+impl Checkout {
+    /// Runs one statement (or transaction) on the connection, until the
+    /// operation's deadline.
+    async fn run<'c, T, F>(
+        &'c mut self,
+        statement: impl FnOnce(&'c mut PgConnection) -> F,
+    ) -> Result<T, LockError>
+    where
+        F: Future<Output = Result<T, sqlx::Error>> + 'c,
+    {
+        let sent = statement(&mut self.conn);
+        match tokio::time::timeout_at(self.deadline, sent).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                // The server answered with an error: nothing was done, and
+                // the connection is fine. Anything else: in doubt.
+                self.in_doubt = !matches!(e, sqlx::Error::Database(_));
+                Err(error::map(e))
+            }
+            Err(_) => {
+                self.in_doubt = true;
+                Err(error::timed_out(self.what, self.limit))
+            }
+        }
+    }
+
+    /// Whether the last statement may have taken effect without its answer
+    /// arriving.
+    fn in_doubt(&self) -> bool {
+        self.in_doubt
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if self.in_doubt {
+            self.conn.close_on_drop();
+        }
     }
 }
 
@@ -302,6 +497,7 @@ impl fmt::Debug for PostgresBackend {
                 &self.inner.pool.options().get_max_connections(),
             )
             .field("op_timeout", &self.inner.op_timeout)
+            .field("connect_timeout", &self.inner.connect_timeout)
             .field("wakeups", &self.inner.wakeups)
             .field("turnstiles", &self.inner.turnstiles)
             .finish()
@@ -315,8 +511,9 @@ impl LockBackend for PostgresBackend {
     }
 
     /// Never waits, never queues: a free lock is taken whoever waits for it.
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        self.attempt(name, ttl, Duration::ZERO).await
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        self.attempt(request.name(), request.ttl(), Duration::ZERO)
+            .await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -325,27 +522,24 @@ impl LockBackend for PostgresBackend {
         };
         // A lease whose fence or TTL this backend could never have issued
         // is not ours: NotHeld, without asking the server.
-        let (Some(fence), Ok(ttl)) = (
-            db_fence(lease.fence()),
-            self.inner.caps.effective_ttl(lease.ttl()),
-        ) else {
+        let Some(fence) = db_fence(lease.fence()) else {
             return Err(not_held());
         };
-        let ttl_us = micros(ttl).ok_or_else(not_held)?;
-        let sent_at = Instant::now();
-        let done = self
-            .timed(
-                "renew",
+        let ttl_us = micros(lease.ttl()).ok_or_else(not_held)?;
+        let sent_at = Moment::now();
+        let mut op = self.checkout("renew").await?;
+        let done = op
+            .run(|c| {
                 sqlx::query(&self.inner.sql.renew)
                     .bind(lease.name().as_str())
                     .bind(lease.owner().as_uuid())
                     .bind(fence)
                     .bind(ttl_us)
-                    .execute(&self.inner.pool),
-            )
+                    .execute(c)
+            })
             .await?;
         if done.rows_affected() == 1 {
-            Ok(lease.renewed(ttl, sent_at))
+            Ok(lease.renewed(sent_at))
         } else {
             end_turn(lease);
             Err(not_held())
@@ -375,15 +569,22 @@ impl LockBackend for PostgresBackend {
         // turnstile's transaction, so the commit that frees the row is the
         // very one that lets the next waiter in, who finds it free.
         if let Some(mut ticket) = lease
-            .extension::<HeldTurnstile>()
-            .and_then(HeldTurnstile::take)
+            .extension::<Held>()
+            .and_then(|held| held.turnstile.take())
             && let Some(conn) = ticket.connection()
         {
-            match self.timed("release", release().fetch_one(&mut *conn)).await {
+            match timed(
+                "release",
+                self.inner.op_timeout,
+                release().fetch_one(&mut *conn),
+            )
+            .await
+            {
                 Ok(released) => {
                     // A lost COMMIT reply is a lost release reply: the lease
                     // may be free or not; the caller sees a retryable error.
-                    self.timed("release", ticket.commit()).await?;
+                    timed("release", self.inner.op_timeout, ticket.commit()).await?;
+                    forget_eviction(lease);
                     return Ok(outcome(released));
                 }
                 // Nothing was committed (the turnstile's connection broke, or
@@ -394,20 +595,20 @@ impl LockBackend for PostgresBackend {
                 }
             }
         }
-        let released = self
-            .timed("release", release().fetch_one(&self.inner.pool))
-            .await?;
+        let mut op = self.checkout("release").await?;
+        let released = op.run(|c| release().fetch_one(c)).await?;
+        forget_eviction(lease);
         Ok(outcome(released))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        let row: Option<(i64, Option<Uuid>, i64)> = self
-            .timed(
-                "inspect",
+        let mut op = self.checkout("inspect").await?;
+        let row: Option<(i64, Option<Uuid>, i64)> = op
+            .run(|c| {
                 sqlx::query_as(&self.inner.sql.inspect)
                     .bind(name.as_str())
-                    .fetch_optional(&self.inner.pool),
-            )
+                    .fetch_optional(c)
+            })
             .await?;
         row.map(holder).transpose()
     }
@@ -418,8 +619,9 @@ impl LockBackend for PostgresBackend {
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
         let sql = &self.inner.sql;
-        self.timed("force release", async {
-            let mut tx = self.inner.pool.begin().await?;
+        let mut op = self.checkout("force release").await?;
+        op.run(|c| async move {
+            let mut tx = c.begin_with(sql::BEGIN).await?;
             let row: Option<(i64, Option<Uuid>, i64)> = sqlx::query_as(&sql.force_select)
                 .bind(name.as_str())
                 .fetch_optional(&mut *tx)
@@ -427,19 +629,28 @@ impl LockBackend for PostgresBackend {
             let row = row.filter(|(fence, _, _)| {
                 expected.is_none_or(|expected| u64::try_from(*fence).ok() == Some(expected.get()))
             });
-            if row.is_some() {
+            if let Some((fence, owner, _)) = row {
                 sqlx::query(&sql.force_free)
                     .bind(name.as_str())
                     .execute(&mut *tx)
                     .await?;
+                // Waiters learn the name is free; the evicted holder (if
+                // connected) that its grant is gone.
                 sqlx::query(sql.notify)
                     .bind(&sql.channel)
                     .bind(name.as_str())
                     .execute(&mut *tx)
                     .await?;
+                if let Some(owner) = owner {
+                    sqlx::query(sql.notify)
+                        .bind(&sql.evict_channel)
+                        .bind(format!("{fence} {owner} {}", name.as_str()))
+                        .execute(&mut *tx)
+                        .await?;
+                }
             }
             tx.commit().await?;
-            Ok::<_, sqlx::Error>(row)
+            Ok(row)
         })
         .await?
         .map(holder)
@@ -453,10 +664,10 @@ impl LockBackend for PostgresBackend {
     /// Waits in line (see the crate docs): behind this instance's earlier
     /// waiters of `name`, then in the server's queue at the name's
     /// turnstile. The turnstile holder alone asks for the lease (at once,
-    /// then with [`acquire_loop`]), and the lease it gets keeps the
+    /// then with lockcore's wait loop), and the lease it gets keeps the
     /// turnstile until it is released. Without a turnstile (turned off,
     /// none to spare, connection lost) the first local waiter runs
-    /// `acquire_loop` alone.
+    /// lockcore's wait loop alone.
     ///
     /// # Cancel safety
     /// Dropping the future leaves the local line and the server's queue
@@ -464,13 +675,11 @@ impl LockBackend for PostgresBackend {
     /// in the background), so the next waiter goes on.
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
+        let (name, ttl) = (request.name(), request.ttl());
         let turnstiles = &self.inner.turnstiles;
-        // Bad input fails before any waiting.
-        self.inner.caps.effective_ttl(ttl)?;
         let Ok(_turn) =
             tokio::time::timeout_at(wait.deadline, turnstiles.local_turn(name.as_str())).await
         else {
@@ -478,30 +687,40 @@ impl LockBackend for PostgresBackend {
         };
         let Some(mut ticket) = turnstiles.enter(self.turnstile_key(name)).await else {
             tracing::debug!(lock = %name, "no turnstile to spare; waiting without one");
-            return acquire_loop(self, name, ttl, wait).await;
+            return lockcore::wait::wait(wait, &mut Polling::new(self, request)).await;
         };
+        // While queued, look at the lease soon (to learn when it expires),
+        // then at its expiry, and at least every re-check interval: if it
+        // has been free or expired for TAKE_PAST_AFTER, whoever holds the
+        // turnstile is not taking it (a holder that stopped renewing, a
+        // hung waiter, a name whose key collides with ours); take it past
+        // them. Dropping the ticket leaves the queue.
+        let mut look_at = Instant::now() + TAKE_PAST_AFTER.min(wait.recheck);
         loop {
-            let until = (Instant::now() + wait.recheck).min(wait.deadline);
-            match ticket.wait_until(until).await {
+            match ticket.wait_until(look_at.min(wait.deadline)).await {
                 Ok(true) => break,
                 Ok(false) if Instant::now() >= wait.deadline => return Ok(None),
-                // Queued for a whole re-check interval: if the lease has
-                // been free that long, whoever holds the turnstile is not
-                // taking it (hung, or waiting for a name whose key collides
-                // with ours); take it past them. Dropping the ticket leaves
-                // the queue.
-                Ok(false) => match self.attempt(name, ttl, wait.recheck).await {
-                    Ok(Attempt::Acquired(lease)) => {
-                        tracing::debug!(lock = %name, "line stuck for a re-check interval; took the free lease past it");
-                        return Ok(Some(lease));
-                    }
-                    Ok(Attempt::Held { .. }) => {}
-                    Err(e) if e.is_retryable() => {}
-                    Err(e) => return Err(e),
-                },
+                Ok(false) => {
+                    let next = match self.attempt(name, ttl, TAKE_PAST_AFTER).await {
+                        Ok(Attempt::Acquired(lease)) => {
+                            tracing::debug!(lock = %name, "the turnstile's holder left the lease free; took it past them");
+                            return Ok(Some(lease));
+                        }
+                        // Just past the holder's expiry (by the server's count).
+                        Ok(Attempt::Held {
+                            expires_in: Some(left),
+                        }) => left + TAKE_PAST_AFTER + Duration::from_millis(1),
+                        // Free or expired, but not for long enough yet (or
+                        // being taken right now): look again shortly.
+                        Ok(Attempt::Held { expires_in: None }) => TAKE_PAST_AFTER / 2,
+                        Err(e) if e.is_retryable() => wait.recheck,
+                        Err(e) => return Err(e),
+                    };
+                    look_at = Instant::now() + next.min(wait.recheck);
+                }
                 Err(error) => {
                     tracing::debug!(lock = %name, %error, "turnstile connection lost; waiting without one");
-                    return acquire_loop(self, name, ttl, wait).await;
+                    return lockcore::wait::wait(wait, &mut Polling::new(self, request)).await;
                 }
             }
         }
@@ -510,14 +729,21 @@ impl LockBackend for PostgresBackend {
         // once, before setting up wake-ups.
         let lease = match self.attempt(name, ttl, Duration::ZERO).await {
             Ok(Attempt::Acquired(lease)) => Some(lease),
-            Ok(Attempt::Held { .. }) => acquire_loop(self, name, ttl, wait).await?,
-            Err(e) if e.is_retryable() => acquire_loop(self, name, ttl, wait).await?,
+            Ok(Attempt::Held { .. }) => {
+                lockcore::wait::wait(wait, &mut Polling::new(self, request)).await?
+            }
+            Err(e) if e.is_retryable() => {
+                lockcore::wait::wait(wait, &mut Polling::new(self, request)).await?
+            }
             Err(e) => return Err(e),
         };
         // The lease keeps the turnstile until it is released (or renewing
         // finds it gone, or the lease is dropped): the next waiter's turn
         // begins exactly when this lease ends, and it finds it free.
-        Ok(lease.map(|lease| lease.with_extension(HeldTurnstile::new(ticket))))
+        if let Some(held) = lease.as_ref().and_then(|l| l.extension::<Held>()) {
+            held.turnstile.keep(ticket);
+        }
+        Ok(lease)
     }
 }
 
@@ -532,9 +758,41 @@ async fn timed<T>(
     }
 }
 
-async fn probe(pool: &PgPool, sql: &Sql) -> Result<Facts, sqlx::Error> {
-    let (version, encoding, fsync, synchronous_commit, objects_exist): (
+/// Opens one connection within `connect_timeout` and reads the server's
+/// facts on it, so a server that cannot be reached or refuses us is
+/// reported at once, with its cause.
+async fn probe_first(
+    options: &PgConnectOptions,
+    sql: &Sql,
+    connect_timeout: Duration,
+    server: &str,
+) -> Result<Facts, LockError> {
+    let connected = tokio::time::timeout(connect_timeout, PgConnection::connect_with(options));
+    let mut conn = match connected.await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => return Err(error::connecting(server, e)),
+        Err(_) => {
+            return Err(LockError::unavailable(
+                BACKEND,
+                format!(
+                    "connecting to {server}: no connection within the connect timeout {connect_timeout:?}"
+                ),
+            ));
+        }
+    };
+    let facts = timed("connect", connect_timeout, probe(&mut conn, sql)).await;
+    // Close in the background: a server that answered the probe can be
+    // trusted to take a Terminate, but the caller need not wait for it.
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(connect_timeout, conn.close()).await;
+    });
+    facts
+}
+
+async fn probe(conn: &mut PgConnection, sql: &Sql) -> Result<Facts, sqlx::Error> {
+    let (version, encoding, fsync, synchronous_commit, default_isolation, objects_exist): (
         i32,
+        String,
         String,
         String,
         String,
@@ -543,13 +801,14 @@ async fn probe(pool: &PgPool, sql: &Sql) -> Result<Facts, sqlx::Error> {
         .bind(&sql.table_regclass)
         .bind(&sql.sequence_regclass)
         .bind(&sql.resource_fence_regclass)
-        .fetch_one(pool)
+        .fetch_one(conn)
         .await?;
     Ok(Facts {
         version,
         encoding,
         fsync,
         synchronous_commit,
+        default_isolation,
         objects_exist,
     })
 }
@@ -558,7 +817,7 @@ async fn probe(pool: &PgPool, sql: &Sql) -> Result<Facts, sqlx::Error> {
 /// first uses cannot race on the catalog.
 async fn create_schema(pool: &PgPool, sql: &Sql) -> Result<(), sqlx::Error> {
     let ddl = &sql.ddl;
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin_with(sql::BEGIN).await?;
     sqlx::query(ddl.lock)
         .bind(format!("distlock ddl {}", sql.table_regclass))
         .execute(&mut *tx)
@@ -591,9 +850,16 @@ async fn create_schema(pool: &PgPool, sql: &Sql) -> Result<(), sqlx::Error> {
 fn end_turn(lease: &Lease) {
     drop(
         lease
-            .extension::<HeldTurnstile>()
-            .and_then(HeldTurnstile::take),
+            .extension::<Held>()
+            .and_then(|held| held.turnstile.take()),
     );
+}
+
+/// Stops watching for the eviction of a lease that was released.
+fn forget_eviction(lease: &Lease) {
+    if let Some(held) = lease.extension::<Held>() {
+        held.eviction.forget();
+    }
 }
 
 fn holder((fence, owner, remaining): (i64, Option<Uuid>, i64)) -> Result<Holder, LockError> {

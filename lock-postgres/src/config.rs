@@ -18,6 +18,8 @@ const OWN_PARAMS: &[&str] = &[
     "lock_op_timeout_ms",
     "lock_create_schema",
     "lock_turnstiles",
+    "lock_connect_timeout_ms",
+    "connect_timeout",
 ];
 
 /// Where the backend gets its connections.
@@ -38,7 +40,8 @@ pub(crate) enum Source {
 ///
 /// Extra URL parameters read by this crate: `lock_schema`, `lock_table`,
 /// `lock_pool_size`, `lock_op_timeout_ms`, `lock_create_schema` (`true`/`false`),
-/// `lock_turnstiles`.
+/// `lock_turnstiles`, `lock_connect_timeout_ms`; and libpq's `connect_timeout`
+/// (whole seconds), which sqlx ignores.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) source: Source,
@@ -46,6 +49,7 @@ pub struct PostgresConfig {
     pub(crate) table: String,
     pub(crate) pool_size: u32,
     pub(crate) op_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     pub(crate) create_schema: bool,
     pub(crate) turnstiles: u32,
 }
@@ -65,6 +69,7 @@ impl PostgresConfig {
             table: Self::DEFAULT_TABLE.into(),
             pool_size: 10,
             op_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
             create_schema: true,
             turnstiles: Self::DEFAULT_TURNSTILES,
         }
@@ -127,6 +132,22 @@ impl PostgresConfig {
                         .filter(|n| *n > 0)
                         .map(Duration::from_millis)
                         .ok_or_else(|| bad("expected a positive number of milliseconds"))?;
+                }
+                "lock_connect_timeout_ms" => {
+                    config.connect_timeout = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .map(Duration::from_millis)
+                        .ok_or_else(|| bad("expected a positive number of milliseconds"))?;
+                }
+                "connect_timeout" => {
+                    config.connect_timeout = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .map(Duration::from_secs)
+                        .ok_or_else(|| bad("expected a positive number of seconds"))?;
                 }
                 "lock_create_schema" => {
                     config.create_schema =
@@ -192,6 +213,15 @@ impl PostgresConfig {
         self
     }
 
+    /// How long opening one connection may take: TCP, TLS and
+    /// authentication (default 5 s). `connect` opens its first connection
+    /// itself, so an unreachable server, a wrong password or a missing
+    /// database is reported within this time, with its cause.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// Whether `connect` creates the schema, table and sequence when they
     /// are missing (default `true`). Turn it off for a role that may only
     /// use objects an administrator created (see the README for the DDL).
@@ -234,6 +264,9 @@ impl PostgresConfig {
         if self.op_timeout.is_zero() {
             return Err(LockError::config("op_timeout must be positive"));
         }
+        if self.connect_timeout.is_zero() {
+            return Err(LockError::config("connect_timeout must be positive"));
+        }
         Ok(())
     }
 }
@@ -249,6 +282,7 @@ impl fmt::Debug for PostgresConfig {
             .field("table", &self.table)
             .field("pool_size", &self.pool_size)
             .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("create_schema", &self.create_schema)
             .field("turnstiles", &self.turnstiles)
             .finish()

@@ -37,6 +37,17 @@ fn retryable_sqlstate(code: &str) -> bool {
     matches!(code.get(..2), Some("08" | "40" | "53" | "57" | "58")) || code == "55P03"
 }
 
+/// A failed connection attempt to `server`, saying why (refused, reset,
+/// authentication, a missing database...), classified as `map` does.
+pub(crate) fn connecting(server: &str, error: sqlx::Error) -> LockError {
+    let context = format!("connecting to {server}: {error}");
+    match map(error) {
+        LockError::Unavailable { .. } => LockError::unavailable(BACKEND, context),
+        LockError::Store { .. } => LockError::store(BACKEND, context),
+        other => other,
+    }
+}
+
 /// The error for an operation that got no answer in time.
 pub(crate) fn timed_out(what: &str, after: Duration) -> LockError {
     LockError::unavailable(

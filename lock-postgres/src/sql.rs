@@ -23,6 +23,16 @@ pub(crate) const RESOURCE_FENCE_TABLE: &str = "resource_fence";
 const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
     ELSE GREATEST((extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint, 1) END";
 
+/// Starts every transaction this crate opens: READ COMMITTED whatever the
+/// server's default, so each statement sees what committed before it began.
+/// Under REPEATABLE READ or SERIALIZABLE a release in a long turnstile
+/// transaction would judge the lease on that transaction's first snapshot
+/// (and miss it), and contended acquires would fail to serialize.
+pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// Run on every session the backend opens, for its single statements.
+pub(crate) const PIN_ISOLATION: &str = "SET default_transaction_isolation = 'read committed'";
+
 /// The statements of one lock table.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -35,6 +45,13 @@ pub(crate) struct Sql {
     pub(crate) renew: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` channel → released count.
     pub(crate) release: String,
+    /// `$1` name, `$2` owner, `$3` channel → freed count: frees a grant
+    /// whose fence is unknown (an acquire whose reply was lost); the owner
+    /// token is unique to that one attempt.
+    pub(crate) forget: String,
+    /// `$1` names, `$2` owners, `$3` fences (arrays) → the owners of those
+    /// grants that are no longer live.
+    pub(crate) gone: String,
     /// `$1` name → `(fence, owner, remaining_us)` of a live holder.
     pub(crate) inspect: String,
     /// `$1` name → the live holder, row-locked until commit.
@@ -46,8 +63,10 @@ pub(crate) struct Sql {
     /// Server facts checked at connect; `$1`, `$2`, `$3` the regclass texts
     /// of table, sequence and resource-fence table.
     pub(crate) probe: &'static str,
-    /// The NOTIFY channel of this table.
+    /// The NOTIFY channel of this table (payload: a freed name).
     pub(crate) channel: String,
+    /// The NOTIFY channel of evictions (payload: `fence owner name`).
+    pub(crate) evict_channel: String,
     /// `"schema"."table"` and friends, as text for `to_regclass`.
     pub(crate) table_regclass: String,
     pub(crate) sequence_regclass: String,
@@ -156,6 +175,22 @@ impl Sql {
             )
             SELECT count(*) FROM (SELECT pg_notify($4, name) FROM released) notified"
         );
+        let forget = format!(
+            "WITH freed AS (
+                UPDATE {t}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (SELECT pg_notify($3, name) FROM freed) notified"
+        );
+        let gone = format!(
+            "SELECT r.owner FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS r(name, owner, fence)
+              WHERE NOT EXISTS (
+                SELECT 1 FROM {t} l
+                 WHERE l.name = r.name AND l.owner = r.owner AND l.fence = r.fence
+                   AND l.expires_at > clock_timestamp())"
+        );
         let inspect = format!(
             "SELECT fence, owner, {REMAINING_US} FROM {t}
               WHERE name = $1 AND expires_at > clock_timestamp()"
@@ -195,6 +230,8 @@ impl Sql {
             acquire,
             renew,
             release,
+            forget,
+            gone,
             inspect,
             force_select,
             force_free,
@@ -203,10 +240,12 @@ impl Sql {
                            current_setting('server_encoding'),
                            current_setting('fsync'),
                            current_setting('synchronous_commit'),
+                           current_setting('default_transaction_isolation'),
                            to_regclass($1) IS NOT NULL
                              AND to_regclass($2) IS NOT NULL
                              AND to_regclass($3) IS NOT NULL",
-            channel: channel(schema, table),
+            channel: channel("distlock", schema, table),
+            evict_channel: channel("distlock-evict", schema, table),
             table_regclass: t,
             sequence_regclass: seq,
             resource_fence_regclass: resource_fence,
@@ -219,12 +258,12 @@ impl Sql {
 /// The NOTIFY channel of a table: readable when it fits PostgreSQL's
 /// 63-byte identifier limit, hashed otherwise. Two tables sharing a channel
 /// would only cost spurious wake-ups.
-fn channel(schema: &Ident, table: &Ident) -> String {
-    let readable = format!("distlock:{}.{}", schema.as_str(), table.as_str());
+fn channel(prefix: &str, schema: &Ident, table: &Ident) -> String {
+    let readable = format!("{prefix}:{}.{}", schema.as_str(), table.as_str());
     if readable.len() <= Ident::MAX_BYTES {
         return readable;
     }
-    format!("distlock:{:016x}", fnv1a(readable.as_bytes()))
+    format!("{prefix}:{:016x}", fnv1a(readable.as_bytes()))
 }
 
 /// The advisory-lock key of a name's turnstile (see `turnstile.rs`): the
@@ -257,14 +296,18 @@ mod tests {
 
     #[test]
     fn channels_fit_identifiers() {
-        let short = channel(&ident("public"), &ident("distlock_locks"));
+        let short = channel("distlock", &ident("public"), &ident("distlock_locks"));
         assert_eq!(short, "distlock:public.distlock_locks");
-        let long = channel(&ident(&"s".repeat(63)), &ident(&"t".repeat(53)));
-        assert!(long.len() <= 63, "{long}");
-        assert_ne!(
-            long,
-            channel(&ident(&"s".repeat(63)), &ident(&"u".repeat(53)))
-        );
+        for prefix in ["distlock", "distlock-evict"] {
+            let long = channel(prefix, &ident(&"s".repeat(63)), &ident(&"t".repeat(53)));
+            assert!(long.len() <= 63, "{long}");
+            assert_ne!(
+                long,
+                channel(prefix, &ident(&"s".repeat(63)), &ident(&"u".repeat(53)))
+            );
+        }
+        let sql = Sql::new(&ident("public"), &ident("t"), &ident("t_fence_seq"));
+        assert_ne!(sql.channel, sql.evict_channel);
     }
 
     #[test]

@@ -27,9 +27,12 @@
 //!   the same key) make their waiters queue in one line;
 //! - a turnstile holder that hangs (a stopped process, a partition) keeps
 //!   its transaction open until the server notices;
-//! - so a waiter still queued after a whole re-check interval takes the
-//!   lease itself if it has been free at least that long (nobody is taking
-//!   it): at most about two re-check intervals of delay, never a stall;
+//! - so a queued waiter looks at the lease soon after queueing, then at
+//!   the holder's expiry (and at least every re-check interval), and takes
+//!   it itself once it has been free or expired for a moment (50 ms: nobody
+//!   is taking it). A stalled holder costs its waiters its TTL plus that
+//!   moment and a round trip; a turnstile squatter at most about a re-check
+//!   interval once the lease is free; never a stall;
 //! - a lost turnstile connection, or no connection to spare (at most
 //!   `turnstiles` per instance), means waiting without: LISTEN/NOTIFY and
 //!   re-checks, unordered; a release whose turnstile connection broke runs
@@ -101,11 +104,15 @@ impl Turnstiles {
             // The wait is bounded by the caller's deadline, not by server
             // defaults meant for queries; a waiter whose client is gone
             // leaves the queue within a second where the server can tell.
+            // READ COMMITTED: a release in this transaction must see the
+            // lease's current row, not the snapshot of the queueing.
             begin: if server_version >= CONNECTION_CHECK_SINCE {
-                "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; \
+                "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                 SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; \
                  SET LOCAL client_connection_check_interval = 1000;"
             } else {
-                "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;"
+                "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                 SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0;"
             },
         }
     }
@@ -247,11 +254,13 @@ impl Drop for Place {
 
 /// A turnstile kept by the lease it let in, until that lease is released:
 /// lease clones share it, and the last one dropped ends it too.
+#[derive(Default)]
 pub(crate) struct HeldTurnstile(Mutex<Option<Ticket>>);
 
 impl HeldTurnstile {
-    pub(crate) fn new(ticket: Ticket) -> Self {
-        HeldTurnstile(Mutex::new(Some(ticket)))
+    /// Keeps `ticket` (a lease gets at most one).
+    pub(crate) fn keep(&self, ticket: Ticket) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(ticket);
     }
 
     /// The ticket, unless already taken; dropping it lets the next waiter

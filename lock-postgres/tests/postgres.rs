@@ -9,6 +9,7 @@ use lock_conformance::stores::postgres::{self, Options};
 use lock_conformance::stores::until;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lock_postgres::{FenceError, PostgresBackend, PostgresConfig, ResourceFence, fence_check};
+use lockcore::backend::LockBackendExt;
 use lockcore::{
     Attempt, Backoff, FenceDurability, FencedResource, Lease, LockBackend, LockError, LockName,
     Locker, ReleaseOutcome,
@@ -42,7 +43,11 @@ async fn connect(url: &str) -> Arc<dyn LockBackend> {
 }
 
 async fn acquired(client: &Arc<dyn LockBackend>, name: &LockName, ttl: Duration) -> Lease {
-    match client.try_acquire(name, ttl).await.expect("try_acquire") {
+    match client
+        .try_acquire_for(name, ttl)
+        .await
+        .expect("try_acquire")
+    {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
     }
@@ -92,7 +97,7 @@ async fn sql_injection_in_options_is_refused_and_names_are_data() {
     let other = connect(&url).await;
     assert!(matches!(
         other
-            .try_acquire(&hostile, Duration::from_secs(30))
+            .try_acquire_for(&hostile, Duration::from_secs(30))
             .await
             .unwrap(),
         Attempt::Held { .. }
@@ -152,7 +157,7 @@ async fn concurrent_first_use_creates_the_schema_once() {
     let mut last = 0;
     for backend in &backends {
         let lease = match backend
-            .try_acquire(&lock, Duration::from_secs(5))
+            .try_acquire_for(&lock, Duration::from_secs(5))
             .await
             .unwrap()
         {
@@ -530,7 +535,7 @@ async fn server_crash_is_unavailable_then_recovers() {
     store.kill_now().unwrap();
     let started = Instant::now();
     let err = client
-        .try_acquire(&name("during"), Duration::from_secs(5))
+        .try_acquire_for(&name("during"), Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
@@ -591,7 +596,9 @@ async fn server_clock_steps_are_judged_on_the_server() {
         .expect("B still holds");
     assert!(left > Duration::from_secs(3600), "{left:?}");
     assert!(matches!(
-        a.try_acquire(&lock, Duration::from_secs(5)).await.unwrap(),
+        a.try_acquire_for(&lock, Duration::from_secs(5))
+            .await
+            .unwrap(),
         Attempt::Held { .. }
     ));
     assert_eq!(b.release(&new).await.unwrap(), ReleaseOutcome::Released);

@@ -9,6 +9,7 @@ use lock_conformance::stores::pki::TestCa;
 use lock_conformance::stores::postgres::{self, Options};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName};
 /// Writes `contents` to `path` with `mode`, owned like `owner_of` (the data
 /// dir, which belongs to the user the server runs as).
@@ -35,7 +36,7 @@ fn with_params(url: &str, params: &str) -> String {
 async fn lock_cycle(backend: &PostgresBackend) {
     let name = LockName::new(format!("tls/{}", uuid::Uuid::new_v4())).unwrap();
     match backend
-        .try_acquire(&name, Duration::from_secs(5))
+        .try_acquire_for(&name, Duration::from_secs(5))
         .await
         .unwrap()
     {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use lock_conformance::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lockcore::backend::LockBackendExt;
 use lockcore::{
     Attempt, Backoff, Fairness, FencingToken, Lease, LockBackend, LockError, LockGuard, LockName,
     Locker,
@@ -47,7 +48,7 @@ async fn backend(url: &str) -> PostgresBackend {
 
 async fn acquired(client: &PostgresBackend, name: &LockName) -> Lease {
     match client
-        .try_acquire(name, Duration::from_secs(60))
+        .try_acquire_for(name, Duration::from_secs(60))
         .await
         .expect("try_acquire")
     {
@@ -245,7 +246,7 @@ async fn cancelled_waiters_pass_their_turn_on() {
     .await;
     assert!(matches!(
         holder
-            .try_acquire(&name, Duration::from_secs(5))
+            .try_acquire_for(&name, Duration::from_secs(5))
             .await
             .unwrap(),
         Attempt::Acquired(_)
@@ -470,8 +471,8 @@ async fn lost_turnstile_connections_fall_back_without_leaks() {
 
 /// A session that holds a name's turnstile and never moves (a hung waiter,
 /// or another name or application whose advisory key collides) costs
-/// waiters about two re-check intervals once the lease is free, never a
-/// stall; and `try_acquire` never queues at all.
+/// waiters at most about a re-check interval once the lease is free, never
+/// a stall; and `try_acquire` never queues at all.
 #[tokio::test]
 async fn a_stuck_turnstile_delays_but_never_blocks() {
     let app = unique("stuck");
@@ -502,7 +503,7 @@ async fn a_stuck_turnstile_delays_but_never_blocks() {
     let guard = waiter.await.unwrap().expect("served past the squatter");
     let lag = released.elapsed();
     assert!(
-        lag >= recheck && lag < recheck * 3 + Duration::from_secs(1),
+        lag < recheck * 2 + Duration::from_secs(1),
         "served {lag:?} after the release"
     );
     assert!(guard.fencing_token() > lease.fence());

@@ -79,6 +79,9 @@ mod imp {
     pub(crate) async fn proxied(
         cx: &Ctx,
     ) -> Result<Result<(FaultProxy, Arc<dyn LockBackend>), String>, Failure> {
+        if let Some(why) = cx.factory().no_proxy_reason() {
+            return Ok(Err(why));
+        }
         let Some(store) = cx.store() else {
             return Ok(Err(
                 "no store process to put a proxy in front of (Factory::store)".into(),

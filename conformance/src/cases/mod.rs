@@ -6,15 +6,22 @@ pub mod admin;
 pub mod bad_input;
 pub mod clock;
 pub mod concurrency;
+pub mod election;
 pub mod exclusion;
 pub mod expiry;
 pub mod faults;
+pub mod fence_floor;
 pub mod fencing;
+pub mod hold;
+pub mod labels;
 pub mod loss;
 pub mod nemesis;
+pub mod notify;
+pub mod permit_expiry;
 pub mod processes;
 pub mod release;
 pub mod renewal;
+pub mod semaphores;
 pub mod waiting;
 
 /// Calls macro `$cb` with `$args` followed by every case as `group::case`.
@@ -62,6 +69,21 @@ macro_rules! __for_each_case {
             clock::server_clock_steps_are_judged_on_the_server,
             processes::paused_client_is_fenced_out,
             nemesis::nemesis_history_is_clean,
+            labels::labels_round_trip_through_inspect,
+            labels::default_label_is_host_and_pid,
+            labels::labels_never_decide_ownership,
+            hold::max_hold_ends_the_hold,
+            notify::watch_wakes_on_release,
+            notify::watch_permits_wakes_on_release,
+            semaphores::permits_never_exceed_n,
+            semaphores::cancelled_permit_wait_leaves_nothing,
+            semaphores::permit_count_disagreement_is_refused,
+            permit_expiry::stale_slot_holder_is_refused,
+            permit_expiry::crashed_permit_holder_frees_its_slot,
+            election::one_leader_at_a_time,
+            election::observers_see_every_change,
+            election::dead_leader_is_replaced,
+            fence_floor::fence_floor_lifts_every_grant,
         }
     };
 }

@@ -27,6 +27,9 @@ pub struct Options {
     /// step the server's wall clock (`now()`, `clock_timestamp()`) at run
     /// time; monotonic time stays real.
     pub faketime: bool,
+    /// Extra server settings, passed as `-c name=value` after the defaults
+    /// (so they win): e.g. `default_transaction_isolation=serializable`.
+    pub settings: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -35,6 +38,7 @@ impl Default for Options {
             max_connections: 200,
             fsync: true,
             faketime: false,
+            settings: Vec::new(),
         }
     }
 }
@@ -55,6 +59,12 @@ impl Options {
     /// Runs the server under libfaketime (package `libfaketime`).
     pub fn faketime(mut self, on: bool) -> Self {
         self.faketime = on;
+        self
+    }
+
+    /// Adds a server setting (`-c name=value`).
+    pub fn setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((name.into(), value.into()));
         self
     }
 }
@@ -260,6 +270,9 @@ pub fn start(options: Options) -> io::Result<Store> {
                     &format!("max_connections={}", options.max_connections),
                 ])
                 .args(["-c", "logging_collector=off"]);
+            for (name, value) in &options.settings {
+                cmd.arg("-c").arg(format!("{name}={value}"));
+            }
             if let (Some(lib), Some(file)) = (&faketime, &clock) {
                 cmd.env("LD_PRELOAD", lib)
                     .env("FAKETIME_TIMESTAMP_FILE", file)
@@ -340,6 +353,8 @@ pub(crate) fn probe(addr: SocketAddr, timeout: Duration) -> io::Result<bool> {
 }
 
 static SHARED: SharedSlot = SharedSlot::new();
+static CONFIGURED: SharedSlot = SharedSlot::new();
+static CONFIGURED_SETTINGS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
 /// The PostgreSQL of this test binary (default options), or the server named
 /// by `LOCK_TEST_POSTGRES_URL`.
@@ -374,6 +389,49 @@ where
         Kind::Postgres,
         try_shared,
         || start(Options::default().faketime(true)),
+        connect,
+    )
+}
+
+/// [`factory`] over servers of their own started with extra `settings`
+/// (`-c name=value`): a shared one for this test binary and private ones
+/// (under libfaketime) for the crash, pause and clock-step cases. One set
+/// of settings per test binary. `LOCK_TEST_POSTGRES_URL`, when set, still
+/// names the shared server (and the settings are then the caller's
+/// business).
+///
+/// # Panics
+/// When called again in the same binary with different settings.
+pub fn factory_with_settings<F, Fut, B>(
+    settings: &[(&str, &str)],
+    connect: F,
+) -> super::StoreFactory
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
+    B: lockcore::LockBackend,
+{
+    let wanted: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let kept = CONFIGURED_SETTINGS.get_or_init(|| wanted.clone());
+    assert_eq!(kept, &wanted, "one set of server settings per test binary");
+    fn configured(options: Options) -> Options {
+        CONFIGURED_SETTINGS
+            .get()
+            .into_iter()
+            .flatten()
+            .fold(options, |o, (k, v)| o.setting(k.clone(), v.clone()))
+    }
+    super::factory(
+        Kind::Postgres,
+        || {
+            super::shared_store(Kind::Postgres, &CONFIGURED, || {
+                start(configured(Options::default()))
+            })
+        },
+        || start(configured(Options::default().faketime(true))),
         connect,
     )
 }

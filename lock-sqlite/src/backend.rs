@@ -1,0 +1,240 @@
+//! `SqliteBackend`: connect, and the `LockBackend` implementation.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::backend::{LockRequest, Wakeup, async_trait};
+use lockcore::{
+    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
+    LockBackend, LockError, LockName, ReleaseOutcome,
+};
+
+use crate::client::{Client, Kind};
+use crate::clock::HostClock;
+use crate::config::SqliteConfig;
+use crate::error::BACKEND;
+use crate::notify::Doorbells;
+use crate::presence::Presence;
+use crate::probe;
+
+/// How soon a holder in any process of the host learns of its eviction: the
+/// kernel delivers the presence file's change at once; this bounds the
+/// holder's own check of the row.
+const EVICTION_NOTICE: Duration = Duration::from_millis(100);
+
+/// Locks in a SQLite file that every process of one host shares.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lockcore::LockError> {
+/// use lock_sqlite::SqliteBackend;
+/// use lockcore::Locker;
+///
+/// let backend = SqliteBackend::connect("sqlite:///var/lib/app/locks.db").await?;
+/// let guard = Locker::new(backend).acquire("nightly").await?;
+/// // ... pass guard.fencing_token() to what you write ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SqliteBackend {
+    client: Arc<Client>,
+    path: Arc<PathBuf>,
+}
+
+impl SqliteBackend {
+    /// Connects to the lock file a `sqlite://PATH` URL names (see
+    /// [`SqliteConfig`]), creating it (mode 0600) if it does not exist.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a bad URL, an in-memory database, a
+    /// missing directory, a network file system, a read-only file, a file
+    /// that is not a SQLite database or belongs to another program; a store
+    /// error otherwise.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::with_config(url.parse()?).await
+    }
+
+    /// Connects with explicit settings.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn with_config(config: SqliteConfig) -> Result<Self, LockError> {
+        let clock = HostClock::new()?;
+        let timeout = config.op_timeout();
+        let path = probe::check_path(config.path())?;
+        probe::check_existing(&path, timeout).await?;
+        create_private(&path)?;
+        let writer = probe::pool(&path, timeout, 1).await?;
+        probe::prepare(&writer, &path).await?;
+        let reader = probe::pool(&path, timeout, 2).await?;
+        let presence = Presence::open(&path)
+            .map_err(|e| {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "no presence directory: holders that die are freed by their TTL only, waiters poll")
+            })
+            .ok();
+        let bells = match &presence {
+            Some(_) => Doorbells::new()
+                .map_err(|e| tracing::warn!(error = %e, "no inotify instance: waiters poll, evicted holders learn at their next renewal"))
+                .ok(),
+            None => None,
+        };
+        let client = Client::new(writer, reader, clock, presence, bells, timeout);
+        client.sweep().await?;
+        Ok(SqliteBackend {
+            client,
+            path: Arc::new(path),
+        })
+    }
+
+    /// The lock file's absolute path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Closes this client as if its process had died: its connections and
+    /// its presence files. Later calls fail with [`LockError::Unavailable`];
+    /// the locks it held are not released, but their holder is provably
+    /// gone, so other clients take them at once.
+    pub async fn close(&self) {
+        self.client.close().await;
+    }
+}
+
+/// Creates the lock file with mode 0600 if it does not exist, so SQLite
+/// (which would use 0644) and its journal files, which copy the database's
+/// mode, stay private to this user.
+fn create_private(path: &Path) -> Result<(), LockError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(LockError::config_caused_by(
+            format!("cannot create the lock file {}", path.display()),
+            e,
+        )),
+    }
+}
+
+impl fmt::Debug for SqliteBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteBackend")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl LockBackend for SqliteBackend {
+    fn capabilities(&self) -> Capabilities {
+        let notifies = self.client.notifies();
+        Capabilities::new(BACKEND)
+            .ttl_range(
+                Duration::from_millis(1),
+                Duration::from_secs(365 * 24 * 3600),
+            )
+            .fence_durability(FenceDurability::Durable)
+            .fairness(Fairness::None)
+            .notifications(notifies)
+            .expiry_clock(ExpiryClock::HostBootClock)
+            .eviction_notice(notifies.then_some(EVICTION_NOTICE))
+            .semaphores(true)
+            .fence_floor(true)
+    }
+
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        self.client.try_grant(Kind::Lock, request, 1).await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.client
+            .renew_many(std::slice::from_ref(lease))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(LockError::store(BACKEND, "renew returned no result")))
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        self.client.renew_many(leases).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.client.release(lease).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        Ok(self
+            .client
+            .holders(Kind::Lock, name)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn evict(
+        &self,
+        name: &LockName,
+        expected: Option<FencingToken>,
+    ) -> Result<Option<Holder>, LockError> {
+        self.client.evict(name, expected).await
+    }
+
+    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.client.watch(Kind::Lock, name).await
+    }
+
+    async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        if permits == 0 {
+            return Err(LockError::config(format!(
+                "semaphore \"{}\" needs at least one permit",
+                request.name()
+            )));
+        }
+        self.client.try_grant(Kind::Permit, request, permits).await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.client.holders(Kind::Permit, name).await
+    }
+
+    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.client.watch(Kind::Permit, name).await
+    }
+
+    async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.client.raise_fence_floor(floor).await
+    }
+}
+
+/// `connect` must stay callable from `#[async_trait]` methods (factories,
+/// frameworks): its future must be `Send` for every lifetime, which some
+/// sqlx calls (`raw_sql`) break. This only has to compile.
+#[cfg(test)]
+mod send_check {
+    use super::*;
+
+    #[allow(dead_code)] // only has to compile
+    #[async_trait]
+    trait Connects {
+        async fn connect(&self) -> Result<SqliteBackend, LockError>;
+    }
+
+    #[async_trait]
+    impl Connects for String {
+        async fn connect(&self) -> Result<SqliteBackend, LockError> {
+            SqliteBackend::connect(self).await
+        }
+    }
+}

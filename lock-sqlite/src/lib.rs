@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+
+mod backend;
+mod client;
+mod clock;
+mod config;
+mod error;
+#[cfg_attr(not(target_os = "linux"), path = "notify_none.rs")]
+mod notify;
+mod presence;
+mod probe;
+mod sql;
+
+pub use backend::SqliteBackend;
+pub use config::SqliteConfig;

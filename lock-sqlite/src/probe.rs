@@ -1,0 +1,299 @@
+//! What is checked at connect, before anything is written: the file is on
+//! a local file system, writable, and either new, empty, or a distlock lock
+//! file. A file that is not ours is never written to (not even its journal
+//! mode), and the error says why.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lockcore::LockError;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
+use sqlx::{ConnectOptions, Connection};
+
+use crate::error::{self, code};
+use crate::sql;
+
+/// File systems where SQLite's locking (and `flock`) is not shared between
+/// hosts or is unreliable: NFS, SMB/CIFS, 9p, Ceph, AFS, Lustre.
+const NETWORK_FS: &[(i64, &str)] = &[
+    (0x6969, "NFS"),
+    (0x517B, "SMB"),
+    (0xFF53_4D42, "CIFS"),
+    (0xFE53_4D42, "SMB2"),
+    (0x0102_1997, "9p"),
+    (0x00C3_6400, "Ceph"),
+    (0x5346_414F, "AFS"),
+    (0x0BD0_0BD0, "Lustre"),
+];
+
+/// The absolute path of the lock file, its directory checked.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] for a missing or unwritable directory, a
+/// network file system, a path that is not a regular file, or a file this
+/// user cannot write.
+pub(crate) fn check_path(path: &Path) -> Result<PathBuf, LockError> {
+    let path = std::path::absolute(path).map_err(|e| {
+        LockError::config_caused_by(format!("cannot resolve {}", path.display()), e)
+    })?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(LockError::config(format!(
+                "{} is not a directory: the lock file {} cannot be created there",
+                dir.display(),
+                path.display()
+            )));
+        }
+        Err(e) => {
+            return Err(LockError::config_caused_by(
+                format!(
+                    "the directory {} of the lock file does not exist or cannot be read (create it first)",
+                    dir.display()
+                ),
+                e,
+            ));
+        }
+    }
+    if let Some(fs) = network_fs(dir) {
+        return Err(LockError::config(format!(
+            "{} is on {fs}: SQLite's locks (and the presence files' flocks) are not shared across \
+             hosts there, so two holders could coexist; put the lock file on a local file system",
+            path.display()
+        )));
+    }
+    if !writable(dir) {
+        return Err(LockError::config(format!(
+            "the directory {} is not writable for this user: SQLite keeps its write-ahead log next \
+             to the lock file",
+            dir.display()
+        )));
+    }
+    match std::fs::metadata(&path) {
+        Ok(meta) if !meta.is_file() => Err(LockError::config(format!(
+            "{} exists and is not a regular file",
+            path.display()
+        ))),
+        Ok(_) if !writable(&path) => Err(LockError::config(format!(
+            "{} is read-only for this user: distlock writes every grant to its lock file",
+            path.display()
+        ))),
+        _ => Ok(path),
+    }
+}
+
+fn network_fs(dir: &Path) -> Option<&'static str> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a zeroed statfs is a valid out-parameter; the path is NUL-terminated.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's type differs between platforms
+    let kind = stat.f_type as i64;
+    NETWORK_FS
+        .iter()
+        .find(|(magic, _)| *magic == kind)
+        .map(|(_, name)| *name)
+}
+
+fn writable(path: &Path) -> bool {
+    CString::new(path.as_os_str().as_bytes())
+        // SAFETY: a NUL-terminated path; access has no other effect.
+        .map(|c| unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0)
+        .unwrap_or(false)
+}
+
+/// Options every connection of the lock file uses: durable commits, the
+/// busy timeout, no foreign-key pragma (we have no foreign keys).
+pub(crate) fn options(path: &Path, timeout: Duration) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(false)
+        .foreign_keys(false)
+        .busy_timeout(timeout)
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
+        .disable_statement_logging()
+}
+
+/// Looks at an existing, non-empty file without writing to it: is it a
+/// SQLite database, and if so, ours or empty?
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] for anything else.
+pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(), LockError> {
+    let size = match std::fs::metadata(path) {
+        Ok(meta) => meta.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(error::io(&format!("cannot read {}", path.display()), e)),
+    };
+    if size == 0 {
+        return Ok(());
+    }
+    let not_ours = |why: String| {
+        LockError::config(format!(
+            "{} {why}; distlock keeps its locks in a file of its own and leaves this one untouched",
+            path.display()
+        ))
+    };
+    let mut conn = options(path, timeout)
+        .read_only(true)
+        .connect()
+        .await
+        .map_err(|e| match error::primary_code(&e) {
+            Some(code::NOTADB) => not_ours("is not a SQLite database".to_owned()),
+            _ => not_ours(format!("cannot be opened as a SQLite database ({e})")),
+        })?;
+    let looked = look(&mut conn).await;
+    let _ = conn.close().await;
+    match looked {
+        Ok((app, version, _)) if app == sql::APPLICATION_ID => {
+            if version > sql::SCHEMA_VERSION {
+                return Err(LockError::config(format!(
+                    "{} was written by a newer distlock (schema {version}, this one knows {}): upgrade",
+                    path.display(),
+                    sql::SCHEMA_VERSION
+                )));
+            }
+            Ok(())
+        }
+        Ok((0, _, tables)) if tables.is_empty() => Ok(()),
+        Ok((app, _, tables)) => Err(not_ours(format!(
+            "is a SQLite database of another program (application_id {app:#x}, tables {})",
+            if tables.is_empty() {
+                "none".to_owned()
+            } else {
+                tables.join(", ")
+            }
+        ))),
+        Err(e) if error::primary_code(&e) == Some(code::NOTADB) => {
+            Err(not_ours("is not a SQLite database".to_owned()))
+        }
+        Err(e) => Err(not_ours(format!(
+            "cannot be read as a SQLite database ({e})"
+        ))),
+    }
+}
+
+/// The application id, schema version and first tables of a database.
+async fn look(conn: &mut SqliteConnection) -> Result<(i64, i64, Vec<String>), sqlx::Error> {
+    let app: i64 = sqlx::query_scalar("PRAGMA application_id")
+        .fetch_one(&mut *conn)
+        .await?;
+    let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&mut *conn)
+        .await?;
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_schema ORDER BY name LIMIT 5")
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok((app, version, tables))
+}
+
+/// Puts the file in WAL mode and creates the schema if it is empty; refuses
+/// if it cannot be in WAL or commits are not durable.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] when the file cannot be made ours, the
+/// store error otherwise.
+pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockError> {
+    let mut conn = pool.acquire().await.map_err(error::map)?;
+    // Changing the journal mode needs a lock busy_timeout does not wait for:
+    // retry while another process is between two statements.
+    let mut tries = 0;
+    let mode: String = loop {
+        match sqlx::query_scalar("PRAGMA journal_mode = WAL")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(mode) => break mode,
+            Err(e) if error::primary_code(&e) == Some(code::BUSY) && tries < 50 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) if error::primary_code(&e) == Some(code::READONLY) => {
+                return Err(LockError::config_caused_by(
+                    format!(
+                        "{} is read-only: distlock writes every grant to it",
+                        path.display()
+                    ),
+                    e,
+                ));
+            }
+            Err(e) => return Err(error::map(e)),
+        }
+    };
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(LockError::config(format!(
+            "{} cannot be put in WAL mode (SQLite says {mode:?}): without it a reader could block \
+             every writer and commits would not be durable the way this backend relies on",
+            path.display()
+        )));
+    }
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(error::map)?;
+    if sync < 2 {
+        return Err(LockError::config(format!(
+            "synchronous={sync} on {}: fences need synchronous=FULL to survive a power loss",
+            path.display()
+        )));
+    }
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(error::map)?;
+    let app: i64 = sqlx::query_scalar("PRAGMA application_id")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(error::map)?;
+    if app == sql::APPLICATION_ID {
+        return Ok(());
+    }
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(error::map)?;
+    if app != 0 || tables != 0 {
+        return Err(LockError::config(format!(
+            "{} became another program's database while connecting; distlock leaves it untouched",
+            path.display()
+        )));
+    }
+    for statement in sql::CREATE.iter().chain(sql::STAMP) {
+        sqlx::query(statement)
+            .execute(&mut *tx)
+            .await
+            .map_err(error::map)?;
+    }
+    tx.commit().await.map_err(error::map)?;
+    Ok(())
+}
+
+/// A pool of `size` connections to the lock file.
+pub(crate) async fn pool(
+    path: &Path,
+    timeout: Duration,
+    size: u32,
+) -> Result<SqlitePool, LockError> {
+    SqlitePoolOptions::new()
+        .max_connections(size)
+        .min_connections(0)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .acquire_timeout(timeout)
+        .connect_with(options(path, timeout))
+        .await
+        .map_err(|e| match error::primary_code(&e) {
+            Some(code::CANTOPEN) => LockError::config_caused_by(
+                format!("cannot open the lock file {}", path.display()),
+                e,
+            ),
+            _ => error::map(e),
+        })
+}

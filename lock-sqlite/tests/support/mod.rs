@@ -1,0 +1,369 @@
+//! The conformance factory over a SQLite lock file, and the "store" the
+//! fault cases hurt.
+//!
+//! A lock file has no server: the store is the file plus every process that
+//! has it open. So, for the cases that crash or stall the store:
+//!
+//! - **crash** (`kill`): every client of the file dies: the clients this
+//!   factory handed out are closed the way a dying process closes them
+//!   (connections and presence files, nothing released), and a helper
+//!   process that grants and releases locks on the file in a loop is killed
+//!   with `kill -9` mid-write; `restart` reopens the file.
+//! - **stall** (`pause`): a helper process takes the file's write lock
+//!   (`BEGIN IMMEDIATE`) and is stopped with `SIGSTOP`, so every write
+//!   waits, the way a stopped server stalls its clients; `resume` continues
+//!   it and kills it, and the kernel drops its locks.
+//!
+//! Helpers are this test binary run again as the ignored test
+//! `sqlite_helper_process`, like the suite's lock-taker.
+
+#![allow(dead_code)] // each test binary uses a part
+
+use std::io::{self, BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use lock_conformance::{Factory, StoreControl};
+use lock_sqlite::SqliteBackend;
+use lockcore::backend::async_trait;
+use lockcore::{LockBackend, LockError};
+
+/// The variable naming the lock file a helper process (a lock-taker, a
+/// helper) must use instead of making its own.
+pub const PATH_ENV: &str = "LOCK_TEST_SQLITE_PATH";
+/// What a helper process does: `write`, `stall` or `hold NAME`.
+pub const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
+
+/// Hands out clients of one lock file (in a temp dir of its own, or the
+/// file `LOCK_TEST_SQLITE_PATH` names).
+pub struct SqliteFactory {
+    store: Arc<FileStore>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl SqliteFactory {
+    /// A factory over a fresh lock file, or the one `LOCK_TEST_SQLITE_PATH`
+    /// names (in helper processes).
+    pub fn new() -> SqliteFactory {
+        match std::env::var_os(PATH_ENV) {
+            Some(path) => SqliteFactory::at(PathBuf::from(path), None),
+            None => SqliteFactory::fresh(),
+        }
+    }
+
+    /// A factory over a lock file in a new temp dir.
+    pub fn fresh() -> SqliteFactory {
+        let dir = tempfile::Builder::new()
+            .prefix("lock-sqlite-")
+            .tempdir()
+            .expect("a temp dir");
+        let path = dir.path().join("locks.db");
+        SqliteFactory::at(path, Some(dir))
+    }
+
+    fn at(path: PathBuf, dir: Option<tempfile::TempDir>) -> SqliteFactory {
+        SqliteFactory {
+            store: Arc::new(FileStore {
+                path,
+                clients: Mutex::default(),
+                stalled: Mutex::default(),
+            }),
+            _dir: dir,
+        }
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.store.path
+    }
+
+    /// The store control of the file.
+    pub fn file_store(&self) -> Arc<FileStore> {
+        self.store.clone()
+    }
+}
+
+impl Default for SqliteFactory {
+    fn default() -> Self {
+        SqliteFactory::new()
+    }
+}
+
+#[async_trait]
+impl Factory for SqliteFactory {
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        let url = format!("sqlite://{}", self.store.path.display());
+        let client = SqliteBackend::connect(&url).await?;
+        let mut clients = self.store.clients.lock().unwrap();
+        clients.retain(|c| c.strong_count() > 0);
+        let client = Arc::new(client);
+        clients.push(Arc::downgrade(&client));
+        Ok(client)
+    }
+
+    fn store(&self) -> Option<Arc<dyn StoreControl>> {
+        Some(self.store.clone())
+    }
+
+    fn no_proxy_reason(&self) -> Option<String> {
+        Some(
+            "no network between client and store: the lock file is on a local disk, reached \
+             through system calls; what a cut or slow link does to a networked store, a stopped \
+             or killed process does here (processes::*, store_pause_keeps_invariants)"
+                .to_owned(),
+        )
+    }
+
+    async fn private(&self) -> Option<Result<Arc<dyn Factory>, LockError>> {
+        Some(Ok(Arc::new(SqliteFactory::fresh())))
+    }
+
+    fn helper_env(&self) -> Vec<(String, String)> {
+        vec![(
+            PATH_ENV.to_owned(),
+            self.store.path.to_string_lossy().into_owned(),
+        )]
+    }
+}
+
+/// The lock file as a store the fault cases can crash and stall.
+pub struct FileStore {
+    path: PathBuf,
+    clients: Mutex<Vec<Weak<SqliteBackend>>>,
+    stalled: Mutex<Option<Helper>>,
+}
+
+#[async_trait]
+impl StoreControl for FileStore {
+    fn addr(&self) -> SocketAddr {
+        // A file has no address; `no_proxy_reason` keeps the proxy cases
+        // from ever using this one.
+        SocketAddr::from(([127, 0, 0, 1], 9))
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    async fn kill(&self) -> io::Result<()> {
+        let clients: Vec<_> = self
+            .clients
+            .lock()
+            .unwrap()
+            .drain(..)
+            .filter_map(|c| c.upgrade())
+            .collect();
+        for client in clients {
+            client.close().await;
+        }
+        let mut writer = helper(&self.path, "write")?;
+        expect_line(&mut writer, "writing")?;
+        writer.0.kill()?;
+        writer.0.wait()?;
+        Ok(())
+    }
+
+    async fn restart(&self) -> io::Result<()> {
+        // Reopening is what the next client does; check the file opens.
+        let url = format!("sqlite://{}", self.path.display());
+        let client = SqliteBackend::connect(&url)
+            .await
+            .map_err(|e| io::Error::other(format!("cannot reopen the lock file: {e}")))?;
+        client.close().await;
+        Ok(())
+    }
+
+    async fn pause(&self) -> io::Result<()> {
+        let mut staller = helper(&self.path, "stall")?;
+        expect_line(&mut staller, "locked")?;
+        signal(&staller.0, libc::SIGSTOP)?;
+        *self.stalled.lock().unwrap() = Some(staller);
+        Ok(())
+    }
+
+    async fn resume(&self) -> io::Result<()> {
+        let Some(mut staller) = self.stalled.lock().unwrap().take() else {
+            return Err(io::Error::other("not paused"));
+        };
+        signal(&staller.0, libc::SIGCONT)?;
+        staller.0.kill()?;
+        staller.0.wait()?;
+        Ok(())
+    }
+
+    async fn step_clock(&self, _offset_secs: i64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "lock-sqlite judges expiry on the host's CLOCK_BOOTTIME, which no wall-clock step \
+             moves (it stores no wall-clock time at all)",
+        ))
+    }
+}
+
+fn signal(child: &Child, sig: i32) -> io::Result<()> {
+    // SAFETY: signalling our own child by pid.
+    if unsafe { libc::kill(child.id() as i32, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A helper process and its stdout lines.
+pub struct Helper(pub Child, pub std::sync::mpsc::Receiver<String>);
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts this test binary as the helper doing `what` on the file `path`.
+pub fn helper(path: &Path, what: &str) -> io::Result<Helper> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--ignored",
+        "--exact",
+        "sqlite_helper_process",
+        "--nocapture",
+        "--test-threads",
+        "1",
+        "-q",
+    ])
+    .env(PATH_ENV, path)
+    .env(HELPER_ENV, what)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    // SAFETY: prctl is async-signal-safe; the helper dies with us.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Helper(child, rx))
+}
+
+/// Waits (up to 30 s) for a line containing `HELPER {want}`.
+pub fn expect_line(helper: &mut Helper, want: &str) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match helper.1.recv_timeout(left) {
+            Ok(line) if line.contains(&format!("HELPER {want}")) => return Ok(()),
+            Ok(line) if line.contains("HELPER error") => return Err(io::Error::other(line)),
+            Ok(_) => {}
+            Err(_) => {
+                return Err(io::Error::other(format!(
+                    "the helper did not say {want:?} within 30 s"
+                )));
+            }
+        }
+    }
+}
+
+/// The body of the `sqlite_helper_process` test: does what
+/// `LOCK_SQLITE_HELPER` says on the file `LOCK_TEST_SQLITE_PATH` names.
+pub fn helper_main() {
+    let (Some(what), Some(path)) = (std::env::var_os(HELPER_ENV), std::env::var_os(PATH_ENV))
+    else {
+        eprintln!("sqlite_helper_process: helper process, started by the tests; nothing to do");
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let path = PathBuf::from(path);
+    let result = runtime.block_on(async {
+        match what.to_str() {
+            Some("write") => write_forever(&path).await,
+            Some("stall") => stall_forever(&path).await,
+            Some(hold) if hold.starts_with("hold ") => hold_forever(&path, &hold[5..]).await,
+            other => Err(format!("unknown helper {other:?}")),
+        }
+    });
+    if let Err(e) = result {
+        println!("HELPER error {e}");
+    }
+}
+
+fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "HELPER {line}");
+    let _ = out.flush();
+}
+
+/// Grants and releases a lock in a loop, so a `kill -9` lands mid-write.
+async fn write_forever(path: &Path) -> Result<(), String> {
+    use lockcore::backend::LockBackendExt;
+    let url = format!("sqlite://{}", path.display());
+    let backend = SqliteBackend::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = lockcore::LockName::new("support/crash-writer").unwrap();
+    for round in 0_u64.. {
+        let lease = backend
+            .try_acquire_for(&name, Duration::from_secs(60))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_lease()
+            .ok_or("the writer's lock was held")?;
+        backend.release(&lease).await.map_err(|e| e.to_string())?;
+        if round == 20 {
+            say("writing");
+        }
+    }
+    Ok(())
+}
+
+/// Takes lock `name` for a minute and keeps renewing it until killed.
+async fn hold_forever(path: &Path, name: &str) -> Result<(), String> {
+    let url = format!("sqlite://{}", path.display());
+    let backend = SqliteBackend::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let locker = lockcore::Locker::new(backend).ttl(Duration::from_secs(60));
+    let guard = locker
+        .try_acquire(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the lock was held")?;
+    say(&format!("held {}", guard.fencing_token()));
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Takes the file's write lock and keeps it until killed.
+async fn stall_forever(path: &Path) -> Result<(), String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    say("locked");
+    std::future::pending::<()>().await;
+    Ok(())
+}

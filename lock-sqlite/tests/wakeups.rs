@@ -1,0 +1,123 @@
+//! How fast a waiter gets the lock after a release, and after its holder's
+//! process is killed with `kill -9`: the waiter's re-check and backoff are
+//! set to 30 s and the holder's TTL to 60 s, so only the kernel's wake-up
+//! (inotify on the presence file) and the dead holder's dropped `flock` can
+//! make it fast. Each prints its distribution (`--nocapture`).
+
+mod support;
+
+use std::time::Duration;
+
+use lock_sqlite::SqliteBackend;
+use lockcore::{Backoff, Locker};
+use tokio::time::Instant;
+
+const RUNS: usize = 25;
+
+fn scale() -> f64 {
+    std::env::var("LOCK_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|s: &f64| s.is_finite() && *s > 0.0)
+        .unwrap_or(1.0)
+}
+
+/// A waiter that only the store can wake.
+fn deaf(backend: SqliteBackend) -> Locker {
+    Locker::new(backend)
+        .ttl(Duration::from_secs(60))
+        .max_wait(Duration::from_secs(60))
+        .recheck(Duration::from_secs(30))
+        .backoff(Backoff::new(
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+        ))
+}
+
+fn report(what: &str, mut lags: Vec<Duration>) -> Duration {
+    lags.sort();
+    let at = |q: f64| lags[((lags.len() - 1) as f64 * q).round() as usize];
+    eprintln!(
+        "{what}: {} runs, min {:?}, p50 {:?}, p90 {:?}, max {:?}",
+        lags.len(),
+        lags[0],
+        at(0.5),
+        at(0.9),
+        lags[lags.len() - 1]
+    );
+    lags[lags.len() - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_a_released_lock_at_once() {
+    let factory = support::SqliteFactory::fresh();
+    let url = format!("sqlite://{}", factory.path().display());
+    let holder =
+        Locker::new(SqliteBackend::connect(&url).await.unwrap()).ttl(Duration::from_secs(60));
+    let waiter = deaf(SqliteBackend::connect(&url).await.unwrap());
+    let mut lags = Vec::new();
+    for run in 0..RUNS {
+        let name = format!("release-{run}");
+        let guard = holder.acquire(&name).await.unwrap();
+        let task = tokio::spawn({
+            let (waiter, name) = (waiter.clone(), name.clone());
+            async move {
+                let got = waiter.acquire(&name).await;
+                (got, Instant::now())
+            }
+        });
+        // Until the waiter has tried once and is waiting.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!task.is_finished(), "run {run}: the waiter got a held lock");
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        let (got, at) = task.await.unwrap();
+        got.unwrap().release().await.unwrap();
+        lags.push(at - released);
+    }
+    let max = report("wake-up after a release", lags);
+    let bound = Duration::from_secs(1).mul_f64(scale());
+    assert!(max < bound, "slowest hand-off {max:?} (bound {bound:?})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_the_lock_of_a_killed_holder_at_once() {
+    let factory = support::SqliteFactory::fresh();
+    let url = format!("sqlite://{}", factory.path().display());
+    let waiter = deaf(SqliteBackend::connect(&url).await.unwrap());
+    let mut lags = Vec::new();
+    for run in 0..20 {
+        let name = format!("killed-{run}");
+        let mut holder = support::helper(factory.path(), &format!("hold {name}")).unwrap();
+        tokio::task::block_in_place(|| support::expect_line(&mut holder, "held")).unwrap();
+        let task = tokio::spawn({
+            let (waiter, name) = (waiter.clone(), name.clone());
+            async move {
+                let got = waiter.acquire(&name).await;
+                (got, Instant::now())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!task.is_finished(), "run {run}: the waiter got a held lock");
+        let killed = Instant::now();
+        holder.0.kill().unwrap();
+        let (got, at) = task.await.unwrap();
+        let guard = got.unwrap();
+        lags.push(at - killed);
+        guard.release().await.unwrap();
+        drop(holder);
+    }
+    let max = report("wake-up after the holder's kill -9", lags);
+    let bound = Duration::from_secs(1).mul_f64(scale());
+    assert!(
+        max < bound,
+        "slowest takeover {max:?} (bound {bound:?}), with a 60 s TTL"
+    );
+}
+
+/// Not a test: the helper processes of `support`.
+#[test]
+#[ignore = "helper process, run by the tests themselves"]
+fn sqlite_helper_process() {
+    support::helper_main();
+}

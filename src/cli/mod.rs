@@ -1,0 +1,557 @@
+//! The `distlock` command line: arguments, the default lock file, and one
+//! function per command.
+
+mod exit;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use distlock::{FencingToken, Holder, HolderLabel, LockError, LockName, Locker, ReleaseOutcome};
+
+use exit::Failure;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "distlock",
+    version,
+    about = "Safe distributed locks from the shell",
+    long_about = "Safe distributed locks from the shell.\n\n\
+        Without --url, locks live in a SQLite file in your state directory \
+        ($XDG_STATE_HOME/distlock/locks.db, else ~/.local/state/distlock/locks.db), \
+        shared by every process of this host: two `distlock run NAME -- CMD` in two \
+        shells never overlap. Use --url redis://..., postgres://..., etcd://... or zk://... \
+        for locks between hosts.",
+    after_help = exit::HELP
+)]
+struct Cli {
+    /// Lock store URL: sqlite://PATH, redis://, rediss://, postgres://, etcd://, zk://,
+    /// memory:// (this process only; see `distlock schemes`). Default: the SQLite file in
+    /// your state directory.
+    #[arg(long, env = "DISTLOCK_URL", hide_env_values = true)]
+    url: Option<String>,
+    /// Lease TTL, e.g. 30s, 500ms: how long a dead holder can block the name
+    /// (on SQLite a dead holder's lock is free at once).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How long to wait for the lock.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    wait: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How to take the lock, shared by `run` and `hold`.
+#[derive(clap::Args, Debug)]
+struct Take {
+    /// Lock name.
+    name: String,
+    /// Fail at once (exit 75) if the lock is held, instead of waiting.
+    #[arg(long)]
+    no_wait: bool,
+    /// Take one of N permits of a semaphore instead of a lock
+    /// (DISTLOCK_SLOT tells which).
+    #[arg(long, value_name = "N")]
+    permits: Option<u32>,
+    /// Who holds it, shown by `inspect` (default: host:pid).
+    #[arg(long)]
+    label: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command while holding the lock. The command gets DISTLOCK_NAME and
+    /// DISTLOCK_FENCE (and DISTLOCK_SLOT with --permits) in its environment and runs
+    /// in its own process group. If the lease is lost, the group gets SIGTERM, then
+    /// SIGKILL after --grace; SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to it;
+    /// on Linux the command is killed if distlock dies. The lock is released once no
+    /// process of the group is left. Stopping a late command is a courtesy: what
+    /// makes it harmless is the resource refusing its stale DISTLOCK_FENCE.
+    Run {
+        #[command(flatten)]
+        take: Take,
+        /// Time between SIGTERM and SIGKILL when the command must stop.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+    /// Campaign for leadership of NAME and run a command while leading, with
+    /// DISTLOCK_TERM (the leader's fencing token) and DISTLOCK_NAME in its
+    /// environment; stopped on loss like `run`.
+    Elect {
+        /// Election name.
+        name: String,
+        /// This candidate's label, shown to observers and by `inspect`.
+        #[arg(long)]
+        label: Option<String>,
+        /// Time between SIGTERM and SIGKILL when the command must stop.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+    /// Take the lock, print its fencing token, hold it for a while, release.
+    Hold {
+        #[command(flatten)]
+        take: Take,
+        /// How long to hold it (until interrupted: SIGINT/SIGTERM release it).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        r#for: Duration,
+    },
+    /// Show who holds a lock (or a semaphore's permits).
+    Inspect {
+        /// Lock name.
+        name: String,
+        /// Print one JSON object (fence, owner, label, expires_in_ms).
+        #[arg(long)]
+        json: bool,
+        /// Show the holders of the semaphore NAME instead.
+        #[arg(long)]
+        permits: bool,
+    },
+    /// Evict whoever holds a lock (audited; the next holder gets a larger fence).
+    ForceRelease {
+        /// Lock name.
+        name: String,
+        /// Why, for the audit trail.
+        #[arg(long)]
+        reason: String,
+        /// Evict only the holder with this fencing token (as `inspect`
+        /// showed it), so a retry never evicts the next holder.
+        #[arg(long)]
+        fence: Option<u64>,
+    },
+    /// List the URL schemes this build supports, and the default lock file.
+    Schemes,
+}
+
+/// Parses the arguments and runs the command.
+pub(crate) async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(failure) => failure.report(),
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
+    if let Command::Schemes = cli.command {
+        for (scheme, feature) in distlock::SCHEMES {
+            println!("{scheme}://\t{feature}");
+        }
+        match default_path() {
+            Ok(path) => println!("default:\tsqlite://{}", path.display()),
+            Err(why) => println!("default:\tnone ({why})"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let url = match cli.url {
+        Some(url) => url,
+        None => default_url()?,
+    };
+    let backend = distlock::connect(&url).await?;
+    let locker = Locker::from_arc(backend).ttl(cli.ttl).max_wait(cli.wait);
+    match cli.command {
+        Command::Run {
+            take,
+            grace,
+            command,
+        } => run_locked(&locker, take, grace, &command).await,
+        Command::Elect {
+            name,
+            label,
+            grace,
+            command,
+        } => elect(&locker, &name, label, grace, &command).await,
+        Command::Hold { take, r#for } => hold(&locker, take, r#for).await,
+        Command::Inspect {
+            name,
+            json,
+            permits,
+        } => inspect(&locker, &name, json, permits).await,
+        Command::ForceRelease {
+            name,
+            reason,
+            fence,
+        } => force_release(&locker, &name, &reason, fence).await,
+        Command::Schemes => unreachable!("handled above"),
+    }
+}
+
+/// The SQLite lock file in the user's state directory, its directory
+/// created private (0700).
+fn default_url() -> Result<String, Failure> {
+    let path = default_path().map_err(|why| Failure::Code(exit::USAGE, why))?;
+    let dir = path.parent().unwrap_or(&path);
+    private_dir(dir).map_err(|e| {
+        Failure::Code(
+            exit::USAGE,
+            format!(
+                "cannot create {} for the default lock file: {e} (or pass --url)",
+                dir.display()
+            ),
+        )
+    })?;
+    Ok(format!("sqlite://{}", path.display()))
+}
+
+/// `$XDG_STATE_HOME/distlock/locks.db`, else `~/.local/state/distlock/locks.db`,
+/// else `<temp dir>/distlock-<uid>/locks.db`.
+fn default_path() -> Result<PathBuf, String> {
+    let absolute = |var: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    if let Some(state) = absolute("XDG_STATE_HOME") {
+        return Ok(state.join("distlock/locks.db"));
+    }
+    if let Some(home) = absolute("HOME") {
+        return Ok(home.join(".local/state/distlock/locks.db"));
+    }
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    Ok(std::env::temp_dir().join(format!("distlock-{uid}/locks.db")))
+}
+
+/// Creates `dir` (and missing parents) with mode 0700, and refuses one that
+/// another user owns or others can write: a lock file there could be
+/// replaced under us.
+fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of this user",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+fn label(locker: Locker, label: Option<String>) -> Result<Locker, LockError> {
+    Ok(match label {
+        Some(label) => locker.label(HolderLabel::new(label)?),
+        None => locker,
+    })
+}
+
+/// A held lock or permit, whichever `take` asked for.
+async fn take(locker: &Locker, take: &Take) -> Result<distlock::LockGuard, Failure> {
+    let locker = label(locker.clone(), take.label.clone())?;
+    let guard = match (take.permits, take.no_wait) {
+        (None, false) => Some(locker.acquire(&take.name).await?),
+        (None, true) => locker.try_acquire(&take.name).await?,
+        (Some(n), false) => Some(locker.semaphore(&take.name, n)?.acquire().await?),
+        (Some(n), true) => locker.semaphore(&take.name, n)?.try_acquire().await?,
+    };
+    guard.ok_or_else(|| Failure::Code(exit::BUSY, format!("{} is held (--no-wait)", take.name)))
+}
+
+fn describe(guard: &distlock::LockGuard) -> String {
+    match guard.slot() {
+        Some(slot) => format!(
+            "{} fence={} slot={slot}",
+            guard.name(),
+            guard.fencing_token()
+        ),
+        None => format!("{} fence={}", guard.name(), guard.fencing_token()),
+    }
+}
+
+async fn run_locked(
+    locker: &Locker,
+    spec: Take,
+    grace: Duration,
+    command: &[String],
+) -> Result<ExitCode, Failure> {
+    let guard = take(locker, &spec).await?;
+    let fence = guard.fencing_token();
+    eprintln!("distlock: acquired {}", describe(&guard));
+    let mut env = vec![
+        ("DISTLOCK_NAME", spec.name.clone()),
+        ("DISTLOCK_FENCE", fence.to_string()),
+    ];
+    if let Some(slot) = guard.slot() {
+        env.push(("DISTLOCK_SLOT", slot.to_string()));
+    }
+    let job = run::spawn(command, &env)?;
+    let ended = job.supervise(guard.lost(), grace).await?;
+    if let Some(reason) = ended.lost {
+        drop(guard);
+        return Err(LockError::Lost {
+            name: LockName::new(&spec.name)?,
+            fence,
+            reason,
+        }
+        .into());
+    }
+    match guard.release().await? {
+        ReleaseOutcome::Released => Ok(ExitCode::from(run::code_of(ended.status))),
+        ReleaseOutcome::NotHeld => Err(Failure::Code(
+            exit::LOST,
+            format!(
+                "the lease on {} (fence {fence}) was gone before the command finished",
+                spec.name
+            ),
+        )),
+    }
+}
+
+async fn elect(
+    locker: &Locker,
+    name: &str,
+    candidate: Option<String>,
+    grace: Duration,
+    command: &[String],
+) -> Result<ExitCode, Failure> {
+    let candidate = match candidate {
+        Some(l) => HolderLabel::new(l)?,
+        None => locker.holder_label().clone(),
+    };
+    let leadership = locker.election(name)?.campaign(candidate).await?;
+    let term = leadership.term();
+    eprintln!("distlock: leading {name} term={term}");
+    let env = [
+        ("DISTLOCK_NAME", name.to_owned()),
+        ("DISTLOCK_TERM", term.to_string()),
+        ("DISTLOCK_FENCE", term.to_string()),
+    ];
+    let job = run::spawn(command, &env)?;
+    let ended = job.supervise(leadership.lost(), grace).await?;
+    if let Some(reason) = ended.lost {
+        return Err(LockError::Lost {
+            name: LockName::new(name)?,
+            fence: term,
+            reason,
+        }
+        .into());
+    }
+    match leadership.resign().await? {
+        ReleaseOutcome::Released => Ok(ExitCode::from(run::code_of(ended.status))),
+        ReleaseOutcome::NotHeld => Err(Failure::Code(
+            exit::LOST,
+            format!("the leadership of {name} (term {term}) was gone before the command finished"),
+        )),
+    }
+}
+
+async fn hold(locker: &Locker, spec: Take, duration: Duration) -> Result<ExitCode, Failure> {
+    let guard = take(locker, &spec).await?;
+    println!("acquired {}", describe(&guard));
+    let interrupted = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut int), Ok(mut term)) => tokio::select! {
+                _ = int.recv() => 128 + libc::SIGINT,
+                _ = term.recv() => 128 + libc::SIGTERM,
+            },
+            _ => std::future::pending().await,
+        }
+    };
+    let code = tokio::select! {
+        reason = guard.lost() => {
+            return Err(LockError::Lost { name: guard.name(), fence: guard.fencing_token(), reason }.into());
+        }
+        code = interrupted => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        _ = tokio::time::sleep(duration) => ExitCode::SUCCESS,
+    };
+    match guard.release().await? {
+        ReleaseOutcome::Released => {
+            println!("released {}", spec.name);
+            Ok(code)
+        }
+        ReleaseOutcome::NotHeld => Err(Failure::Code(
+            exit::LOST,
+            format!("{} was no longer held at release (lease lost)", spec.name),
+        )),
+    }
+}
+
+async fn inspect(
+    locker: &Locker,
+    name: &str,
+    json: bool,
+    permits: bool,
+) -> Result<ExitCode, Failure> {
+    let name = LockName::new(name)?;
+    let holders: Vec<Holder> = if permits {
+        locker.backend().inspect_permits(&name).await?
+    } else {
+        locker.inspect(&name).await?.into_iter().collect()
+    };
+    if json {
+        println!("{}", to_json(&name, permits, &holders));
+    } else if holders.is_empty() {
+        println!("{name}: free");
+    } else {
+        for h in &holders {
+            println!(
+                "{name}: held{}, fence={}, owner={}, label={}, expires_in={}",
+                h.slot.map_or(String::new(), |s| format!(" (slot {s})")),
+                h.fence,
+                h.owner.map_or("?".into(), |o| o.to_string()),
+                h.label.as_ref().map_or("?".into(), |l| l.to_string()),
+                h.expires_in
+                    .map_or("session".into(), |d| humantime::format_duration(round_ms(
+                        d
+                    ))
+                    .to_string())
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis().try_into().unwrap_or(u64::MAX))
+}
+
+/// `{"name":..,"held":..,"fence":..,"owner":..,"label":..,"expires_in_ms":..}`,
+/// or for a semaphore `{"name":..,"permits":[{"slot":..,...}]}`.
+fn to_json(name: &LockName, permits: bool, holders: &[Holder]) -> String {
+    let holder = |h: &Holder| {
+        let mut fields = Vec::new();
+        if let Some(slot) = h.slot {
+            fields.push(format!("\"slot\":{slot}"));
+        }
+        fields.push(format!("\"fence\":{}", h.fence));
+        fields.push(format!(
+            "\"owner\":{}",
+            h.owner
+                .map_or("null".into(), |o| json_string(&o.to_string()))
+        ));
+        fields.push(format!(
+            "\"label\":{}",
+            h.label
+                .as_ref()
+                .map_or("null".into(), |l| json_string(l.as_str()))
+        ));
+        fields.push(format!(
+            "\"expires_in_ms\":{}",
+            h.expires_in
+                .map_or("null".into(), |d| d.as_millis().to_string())
+        ));
+        fields.join(",")
+    };
+    if permits {
+        let list: Vec<String> = holders
+            .iter()
+            .map(|h| format!("{{{}}}", holder(h)))
+            .collect();
+        format!(
+            "{{\"name\":{},\"permits\":[{}]}}",
+            json_string(name.as_str()),
+            list.join(",")
+        )
+    } else {
+        match holders.first() {
+            Some(h) => format!(
+                "{{\"name\":{},\"held\":true,{}}}",
+                json_string(name.as_str()),
+                holder(h)
+            ),
+            None => format!("{{\"name\":{},\"held\":false}}", json_string(name.as_str())),
+        }
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+async fn force_release(
+    locker: &Locker,
+    name: &str,
+    reason: &str,
+    fence: Option<u64>,
+) -> Result<ExitCode, Failure> {
+    let name = LockName::new(name)?;
+    let evicted = match fence {
+        None => locker.force_release(&name, reason).await?,
+        Some(fence) => {
+            let fence = FencingToken::new(fence)
+                .ok_or_else(|| Failure::Code(exit::USAGE, "--fence must be at least 1".into()))?;
+            locker.force_release_if(&name, fence, reason).await?
+        }
+    };
+    match (evicted, fence) {
+        (Some(h), _) => println!("{name}: evicted holder with fence {}", h.fence),
+        (None, None) => println!("{name}: was free"),
+        (None, Some(f)) => println!("{name}: not held under fence {f}; nothing evicted"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escapes_and_reports_free_and_held() {
+        assert_eq!(json_string("a\"b\\c\u{1}"), "\"a\\\"b\\\\c\\u0001\"");
+        let name = LockName::new("n").unwrap();
+        assert_eq!(
+            to_json(&name, false, &[]),
+            "{\"name\":\"n\",\"held\":false}"
+        );
+        let h = Holder::new(
+            FencingToken::new(7).unwrap(),
+            None,
+            Some(Duration::from_millis(1500)),
+        );
+        assert_eq!(
+            to_json(&name, false, &[h]),
+            "{\"name\":\"n\",\"held\":true,\"fence\":7,\"owner\":null,\"label\":null,\"expires_in_ms\":1500}"
+        );
+    }
+
+    #[test]
+    fn the_default_lock_file_follows_xdg() {
+        // One test touches the environment, so no other test races it.
+        // SAFETY: no other thread of this test binary reads these variables.
+        unsafe {
+            std::env::set_var("XDG_STATE_HOME", "/state");
+            assert_eq!(
+                default_path().unwrap(),
+                PathBuf::from("/state/distlock/locks.db")
+            );
+            std::env::set_var("XDG_STATE_HOME", "relative");
+            std::env::set_var("HOME", "/home/u");
+            assert_eq!(
+                default_path().unwrap(),
+                PathBuf::from("/home/u/.local/state/distlock/locks.db")
+            );
+            std::env::remove_var("XDG_STATE_HOME");
+            std::env::remove_var("HOME");
+            assert!(default_path().unwrap().starts_with(std::env::temp_dir()));
+        }
+    }
+}

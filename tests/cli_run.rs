@@ -1,0 +1,292 @@
+//! The `distlock` binary end to end, on its default lock file (a SQLite file
+//! under a temp `XDG_STATE_HOME`): `run` really stops the job, two `run`s
+//! never overlap, `--no-wait` is busy at once, `elect` runs its command as
+//! the leader. Bounds come from the TTL and grace each test passes, scaled
+//! by `LOCK_TEST_TIME_SCALE`.
+
+#![cfg(feature = "sqlite")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn scaled(d: Duration) -> Duration {
+    let scale = std::env::var("LOCK_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(1.0);
+    d.mul_f64(scale)
+}
+
+/// A temp state directory: every `distlock` started from it shares one
+/// default lock file.
+struct Shell {
+    dir: tempfile::TempDir,
+}
+
+impl Shell {
+    fn new() -> Shell {
+        Shell {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn distlock(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
+        cmd.args(args)
+            .env("XDG_STATE_HOME", self.dir.path().join("state"))
+            .env_remove("DISTLOCK_URL")
+            .current_dir(self.dir.path());
+        cmd
+    }
+
+    fn output(&self, args: &[&str]) -> Output {
+        self.distlock(args).output().unwrap()
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.distlock(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
+/// Polls `check` every 10 ms until it gives `Some`, or panics after `within`.
+fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let give_up = Instant::now() + within;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "{what} did not happen within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether `pid` is a live process (a zombie waiting to be reaped is not).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: signalling a child we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// Waits for `child` to exit within `within`, else kills it and panics.
+fn exit_within(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
+    let give_up = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= give_up {
+            let _ = child.kill();
+            panic!("{what}: distlock did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigterm_to_distlock_leaves_no_child_or_grandchild() {
+    let shell = Shell::new();
+    let (pid, gpid) = (shell.path("pid"), shell.path("gpid"));
+    let script = format!(
+        "echo $$ > {}; sleep 1000 & echo $! > {}; wait",
+        pid.display(),
+        gpid.display()
+    );
+    let grace = Duration::from_secs(2);
+    let mut distlock = shell.spawn(&["run", "--grace", "2s", "job", "--", "sh", "-c", &script]);
+    let (child, grandchild) =
+        eventually(scaled(Duration::from_secs(10)), "the job started", || {
+            Some((read_pid(&pid)?, read_pid(&gpid)?))
+        });
+    assert!(alive(child) && alive(grandchild));
+    signal(distlock.id(), libc::SIGTERM);
+    let status = exit_within(
+        &mut distlock,
+        scaled(grace + Duration::from_secs(5)),
+        "SIGTERM",
+    );
+    assert!(!status.success(), "{status:?}");
+    assert!(!alive(child), "the child {child} survived");
+    assert!(!alive(grandchild), "the grandchild {grandchild} survived");
+    // And the lock is free again.
+    let free = shell.output(&["run", "--no-wait", "job", "--", "true"]);
+    assert_eq!(free.status.code(), Some(0), "{free:?}");
+}
+
+#[test]
+fn an_eviction_mid_run_stops_the_job_and_exits_4() {
+    let shell = Shell::new();
+    let (pid, term) = (shell.path("pid"), shell.path("term"));
+    let script = format!(
+        "trap 'echo TERM > {}; exit 0' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        term.display(),
+        pid.display()
+    );
+    let ttl = Duration::from_secs(4);
+    let mut distlock = shell.spawn(&[
+        "--ttl", "4s", "run", "--grace", "2s", "job", "--", "sh", "-c", &script,
+    ]);
+    let child = eventually(scaled(Duration::from_secs(10)), "the job started", || {
+        read_pid(&pid)
+    });
+    let evict = shell.output(&["force-release", "job", "--reason", "test: stop the job"]);
+    assert!(evict.status.success(), "{evict:?}");
+    let evicted = Instant::now();
+    let status = exit_within(&mut distlock, scaled(ttl), "eviction");
+    let took = evicted.elapsed();
+    assert_eq!(status.code(), Some(4), "{status:?}");
+    assert!(term.exists(), "the job did not get SIGTERM");
+    assert!(!alive(child));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(distlock.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("distlock: lease on \"job\""), "{stderr}");
+    eprintln!("eviction to exit: {took:?}");
+}
+
+#[test]
+fn two_runs_on_the_default_file_never_overlap() {
+    let shell = Shell::new();
+    let log = shell.path("log");
+    // Each job writes its start and end (ns) with the fence it ran under.
+    let script = format!(
+        "echo \"start $(date +%s%N) $DISTLOCK_FENCE\" >> {log}; sleep 0.2; echo \"end $(date +%s%N) $DISTLOCK_FENCE\" >> {log}",
+        log = log.display()
+    );
+    let jobs: Vec<Child> = (0..4)
+        .map(|_| shell.spawn(&["--wait", "60s", "run", "nightly", "--", "sh", "-c", &script]))
+        .collect();
+    for mut job in jobs {
+        let status = exit_within(&mut job, scaled(Duration::from_secs(60)), "concurrent runs");
+        assert!(status.success(), "{status:?}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut spans: Vec<(u128, u128, u64)> = Vec::new();
+    let mut open: std::collections::HashMap<u64, u128> = Default::default();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (at, fence): (u128, u64) = (words[1].parse().unwrap(), words[2].parse().unwrap());
+        match words[0] {
+            "start" => {
+                open.insert(fence, at);
+            }
+            _ => spans.push((open.remove(&fence).unwrap(), at, fence)),
+        }
+    }
+    assert_eq!(spans.len(), 4, "{text}");
+    spans.sort();
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "two jobs overlapped: {pair:?}\n{text}"
+        );
+        assert!(pair[0].2 < pair[1].2, "fences out of order: {pair:?}");
+    }
+}
+
+#[test]
+fn no_wait_exits_75_while_held() {
+    let shell = Shell::new();
+    let mut holder = shell.spawn(&["hold", "job", "--for", "60s"]);
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("acquired job fence="), "{line:?}");
+    let busy = shell.output(&["run", "--no-wait", "job", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    let stderr = String::from_utf8_lossy(&busy.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("job is held (--no-wait)"), "{stderr}");
+    let inspect = shell.output(&["inspect", "--json", "job"]);
+    let json = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        json.starts_with("{\"name\":\"job\",\"held\":true,\"fence\":"),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"label\":") && json.contains("\"expires_in_ms\":"),
+        "{json}"
+    );
+    signal(holder.id(), libc::SIGINT);
+    let status = exit_within(&mut holder, scaled(Duration::from_secs(5)), "hold");
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{status:?}");
+    let free = shell.output(&["inspect", "--json", "job"]);
+    assert_eq!(
+        String::from_utf8_lossy(&free.stdout).trim(),
+        "{\"name\":\"job\",\"held\":false}"
+    );
+}
+
+#[test]
+fn elect_runs_the_command_as_leader_with_its_term() {
+    let shell = Shell::new();
+    let out = shell.output(&[
+        "elect",
+        "scheduler",
+        "--label",
+        "node-a",
+        "--",
+        "sh",
+        "-c",
+        "echo term=$DISTLOCK_TERM name=$DISTLOCK_NAME",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let term: u64 = stdout
+        .trim()
+        .strip_prefix("term=")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(term >= 1 && stdout.contains("name=scheduler"), "{stdout}");
+}
+
+#[test]
+fn permits_give_each_run_a_slot_and_exit_codes_pass_through() {
+    let shell = Shell::new();
+    let out = shell.output(&[
+        "run",
+        "--permits",
+        "2",
+        "uploads",
+        "--",
+        "sh",
+        "-c",
+        "echo slot=$DISTLOCK_SLOT; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "slot=0");
+    let missing = shell.output(&["run", "job", "--", "/nonexistent/command"]);
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+    let bad = shell.output(&["--url", "sqlite::memory:", "inspect", "job"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
+}
