@@ -176,3 +176,99 @@ async fn two_thousand_waiters_share_two_connections_and_are_all_served() {
         "nothing left in line"
     );
 }
+
+/// The server's CPU seconds so far (user + system, INFO cpu).
+async fn server_cpu(con: &redis::aio::MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut con.clone())
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// The AOF's size (0 without one).
+async fn aof_bytes(con: &redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(&mut con.clone())
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("aof_current_size:"))
+        .map_or(0, |n| n.trim().parse().unwrap_or(0))
+}
+
+/// Microseconds the server spent in scripts so far (INFO commandstats).
+async fn script_usec(con: &redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con.clone())
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|stats| stats.split(',').find_map(|kv| kv.strip_prefix("usec=")))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A measurement, not a check: server CPU per uncontended acquire + release
+/// on a durable server (AOF, `appendfsync always`), as time spent in the
+/// scripts and as the server process's CPU. Run with `--ignored
+/// --nocapture` in release mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run by hand"]
+async fn measure_server_cpu_per_uncontended_cycle() {
+    const CYCLES: u32 = 20_000;
+    let durable = std::env::var("LEAN_DURABLE").is_ok();
+    let store = private(if durable {
+        Options::durable()
+    } else {
+        Options::default().persistence(Persistence::None)
+    })
+    .await;
+    let con = raw(&store.url()).await;
+    let backend = RedisBackend::connect(&store.url()).await.unwrap();
+    let name = unique("lean");
+    let cycle = async || {
+        let lease = lockcore::backend::LockBackendExt::try_acquire_for(
+            &backend,
+            &name,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+        lockcore::LockBackend::release(&backend, &lease)
+            .await
+            .unwrap();
+    };
+    for _ in 0..200 {
+        cycle().await;
+    }
+    let aof_before = aof_bytes(&con).await;
+    let (usec, cpu, started) = (
+        script_usec(&con).await,
+        server_cpu(&con).await,
+        Instant::now(),
+    );
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    let took = started.elapsed();
+    let aof = aof_bytes(&con).await.saturating_sub(aof_before) as f64 / f64::from(CYCLES);
+    let script = (script_usec(&con).await - usec) as f64 / f64::from(CYCLES);
+    let cpu = (server_cpu(&con).await - cpu) * 1e6 / f64::from(CYCLES);
+    println!(
+        "LEAN uncontended acquire+release: {script:.1} µs in scripts, {cpu:.1} µs server CPU, \
+         {aof:.0} AOF bytes per cycle; {:.0} cycles/s",
+        f64::from(CYCLES) / took.as_secs_f64()
+    );
+}

@@ -11,20 +11,20 @@
 -- Returns {nonce, 1, fence} when granted,
 --         {nonce, 0, ms until the holder or reservation expires (-1: never)}.
 local lock, queue, next_key, me = KEYS[1], KEYS[3], KEYS[4], ARGV[4]
-local wait_ms = redis.call('PTTL', lock)
+local wait_ms
+if redis.call('EXISTS', lock, next_key, queue) > 0 then
+  wait_ms = redis.call('PTTL', lock)
+end
+-- Free, nobody waits and nothing is reserved (the common case): wait_ms is nil.
 if wait_ms == -2 then
-  if redis.call('EXISTS', next_key, queue) == 0 then
-    wait_ms = nil -- nobody waits and nothing is reserved: the common case
+  local reserved = redis.call('GET', next_key)
+  if reserved == me then
+    line_call('DEL', next_key)
+    wait_ms = nil
+  elseif not reserved and wake_next(lock, queue, next_key, me) ~= 'reserved' then
+    wait_ms = nil
   else
-    local reserved = redis.call('GET', next_key)
-    if reserved == me then
-      line_call('DEL', next_key)
-      wait_ms = nil
-    elseif not reserved and wake_next(lock, queue, next_key, me) ~= 'reserved' then
-      wait_ms = nil
-    else
-      wait_ms = redis.call('PTTL', next_key)
-    end
+    wait_ms = redis.call('PTTL', next_key)
   end
 end
 if not wait_ms then
