@@ -137,7 +137,10 @@ impl RedisBackend {
             claim_window: config.response_timeout,
             notifier,
         });
-        tokio::spawn(client::handle_events(events, Arc::downgrade(&client)));
+        tokio::spawn(client::background::handle_events(
+            events,
+            Arc::downgrade(&client),
+        ));
         Ok(RedisBackend {
             client,
             caps,

@@ -1,25 +1,25 @@
 //! The store client: one function per round trip, each one Lua script
 //! (see `scripts/`), plus the background work the notifier hands over.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use lockcore::backend::{LockRequest, Moment, Wakeup};
 use lockcore::{
-    Attempt, Backoff, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
+    Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
 };
 use redis::{FromRedisValue, Script, ScriptInvocation};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::connection::{self, Commands};
 use crate::error;
 use crate::keys::{self, Keys, PermitKeys};
-use crate::notify::{Checks, Event, Notifier};
+use crate::notify::Notifier;
 use crate::scripts;
+
+pub(crate) mod background;
+mod permits;
 
 /// Leases renewed by one script: bounds how long one `renew_many` call
 /// keeps the server busy (about a millisecond).
@@ -272,49 +272,6 @@ impl Client {
         Ok(freed == 1)
     }
 
-    /// [`leave`](Self::leave) in the background, retried while the server
-    /// is unreachable, until `until` (when whatever it would remove has
-    /// expired anyway) or the backend is dropped.
-    pub(crate) fn leave_later(
-        self: &Arc<Self>,
-        keys: Keys,
-        member: String,
-        owner: Option<OwnerToken>,
-        until: Instant,
-    ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the entry is skipped later, a grant expires
-        };
-        let mut first = Some(self.clone());
-        let client = Arc::downgrade(self);
-        runtime.spawn(async move {
-            let retry = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-            for attempt in 0_u32.. {
-                let Some(strong) = first.take().or_else(|| client.upgrade()) else {
-                    return;
-                };
-                let outcome = strong.leave(&keys, &member, owner).await;
-                drop(strong);
-                match outcome {
-                    Ok(freed) => {
-                        if freed {
-                            tracing::debug!(key = %keys.lock, "freed the lock of an acquire whose reply was lost");
-                        }
-                        return;
-                    }
-                    Err(e) if e.is_retryable() => {
-                        let next = Instant::now() + retry.delay(attempt);
-                        if next >= until {
-                            return;
-                        }
-                        tokio::time::sleep_until(next).await;
-                    }
-                    Err(_) => return,
-                }
-            }
-        });
-    }
-
     /// A wake-up for a change of `key` (a lock key, or a semaphore's slots
     /// with `permits`): registered locally, then in the store's watcher set
     /// `watchers`, so the next release publishes to this instance. Also
@@ -348,64 +305,6 @@ impl Client {
         }))
     }
 
-    /// One attempt at a permit of the semaphore `request.name()`.
-    pub(crate) async fn acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        let keys = self.permit_keys(request.name());
-        let owner = OwnerToken::new();
-        let ttl = request.ttl();
-        let mut call = prepare(&scripts::PERMIT_ACQUIRE);
-        call.0.key(&keys.slots).key(&keys.holders);
-        call.0.key(&keys.fence).key(&keys.floor);
-        call.0
-            .arg(owner.encode())
-            .arg(ttl.as_millis_ceil())
-            .arg(permits)
-            .arg(request.label().as_str());
-        let sent_at = Moment::now();
-        // A lost reply leaves a permit that expires after its TTL.
-        let reply: Vec<i64> = self.invoke("acquire permit", &call).await?;
-        match reply[..] {
-            [1, fence, slot] => {
-                let fence = FencingToken::from_store(error::BACKEND, fence)?;
-                let slot = u32::try_from(slot)
-                    .map_err(|_| error::unexpected(format!("permit slot {slot}")))?;
-                tracing::debug!(name = %request.name(), %fence, slot, "permit acquired");
-                Ok(Attempt::Acquired(
-                    Lease::new(request.name().clone(), owner, fence, ttl, sent_at).with_slot(slot),
-                ))
-            }
-            [0, expires_in] => Ok(Attempt::Held {
-                expires_in: remaining(expires_in),
-            }),
-            [-1, existing] => Err(LockError::PermitsMismatch {
-                name: request.name().clone(),
-                requested: permits,
-                existing: u32::try_from(existing).unwrap_or(u32::MAX),
-            }),
-            _ => Err(error::unexpected(format!(
-                "acquire permit answered {reply:?}"
-            ))),
-        }
-    }
-
-    pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        let keys = self.permit_keys(name);
-        let mut call = prepare(&scripts::PERMIT_INSPECT);
-        call.0.key(&keys.slots).key(&keys.holders);
-        let live: Vec<(u32, i64, Option<String>)> = self.invoke("inspect permits", &call).await?;
-        live.into_iter()
-            .filter_map(|(slot, left, value)| Some((slot, left, value?)))
-            .map(|(slot, left, value)| {
-                let stored = parse_value(&keys.holders, &value)?;
-                Ok(stored.holder(remaining(left)).with_slot(slot))
-            })
-            .collect()
-    }
-
     /// Raises the fence floor of every Cluster slot to `floor`.
     pub(crate) async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
         // Lua holds numbers as doubles: exact below 2^53.
@@ -427,85 +326,6 @@ impl Client {
         }
         tracing::info!(%floor, "fence floor raised");
         Ok(())
-    }
-}
-
-/// Handles what the notifier hands over, until the backend is dropped:
-/// passes on hand-offs whose wake-up came after the wait had ended, and
-/// checks leases whose eviction may have gone unheard.
-pub(crate) async fn handle_events(
-    mut events: mpsc::UnboundedReceiver<Event>,
-    client: Weak<Client>,
-) {
-    while let Some(event) = events.recv().await {
-        let Some(strong) = client.upgrade() else {
-            return;
-        };
-        match event {
-            Event::Orphan(orphan) => {
-                let Some(keys) = Keys::from_lock_key(&strong.prefix, &orphan.lock_key) else {
-                    continue;
-                };
-                if let Err(e) = strong.leave(&keys, &orphan.member, None).await {
-                    tracing::debug!(key = %keys.lock, error = %e, "could not pass a hand-off on; its reservation lapses");
-                }
-            }
-            Event::Check(checks) => {
-                tokio::spawn(check_leases(client.clone(), checks));
-            }
-        }
-    }
-}
-
-/// Reads the lock key of each lease (64 in flight) and fires the loss
-/// signal of every lease whose key no longer holds its `owner:fence`.
-/// Leases the server could not be asked about are retried with backoff
-/// until it answers, the subscription the check follows is gone (the next
-/// one checks again), or the backend is dropped.
-async fn check_leases(client: Weak<Client>, checks: Checks) {
-    let retry = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-    let mut pending = checks.leases;
-    for attempt in 0_u32.. {
-        let Some(strong) = client.upgrade() else {
-            return;
-        };
-        if strong.notifier.subscription() != Some(checks.subscription) {
-            return;
-        }
-        let looked_up: Vec<_> = futures::stream::iter(pending)
-            .map(
-                |(lock_key, value, lost): (String, String, CancellationToken)| {
-                    let strong = &strong;
-                    async move {
-                        let mut call = prepare(&scripts::INSPECT);
-                        call.0.key(&lock_key);
-                        let found = strong
-                            .invoke::<(i64, Option<String>)>("lease check", &call)
-                            .await;
-                        (lock_key, value, lost, found)
-                    }
-                },
-            )
-            .buffer_unordered(64)
-            .collect()
-            .await;
-        drop(strong);
-        pending = Vec::new();
-        for (lock_key, value, lost, found) in looked_up {
-            match found {
-                Ok((_, held))
-                    if held.as_deref().and_then(|v| v.split(' ').next()) == Some(&value) => {}
-                Ok(_) => {
-                    tracing::debug!(key = %lock_key, "lease found gone after a resubscription");
-                    lost.cancel();
-                }
-                Err(_) => pending.push((lock_key, value, lost)),
-            }
-        }
-        if pending.is_empty() {
-            return;
-        }
-        tokio::time::sleep(retry.delay(attempt)).await;
     }
 }
 
