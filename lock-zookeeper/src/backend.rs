@@ -2,23 +2,24 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::backend::{LockRequest, Moment, WaitPolicy, Wakeup};
 use lockcore::{
-    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
-    LeaseKind, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy, Wakeup,
+    Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
+    Lease, LeaseKind, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
 use crate::error::{BACKEND, map, transient};
-use crate::held::{Held, Over, gone};
+use crate::held::{Held, Keeper, Over, gone};
 use crate::names::segment;
 use crate::queue::{Acls, Entry, delete_node, list, retry};
-use crate::session::Session;
+use crate::session::{Session, Timing};
 
 /// A ZooKeeper lock client: one session, shared by its clones.
 ///
@@ -69,7 +70,8 @@ impl ZooKeeperBackend {
     async fn attempt(&self, name: &LockName) -> Result<Attempt, LockError> {
         let session = self.inner.session().await?;
         let mut entry = Entry::new(session, self.lock_path(name), self.inner.acls.clone());
-        let sent_at = Instant::now();
+        // The create is a write: it went through the leader after this.
+        let sent_at = Moment::now();
         let mut queue = entry.enqueue().await?;
         if let Some(fresh) = entry.prune(&queue).await? {
             queue = fresh;
@@ -101,6 +103,7 @@ impl ZooKeeperBackend {
             gone(held);
             return Ok(ReleaseOutcome::NotHeld);
         }
+        held.releasing();
         let deleted = held
             .delete()
             .await
@@ -143,15 +146,16 @@ impl ZooKeeperBackend {
         retry(|| session.client.mkdir(&config.root, &root))
             .await
             .map_err(|e| map(format!("creating the lock root {}", config.root), e))?;
-        Ok(ZooKeeperBackend {
-            inner: Arc::new(Inner {
-                timeout_ms: AtomicU64::new(millis(session.timeout)),
-                session: Mutex::new(session),
-                reconnecting: tokio::sync::Mutex::new(()),
-                acls,
-                config,
-            }),
-        })
+        may_queue_under(&session.client, &config.root).await?;
+        let inner = Arc::new(Inner {
+            timeout_ms: AtomicU64::new(millis(session.timeout)),
+            session: Mutex::new(session),
+            reconnecting: tokio::sync::Mutex::new(()),
+            acls,
+            config,
+        });
+        tokio::spawn(keep_a_session(Arc::downgrade(&inner)));
+        Ok(ZooKeeperBackend { inner })
     }
 
     /// The configuration.
@@ -176,12 +180,6 @@ impl ZooKeeperBackend {
         format!("{}/{}", self.inner.config.root, segment(name))
     }
 
-    /// Validates `ttl` before any I/O. Whatever is asked, a lease lasts the
-    /// negotiated session timeout.
-    fn effective_ttl(&self, ttl: Duration) -> Result<Duration, LockError> {
-        self.capabilities().effective_ttl(ttl)
-    }
-
     /// The lease's node, if `lease` is a grant of this backend kind that
     /// matches its own fields (a forged lease has none).
     fn held<'l>(&self, lease: &'l Lease) -> Option<&'l Arc<Held>> {
@@ -191,9 +189,11 @@ impl ZooKeeperBackend {
     }
 
     /// Turns the head of the queue into a lease. `alive_since`: the send time
-    /// of a request answered after the session was last heard of, so the
-    /// server keeps the session (and the node) at least until
-    /// `alive_since + timeout`. `alone`: the latest look at the queue showed
+    /// of a request that went through the leader (a write or a `sync`), so
+    /// the leader keeps the session (and the node) until `alive_since +
+    /// timeout`, less the session's margin (see [`Timing::new`]). A read
+    /// answered by a follower proves nothing of the kind: a follower cut off
+    /// from the leader keeps answering for a while. `alone`: the latest look at the queue showed
     /// only our node, so nobody else is waiting and the next create here is
     /// likely ours again (the release then vouches for its number; see
     /// [`crate::quiet`]).
@@ -201,7 +201,7 @@ impl ZooKeeperBackend {
         &self,
         name: &LockName,
         entry: Entry,
-        alive_since: Instant,
+        alive_since: Moment,
         alone: bool,
     ) -> Result<Lease, LockError> {
         let czxid = entry.node.as_ref().map_or(0, |n| n.czxid);
@@ -225,13 +225,16 @@ impl ZooKeeperBackend {
             .granted()
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
         let vouch = watched.zip(node.sequence).filter(|_| alone);
+        // Whatever was asked, a lease lasts the negotiated session timeout.
+        let ttl = self.capabilities().effective_ttl(session.timeout)?;
         let lease = Lease::new(
             name.clone(),
             OwnerToken::from_uuid(guid),
             fence,
-            session.timeout,
+            ttl,
             alive_since,
-        );
+        )
+        .with_extra_margin(session.timing.margin);
         let held = Held::start(
             session,
             name.clone(),
@@ -281,8 +284,9 @@ impl ZooKeeperBackend {
                 Err(e) => return Err(e),
             };
             let mut entry = Entry::new(session.clone(), parent.clone(), self.inner.acls.clone());
-            // The send time of the latest answered request of this entry.
-            let mut alive_since = Instant::now();
+            // The send time of this entry's latest request that went through
+            // the leader: the create (a write), then each synced listing.
+            let mut alive_since = Moment::now();
             let mut queue = match entry.enqueue().await {
                 Ok(queue) => queue,
                 Err(e) if e.is_retryable() => {
@@ -327,10 +331,10 @@ impl ZooKeeperBackend {
                 // Nodes ahead of ours only ever go away (sequence numbers
                 // grow), so once the only node ahead is gone, we are first.
                 let next_in_line = at == 1;
-                let sent = Instant::now();
+                // An `exists` is answered by our server alone: it does not
+                // move `alive_since`.
                 let ahead_gone = match session.client.check_and_watch_stat(&ahead).await {
                     Ok((Some(_), watcher)) => {
-                        alive_since = sent;
                         let recheck = (Instant::now() + wait.recheck).min(wait.deadline);
                         tokio::select! {
                             event = watcher.changed() => event.event_type == zk::EventType::NodeDeleted,
@@ -338,10 +342,7 @@ impl ZooKeeperBackend {
                             _ = session.ended.cancelled() => false,
                         }
                     }
-                    Ok((None, _)) => {
-                        alive_since = sent;
-                        true
-                    }
+                    Ok((None, _)) => true,
                     Err(e) if transient(&e) => {
                         pause(&mut failures, map("watching the queue", e)).await?;
                         false
@@ -351,16 +352,17 @@ impl ZooKeeperBackend {
                 if session.is_ended() {
                     continue 'session;
                 }
-                // Fast path: no read needed, as long as the session was
-                // heard of recently enough to leave a useful deadline.
-                if ahead_gone && next_in_line && alive_since.elapsed() <= session.timeout / 4 {
+                // Fast path: no read needed, as long as the leader heard of
+                // the session recently enough to leave a useful deadline.
+                let fresh = Moment::now().since(alive_since) <= session.timeout / 4;
+                if ahead_gone && next_in_line && fresh {
                     return self.grant(name, entry, alive_since, false).map(Some);
                 }
-                // No `sync` needed: a listing that shows us first reflects
-                // every deletion ahead of us, which the server got from the
-                // leader, and the grant's deadline counts from its send time.
-                let sent = Instant::now();
-                queue = match entry.relist(false).await {
+                // Synced: the listing's send time becomes the grant's start,
+                // which only a request through the leader can vouch for (a
+                // cut-off follower answers plain reads for a while).
+                let sent = Moment::now();
+                queue = match entry.relist(true).await {
                     Ok(queue) => {
                         alive_since = sent;
                         queue
@@ -407,8 +409,105 @@ impl Inner {
         self.timeout_ms
             .store(millis(fresh.timeout), Ordering::Relaxed);
         *self.session.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        // Expired here may mean given up here while the servers still keep
+        // it (and its nodes): close it there.
+        if current.client.state() == zk::SessionState::Expired {
+            tokio::spawn(crate::session::reap(
+                self.config.clone(),
+                current,
+                fresh.clone(),
+            ));
+        }
         Ok(fresh)
     }
+}
+
+/// Opens a new session as soon as the current one ends, not only at the
+/// next call, so that a session this client gave up is closed on the
+/// servers promptly (see [`crate::session::reap`]). Stops with the backend.
+async fn keep_a_session(inner: Weak<Inner>) {
+    let backoff = Backoff::default();
+    loop {
+        let Some(ended) = inner.upgrade().map(|i| i.current().ended.clone()) else {
+            return;
+        };
+        ended.cancelled().await;
+        let mut failures = 0;
+        loop {
+            let Some(live) = inner.upgrade() else {
+                return;
+            };
+            match live.session().await {
+                Ok(_) => break,
+                Err(e) if e.is_retryable() => {
+                    drop(live);
+                    tracing::debug!(error = %e, "no new zookeeper session yet; will retry");
+                    tokio::time::sleep(backoff.delay(failures)).await;
+                    failures = failures.saturating_add(1);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a new zookeeper session");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Refuses a client that may not create and delete nodes under the lock
+/// root (another identity's root: wrong or missing digest credentials),
+/// which would fail every acquire with `NoAuth`: better said at connect.
+/// The server judges: an ephemeral probe node is created and deleted.
+async fn may_queue_under(client: &zk::Client, root: &str) -> Result<(), LockError> {
+    // A bare `%` starts no percent-escape: no lock name has this segment.
+    let probe = format!("{root}/%probe-{}", uuid::Uuid::new_v4().simple());
+    let mode = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    let checking = |e| map(format!("checking access to the lock root {root}"), e);
+    let refused = match retry(|| client.create(&probe, &[], &mode)).await {
+        Ok(_) | Err(zk::Error::NodeExists) => match delete_node(client, &probe).await {
+            Ok(_) => return Ok(()),
+            Err(zk::Error::NoAuth) => "delete",
+            Err(e) => return Err(checking(e)),
+        },
+        Err(zk::Error::NoAuth) => "create",
+        Err(e) => return Err(checking(e)),
+    };
+    // Digest ids carry a password hash: name users only.
+    let user = |scheme: &str, id: &str| match scheme {
+        "digest" => format!("digest:{}", id.split(':').next().unwrap_or_default()),
+        _ => format!("{scheme}:{id}"),
+    };
+    let needed = zk::Permission::CREATE | zk::Permission::DELETE;
+    let owners = match client.get_acl(root).await {
+        Ok((acl, _)) => (acl.iter())
+            .filter(|a| a.permission().has(needed))
+            .map(|a| user(a.scheme(), a.id()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(_) => String::new(),
+    };
+    let me = match client.list_auth_users().await {
+        Ok(me) => me
+            .iter()
+            .map(|u| user(u.scheme(), u.user()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(_) => String::new(),
+    };
+    Err(LockError::store(
+        BACKEND,
+        format!(
+            "ZooKeeper does not let this client ({}) {refused} nodes under the lock root {root}, \
+             whose ACL lets only {} create and delete there: check the digest credentials \
+             (user:password; a wrong password is another identity with the same user name)",
+            if me.is_empty() {
+                "identity unknown"
+            } else {
+                &me
+            },
+            if owners.is_empty() { "nobody" } else { &owners },
+        ),
+    ))
 }
 
 fn millis(d: Duration) -> u64 {
@@ -428,6 +527,7 @@ impl fmt::Debug for ZooKeeperBackend {
 impl LockBackend for ZooKeeperBackend {
     fn capabilities(&self) -> Capabilities {
         let timeout = self.session_timeout();
+        let timing = Timing::new(timeout, &self.inner.config);
         // Any TTL from 1 ms to a year is accepted and means the session
         // timeout, which `LeaseKind::Session` declares and every lease reports.
         Capabilities::new(BACKEND)
@@ -436,17 +536,15 @@ impl LockBackend for ZooKeeperBackend {
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
-            // A session outlives its client's last packet by the timeout plus
-            // a tick (at most half the minimum session timeout). A client that
-            // hears nothing back (a one-way partition) keeps sending: the
-            // zookeeper-client crate retries for 7/5 of the timeout after its
-            // last reply before it gives the session up. So a lock of a client
-            // cut off that way lasts up to 2.4 timeouts + a tick.
-            .expiry_slack(timeout * 7 / 5 + timeout / 2)
+            // A forced release deletes the holder's node, which its session
+            // watches from a sixteenth of the timeout after the grant on.
+            .eviction_notice(Some(Keeper::watched_within(timeout)))
+            // 7/5 of the timeout + 1.5 ticks (see `Timing::new`).
+            .expiry_slack(timing.slack)
     }
 
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
-        self.effective_ttl(ttl)?;
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let name = request.name();
         self.bounded("acquiring", name, self.attempt(name)).await
     }
 
@@ -457,16 +555,18 @@ impl LockBackend for ZooKeeperBackend {
         let Some(held) = self.held(lease) else {
             return Err(not_held());
         };
-        let sent_at = Instant::now();
-        if held.expire_if_due(sent_at) {
+        let sent_at = Moment::now();
+        if held.expire_if_due(sent_at.mono()) {
             let _ = held.delete().await;
             return Err(not_held());
         }
         if held.over() != Over::No || held.session.is_ended() {
             return Err(not_held());
         }
-        // `sync` then a read of the node: the leader has seen the session
-        // alive after `sent_at`, and the node is still this grant's.
+        // `sync` then a read of the node: the session's server was in touch
+        // with the leader after `sent_at` (the lease keeps its margin for
+        // what the leader may not have heard), and the node is still this
+        // grant's.
         let client = &held.session.client;
         let synced = client.sync(&held.path);
         let stat = client.check_stat(&held.path);
@@ -490,7 +590,7 @@ impl LockBackend for ZooKeeperBackend {
             gone(held);
             return Err(not_held());
         }
-        let renewed = lease.renewed(held.session.timeout, sent_at);
+        let renewed = lease.renewed(sent_at);
         if !held.extend(Instant::now(), renewed.deadline()) {
             return Err(not_held());
         }
@@ -580,11 +680,10 @@ impl LockBackend for ZooKeeperBackend {
 
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        self.effective_ttl(ttl)?;
+        let name = request.name();
         // Requests wait out a disconnection; never let one hold the caller
         // past its deadline (dropping the queue entry removes its node).
         let stuck = wait.deadline + Duration::from_millis(250);

@@ -13,7 +13,7 @@ use lockcore::LockError;
 /// parse a URL with [`from_url`](Self::from_url):
 ///
 /// ```text
-/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&connection_timeout=4s&connect_timeout=10s]
+/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&connection_timeout=4s&connect_timeout=10s]
 /// ```
 ///
 /// (`zookeeper://` works too; a plain connect string `host:port[,...][/chroot]`
@@ -26,6 +26,7 @@ pub struct ZooKeeperConfig {
     pub(crate) session_timeout: Duration,
     pub(crate) connection_timeout: Option<Duration>,
     pub(crate) connect_timeout: Duration,
+    pub(crate) tick_time: Option<Duration>,
     pub(crate) digest: Option<Digest>,
 }
 
@@ -60,6 +61,7 @@ impl ZooKeeperConfig {
             session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
             connection_timeout: None,
             connect_timeout: Duration::from_secs(10),
+            tick_time: None,
             digest: None,
         }
     }
@@ -111,9 +113,10 @@ impl ZooKeeperConfig {
                 "session_timeout" => config.session_timeout = duration(key, &value)?,
                 "connection_timeout" => config.connection_timeout = Some(duration(key, &value)?),
                 "connect_timeout" => config.connect_timeout = duration(key, &value)?,
+                "tick_time" => config.tick_time = Some(duration(key, &value)?),
                 other => {
                     return Err(LockError::config(format!(
-                        "unknown ZooKeeper URL option {other:?}; known: session_timeout, connection_timeout, connect_timeout"
+                        "unknown ZooKeeper URL option {other:?}; known: session_timeout, tick_time, connection_timeout, connect_timeout"
                     )));
                 }
             }
@@ -134,6 +137,29 @@ impl ZooKeeperConfig {
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
+    }
+
+    /// Sets the servers' `tickTime` (default: the largest ZooKeeper's
+    /// defaults allow for the session granted, `min(2 s, session timeout / 2)`:
+    /// the default `tickTime` is 2 s and the default `minSessionTimeout` two
+    /// ticks).
+    ///
+    /// Servers expire sessions in tick-sized steps and pass a follower's news
+    /// of a session to the leader every half tick, so the tick sizes both the
+    /// margin taken off every lease's deadline and the declared expiry slack
+    /// (see the crate documentation). Setting it to the real value tightens
+    /// both; setting it lower than the real value makes leases end later
+    /// than the servers may expire them.
+    pub fn tick_time(mut self, tick: Duration) -> Self {
+        self.tick_time = Some(tick);
+        self
+    }
+
+    /// The servers' tick for a session of `timeout`: the configured one, or
+    /// the largest ZooKeeper's defaults allow.
+    pub(crate) fn tick_for(&self, timeout: Duration) -> Duration {
+        self.tick_time
+            .unwrap_or_else(|| (timeout / 2).min(Duration::from_secs(2)))
     }
 
     /// Sets how long a connection may stay silent before the client tries
@@ -198,6 +224,13 @@ impl ZooKeeperConfig {
         {
             return Err(LockError::config(format!(
                 "ZooKeeper connection timeout {t:?} must be between 1 ms and {max:?}"
+            )));
+        }
+        if let Some(t) = self.tick_time
+            && (t.is_zero() || t > max)
+        {
+            return Err(LockError::config(format!(
+                "ZooKeeper tick time {t:?} must be between 1 ms and {max:?}"
             )));
         }
         if self.connect_timeout.is_zero() {
@@ -278,6 +311,7 @@ impl fmt::Debug for ZooKeeperConfig {
             .field("session_timeout", &self.session_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("tick_time", &self.tick_time)
             .field("digest_user", &self.digest.as_ref().map(|d| &d.user))
             .finish_non_exhaustive()
     }
@@ -290,9 +324,10 @@ mod tests {
     #[test]
     fn parses_urls_and_connect_strings() {
         let c: ZooKeeperConfig =
-            "zk://alice:s%40cret@zk1:2181,zk2:2181/apps/locks?session_timeout=10s&connection_timeout=2s"
+            "zk://alice:s%40cret@zk1:2181,zk2:2181/apps/locks?session_timeout=10s&connection_timeout=2s&tick_time=250ms"
                 .parse()
                 .unwrap();
+        assert_eq!(c.tick_time, Some(Duration::from_millis(250)));
         assert_eq!(c.connect, "zk1:2181,zk2:2181");
         assert_eq!(c.root, "/apps/locks");
         assert_eq!(c.session_timeout, Duration::from_secs(10));
@@ -317,6 +352,7 @@ mod tests {
             ("zk://h:1/zookeeper/x", "reserved"),
             ("zk://h:1/a?session_timeout=forever", "not a duration"),
             ("zk://h:1/a?session_timeout=0s", "session timeout"),
+            ("zk://h:1/a?tick_time=0s", "tick time"),
             ("zk://h:1/a?ttl=3s", "unknown"),
             ("zk://nocolon@h:1/a", "user:password"),
             ("zk:///a", "connect string"),

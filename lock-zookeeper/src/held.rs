@@ -8,7 +8,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lockcore::{CancellationToken, FencingToken, LockName};
+use lockcore::backend::CancellationToken;
+use lockcore::{FencingToken, LockName};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -35,6 +36,8 @@ pub(crate) enum Over {
 struct State {
     deadline: Instant,
     over: Over,
+    /// Its owner is deleting it: the deletion is no loss.
+    releasing: bool,
 }
 
 /// One granted lock node.
@@ -99,6 +102,7 @@ impl Held {
             state: Mutex::new(State {
                 deadline,
                 over: Over::No,
+                releasing: false,
             }),
         });
         held.session.keeper.add(held.clone());
@@ -147,6 +151,13 @@ impl Held {
         false
     }
 
+    /// Marks the node as being deleted by its owner, before the delete is
+    /// sent: the server sends the deletion event before the delete's reply,
+    /// and that event must not fire the loss signal.
+    pub(crate) fn releasing(&self) {
+        self.lock().releasing = true;
+    }
+
     /// Deletes this node (and, after a lost create reply, any stray node of
     /// the same owner). `Ok(true)` if this call deleted the node.
     pub(crate) async fn delete(&self) -> Result<bool, zk::Error> {
@@ -178,13 +189,28 @@ pub(crate) struct Keeper {
 }
 
 impl Keeper {
+    /// How long after a grant the keeper looks at it: a twentieth of the
+    /// session timeout.
+    fn delay(timeout: Duration) -> Duration {
+        timeout / 20
+    }
+
+    /// The latest a grant is watched (or found deleted) after it was made:
+    /// the delay plus the keeper's rest of a quarter of it. A forced release
+    /// reaches a connected holder within this, plus one trip from the
+    /// server: the deletion event of a watched node, or the look that finds
+    /// it gone.
+    pub(crate) fn watched_within(timeout: Duration) -> Duration {
+        Self::delay(timeout) * 5 / 4
+    }
+
     /// Starts the keeper of a session with timeout `timeout`, which stops
     /// when `ended` fires.
     pub(crate) fn start(timeout: Duration, ended: CancellationToken) -> Arc<Keeper> {
         let keeper = Arc::new(Keeper {
             due: Mutex::new(VecDeque::new()),
             added: Notify::new(),
-            delay: timeout / 20,
+            delay: Self::delay(timeout),
         });
         tokio::spawn(keep(keeper.clone(), ended));
         keeper
@@ -264,7 +290,7 @@ async fn watch_over(held: Arc<Held>) {
                 registering = None;
                 match registered {
                     Ok((Some(_), watcher)) => fired = Some(Box::pin(watcher.changed())),
-                    Ok((None, _)) => return gone(&held),
+                    Ok((None, _)) => return deleted(&held),
                     // Connection trouble: try again (the request waits for
                     // the reconnection); the deadline bounds the grant anyway.
                     Err(e) if crate::error::transient(&e) && !held.session.is_ended() => {
@@ -280,7 +306,7 @@ async fn watch_over(held: Arc<Held>) {
                     // Someone wrote to the node (no ACL in use): watch again.
                     registering = Some(watch(held.session.client.clone(), held.path.clone()));
                 } else {
-                    return gone(&held);
+                    return deleted(&held);
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
@@ -316,6 +342,15 @@ async fn poll_some<T>(slot: &mut Option<BoxFuture<'static, T>>) -> T {
     match slot {
         Some(future) => future.await,
         None => std::future::pending().await,
+    }
+}
+
+/// The watched node was deleted: released by its owner, or gone.
+fn deleted(held: &Held) {
+    if held.lock().releasing {
+        held.finish(Over::Released);
+    } else {
+        gone(held);
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod backend;
 mod config;
+mod connect;
 mod error;
 mod held;
 mod names;

@@ -318,7 +318,9 @@ async fn remove(
     strays: bool,
 ) -> Result<(), zk::Error> {
     if session.is_ended() {
-        return Ok(()); // ephemerals went with the session
+        // Its ephemerals go with it: on the servers' timer, or at once when
+        // the backend closes a session it gave up (`session::reap`).
+        return Ok(());
     }
     if let Some(node) = node {
         delete_node(&session.client, &node.path).await?;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lockcore::LockBackend;
+use lockcore::backend::LockBackendExt;
 use support::{children, connect, raw, take, unique};
 
 /// Runs alone in its own test binary: it sets the environment before any
@@ -39,7 +40,7 @@ fn empty_parents_are_deleted_by_the_server_and_fences_keep_growing() {
 
             let first = take(&a, &name).await;
             let waiter = connect(store.url()).await.unwrap();
-            let queued = waiter.try_acquire(&name, ttl).await.unwrap();
+            let queued = waiter.try_acquire_for(&name, ttl).await.unwrap();
             assert!(queued.into_lease().is_none());
             a.release(&first).await.unwrap();
             eventually(

@@ -8,9 +8,8 @@ use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
-use lockcore::{
-    Attempt, CancellationToken, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
-};
+use lockcore::backend::{CancellationToken, LockBackendExt, WaitPolicy};
+use lockcore::{Attempt, LockBackend, LockError, LockName, Locker, ReleaseOutcome};
 use support::{children, connect, raw, take, unique};
 use tokio::time::{Instant, timeout};
 
@@ -119,7 +118,7 @@ async fn lost_create_reply_finds_its_own_node() {
     proxy.set(Mode::DropDownstream);
     let attempt = tokio::spawn({
         let (a, name) = (a.clone(), name.clone());
-        async move { a.try_acquire(&name, a.session_timeout()).await }
+        async move { a.try_acquire_for(&name, a.session_timeout()).await }
     });
     let created = eventually(
         Duration::from_secs(2),
@@ -207,9 +206,9 @@ async fn abandoned_lease_is_deleted_at_its_deadline() {
     let lease = take(&a, &name).await;
     let deadline = lease.deadline();
     drop(lease);
-    let wait = lockcore::WaitPolicy::new(Instant::now() + ttl * 2);
+    let wait = WaitPolicy::new(Instant::now() + ttl * 2);
     let next = b
-        .acquire(&name, ttl, &wait)
+        .acquire_for(&name, ttl, &wait)
         .await
         .unwrap()
         .expect("acquired after the deadline");
@@ -269,7 +268,7 @@ async fn odd_names_are_single_children_of_the_root() {
     let mut leases = Vec::new();
     for name in &names {
         leases.push(
-            a.try_acquire(name, a.session_timeout())
+            a.try_acquire_for(name, a.session_timeout())
                 .await
                 .unwrap()
                 .into_lease()
@@ -357,7 +356,7 @@ async fn force_release_evicts_the_head_and_the_queue_moves_on() {
         .unwrap();
     assert!(guard_b.fencing_token() > evicted.fence);
     assert!(matches!(
-        a.try_acquire(&name, a.session_timeout()).await.unwrap(),
+        a.try_acquire_for(&name, a.session_timeout()).await.unwrap(),
         Attempt::Held { .. }
     ));
     guard_b.release().await.unwrap();

@@ -13,6 +13,7 @@ use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
 use support::{children, connect, raw, take, unique};
 use tokio::time::timeout;
@@ -44,7 +45,7 @@ fn session_id(backend: &ZooKeeperBackend) -> i64 {
 
 async fn cycle(backend: &ZooKeeperBackend, name: &LockName) -> lockcore::FencingToken {
     let lease = backend
-        .try_acquire(name, backend.session_timeout())
+        .try_acquire_for(name, backend.session_timeout())
         .await
         .unwrap()
         .into_lease()
@@ -114,7 +115,7 @@ async fn another_node_voids_the_proof() {
     cycle(&a, &name).await;
 
     let holder = queue_node(&other, &parent).await;
-    let attempt = a.try_acquire(&name, a.session_timeout()).await.unwrap();
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
     assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
     let left = children(&other, &parent).await;
     assert_eq!(left.len(), 1, "our node was removed: {left:?}");
@@ -143,7 +144,7 @@ async fn a_recreated_parent_voids_the_proof() {
     let holder = queue_node(&other, &parent).await;
     assert!(holder.ends_with("-lock-0000000000"));
 
-    let attempt = a.try_acquire(&name, a.session_timeout()).await.unwrap();
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
     assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
     // The parent's `cversion` counts child creations and deletions: the
     // holder's create (sequence 0), ours (sequence 1, the number vouched
@@ -180,7 +181,7 @@ async fn a_reconnection_voids_the_proof() {
     other.create(&parent, &[], &container).await.unwrap();
     let holder = queue_node(&other, &parent).await;
 
-    let attempt = a.try_acquire(&name, a.session_timeout()).await.unwrap();
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
     assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
     other.delete(&holder, None).await.unwrap();
     cycle(&a, &name).await;
@@ -234,7 +235,7 @@ async fn racing_attempts_of_one_session_never_share_the_lock() {
         let attempts: Vec<_> = (0..3)
             .map(|_| {
                 let (a, name) = (a.clone(), name.clone());
-                tokio::spawn(async move { a.try_acquire(&name, a.session_timeout()).await })
+                tokio::spawn(async move { a.try_acquire_for(&name, a.session_timeout()).await })
             })
             .collect();
         let mut leases = Vec::new();

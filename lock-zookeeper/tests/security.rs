@@ -2,17 +2,16 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig, zk};
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
-use support::{children, session_timeout, take, unique};
+use support::{children, take, unique};
 
 fn config(url: &str, root: &str) -> ZooKeeperConfig {
-    ZooKeeperConfig::new(url)
-        .root(root)
-        .session_timeout(session_timeout())
+    support::config(url).root(root)
 }
 
 async fn client_as(url: &str, user: &str, password: &str) -> zk::Client {
@@ -25,8 +24,9 @@ async fn client_as(url: &str, user: &str, password: &str) -> zk::Client {
 
 /// With digest credentials, lock nodes belong to that identity: another
 /// identity (or none) can read who holds a lock but cannot delete, overwrite
-/// or re-ACL the holder's node, cannot queue, and cannot force-release; the
-/// same identity on another connection can.
+/// or re-ACL the holder's node, cannot queue, and cannot even connect a
+/// backend to that root (refused at once, naming the credentials); the same
+/// identity on another connection can force-release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
     let store = zookeeper::shared();
@@ -79,19 +79,40 @@ async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
         );
     }
 
-    let mallory = ZooKeeperBackend::connect_with(config(&url, &root).digest("mallory", "guess"))
-        .await
-        .unwrap();
-    let refused = mallory.evict(&name, None).await;
-    assert!(
-        matches!(refused, Err(LockError::Store { .. })),
-        "{refused:?}"
-    );
-    assert!(refused.unwrap_err().to_string().contains("not authorized"));
-    let queued = mallory.try_acquire(&name, mallory.session_timeout()).await;
-    assert!(matches!(queued, Err(LockError::Store { .. })), "{queued:?}");
+    // Another identity (or a wrong password) is refused at connect, saying
+    // why, rather than at every acquire.
+    for (who, wrong) in [
+        ("mallory", config(&url, &root).digest("mallory", "guess")),
+        (
+            "alice with a wrong password",
+            config(&url, &root).digest("alice", "guess"),
+        ),
+        ("anonymous", config(&url, &root)),
+    ] {
+        let started = Instant::now();
+        let refused = ZooKeeperBackend::connect_with(wrong).await.unwrap_err();
+        assert!(
+            matches!(refused, LockError::Store { .. }),
+            "{who}: {refused:?}"
+        );
+        let said = refused.to_string();
+        eprintln!("{who}: refused after {:?}: {said}", started.elapsed());
+        assert!(
+            said.contains("check the digest credentials") && said.contains("digest:alice"),
+            "{who}: {said}"
+        );
+        assert!(
+            !said.contains("s3cret") && !said.contains("guess"),
+            "{said}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{who}: {:?}",
+            started.elapsed()
+        );
+    }
     assert_eq!(
-        mallory.inspect(&name).await.unwrap().map(|h| h.fence),
+        alice.inspect(&name).await.unwrap().map(|h| h.fence),
         Some(lease.fence())
     );
 
@@ -106,8 +127,7 @@ async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
     );
 }
 
-/// Bad URLs and settings are `InvalidConfig` before any I/O; a server that
-/// is not there is `Unavailable` within the connect timeout; `Debug` never
+/// Bad URLs and settings are `InvalidConfig` before any I/O; `Debug` never
 /// shows the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_config_and_unreachable_servers_are_typed_errors() {
@@ -121,24 +141,6 @@ async fn bad_config_and_unreachable_servers_are_typed_errors() {
         let e = ZooKeeperBackend::connect(url).await.unwrap_err();
         assert!(matches!(e, LockError::InvalidConfig { .. }), "{url}: {e:?}");
     }
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let started = std::time::Instant::now();
-    let e = ZooKeeperBackend::connect_with(
-        ZooKeeperConfig::new(closed.to_string()).connect_timeout(Duration::from_secs(3)),
-    )
-    .await
-    .unwrap_err();
-    assert!(matches!(e, LockError::Unavailable { .. }), "{e:?}");
-    assert!(e.is_retryable());
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "took {:?}",
-        started.elapsed()
-    );
-
     let store = zookeeper::shared();
     let backend = ZooKeeperBackend::connect(&format!(
         "zk://alice:hunter2@{}/zk-tests-debug?session_timeout=4s",
@@ -151,4 +153,54 @@ async fn bad_config_and_unreachable_servers_are_typed_errors() {
         shown.contains("alice") && !shown.contains("hunter2"),
         "{shown}"
     );
+}
+
+/// Servers that give no session fail the connect within the connect
+/// timeout, with an error that says what each server did: a closed port, a
+/// server that accepts connections and never answers (a 30 s session gives
+/// the client 12 s per server, far past the connect timeout), and an
+/// ensemble of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_servers_are_named_within_the_connect_timeout() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let silent = FaultProxy::start(zookeeper::shared().addr()).await.unwrap();
+    silent.set(Mode::Blackhole);
+    let limit = Duration::from_secs(3).mul_f64(support::time_scale());
+    let late = Duration::from_millis(500).mul_f64(support::time_scale());
+    let refused = format!("{closed}: connection refused");
+    let unanswered = format!(
+        "{}: accepts connections but gave no ZooKeeper session",
+        silent.addr()
+    );
+    for (servers, named) in [
+        (closed.to_string(), vec![refused.clone()]),
+        (silent.addr().to_string(), vec![unanswered.clone()]),
+        (
+            format!("{closed},{}", silent.addr()),
+            vec![refused, unanswered],
+        ),
+    ] {
+        let started = Instant::now();
+        let e = ZooKeeperBackend::connect_with(
+            ZooKeeperConfig::new(servers.as_str())
+                .session_timeout(Duration::from_secs(30))
+                .connect_timeout(limit),
+        )
+        .await
+        .unwrap_err();
+        let took = started.elapsed();
+        eprintln!("{servers}: {took:?}: {e}");
+        assert!(matches!(e, LockError::Unavailable { .. }), "{e:?}");
+        assert!(e.is_retryable());
+        for cause in named {
+            assert!(
+                e.to_string().contains(&cause),
+                "{servers}: {e} does not say {cause:?}"
+            );
+        }
+        assert!(took <= limit + late, "{servers}: took {took:?}");
+    }
 }

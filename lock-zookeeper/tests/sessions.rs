@@ -12,6 +12,7 @@ use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::zk;
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LeaseKind, LockBackend, LockError, Locker, LossReason, ReleaseOutcome};
 use support::{children, connect, connect_with, raw, session_timeout, take, unique};
 use tokio::time::{Instant, timeout};
@@ -108,7 +109,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
     let fence_b = guard_b.fencing_token();
     guard_b.release().await.unwrap();
     let again = a
-        .try_acquire(&name, ttl)
+        .try_acquire_for(&name, ttl)
         .await
         .unwrap()
         .into_lease()
@@ -194,6 +195,63 @@ async fn cut_off_holder_counts_the_lease_lost_by_its_own_clock() {
     assert!(violations.is_empty(), "{violations:?}");
 }
 
+/// A holder cut off one way (its requests reach the server, the replies do
+/// not) gives its session up on its own 7/5 of the timeout after its last
+/// reply, while the server, which still heard its reconnection attempts,
+/// keeps the session and its lock node for up to one more timeout. Once the
+/// network heals, the backend closes that session itself: the node goes at
+/// once, not when the server would have expired it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
+    let store = zookeeper::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let ttl = session_timeout();
+    // A short connection timeout: a reconnection whose reply was lost is
+    // given up after a fifth of the session.
+    let a = connect_with(&store.url_via(proxy.addr()), |c| {
+        c.connection_timeout(ttl / 5)
+    })
+    .await
+    .unwrap();
+    let observer = raw(&store.url()).await;
+    let name = unique("given-up");
+    let _lease = take(&a, &name).await;
+    let nodes = children(&observer, &a.lock_path(&name)).await;
+    let node = format!("{}/{}", a.lock_path(&name), nodes[0]);
+    let (_, deleted) = observer.check_and_watch_stat(&node).await.unwrap();
+    let given_up = a.zk_client();
+
+    proxy.set(Mode::DropDownstream);
+    eventually(ttl * 2, "the client giving its session up", || async {
+        given_up.state().is_terminated().then_some(())
+    })
+    .await;
+    let local_end = Instant::now();
+    assert_eq!(given_up.state(), zk::SessionState::Expired);
+    assert!(
+        observer.check_stat(&node).await.unwrap().is_some(),
+        "the server still keeps the session the client gave up"
+    );
+    proxy.set(Mode::Pass);
+    timeout(ttl * 2, deleted.changed())
+        .await
+        .expect("the node goes at last");
+    let gone = Instant::now() - local_end;
+    eprintln!("node deleted {gone:?} after the client gave its session up");
+    // The server heard the client's last reconnection attempt at most a
+    // connection timeout (plus the client's pause between attempts) before
+    // the client gave up, and would keep the session until a timeout after
+    // that: at least 3/5 of the timeout past the local end.
+    assert!(
+        gone < ttl / 2,
+        "the node lived {gone:?} past the local end: the session was left to expire on the server"
+    );
+    assert!(
+        !a.zk_client().state().is_terminated(),
+        "the backend went on with a new session"
+    );
+}
+
 /// `kill -9` of the server while a lock is held: the session survives the
 /// restart (the server restores it from its log), so the holder keeps the
 /// lock and keeps renewing it; fences keep growing across the crash.
@@ -242,7 +300,7 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
         .expect("the lock is still held");
     assert_eq!(holder.fence, guard.fencing_token());
     assert!(matches!(
-        b.try_acquire(&name, ttl).await.unwrap(),
+        b.try_acquire_for(&name, ttl).await.unwrap(),
         Attempt::Held { .. }
     ));
 
@@ -374,7 +432,7 @@ async fn negotiated_session_timeout_is_every_lease_ttl() {
         let name = unique("negotiated");
         let sent = Instant::now();
         let lease = backend
-            .try_acquire(&name, Duration::from_secs(30))
+            .try_acquire_for(&name, Duration::from_secs(30))
             .await
             .unwrap()
             .into_lease()
@@ -398,7 +456,7 @@ async fn short_sessions_hold_while_renewed() {
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
         assert!(matches!(
-            b.try_acquire(&name, b.session_timeout()).await.unwrap(),
+            b.try_acquire_for(&name, b.session_timeout()).await.unwrap(),
             Attempt::Held { .. }
         ));
         tokio::time::sleep(Duration::from_millis(200)).await;

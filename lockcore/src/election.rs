@@ -97,6 +97,12 @@ impl Election {
     /// [`Observer::next`] yields the current leader (or `None`), and each
     /// later one the next change, woken by the store where it notifies and
     /// at least every re-check interval.
+    ///
+    /// Store wake-ups say "the lock may have become free", never "granted":
+    /// a new leader is seen at the next look after its grant (while the seat
+    /// is vacant the observer looks again after 10 ms, doubling up to the
+    /// re-check interval), so a leadership shorter than that can go
+    /// unobserved. Terms still only grow.
     pub fn observe(&self) -> Observer {
         let (tx, rx) = mpsc::channel(16);
         let task = tokio::spawn(follow(self.locker.clone(), self.name.clone(), tx));
@@ -133,6 +139,10 @@ async fn follow(
 ) {
     let backend = locker.backend().clone();
     let recheck = locker.recheck_interval();
+    // While the seat is vacant, look again soon and then less often: a new
+    // leader's grant wakes nobody.
+    let vacant = crate::Backoff::new(Duration::from_millis(10), recheck).multiplier(2.0);
+    let mut vacant_looks: u32 = 0;
     let mut last: Option<Option<Leader>> = None;
     loop {
         let wakeup = backend.watch(&name).await.ok().flatten();
@@ -148,6 +158,7 @@ async fn follow(
         };
         let expires_in = seen.as_ref().and_then(|h| h.expires_in);
         let leader = seen.map(Leader::from);
+        let led = leader.is_some();
         if last.as_ref() != Some(&leader) {
             if tx.send(Ok(leader.clone())).await.is_err() {
                 return;
@@ -155,7 +166,17 @@ async fn follow(
             last = Some(leader);
         }
         // Expiry sends no message on most stores: look again right after it.
-        let pause = expires_in.map_or(recheck, |d| (d + Duration::from_millis(1)).min(recheck));
+        let pause = match (led, expires_in) {
+            (false, _) => {
+                vacant_looks = vacant_looks.saturating_add(1);
+                vacant.ceiling(vacant_looks - 1)
+            }
+            (true, Some(d)) => (d + Duration::from_millis(1)).min(recheck),
+            (true, None) => recheck,
+        };
+        if led {
+            vacant_looks = 0;
+        }
         match wakeup {
             Some(wakeup) => {
                 tokio::select! {

@@ -343,6 +343,12 @@ fn first_event(held: &Held, now: Instant) -> Instant {
     if let Some(every) = held.policy.renew_every {
         at = at.min(lease.issued_at() + every);
     }
+    for cap in [held.policy.max_hold, held.policy.long_hold]
+        .into_iter()
+        .flatten()
+    {
+        at = at.min(now + cap);
+    }
     at
 }
 

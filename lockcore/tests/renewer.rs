@@ -156,3 +156,18 @@ async fn labels_are_stored_and_never_decide_ownership() {
     let mine = b.acquire("labelled").await.unwrap();
     assert!(mine.is_held());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_short_hold_cap_fires_at_the_cap() {
+    // Shorter than the renew interval and than the renewer's one-second look.
+    let cap = Duration::from_millis(200);
+    let locker = Locker::new(MemoryBackend::new()).ttl(TTL).max_hold(cap);
+    let guard = locker.acquire("short-cap").await.unwrap();
+    let held = tokio::time::Instant::now();
+    assert_eq!(guard.lost().await, LossReason::MaxHoldExceeded);
+    let took = held.elapsed();
+    assert!(
+        took >= cap && took <= cap + Duration::from_millis(5),
+        "a {cap:?} hold cap fired after {took:?}"
+    );
+}

@@ -1,6 +1,7 @@
 //! ZooKeeper: standalone (`ZooKeeperServerMain`) or a 3-server ensemble
 //! (`QuorumPeerMain`), from a generated `zoo.cfg`.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::net::SocketAddr;
@@ -151,48 +152,98 @@ pub fn start(options: Options) -> io::Result<Store> {
 /// Starts a `size`-server ensemble on loopback and waits until every server
 /// serves (one leader, the others followers).
 pub fn start_ensemble(size: usize) -> io::Result<Cluster> {
-    let options = Options::default();
-    let ports = (0..size)
-        .map(|_| {
-            Ok((
-                process::free_port()?,
-                process::free_port()?,
-                process::free_port()?,
-            ))
+    EnsemblePlan::new(size)?.start()
+}
+
+/// The ports of an ensemble, chosen before it starts, so that a test can put
+/// fault proxies on the links between members: with [`route`](Self::route),
+/// member `from` reaches member `to`'s quorum port (where a follower talks
+/// to its leader) through another address.
+#[derive(Debug, Clone)]
+pub struct EnsemblePlan {
+    /// Client, quorum and election port of each member.
+    ports: Vec<(u16, u16, u16)>,
+    /// `(from, to)` → the port on 127.0.0.1 where `from` reaches `to`'s quorum port.
+    routes: HashMap<(usize, usize), u16>,
+}
+
+impl EnsemblePlan {
+    /// Free loopback ports for `size` members.
+    pub fn new(size: usize) -> io::Result<EnsemblePlan> {
+        let ports = (0..size)
+            .map(|_| {
+                Ok((
+                    process::free_port()?,
+                    process::free_port()?,
+                    process::free_port()?,
+                ))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(EnsemblePlan {
+            ports,
+            routes: HashMap::new(),
         })
-        .collect::<io::Result<Vec<_>>>()?;
-    let servers: Vec<(u16, u16)> = ports.iter().map(|&(_, q, e)| (q, e)).collect();
-    let handles: Vec<_> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, &(client, _, _))| {
-            let spec = spec(
-                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-                &options,
-                client,
-                &servers,
-                Some(i + 1),
-                Signal::SIGKILL,
-            );
-            std::thread::spawn(move || Store::launch(spec?))
-        })
-        .collect();
-    let mut stores = Vec::new();
-    let mut errors = Vec::new();
-    for handle in handles {
-        match handle.join() {
-            Ok(Ok(store)) => stores.push(store),
-            Ok(Err(e)) => errors.push(e.to_string()),
-            Err(_) => errors.push("launcher thread panicked".into()),
+    }
+
+    /// Where member `member` (0-based) listens for its followers.
+    pub fn quorum_addr(&self, member: usize) -> SocketAddr {
+        process::loopback(self.ports[member].1)
+    }
+
+    /// Member `from` reaches member `to`'s quorum port at `via` (on
+    /// 127.0.0.1, say a `FaultProxy` in front of [`quorum_addr`](Self::quorum_addr)`(to)`).
+    ///
+    /// # Panics
+    /// If `via` is not on 127.0.0.1 or a member does not exist.
+    pub fn route(&mut self, from: usize, to: usize, via: SocketAddr) -> &mut Self {
+        assert!(from < self.ports.len() && to < self.ports.len() && from != to);
+        assert_eq!(
+            via.ip(),
+            process::loopback(0).ip(),
+            "routes are on loopback"
+        );
+        self.routes.insert((from, to), via.port());
+        self
+    }
+
+    /// Starts the ensemble and waits until every server serves.
+    pub fn start(&self) -> io::Result<Cluster> {
+        let options = Options::default();
+        let handles: Vec<_> = (0..self.ports.len())
+            .map(|i| {
+                let servers: Vec<(u16, u16)> = (self.ports.iter().enumerate())
+                    .map(|(j, &(_, quorum, election))| {
+                        (*self.routes.get(&(i, j)).unwrap_or(&quorum), election)
+                    })
+                    .collect();
+                let spec = spec(
+                    "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                    &options,
+                    self.ports[i].0,
+                    &servers,
+                    Some(i + 1),
+                    Signal::SIGKILL,
+                );
+                std::thread::spawn(move || Store::launch(spec?))
+            })
+            .collect();
+        let mut stores = Vec::new();
+        let mut errors = Vec::new();
+        for handle in handles {
+            match handle.join() {
+                Ok(Ok(store)) => stores.push(store),
+                Ok(Err(e)) => errors.push(e.to_string()),
+                Err(_) => errors.push("launcher thread panicked".into()),
+            }
         }
+        if !errors.is_empty() {
+            return Err(io::Error::other(format!(
+                "zookeeper ensemble did not form: {}",
+                errors.join("; ")
+            )));
+        }
+        Ok(Cluster { members: stores })
     }
-    if !errors.is_empty() {
-        return Err(io::Error::other(format!(
-            "zookeeper ensemble did not form: {}",
-            errors.join("; ")
-        )));
-    }
-    Ok(Cluster { members: stores })
 }
 
 /// Whether the server at `addr` is the ensemble leader (`srvr`: `Mode: leader`).

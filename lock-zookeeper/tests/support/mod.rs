@@ -4,9 +4,12 @@
 
 use std::time::Duration;
 
+pub mod tap;
+
 use lock_conformance::stores::{self, StoreFactory};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
-use lockcore::{LockBackend, LockError};
+use lockcore::LockError;
+use lockcore::backend::LockBackendExt;
 
 /// The session timeout the tests ask for: 4 s, stretched by
 /// `LOCK_TEST_TIME_SCALE` (the harness's ZooKeeper allows 1 s to 60 s).
@@ -23,10 +26,22 @@ pub fn time_scale() -> f64 {
         .unwrap_or(1.0)
 }
 
+/// The servers' tick: the launcher's (`ci/docker-compose.yml` uses the same).
+pub fn tick() -> Duration {
+    Duration::from_millis(stores::zookeeper::Options::default().tick_ms.into())
+}
+
+/// The configuration of a test client of `connect`: the tests' session
+/// timeout and the servers' tick.
+pub fn config(connect: impl Into<String>) -> ZooKeeperConfig {
+    ZooKeeperConfig::new(connect)
+        .session_timeout(session_timeout())
+        .tick_time(tick())
+}
+
 /// Connects a test client to `connect` with the tests' session timeout.
 pub async fn connect(connect: String) -> Result<ZooKeeperBackend, LockError> {
-    ZooKeeperBackend::connect_with(ZooKeeperConfig::new(connect).session_timeout(session_timeout()))
-        .await
+    ZooKeeperBackend::connect_with(config(connect)).await
 }
 
 /// The conformance factory: the shared ZooKeeper, proxies, private servers.
@@ -39,10 +54,7 @@ pub async fn connect_with(
     connect: &str,
     configure: impl FnOnce(ZooKeeperConfig) -> ZooKeeperConfig,
 ) -> Result<ZooKeeperBackend, LockError> {
-    ZooKeeperBackend::connect_with(configure(
-        ZooKeeperConfig::new(connect).session_timeout(session_timeout()),
-    ))
-    .await
+    ZooKeeperBackend::connect_with(configure(config(connect))).await
 }
 
 /// A plain ZooKeeper client, to look at (or tamper with) what the backend wrote.
@@ -60,7 +72,7 @@ pub fn unique(what: &str) -> lockcore::LockName {
 /// Takes `name` at once (it must be free) and returns the lease.
 pub async fn take(backend: &ZooKeeperBackend, name: &lockcore::LockName) -> lockcore::Lease {
     backend
-        .try_acquire(name, backend.session_timeout())
+        .try_acquire_for(name, backend.session_timeout())
         .await
         .unwrap()
         .into_lease()

@@ -1,0 +1,149 @@
+//! Forced release (`evict`): compare-and-evict, and how soon the evicted
+//! holder hears of it.
+
+mod support;
+
+use std::time::Duration;
+
+use lock_conformance::stores::zookeeper;
+use lock_zookeeper::ZooKeeperBackend;
+use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::{FencingToken, LockBackend, ReleaseOutcome};
+use rand::Rng;
+use support::{take, time_scale, unique};
+use tokio::time::Instant;
+
+/// An allowance for one round trip to the store on this machine: four times
+/// the slowest of a few `inspect` calls, plus 100 ms, scaled.
+async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
+    let name = unique("rtt");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        backend.inspect(&name).await.unwrap();
+        slowest = slowest.max(started.elapsed());
+    }
+    (slowest * 4 + Duration::from_millis(100)).mul_f64(time_scale())
+}
+
+/// A holder's loss signal fires within the declared eviction notice (plus a
+/// round trip) of a forced release, whether the release comes before its
+/// session started watching the node or after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_reaches_the_holder_within_the_declared_notice() {
+    let store = zookeeper::shared();
+    let holder = support::connect(store.url()).await.unwrap();
+    let admin = support::connect(store.url()).await.unwrap();
+    let notice = holder
+        .capabilities()
+        .eviction_notice
+        .expect("the holder is told of a forced release: eviction_notice is declared");
+    let bound = notice + round_trip(&admin).await;
+    let mut heard = Vec::new();
+    for _ in 0..24 {
+        let name = unique("evict-notice");
+        let lease = take(&holder, &name).await;
+        let lost = lease.loss_signal().expect("a loss signal").clone();
+        tokio::time::sleep(notice.mul_f64(rand::rng().random_range(0.0..2.0))).await;
+        let evicted = admin.evict(&name, Some(lease.fence())).await.unwrap();
+        assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
+        let at = Instant::now();
+        tokio::time::timeout(bound, lost.cancelled())
+            .await
+            .unwrap_or_else(|_| panic!("not told of the forced release within {bound:?}"));
+        heard.push(at.elapsed());
+        assert_eq!(
+            holder.release(&lease).await.unwrap(),
+            ReleaseOutcome::NotHeld
+        );
+    }
+    heard.sort();
+    eprintln!(
+        "eviction heard after: min {:?}, median {:?}, max {:?} (notice {notice:?}, bound {bound:?}, {} runs)",
+        heard[0],
+        heard[heard.len() / 2],
+        heard[heard.len() - 1],
+        heard.len()
+    );
+}
+
+/// `evict(name, Some(fence))` evicts only the grant with that fence: a
+/// wrong fence evicts nothing, and a retried eviction of a grant that is
+/// gone leaves the next holder alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_with_a_fence_evicts_that_grant_only() {
+    let store = zookeeper::shared();
+    let first = support::connect(store.url()).await.unwrap();
+    let next = support::connect(store.url()).await.unwrap();
+    let admin = support::connect(store.url()).await.unwrap();
+    let name = unique("evict-fence");
+    let lease = take(&first, &name).await;
+    let waiting = tokio::spawn({
+        let (next, name) = (next.clone(), name.clone());
+        let policy = WaitPolicy::new(Instant::now() + Duration::from_secs(30));
+        async move {
+            next.acquire_for(&name, next.session_timeout(), &policy)
+                .await
+        }
+    });
+    let parent = admin.lock_path(&name);
+    let observer = support::raw(&store.url()).await;
+    lock_conformance::stores::until(Duration::from_secs(10), "the waiter queueing", || async {
+        support::children(&observer, &parent).await.len() == 2
+    })
+    .await;
+
+    let wrong = FencingToken::new(lease.fence().get() + 1).unwrap();
+    assert_eq!(admin.evict(&name, Some(wrong)).await.unwrap(), None);
+    let holder = admin.inspect(&name).await.unwrap().map(|h| h.fence);
+    assert_eq!(
+        holder,
+        Some(lease.fence()),
+        "a wrong fence evicted the holder"
+    );
+    let lease = first.renew(&lease).await.unwrap();
+
+    let evicted = admin.evict(&name, Some(lease.fence())).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
+    let granted = waiting.await.unwrap().unwrap().expect("the waiter is next");
+    assert!(granted.fence() > lease.fence());
+
+    // The operator's retry of the same eviction.
+    assert_eq!(admin.evict(&name, Some(lease.fence())).await.unwrap(), None);
+    let holder = admin.inspect(&name).await.unwrap().map(|h| h.fence);
+    assert_eq!(
+        holder,
+        Some(granted.fence()),
+        "a retried eviction evicted the next holder"
+    );
+    let granted = next.renew(&granted).await.unwrap();
+    assert!(first.renew(&lease).await.is_err());
+
+    let evicted = admin.evict(&name, None).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(granted.fence()));
+    assert_eq!(admin.inspect(&name).await.unwrap(), None);
+}
+
+/// Releasing a lease is no loss: the server sends the deletion event of
+/// the holder's watched node before the delete's reply, and that event must
+/// not fire the lease's loss signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_does_not_fire_the_loss_signal() {
+    let store = zookeeper::shared();
+    let holder = support::connect(store.url()).await.unwrap();
+    // Long after the session starts watching a grant (a sixteenth of it).
+    let watched = holder.session_timeout() / 8;
+    let settle = round_trip(&holder).await;
+    for _ in 0..10 {
+        let name = unique("release-quiet");
+        let lease = take(&holder, &name).await;
+        let lost = lease.loss_signal().unwrap().clone();
+        tokio::time::sleep(watched).await;
+        assert_eq!(
+            holder.release(&lease).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        let fired = tokio::time::timeout(settle, lost.cancelled()).await;
+        assert!(fired.is_err(), "releasing {name} fired its loss signal");
+    }
+}
