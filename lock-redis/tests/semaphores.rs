@@ -110,9 +110,11 @@ async fn renew_many_batches_locks_and_permits_and_checks_each() {
     let held = permit(&backend, &request(&backend, &sem, "p", LONG), 2).await;
     let stale = permit(&backend, &request(&backend, &sem, "p", short), 2).await;
     // The short permit expires; its slot goes to someone else.
-    until(Duration::from_secs(10), "the short permit expires", || async {
-        backend.inspect_permits(&sem).await.unwrap().len() == 1
-    })
+    until(
+        Duration::from_secs(10),
+        "the short permit expires",
+        || async { backend.inspect_permits(&sem).await.unwrap().len() == 1 },
+    )
     .await;
     let successor = permit(&backend, &request(&backend, &sem, "p", LONG), 2).await;
     assert_eq!(successor.slot(), stale.slot());
