@@ -6,8 +6,10 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `next_fence` (advances a fence counter, above the floor) and `is_lease`.
+/// `next_fence`: advances a fence counter, above the floor and the clock.
 const FENCE: &str = include_str!("scripts/fence.lua");
+/// `is_lease`: whether a stored value belongs to a lease.
+const LEASE: &str = include_str!("scripts/lease.lua");
 /// `wake_next`, `wake_watchers`, `freed`: the line and the watchers.
 const LINE: &str = include_str!("scripts/line.lua");
 /// `now_ms`, `purge_expired`, `permits_live_until`: semaphore slots.
@@ -25,14 +27,14 @@ macro_rules! script {
 }
 
 script!(ACQUIRE = [FENCE, LINE] "acquire.lua");
-script!(RENEW = [FENCE, PERMITS] "renew.lua");
-script!(RELEASE = [FENCE, LINE] "release.lua");
+script!(RENEW = [LEASE, PERMITS] "renew.lua");
+script!(RELEASE = [LEASE, LINE] "release.lua");
 script!(LEAVE = [LINE] "leave.lua");
 script!(INSPECT = [] "inspect.lua");
 script!(FORCE_RELEASE = [FENCE, LINE] "force_release.lua");
 script!(WATCH = [LINE] "watch.lua");
 script!(PERMIT_ACQUIRE = [FENCE, PERMITS] "permit_acquire.lua");
-script!(PERMIT_RELEASE = [FENCE, LINE, PERMITS] "permit_release.lua");
+script!(PERMIT_RELEASE = [LEASE, LINE, PERMITS] "permit_release.lua");
 script!(PERMIT_INSPECT = [PERMITS] "permit_inspect.lua");
 script!(RAISE_FLOOR = [] "raise_floor.lua");
 script!(FENCED_WRITE = [] "fenced_write.lua");
