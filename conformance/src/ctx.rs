@@ -202,6 +202,16 @@ impl Ctx {
         self.scaled(self.round_trip * 4 + Duration::from_millis(100))
     }
 
+    /// How soon after the last store-side extension of a `ttl` lease (its
+    /// grant or its last renewal to reach the store) another client gets the
+    /// lock once the holder falls silent: the TTL, the backend's declared
+    /// expiry slack, and one [round trip](Self::round_trip) to hear of it.
+    /// No scheduling cushion beyond that: a waiter that needs more waits
+    /// longer than the backend declares.
+    pub fn freed_within(&self, ttl: Duration) -> Duration {
+        ttl + self.caps.expiry_slack + self.round_trip()
+    }
+
     /// Whether leases have their own TTL (vs. living as long as a session).
     pub fn per_lock_leases(&self) -> bool {
         matches!(self.caps.lease_kind, LeaseKind::PerLock)
