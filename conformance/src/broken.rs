@@ -18,8 +18,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    ReleaseOutcome, Wakeup,
+    ReleaseOutcome, WaitPolicy, Wakeup,
 };
+use tokio::time::Instant;
 
 use crate::{Factory, StoreControl};
 
@@ -34,6 +35,14 @@ pub enum Flaw {
     /// TTL from the lease, as on Redis and PostgreSQL; elsewhere every grant
     /// stays long, which the same case catches.)
     LongGrantUntilAnswered,
+    /// The store enforces half the TTL the lease reports: another client
+    /// can be granted the lock before a silent holder's local deadline, even
+    /// when the holder's last renewal reached the store.
+    ShortStoreTtl,
+    /// A waiting acquire that finds the lock held sleeps a whole TTL past
+    /// the holder's reported expiry before it tries again: a waiter served
+    /// one TTL late.
+    LateWaiter,
 }
 
 /// A [`Factory`] whose clients (direct, proxied and private) carry `flaw`;
@@ -115,6 +124,11 @@ struct BrokenClient {
 /// until its reply comes.
 const LONG: u32 = 10;
 
+/// What a [`Flaw::ShortStoreTtl`] store enforces of `ttl`.
+fn short(caps: &Capabilities, ttl: Duration) -> Duration {
+    caps.effective_ttl(ttl / 2).unwrap_or(ttl)
+}
+
 #[async_trait]
 impl LockBackend for BrokenClient {
     fn capabilities(&self) -> Capabilities {
@@ -139,11 +153,54 @@ impl LockBackend for BrokenClient {
                     held => Ok(held),
                 }
             }
+            Flaw::ShortStoreTtl => Ok(
+                match self.inner.try_acquire(name, short(&caps, ttl)).await? {
+                    Attempt::Acquired(lease) => {
+                        Attempt::Acquired(lease.renewed(ttl, lease.issued()))
+                    }
+                    held => held,
+                },
+            ),
+            Flaw::LateWaiter => self.inner.try_acquire(name, ttl).await,
+        }
+    }
+
+    async fn acquire(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        if self.flaw != Flaw::LateWaiter {
+            return lockcore::acquire_loop(self, name, ttl, wait).await;
+        }
+        loop {
+            let nap = match self.try_acquire(name, ttl).await {
+                Ok(Attempt::Acquired(lease)) => return Ok(Some(lease)),
+                Ok(Attempt::Held { expires_in }) => expires_in.unwrap_or(ttl) + ttl,
+                Err(e) if e.is_retryable() => wait.backoff.delay(0),
+                Err(e) => return Err(e),
+            };
+            if Instant::now() >= wait.deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep_until((Instant::now() + nap).min(wait.deadline)).await;
         }
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.inner.renew(lease).await
+        match self.flaw {
+            Flaw::LongGrantUntilAnswered | Flaw::LateWaiter => self.inner.renew(lease).await,
+            Flaw::ShortStoreTtl => {
+                let ttl = lease.ttl();
+                let store = short(&self.inner.capabilities(), ttl);
+                let renewed = self
+                    .inner
+                    .renew(&lease.renewed(store, lease.issued()))
+                    .await?;
+                Ok(renewed.renewed(ttl, renewed.issued()))
+            }
+        }
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

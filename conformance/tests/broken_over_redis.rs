@@ -297,19 +297,43 @@ fn factory() -> StoreFactory {
     StoreFactory::new(stores::redis::shared(), MiniRedis::connect)
 }
 
-/// The cases this file runs, healthy and flawed.
-const CASES: &[&str] = &["lost_acquire_reply_leaves_no_phantom"];
+/// The fault cases the minimal backend must pass.
+const CASES: &[&str] = &[
+    "partitioned_holder_is_fenced_out",
+    "slow_renewal_counts_as_lost",
+    "reset_mid_hold_keeps_or_reports",
+    "lost_acquire_reply_leaves_no_phantom",
+];
 
-async fn run(factory: impl Factory) -> Report {
-    let report = run_cases(factory, |c| CASES.contains(&c.name)).await;
-    assert_eq!(report.cases.len(), CASES.len(), "unknown case in {CASES:?}");
+async fn run(factory: impl Factory, cases: &[&str]) -> Report {
+    let report = run_cases(factory, |c| cases.contains(&c.name)).await;
+    assert_eq!(report.cases.len(), cases.len(), "unknown case in {cases:?}");
     println!("{report}");
     report
 }
 
+/// Runs the cases of `expected` with `flaw` and checks each fails, saying
+/// the text paired with it.
+async fn must_fail_saying(flaw: Flaw, expected: &[(&str, &str)]) {
+    let names: Vec<&str> = expected.iter().map(|(name, _)| *name).collect();
+    let report = run(BrokenFactory::new(factory(), flaw), &names).await;
+    for case in &report.cases {
+        let (_, why) = expected
+            .iter()
+            .find(|(name, _)| *name == case.name)
+            .unwrap();
+        assert!(
+            matches!(&case.result, Err(f) if f.0.contains(why)),
+            "{flaw:?}: {} should fail saying `{why}`, but {:?}",
+            case.name,
+            case.result
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_minimal_backend_passes_the_fault_cases() {
-    let report = run(factory()).await;
+    let report = run(factory(), CASES).await;
     assert!(
         report.cases.iter().all(|c| c.result == Ok(Outcome::Passed)),
         "{report}"
@@ -318,13 +342,48 @@ async fn the_minimal_backend_passes_the_fault_cases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_phantom_left_by_a_lost_acquire_reply_is_caught() {
-    let report = run(BrokenFactory::new(factory(), Flaw::LongGrantUntilAnswered)).await;
-    for case in &report.cases {
-        assert!(
-            matches!(&case.result, Err(f) if f.0.contains("after an acquire whose reply was lost did not happen")),
-            "{}: a grant outliving its TTL after a lost acquire reply must fail it, but {:?}",
-            case.name,
-            case.result
-        );
-    }
+    must_fail_saying(
+        Flaw::LongGrantUntilAnswered,
+        &[(
+            "lost_acquire_reply_leaves_no_phantom",
+            "after an acquire whose reply was lost did not happen",
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_before_a_silent_holders_deadline_is_caught() {
+    must_fail_saying(
+        Flaw::ShortStoreTtl,
+        &[
+            (
+                "partitioned_holder_is_fenced_out",
+                "before the silent holder's local deadline",
+            ),
+            (
+                "slow_renewal_counts_as_lost",
+                "before the silent holder's local deadline",
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_served_late_is_caught() {
+    must_fail_saying(
+        Flaw::LateWaiter,
+        &[
+            (
+                "partitioned_holder_is_fenced_out",
+                "L1: C (waiting in acquire) got",
+            ),
+            (
+                "slow_renewal_counts_as_lost",
+                "L1: C (waiting in acquire) got",
+            ),
+        ],
+    )
+    .await;
 }
