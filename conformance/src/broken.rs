@@ -12,14 +12,15 @@
 //! ```
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    ReleaseOutcome, WaitPolicy, Wakeup,
+    Attempt, CancellationToken, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError,
+    LockName, ReleaseOutcome, WaitPolicy, Wakeup,
 };
+use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
 use crate::{Factory, StoreControl};
@@ -43,7 +44,17 @@ pub enum Flaw {
     /// the holder's reported expiry before it tries again: a waiter served
     /// one TTL late.
     LateWaiter,
+    /// The store frees a client's locks when the client's connection dies
+    /// (a session lock declared per-lock), and the client learns it only
+    /// [`NOTICE_LAG`] later. Proxied clients keep an idle connection through
+    /// the proxy as their "session" (a store that leaves an idle connection
+    /// open, like Redis, is needed).
+    FreedWithConnection,
 }
+
+/// How late a [`Flaw::FreedWithConnection`] client learns that its locks
+/// went with its connection.
+pub const NOTICE_LAG: Duration = Duration::from_millis(100);
 
 /// A [`Factory`] whose clients (direct, proxied and private) carry `flaw`;
 /// the store and everything else are the wrapped factory's.
@@ -73,7 +84,41 @@ impl BrokenFactory {
         Arc::new(BrokenClient {
             inner: client,
             flaw: self.flaw,
+            held: Arc::default(),
         })
+    }
+
+    /// A [`Flaw::FreedWithConnection`] client through `addr`: its session
+    /// is an idle connection there; when that dies, its locks are evicted on
+    /// the store, and the client hears of it `NOTICE_LAG` later.
+    async fn session_client(
+        &self,
+        addr: SocketAddr,
+        inner: Arc<dyn LockBackend>,
+    ) -> Result<Arc<dyn LockBackend>, LockError> {
+        let mut session = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| LockError::unavailable("broken", e))?;
+        let held: Held = Arc::default();
+        let (store, locks) = (inner.clone(), held.clone());
+        tokio::spawn(async move {
+            let mut buf = [0_u8; 64];
+            while matches!(session.read(&mut buf).await, Ok(n) if n > 0) {}
+            let gone: Vec<_> =
+                std::mem::take(&mut *locks.lock().unwrap_or_else(|p| p.into_inner()));
+            for (lease, _) in &gone {
+                let _ = store.evict(lease.name(), Some(lease.fence())).await;
+            }
+            tokio::time::sleep(NOTICE_LAG).await;
+            for (_, lost) in gone {
+                lost.cancel();
+            }
+        });
+        Ok(Arc::new(BrokenClient {
+            inner,
+            flaw: self.flaw,
+            held,
+        }))
     }
 }
 
@@ -91,7 +136,11 @@ impl Factory for BrokenFactory {
         &self,
         addr: SocketAddr,
     ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
-        Some(self.inner.client_via(addr).await?.map(|c| self.wrap(c)))
+        let client = self.inner.client_via(addr).await?;
+        Some(match (self.flaw, client) {
+            (Flaw::FreedWithConnection, Ok(inner)) => self.session_client(addr, inner).await,
+            (_, client) => client.map(|c| self.wrap(c)),
+        })
     }
 
     async fn private(&self) -> Option<Result<Arc<dyn Factory>, LockError>> {
@@ -113,11 +162,15 @@ impl Factory for BrokenFactory {
     }
 }
 
+/// The grants of a [`Flaw::FreedWithConnection`] client, with their loss signals.
+type Held = Arc<Mutex<Vec<(Lease, CancellationToken)>>>;
+
 /// One client with a flaw.
 #[derive(Debug)]
 struct BrokenClient {
     inner: Arc<dyn LockBackend>,
     flaw: Flaw,
+    held: Held,
 }
 
 /// How much longer than asked a [`Flaw::LongGrantUntilAnswered`] grant is
@@ -162,6 +215,16 @@ impl LockBackend for BrokenClient {
                 },
             ),
             Flaw::LateWaiter => self.inner.try_acquire(name, ttl).await,
+            Flaw::FreedWithConnection => Ok(match self.inner.try_acquire(name, ttl).await? {
+                Attempt::Acquired(lease) => {
+                    let lost = CancellationToken::new();
+                    let lease = lease.with_loss_signal(lost.clone());
+                    let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                    held.push((lease.clone(), lost));
+                    Attempt::Acquired(lease)
+                }
+                held => held,
+            }),
         }
     }
 
@@ -190,7 +253,9 @@ impl LockBackend for BrokenClient {
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         match self.flaw {
-            Flaw::LongGrantUntilAnswered | Flaw::LateWaiter => self.inner.renew(lease).await,
+            Flaw::LongGrantUntilAnswered | Flaw::LateWaiter | Flaw::FreedWithConnection => {
+                self.inner.renew(lease).await
+            }
             Flaw::ShortStoreTtl => {
                 let ttl = lease.ttl();
                 let store = short(&self.inner.capabilities(), ttl);

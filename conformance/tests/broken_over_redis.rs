@@ -387,3 +387,15 @@ async fn a_waiter_served_late_is_caught() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_freed_with_its_connection_before_the_holder_knows_is_caught() {
+    must_fail_saying(
+        Flaw::FreedWithConnection,
+        &[(
+            "reset_mid_hold_keeps_or_reports",
+            "while A's guard still counted on it",
+        )],
+    )
+    .await;
+}
