@@ -54,7 +54,7 @@ pub enum Flaw {
 
 /// How late a [`Flaw::FreedWithConnection`] client learns that its locks
 /// went with its connection.
-pub const NOTICE_LAG: Duration = Duration::from_millis(100);
+pub const NOTICE_LAG: Duration = Duration::from_millis(200);
 
 /// A [`Factory`] whose clients (direct, proxied and private) carry `flaw`;
 /// the store and everything else are the wrapped factory's.
