@@ -8,10 +8,10 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
     PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
+use lockcore::backend::{CancellationToken, LockRequest, WaitPolicy, Wakeup, async_trait};
 use lockcore::{
-    Attempt, Backoff, CancellationToken, Capabilities, ExpiryClock, Fairness, FenceDurability,
-    FencingToken, Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
-    WaitPolicy, Wakeup, async_trait,
+    Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
+    Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -451,7 +451,9 @@ impl Inner {
         owner: OwnerToken,
         fence: FencingToken,
         slot: Slot,
-    ) -> Lease {
+    ) -> Result<Lease, LockError> {
+        // Slots carry whole-second TTLs this backend validated.
+        let ttl = self.caps.effective_ttl(slot.ttl)?;
         let lost = CancellationToken::new();
         let done = CancellationToken::new();
         if let Ok(revision) = i64::try_from(fence.get()) {
@@ -465,13 +467,13 @@ impl Inner {
                 done.clone(),
             );
         }
-        Lease::new(name.clone(), owner, fence, slot.ttl, slot.refreshed)
+        Ok(Lease::new(name.clone(), owner, fence, ttl, slot.refreshed)
             .with_loss_signal(lost)
             .with_extension(Grant {
                 lease_id: slot.id,
                 pool: self.id,
                 done,
-            })
+            }))
     }
 
     /// The holder: the queue's oldest entry.
@@ -531,9 +533,9 @@ impl LockBackend for EtcdBackend {
         self.inner.caps.clone()
     }
 
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         let inner = &self.inner;
-        let ttl = inner.caps.effective_ttl(ttl)?;
+        let (name, ttl) = (request.name(), request.ttl().get());
         let queue = inner.keys.queue(name);
         let end = Keys::queue_end(&queue);
         // A pooled lease may have been revoked behind our back: one retry
@@ -561,7 +563,9 @@ impl LockBackend for EtcdBackend {
                     // which etcd returns as the header's revision.
                     let revision = reply.header().map_or(0, |h| h.revision());
                     let fence = inner.fence(revision)?;
-                    return Ok(Attempt::Acquired(inner.lease_for(name, owner, fence, slot)));
+                    return Ok(Attempt::Acquired(
+                        inner.lease_for(name, owner, fence, slot)?,
+                    ));
                 }
                 Ok(Ok(_)) => {
                     inner.pool.give_back(slot);
@@ -618,7 +622,7 @@ impl LockBackend for EtcdBackend {
             mark_lost(lease);
             return Err(not_held());
         }
-        Ok(lease.renewed(lease.ttl(), sent))
+        Ok(lease.renewed(sent))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -719,11 +723,10 @@ impl LockBackend for EtcdBackend {
 
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        queue::acquire(&self.inner, name, ttl, wait).await
+        queue::acquire(&self.inner, request.name(), request.ttl().get(), wait).await
     }
 }
 

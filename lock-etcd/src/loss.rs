@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use lockcore::CancellationToken;
+use lockcore::backend::CancellationToken;
 use tokio::time::Instant;
 
 use crate::backend::Inner;

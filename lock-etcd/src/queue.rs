@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lockcore::{Lease, LockError, LockName, OwnerToken, WaitPolicy};
+use lockcore::backend::WaitPolicy;
+use lockcore::{Lease, LockError, LockName, OwnerToken};
 use tokio::time::Instant;
 
 use crate::backend::{Inner, first_range};
@@ -46,7 +47,6 @@ pub(crate) async fn acquire(
     ttl: Duration,
     wait: &WaitPolicy,
 ) -> Result<Option<Lease>, LockError> {
-    let ttl = inner.caps.effective_ttl(ttl)?;
     let mut attempt: u32 = 0;
     loop {
         let failure = match wait_in_line(inner, name, ttl, wait).await {
@@ -149,7 +149,7 @@ impl Entry {
         let fence = self.inner.fence(self.revision)?;
         Ok(self
             .inner
-            .lease_for(&self.name, self.owner, fence, self.slot))
+            .lease_for(&self.name, self.owner, fence, self.slot)?)
     }
 
     /// The local deadline of our lease.

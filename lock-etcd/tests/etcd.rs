@@ -10,9 +10,10 @@ use std::time::Duration;
 use lock_conformance::stores::{etcd, eventually};
 use lock_etcd::etcd_client::{Client, GetOptions, Permission, Txn, TxnOp};
 use lock_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::backend::{LockBackendExt, WaitPolicy};
 use lockcore::{
     Attempt, Lease, LockBackend, LockError, LockName, Locker, LossReason, OwnerToken,
-    ReleaseOutcome, WaitPolicy,
+    ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -35,7 +36,11 @@ async fn raw(url: &str) -> Client {
 }
 
 async fn acquire(backend: &EtcdBackend, name: &LockName, ttl: Duration) -> Lease {
-    match backend.try_acquire(name, ttl).await.expect("try_acquire") {
+    match backend
+        .try_acquire_for(name, ttl)
+        .await
+        .expect("try_acquire")
+    {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
     }
@@ -69,7 +74,7 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
         Duration::from_secs(1),
         Duration::from_millis(1999),
     ] {
-        let outcome = backend.try_acquire(&lock, too_short).await;
+        let outcome = backend.try_acquire_for(&lock, too_short).await;
         assert!(
             matches!(outcome, Err(LockError::InvalidTtl { .. })),
             "{too_short:?}: {outcome:?}"
@@ -218,7 +223,7 @@ async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
         lock.clone(),
         next.owner(),
         next.fence(),
-        next.ttl(),
+        next.checked_ttl(),
         Instant::now(),
     );
     assert!(
@@ -380,7 +385,9 @@ async fn compare_and_evict_evicts_only_the_fence_it_names() {
         let (waiter, lock) = (waiter.clone(), lock.clone());
         tokio::spawn(async move {
             let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(20));
-            waiter.acquire(&lock, Duration::from_secs(10), &wait).await
+            waiter
+                .acquire_for(&lock, Duration::from_secs(10), &wait)
+                .await
         })
     };
     let key = holder.key_of(&held).unwrap();
@@ -444,7 +451,9 @@ async fn a_waiter_whose_lease_dies_in_line_never_takes_the_lock_with_it() {
         let (waiter, lock) = (waiter.clone(), lock.clone());
         tokio::spawn(async move {
             let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(20));
-            waiter.acquire(&lock, Duration::from_secs(10), &wait).await
+            waiter
+                .acquire_for(&lock, Duration::from_secs(10), &wait)
+                .await
         })
     };
     // Find the waiter's entry: the newer of the two queue entries.
@@ -544,7 +553,7 @@ async fn users_and_roles_are_enforced_and_secrets_never_printed() {
     let outside = EtcdBackend::connect_with(config.clone().prefix("other/"))
         .await
         .unwrap();
-    let refused = outside.try_acquire(&lock, Duration::from_secs(5)).await;
+    let refused = outside.try_acquire_for(&lock, Duration::from_secs(5)).await;
     assert!(
         matches!(refused, Err(LockError::Store { .. })),
         "{refused:?}"
@@ -561,7 +570,9 @@ async fn users_and_roles_are_enforced_and_secrets_never_printed() {
     let anonymous = EtcdBackend::connect_with(EtcdConfig::new([url.as_str()]).prefix("app/"))
         .await
         .unwrap();
-    let refused = anonymous.try_acquire(&lock, Duration::from_secs(5)).await;
+    let refused = anonymous
+        .try_acquire_for(&lock, Duration::from_secs(5))
+        .await;
     assert!(
         matches!(refused, Err(LockError::Store { .. })),
         "{refused:?}"
@@ -658,7 +669,7 @@ async fn the_facade_style_url_connects() {
     );
     let lock = name("url");
     let lease = backend
-        .try_acquire(&lock, Duration::from_secs(3))
+        .try_acquire_for(&lock, Duration::from_secs(3))
         .await
         .unwrap()
         .into_lease()

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use lock_conformance::stores::{Store, etcd};
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{Lease, LockBackend, LockName, OwnerToken, WaitPolicy};
+use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::{Lease, LockBackend, LockName, OwnerToken};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -57,7 +58,7 @@ async fn connect(endpoints: &[String]) -> EtcdBackend {
 async fn holder_dies(endpoints: &[String], name: &LockName) -> Instant {
     let holder = connect(endpoints).await;
     let mut lease = holder
-        .try_acquire(name, TTL)
+        .try_acquire_for(name, TTL)
         .await
         .expect("try_acquire")
         .into_lease()
@@ -79,7 +80,7 @@ fn contender(backend: EtcdBackend, name: &LockName) -> JoinHandle<(Lease, Instan
         let wait = WaitPolicy::new(Instant::now() + scaled(Duration::from_secs(60)))
             .recheck(scaled(Duration::from_millis(200)));
         let lease = backend
-            .acquire(&name, TTL, &wait)
+            .acquire_for(&name, TTL, &wait)
             .await
             .expect("acquire")
             .expect("granted before the deadline");

@@ -7,7 +7,8 @@ use std::time::Duration;
 use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::{etcd, until};
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{Attempt, CancellationToken, Lease, LockBackend, LockName, OwnerToken};
+use lockcore::backend::{CancellationToken, LockBackendExt};
+use lockcore::{Attempt, Lease, LockBackend, LockName, OwnerToken};
 use tokio::time::Instant;
 
 /// Long next to the request timeout, as in production: a lease that gave
@@ -85,7 +86,7 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
             assert!(granted.len() < 40, "no acquire went through the slow proxy");
             let lock = name("blind", round);
             let sent = Instant::now();
-            match client.try_acquire(&lock, TTL).await {
+            match client.try_acquire_for(&lock, TTL).await {
                 // Through the fast proxy: released once the slow one is fast.
                 Ok(Attempt::Acquired(lease)) => granted.push(lease),
                 Ok(Attempt::Held { .. }) => panic!("{lock} is fresh, nobody holds it"),
@@ -104,7 +105,7 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
         let churn = tokio::spawn(churn(client.clone(), granted, busy.clone()));
         let bound = sent + late + TTL + slack;
         loop {
-            match observer.try_acquire(&lock, TTL).await {
+            match observer.try_acquire_for(&lock, TTL).await {
                 Ok(Attempt::Acquired(lease)) => {
                     observer.release(&lease).await.unwrap();
                     break;
@@ -136,7 +137,7 @@ async fn churn(client: EtcdBackend, granted: Vec<Lease>, stop: CancellationToken
     while !stop.is_cancelled() {
         let mut held = Vec::new();
         for lock in &names {
-            if let Ok(Attempt::Acquired(lease)) = client.try_acquire(lock, TTL).await {
+            if let Ok(Attempt::Acquired(lease)) = client.try_acquire_for(lock, TTL).await {
                 held.push(lease);
             }
         }
@@ -205,7 +206,7 @@ async fn a_garbled_connection_is_a_retryable_error_and_heals() {
     )
     .await;
     let lease = client
-        .try_acquire(&lock, TTL)
+        .try_acquire_for(&lock, TTL)
         .await
         .unwrap()
         .into_lease()
