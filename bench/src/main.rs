@@ -117,7 +117,8 @@ impl Settings {
                 contenders: 4,
                 ttl: Duration::from_secs(10),
                 held: 50,
-                renew_ttl: Duration::from_millis(900),
+                // The shortest TTL every store accepts (etcd: 1 s).
+                renew_ttl: Duration::from_secs(1),
                 renew_window: Duration::from_millis(700),
                 waiters: 20,
                 hold: Duration::from_millis(1),

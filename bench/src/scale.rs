@@ -88,8 +88,13 @@ fn store_share(before: Option<Duration>, probe: &dyn Probe, window: Duration) ->
 
 /// The server's connections once those of clients dropped just before
 /// are gone (closing is asynchronous): the count once it has not changed
-/// for a second, or the latest after 10 s.
-async fn settled_connections(probe: &dyn Probe) -> Option<u64> {
+/// for `stable` (a second; less in a smoke run), or the latest after 10 s.
+async fn settled_connections(probe: &dyn Probe, settings: &Settings) -> Option<u64> {
+    let stable = if settings.smoke {
+        Duration::from_millis(400)
+    } else {
+        Duration::from_secs(1)
+    };
     let mut last = probe.connections().await?;
     let mut stable_since = Instant::now();
     let until = Instant::now() + Duration::from_secs(10);
@@ -98,7 +103,7 @@ async fn settled_connections(probe: &dyn Probe) -> Option<u64> {
         let now = probe.connections().await?;
         if now != last {
             (last, stable_since) = (now, Instant::now());
-        } else if stable_since.elapsed() >= Duration::from_secs(1) || Instant::now() >= until {
+        } else if stable_since.elapsed() >= stable || Instant::now() >= until {
             return Some(now);
         }
     }
@@ -180,7 +185,7 @@ async fn held_locks(
     report: &mut Report,
 ) {
     let n = settings.held;
-    let conns_before = settled_connections(probe).await;
+    let conns_before = settled_connections(probe, settings).await;
     sys::trim_heap();
     let rss_before = sys::rss();
     let counting = Arc::new(Counting::new(connect.await));
@@ -364,7 +369,7 @@ async fn waiters(
         harness_count(n),
         settings.hold
     );
-    let conns_before = settled_connections(probe).await;
+    let conns_before = settled_connections(probe, settings).await;
     let locker = harness::locker(connect.await, settings.ttl);
     let own = own_requests(probe).await;
     let requests0 = probe.requests().await;
