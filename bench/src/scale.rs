@@ -381,28 +381,33 @@ async fn waiters(
     let deadline = started + settings.deadline;
     let served = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
+    let acquire_errors = Arc::new(AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..n {
-        let (locker, served, errors, hold) = (
+        let (locker, served, errors, acquire_errors, hold) = (
             locker.clone(),
             served.clone(),
             errors.clone(),
+            acquire_errors.clone(),
             settings.hold,
         );
+        let name = backend_name.to_string();
         tasks.spawn(async move {
             let wait = deadline.saturating_duration_since(Instant::now());
             match locker.acquire_timeout("bench/waiters", wait).await {
                 Ok(guard) => {
                     tokio::time::sleep(hold).await;
-                    if guard.release().await.is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = guard.release().await
+                        && errors.fetch_add(1, Ordering::Relaxed) == 0
+                    {
+                        eprintln!("{name}: a waiter's release failed: {e}");
                     }
                     served.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(LockError::Timeout { .. }) => {}
                 Err(e) => {
-                    if errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                        eprintln!("waiter: {e}");
+                    if acquire_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!("{name}: a waiter's acquire failed: {e}");
                     }
                 }
             }
@@ -437,6 +442,7 @@ async fn waiters(
     let requests1 = probe.requests().await;
     let served = served.load(Ordering::Relaxed);
     let errors = errors.load(Ordering::Relaxed);
+    let acquire_errors = acquire_errors.load(Ordering::Relaxed);
     let peak_rss = if peak_reset { sys::peak_rss() } else { None };
     let conns = conns_before.map(|b| peak.load(Ordering::Relaxed).saturating_sub(b));
 
@@ -449,8 +455,11 @@ async fn waiters(
             settings.deadline.as_secs_f64()
         )
     };
+    if acquire_errors > 0 {
+        result.push_str(&format!("; {acquire_errors} acquire errors"));
+    }
     if errors > 0 {
-        result.push_str(&format!("; {errors} errors"));
+        result.push_str(&format!("; {errors} release errors"));
     }
     let per_grant = match (requests0, requests1) {
         (Some(a), Some(b)) if served > 0 => {
