@@ -2,10 +2,14 @@
 //! delegating to the client, the waiter or the listener).
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, async_trait};
+use lockcore::wait::LocalLine;
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease, LockBackend,
     LockError, LockName, ReleaseOutcome,
@@ -23,7 +27,7 @@ use crate::probe::Facts;
 use crate::schema::{Ddl, RESOURCE_FENCE_TABLE};
 use crate::sql::Sql;
 use crate::turnstile::Turnstiles;
-use crate::wait::{EXPIRY_SLACK, LineWaiter, Lines};
+use crate::wait::{EXPIRY_SLACK, LineWaiter};
 use crate::{keys, listener};
 
 /// Eviction notices travel as a NOTIFY to the holder's listener connection:
@@ -47,7 +51,10 @@ struct Inner {
     server: String,
     connect_timeout: Duration,
     turnstiles: Turnstiles,
-    lines: Lines,
+    /// One waiter per name of this instance waits on the server.
+    line: LocalLine,
+    /// Waiting `acquire` calls, in the local line or beyond.
+    waiting: Arc<AtomicUsize>,
     resource_fence: ResourceFence,
 }
 
@@ -173,7 +180,8 @@ impl PostgresBackend {
                 server,
                 connect_timeout,
                 turnstiles,
-                lines: Lines::default(),
+                line: LocalLine::new(),
+                waiting: Arc::default(),
                 resource_fence,
             }),
         })
@@ -210,7 +218,7 @@ impl PostgresBackend {
     /// Waiting `acquire` calls of this instance (in its local line, at the
     /// turnstile, or waiting for the lease).
     pub fn waiting(&self) -> usize {
-        self.inner.lines.waiting()
+        self.inner.waiting.load(Ordering::Relaxed)
     }
 
     /// The advisory-lock key waiters of `name` queue on (`pg_locks.objid`
@@ -317,13 +325,41 @@ impl LockBackend for PostgresBackend {
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         let inner = &self.inner;
+        let _waiting = Counted::new(&inner.waiting);
+        // The local line: first at once (nobody of this instance waits for
+        // the name), or behind earlier waiters until the deadline.
+        let mut turn = std::pin::pin!(inner.line.turn(request.name()));
+        let now = std::future::poll_fn(|cx| Poll::Ready(turn.as_mut().poll(cx))).await;
+        let (_turn, first) = match now {
+            Poll::Ready(turn) => (turn, true),
+            Poll::Pending => match tokio::time::timeout_at(wait.deadline, turn).await {
+                Ok(turn) => (turn, false),
+                Err(_) => return Ok(None),
+            },
+        };
         let mut waiter = LineWaiter::new(
             &inner.client,
             &inner.turnstiles,
-            &inner.lines,
             request,
             wait.recheck,
+            first,
         );
         lockcore::wait::wait(wait, &mut waiter).await
+    }
+}
+
+/// Counts one waiting `acquire` for as long as it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

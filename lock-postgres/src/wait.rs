@@ -4,8 +4,9 @@
 //! asks for the lease:
 //!
 //! 1. in this backend instance, behind earlier waiters of the same name
-//!    (a FIFO line per name, no I/O), so an instance sends one waiter per
-//!    name to the server at a time;
+//!    (lockcore's `LocalLine`, no I/O), so an instance sends one waiter per
+//!    name to the server at a time; the first local waiter first tries to
+//!    take a free lock nobody waits for, without queueing at all;
 //! 2. at the server, in the name's turnstile queue (`turnstile.rs`).
 //!
 //! The turnstile holder tries the lease at once, then waits for it as any
@@ -20,13 +21,10 @@
 //! waits without one.
 //!
 //! Every step is one [`Waiter::attempt`]; [`Waiter::arm`] registers the
-//! wake-up of the coming step: the waiter's own signal (its local turn, its
-//! turnstile turn) while in line, the store's notification once it asks
-//! for the lease.
+//! wake-up of the coming step: the waiter's own signal (its turnstile turn)
+//! while queued, the store's notification once it asks for the lease.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::{LockRequest, Waiter, Wakeup, async_trait};
@@ -50,18 +48,16 @@ pub(crate) const TAKE_PAST_AFTER: Duration = Duration::from_millis(50);
 /// above, and one retry when its timer fired a little early.
 pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(100);
 
-/// One waiting `acquire`, step by step.
+/// One waiting `acquire`, step by step, once it is first in the local line
+/// (its `LocalTurn` is held by the caller for the whole wait).
 pub(crate) struct LineWaiter<'a> {
     client: &'a Arc<Client>,
     turnstiles: &'a Turnstiles,
-    lines: &'a Lines,
     request: &'a LockRequest,
     recheck: Duration,
-    /// Notified when this waiter's local turn or turnstile turn comes.
+    /// Notified when this waiter's turnstile turn comes.
     signal: Arc<Notify>,
     stage: Stage,
-    /// This waiter's place in the local line, kept until the wait ends.
-    place: Option<Place>,
     /// Whether the last `arm` registered a store wake-up (not only the
     /// waiter's own signal).
     armed_store: bool,
@@ -71,10 +67,10 @@ pub(crate) struct LineWaiter<'a> {
 }
 
 enum Stage {
-    /// Not in line yet.
+    /// First in the local line, nobody was ahead: try a free lock at once.
     Start,
-    /// Behind earlier waiters of this instance.
-    Local,
+    /// First in the local line: queue at the turnstile.
+    Enter,
     /// In the server's queue; look at the lease at `look_at`.
     Queued { ticket: Ticket, look_at: Instant },
     /// Holding the turnstile: the only waiter asking for the lease.
@@ -84,29 +80,29 @@ enum Stage {
 }
 
 impl<'a> LineWaiter<'a> {
+    /// `first`: nobody of this instance was waiting for the name when this
+    /// wait began (then a free lock is tried before queueing).
     pub(crate) fn new(
         client: &'a Arc<Client>,
         turnstiles: &'a Turnstiles,
-        lines: &'a Lines,
         request: &'a LockRequest,
         recheck: Duration,
+        first: bool,
     ) -> Self {
         LineWaiter {
             client,
             turnstiles,
-            lines,
             request,
             recheck,
             signal: Arc::new(Notify::new()),
-            stage: Stage::Start,
-            place: None,
+            stage: if first { Stage::Start } else { Stage::Enter },
             armed_store: false,
             first_look: None,
         }
     }
 
     /// The head of the local line enters the server's queue, or waits
-    /// without a turnstile when there is none to spare.
+    /// without a turnstile when there is none to spare or turnstiles are off.
     async fn enter(&mut self) -> Stage {
         let name = self.request.name();
         let key = keys::turnstile_key(&self.client.sql.table, name.as_str());
@@ -247,26 +243,18 @@ impl LineWaiter<'_> {
                 Stage::Start => {
                     // Nobody waiting (here or at the server): take a free
                     // lock at once, no line, one statement.
-                    let name = self.request.name().as_str();
-                    if self.lines.is_empty(name) {
-                        let take = if self.turnstiles.enabled() {
-                            Take::IfNoLine
-                        } else {
-                            Take::Any
-                        };
-                        match self.client.acquire(self.request, take).await? {
-                            attempt @ Attempt::Acquired(_) => return Ok(attempt),
-                            Attempt::Held { expires_in } => self.first_look = expires_in,
-                        }
+                    let take = if self.turnstiles.enabled() {
+                        Take::IfNoLine
+                    } else {
+                        Take::Any
+                    };
+                    match self.client.acquire(self.request, take).await? {
+                        attempt @ Attempt::Acquired(_) => return Ok(attempt),
+                        Attempt::Held { expires_in } => self.first_look = expires_in,
                     }
-                    self.place = Some(self.lines.join(name, &self.signal));
-                    self.stage = Stage::Local;
+                    self.stage = Stage::Enter;
                 }
-                Stage::Local => {
-                    if !self.place.as_ref().is_some_and(Place::has_turn) {
-                        self.stage = Stage::Local;
-                        return Ok(Attempt::Held { expires_in: None });
-                    }
+                Stage::Enter => {
                     self.stage = self.enter().await;
                     if let Stage::Queued { look_at, .. } = &self.stage {
                         // The queueing is under way: look again at the
@@ -286,108 +274,6 @@ impl LineWaiter<'_> {
                     return self.client.acquire(self.request, Take::Any).await;
                 }
             }
-        }
-    }
-}
-
-/// The local lines of one backend instance: per name, the waiters of this
-/// instance in arrival order. Only the first one goes on to the server; it
-/// hands the turn to the next when its wait ends.
-#[derive(Debug, Default)]
-pub(crate) struct Lines {
-    lines: Arc<Mutex<HashMap<String, Line>>>,
-}
-
-#[derive(Debug, Default)]
-struct Line {
-    /// Waiters behind the one whose turn it is, in arrival order.
-    behind: VecDeque<Arc<Spot>>,
-    /// Waiters in the line, the one whose turn it is included.
-    waiting: usize,
-}
-
-/// One waiter's spot: whether its turn has come, and how to tell it.
-#[derive(Debug)]
-struct Spot {
-    turn: AtomicBool,
-    signal: Arc<Notify>,
-}
-
-impl Lines {
-    /// Joins the line of `name`: its turn comes at once if nobody of this
-    /// instance waits for `name`, else `signal` is notified when it does.
-    fn join(&self, name: &str, signal: &Arc<Notify>) -> Place {
-        let spot = Arc::new(Spot {
-            turn: AtomicBool::new(false),
-            signal: signal.clone(),
-        });
-        let mut lines = self.lock();
-        let line = lines.entry(name.to_owned()).or_default();
-        if line.waiting == 0 {
-            spot.turn.store(true, Ordering::Relaxed);
-        } else {
-            line.behind.push_back(spot.clone());
-        }
-        line.waiting += 1;
-        Place {
-            lines: self.lines.clone(),
-            name: name.to_owned(),
-            spot,
-        }
-    }
-
-    /// Whether nobody of this instance waits for `name`.
-    fn is_empty(&self, name: &str) -> bool {
-        !self.lock().contains_key(name)
-    }
-
-    /// `acquire` calls of this instance waiting in a line.
-    pub(crate) fn waiting(&self) -> usize {
-        self.lock().values().map(|l| l.waiting).sum()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Line>> {
-        lock(&self.lines)
-    }
-}
-
-// Updates are single map or queue operations; a panic cannot leave them torn.
-fn lock(lines: &Mutex<HashMap<String, Line>>) -> MutexGuard<'_, HashMap<String, Line>> {
-    lines.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A waiter's membership of its name's local line; leaving it (dropped
-/// with the waiter) passes the turn on if it had it. The line goes away
-/// with its last member, so memory follows the waiters, not the names.
-struct Place {
-    lines: Arc<Mutex<HashMap<String, Line>>>,
-    name: String,
-    spot: Arc<Spot>,
-}
-
-impl Place {
-    fn has_turn(&self) -> bool {
-        self.spot.turn.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut lines = lock(&self.lines);
-        let Some(line) = lines.get_mut(&self.name) else {
-            return;
-        };
-        line.waiting -= 1;
-        if self.has_turn() {
-            if let Some(next) = line.behind.pop_front() {
-                next.turn.store(true, Ordering::Relaxed);
-                next.signal.notify_one();
-            }
-        } else if let Some(at) = line.behind.iter().position(|s| Arc::ptr_eq(s, &self.spot)) {
-            line.behind.remove(at);
-        }
-        if line.waiting == 0 {
-            lines.remove(&self.name);
         }
     }
 }
