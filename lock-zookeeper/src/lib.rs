@@ -7,14 +7,18 @@
 )]
 
 mod backend;
+mod client;
 mod config;
 mod connect;
 mod error;
 mod held;
 mod names;
+mod notify;
+mod probe;
 mod queue;
 mod quiet;
 mod session;
+mod wait;
 
 pub use backend::ZooKeeperBackend;
 pub use config::ZooKeeperConfig;

@@ -6,8 +6,6 @@
 //! children, named like Apache Curator's protected-mode lock nodes:
 //! `_c_<owner uuid>-lock-<sequence>`.
 
-use std::fmt::Write as _;
-
 use lockcore::LockName;
 use uuid::Uuid;
 
@@ -20,28 +18,16 @@ pub(crate) fn refused_by_zookeeper(c: char) -> bool {
 }
 
 /// The path segment of `name`: the name itself, except that `%`, `/` and
-/// every character ZooKeeper refuses are percent-encoded (as UTF-8 bytes),
-/// and the names `.` and `..` have their dots encoded.
+/// every character ZooKeeper refuses are percent-encoded (as UTF-8 bytes,
+/// [`LockName::escaped`]), and the names `.` and `..` have their dots encoded.
 ///
 /// Injective: percent-decoding the segment gives the name back, and `%` is
 /// always encoded, so no two names share a segment.
 pub(crate) fn segment(name: &LockName) -> String {
-    let name = name.as_str();
-    if name == "." || name == ".." {
-        return "%2E".repeat(name.len());
+    match name.as_str() {
+        dots @ ("." | "..") => "%2E".repeat(dots.len()),
+        _ => name.escaped(|c| c == '/' || refused_by_zookeeper(c)),
     }
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        if c == '%' || c == '/' || refused_by_zookeeper(c) {
-            let mut utf8 = [0; 4];
-            for b in c.encode_utf8(&mut utf8).bytes() {
-                let _ = write!(out, "%{b:02X}");
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The lock name a root child's segment came from (the inverse of the

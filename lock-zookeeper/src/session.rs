@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
-use crate::held::Keeper;
 use crate::quiet::QuietQueues;
 
 /// How early and how late the servers may end a session, against its
@@ -102,8 +101,6 @@ pub(crate) struct Session {
     /// Cancelled once the session is expired, closed or refused: every
     /// ephemeral node it owned is gone (or going) on the server.
     pub(crate) ended: CancellationToken,
-    /// Starts watching the grants that are held for a while.
-    pub(crate) keeper: Arc<Keeper>,
     /// The queues this session may take without listing them.
     pub(crate) quiet: QuietQueues,
 }
@@ -134,7 +131,6 @@ impl Session {
         timing.check()?;
         Ok(Arc::new(Session {
             timing,
-            keeper: Keeper::start(timeout, ended.clone()),
             quiet: QuietQueues::new(&client, timeout),
             timeout,
             client,
