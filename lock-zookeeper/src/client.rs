@@ -17,7 +17,7 @@ use zookeeper_client as zk;
 use crate::config::ZooKeeperConfig;
 use crate::error::{BACKEND, map};
 use crate::held::{Held, Over, gone};
-use crate::names::segment;
+use crate::names::{NodeData, segment};
 use crate::notify::Keeper;
 use crate::queue::{Acls, Entry, delete_node, list, retry};
 use crate::session::{Session, Timing};
@@ -178,6 +178,7 @@ impl Client {
             live.session.clone(),
             self.lock_path(name),
             self.acls.clone(),
+            &NodeData::new(request.label()),
         );
         // The create is a write: it went through the leader after this.
         let sent_at = Moment::now();
@@ -352,14 +353,16 @@ impl Client {
                 return Ok(None);
             };
             let path = format!("{parent}/{}", head.name);
-            let stat = retry(|| session.client.check_stat(&path))
-                .await
-                .map_err(|e| map(format!("reading {path}"), e))?;
-            if let Some(stat) = stat {
-                let fence = FencingToken::from_store(BACKEND, stat.czxid)?;
-                let holder = Holder::new(fence, Some(OwnerToken::from_uuid(head.guid)), None);
-                return Ok(Some((path, holder)));
-            }
+            let read = match retry(|| session.client.get_data(&path)).await {
+                Ok(read) => read,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(map(format!("reading {path}"), e)),
+            };
+            let (data, stat) = read;
+            let fence = FencingToken::from_store(BACKEND, stat.czxid)?;
+            let holder = Holder::new(fence, Some(OwnerToken::from_uuid(head.guid)), None)
+                .with_label(NodeData::decode(&data).label);
+            return Ok(Some((path, holder)));
         }
         Err(LockError::unavailable(
             BACKEND,

@@ -4,9 +4,10 @@
 //! (`<root>/<segment>`), so no name can reach outside the root or share a
 //! parent with another name. The queue nodes of a lock are the parent's
 //! children, named like Apache Curator's protected-mode lock nodes:
-//! `_c_<owner uuid>-lock-<sequence>`.
+//! `_c_<owner uuid>-lock-<sequence>`. A queue node's data is the holder's
+//! label ([`NodeData`]).
 
-use lockcore::LockName;
+use lockcore::{HolderLabel, LockName};
 use uuid::Uuid;
 
 /// Whether ZooKeeper refuses `c` in a path. Its `PathUtils.validatePath`
@@ -137,6 +138,44 @@ impl Queue {
     }
 }
 
+/// What distlock writes into a queue node when it creates it: the holder's
+/// label, as UTF-8 text (what `zkCli get` shows). Written in the create
+/// itself, so a node never exists without it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct NodeData {
+    /// Who holds (or waits), in words; `None` for a node written without one
+    /// (an older version of this crate; another recipe's data that is no
+    /// valid label).
+    pub(crate) label: Option<HolderLabel>,
+}
+
+impl NodeData {
+    /// The data of a node for a holder labelled `label`.
+    pub(crate) fn new(label: &HolderLabel) -> NodeData {
+        NodeData {
+            label: Some(label.clone()),
+        }
+    }
+
+    /// The bytes to create the node with.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        self.label
+            .as_ref()
+            .map(|l| l.as_str().as_bytes().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Reads a node's data. The label is the first line, if it is a valid
+    /// label (later lines are left for later versions).
+    pub(crate) fn decode(data: &[u8]) -> NodeData {
+        let first = data.split(|&b| b == b'\n').next().unwrap_or_default();
+        let label = std::str::from_utf8(first)
+            .ok()
+            .and_then(|l| HolderLabel::new(l).ok());
+        NodeData { label }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +230,25 @@ mod tests {
         assert_eq!(q.predecessor(&children[2]), None);
         assert_eq!(q.first_of(a).unwrap().name, children[0]);
         assert_eq!(q.all_of(b).count(), 2);
+    }
+
+    #[test]
+    fn node_data_round_trips_and_reads_what_others_wrote() {
+        let label = HolderLabel::new("worker 7 — ünï 🔒").unwrap();
+        let data = NodeData::new(&label);
+        assert_eq!(NodeData::decode(&data.encode()), data);
+        assert_eq!(data.encode(), label.as_str().as_bytes());
+        // An older version wrote nothing; other recipes write what they like.
+        assert_eq!(NodeData::decode(b""), NodeData::default());
+        assert_eq!(NodeData::decode(&[0xff, 0xfe]).label, None);
+        assert_eq!(
+            NodeData::decode(b"10.0.0.7").label.map(|l| l.to_string()),
+            Some("10.0.0.7".to_owned())
+        );
+        assert_eq!(
+            NodeData::decode(b"worker 7\nsomething=new").label,
+            Some(HolderLabel::new("worker 7").unwrap())
+        );
     }
 
     mod properties {

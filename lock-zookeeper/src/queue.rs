@@ -9,7 +9,7 @@ use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::error::{connection_lost, map};
-use crate::names::{Queue, node_prefix};
+use crate::names::{NodeData, Queue, node_prefix};
 use crate::session::Session;
 
 /// ACLs for the lock root and lock parents, and for the queue nodes.
@@ -58,6 +58,8 @@ pub(crate) struct Entry {
     pub(crate) parent: String,
     pub(crate) guid: Uuid,
     acls: Arc<Acls>,
+    /// The data the node is created with.
+    data: Vec<u8>,
     pub(crate) node: Option<Node>,
     /// A create's reply was lost: a second node of ours may show up.
     pub(crate) strays: bool,
@@ -72,12 +74,18 @@ pub(crate) struct Entry {
 const CREATE_ATTEMPTS: usize = 8;
 
 impl Entry {
-    pub(crate) fn new(session: Arc<Session>, parent: String, acls: Arc<Acls>) -> Entry {
+    pub(crate) fn new(
+        session: Arc<Session>,
+        parent: String,
+        acls: Arc<Acls>,
+        data: &NodeData,
+    ) -> Entry {
         Entry {
             session,
             parent,
             guid: Uuid::new_v4(),
             acls,
+            data: data.encode(),
             node: None,
             strays: false,
             watched: None,
@@ -110,7 +118,7 @@ impl Entry {
                 .or_else(|| quiet.watched(&self.parent));
             let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
                 .then(|| client.check_and_watch_stat(&self.parent));
-            let create = client.create(&prefix, &[], &mode);
+            let create = client.create(&prefix, &self.data, &mode);
             let list = claim.is_none().then(|| client.list_children(&self.parent));
             let created = create.await;
             let watched = match watching {
@@ -421,7 +429,7 @@ mod tests {
         let session = Session::open(&config).await.unwrap();
         let acls = Arc::new(Acls::new(false));
         let parent = format!("/zk-unit-prune-{}", Uuid::new_v4().simple());
-        let mut entry = Entry::new(session.clone(), parent.clone(), acls);
+        let mut entry = Entry::new(session.clone(), parent.clone(), acls, &NodeData::default());
         let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         session.client.create(&parent, &[], &open).await.unwrap();
         // The "late" create of the lost reply, landing first.

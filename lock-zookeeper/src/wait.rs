@@ -12,7 +12,7 @@ use zookeeper_client as zk;
 
 use crate::client::{Client, Live};
 use crate::error::map;
-use crate::names::Queue;
+use crate::names::{NodeData, Queue};
 use crate::queue::Entry;
 
 /// One `acquire`'s place in line. Dropping it removes its node.
@@ -50,7 +50,13 @@ impl<'a> LineWaiter<'a> {
     async fn enqueue(&self) -> Result<Place, LockError> {
         let live = self.client.live().await?;
         let parent = self.client.lock_path(self.request.name());
-        let mut entry = Entry::new(live.session.clone(), parent, self.client.acls.clone());
+        let data = NodeData::new(self.request.label());
+        let mut entry = Entry::new(
+            live.session.clone(),
+            parent,
+            self.client.acls.clone(),
+            &data,
+        );
         let alive_since = Moment::now();
         let queue = entry.enqueue().await?;
         Ok(Place {
