@@ -182,7 +182,12 @@ impl Client {
         );
         // The create is a write: it went through the leader after this.
         let sent_at = Moment::now();
-        let mut queue = entry.enqueue().await?;
+        let Some(mut queue) = entry.enqueue(true).await? else {
+            return Err(LockError::store(
+                BACKEND,
+                "a listed enqueue returned no queue",
+            ));
+        };
         if let Some(fresh) = entry.prune(&queue).await? {
             queue = fresh;
         }
@@ -218,38 +223,19 @@ impl Client {
     ) -> Result<Lease, LockError> {
         let czxid = entry.node.as_ref().map_or(0, |n| n.czxid);
         let fence = FencingToken::from_store(BACKEND, czxid)?;
-        let (session, parent, guid, strays, watched) = (
-            entry.session.clone(),
-            entry.parent.clone(),
-            entry.guid,
-            entry.strays,
-            entry.watched,
-        );
-        let node = entry
-            .granted()
-            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
-        let vouch = watched.zip(node.sequence).filter(|_| alone);
+        let session = entry.session.clone();
         // Whatever was asked, a lease lasts the negotiated session timeout.
         let ttl = self.capabilities().effective_ttl(session.timeout)?;
         let lease = Lease::new(
             name.clone(),
-            OwnerToken::from_uuid(guid),
+            OwnerToken::from_uuid(entry.guid),
             fence,
             ttl,
             alive_since,
         )
         .with_extra_margin(session.timing.margin);
-        let held = Held::start(
-            session,
-            name.clone(),
-            parent,
-            node.path,
-            guid,
-            fence,
-            strays,
-            vouch,
-            lease.deadline(),
-        );
+        let held = Held::start(entry, name.clone(), fence, alone, lease.deadline())
+            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
         live.keeper.add(held.clone());
         Ok(lease
             .with_loss_signal(held.lost.clone())
@@ -328,6 +314,9 @@ impl Client {
             .map_err(|e| map(format!("releasing {}", held.path), e))?;
         held.finish(Over::Released);
         held.stop();
+        if let Some(sequence) = held.sequence {
+            held.session.lines.deleted(&held.parent, sequence);
+        }
         // The node is gone (the server answered): a create sent from now on
         // that gets the next number is first.
         if let Some((watch, sequence)) = held.vouch {
@@ -401,7 +390,9 @@ impl Client {
         Ok(None)
     }
 
-    /// A wake-up once the head of `name`'s queue is gone.
+    /// A wake-up once the head of `name`'s queue is gone (at once if the
+    /// queue is empty): an `exists` watch on it, as the session's waiters
+    /// watch the node ahead of theirs.
     pub(crate) async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let live = self.live().await?;
         let client = &live.session.client;

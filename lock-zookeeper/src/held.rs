@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::queue;
+use crate::queue::{self, Entry};
 use crate::session::Session;
 
 /// How a grant ended, as far as this client knows.
@@ -39,6 +39,8 @@ pub(crate) struct Held {
     pub(crate) name: LockName,
     pub(crate) parent: String,
     pub(crate) path: String,
+    /// The node's sequence number, if known.
+    pub(crate) sequence: Option<u32>,
     pub(crate) guid: Uuid,
     pub(crate) fence: FencingToken,
     /// A create of this owner had its reply lost, so a second node with the
@@ -67,38 +69,45 @@ impl std::fmt::Debug for Held {
 }
 
 impl Held {
-    /// Records a grant with local deadline `deadline` (hand it to the
-    /// session's [`Keeper`](crate::notify::Keeper), which watches it if it is
-    /// still held a while later).
-    #[allow(clippy::too_many_arguments)]
+    /// Records the grant of `entry`'s node as `name` with `fence` and local
+    /// deadline `deadline` (hand it to the session's
+    /// [`Keeper`](crate::notify::Keeper), which watches it if it is still
+    /// held a while later). `alone`: the queue held only this node, so its
+    /// release vouches for the next sequence number (see [`crate::quiet`]).
     pub(crate) fn start(
-        session: Arc<Session>,
+        entry: Entry,
         name: LockName,
-        parent: String,
-        path: String,
-        guid: Uuid,
         fence: FencingToken,
-        strays: bool,
-        vouch: Option<(u64, u32)>,
+        alone: bool,
         deadline: Instant,
-    ) -> Arc<Held> {
-        Arc::new(Held {
+    ) -> Option<Arc<Held>> {
+        let (session, parent, guid, strays) = (
+            entry.session.clone(),
+            entry.parent.clone(),
+            entry.guid,
+            entry.strays,
+        );
+        let watched = entry.watched;
+        let node = entry.granted()?;
+        let vouch = watched.zip(node.sequence).filter(|_| alone && !strays);
+        Some(Arc::new(Held {
             lost: session.ended.child_token(),
             session,
             name,
             parent,
-            path,
+            path: node.path,
+            sequence: node.sequence,
             guid,
             fence,
             strays,
-            vouch: vouch.filter(|_| !strays),
+            vouch,
             done: CancellationToken::new(),
             state: Mutex::new(State {
                 deadline,
                 over: Over::No,
                 releasing: false,
             }),
-        })
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

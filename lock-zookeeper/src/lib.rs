@@ -12,6 +12,7 @@ mod config;
 mod connect;
 mod error;
 mod held;
+mod line;
 mod names;
 mod notify;
 mod probe;

@@ -66,6 +66,13 @@ pub(crate) struct QueueNode {
 }
 
 impl QueueNode {
+    /// The sequence number of a queue node's name, cheaply (for looking it
+    /// up among nodes already parsed).
+    pub(crate) fn sequence_of(name: &str) -> Option<u32> {
+        let (_, sequence) = name.rsplit_once(LOCK_MARK)?;
+        sequence.parse::<i32>().ok().map(|s| s as u32)
+    }
+
     /// Parses `_c_<uuid>-lock-<sequence>`; `None` for any other child.
     pub(crate) fn parse(name: &str) -> Option<QueueNode> {
         let rest = name.strip_prefix(PROTECTED)?;
@@ -119,12 +126,6 @@ impl Queue {
     /// Where `name` stands (0: it holds the lock), `None` if absent.
     pub(crate) fn position(&self, name: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.name == name)
-    }
-
-    /// The node just before `name`, the one a waiter watches.
-    pub(crate) fn predecessor(&self, name: &str) -> Option<&QueueNode> {
-        let at = self.position(name)?;
-        at.checked_sub(1).map(|i| &self.nodes[i])
     }
 
     /// The first node of owner `guid`.
@@ -226,8 +227,6 @@ mod tests {
         assert_eq!(order, vec![7, 2147483647, 2147483648]);
         assert_eq!(q.head().unwrap().guid, b);
         assert_eq!(q.position(&children[0]), Some(2));
-        assert_eq!(q.predecessor(&children[0]).unwrap().name, children[1]);
-        assert_eq!(q.predecessor(&children[2]), None);
         assert_eq!(q.first_of(a).unwrap().name, children[0]);
         assert_eq!(q.all_of(b).count(), 2);
     }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::error::{connection_lost, map};
-use crate::names::{NodeData, Queue, node_prefix};
+use crate::names::{NodeData, Queue, QueueNode, node_prefix};
 use crate::session::Session;
 
 /// ACLs for the lock root and lock parents, and for the queue nodes.
@@ -93,16 +93,18 @@ impl Entry {
         }
     }
 
-    /// Creates our node and reads the queue right behind it: two requests
-    /// sent back to back, which the server answers in order, so the listing
-    /// includes our node and costs no extra round trip. When the session
-    /// vouched for the sequence number this create gets, it skips the
-    /// listing: the node is first (see [`crate::quiet`]).
+    /// Creates our node and, with `listing`, reads the queue right behind
+    /// it: two requests sent back to back, which the server answers in order,
+    /// so the listing includes our node and costs no extra round trip. When
+    /// the session vouched for the sequence number this create gets, it skips
+    /// the listing: the node is first (see [`crate::quiet`]). Without
+    /// `listing`, the queue comes back only when it is known anyway (the
+    /// vouched number, or the listing that found our node after a lost reply).
     ///
     /// Creates the lock's parent (a container node the server deletes once
     /// empty) when missing. When a create's reply is lost, finds the node by
     /// its owner uuid instead of leaving it orphaned.
-    pub(crate) async fn enqueue(&mut self) -> Result<Queue, LockError> {
+    pub(crate) async fn enqueue(&mut self, listing: bool) -> Result<Option<Queue>, LockError> {
         let session = self.session.clone();
         let (client, quiet) = (&session.client, &session.quiet);
         let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
@@ -119,7 +121,7 @@ impl Entry {
             let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
                 .then(|| client.check_and_watch_stat(&self.parent));
             let create = client.create(&prefix, &self.data, &mode);
-            let list = claim.is_none().then(|| client.list_children(&self.parent));
+            let list = (listing && claim.is_none()).then(|| client.list_children(&self.parent));
             let created = create.await;
             let watched = match watching {
                 Some(exists) => quiet.watching(&self.parent, exists.await),
@@ -140,16 +142,16 @@ impl Entry {
                         sequence,
                     });
                     self.watched = watched;
-                    if let Some(queue) = alone {
-                        return Ok(queue);
+                    if alone.is_some() || !listing {
+                        return Ok(alone);
                     }
                     return match list {
                         Some(list) => match list.await {
-                            Ok(children) => Ok(Queue::new(&children)),
-                            Err(_) => self.relist(false).await,
+                            Ok(children) => Ok(Some(Queue::new(&children))),
+                            Err(_) => self.relist(false).await.map(Some),
                         },
                         // The vouched number was taken: someone else queued.
-                        None => self.relist(false).await,
+                        None => self.relist(false).await.map(Some),
                     };
                 }
                 Err(zk::Error::NoNode) => {
@@ -164,7 +166,7 @@ impl Entry {
                     self.strays = true;
                     last = Some(e);
                     if let Some(queue) = self.recover().await? {
-                        return Ok(queue);
+                        return Ok(Some(queue));
                     }
                 }
                 Err(e) => {
@@ -257,6 +259,18 @@ impl Entry {
     /// Our node's name.
     pub(crate) fn name(&self) -> Option<&str> {
         self.node.as_ref().map(|n| n.name.as_str())
+    }
+
+    /// Our node's sequence number.
+    pub(crate) fn sequence(&self) -> Option<u32> {
+        let node = self.node.as_ref()?;
+        node.sequence
+            .or_else(|| QueueNode::parse(&node.name).map(|n| n.sequence))
+    }
+
+    /// Our node's path.
+    pub(crate) fn path(&self) -> Option<&str> {
+        self.node.as_ref().map(|n| n.path.as_str())
     }
 
     /// Removes our node (and strays), waiting for the server. On failure
@@ -437,7 +451,7 @@ mod tests {
         let prefix = format!("{parent}/{}", node_prefix(entry.guid));
         session.client.create(&prefix, &[], &stray).await.unwrap();
 
-        let queue = entry.enqueue().await.unwrap();
+        let queue = entry.enqueue(true).await.unwrap().unwrap();
         assert_eq!(
             queue.position(entry.name().unwrap()),
             Some(1),

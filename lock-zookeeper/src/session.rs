@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
+use crate::line::Lines;
 use crate::quiet::QuietQueues;
 
 /// How early and how late the servers may end a session, against its
@@ -103,6 +104,8 @@ pub(crate) struct Session {
     pub(crate) ended: CancellationToken,
     /// The queues this session may take without listing them.
     pub(crate) quiet: QuietQueues,
+    /// The views of the queues this session's waiters are in.
+    pub(crate) lines: Lines,
 }
 
 impl Session {
@@ -132,6 +135,7 @@ impl Session {
         Ok(Arc::new(Session {
             timing,
             quiet: QuietQueues::new(&client, timeout),
+            lines: Lines::default(),
             timeout,
             client,
             ended,

@@ -1,39 +1,51 @@
 //! Waiting in a lock's queue, as a [`Waiter`] for lockcore's wait loop: the
-//! node stays in line across attempts (FIFO), and each attempt asks whether
-//! it is first.
+//! node stays in line across attempts (FIFO), and each attempt asks the
+//! session's shared view of the queue ([`Line`]) whether it is first. Waiting
+//! costs no request: a waiter is woken when the node just ahead of its own
+//! goes, and reads nothing but that view.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use lockcore::backend::{LockRequest, Moment, Waiter, Wakeup};
 use lockcore::{Attempt, LockError};
-use tokio::sync::oneshot;
+use tokio::sync::Notify;
 use zookeeper_client as zk;
 
 use crate::client::{Client, Live};
-use crate::error::map;
-use crate::names::{NodeData, Queue};
-use crate::queue::Entry;
+use crate::error::{BACKEND, map};
+use crate::line::{Line, Place, Turn};
+use crate::names::NodeData;
+use crate::queue::{Entry, delete_node};
 
 /// One `acquire`'s place in line. Dropping it removes its node.
 pub(crate) struct LineWaiter<'a> {
     client: &'a Client,
     request: &'a LockRequest,
-    place: Option<Place>,
-    /// Where the attempt hands the armed wake-up its watch.
-    watching: Option<oneshot::Sender<Wakeup>>,
+    /// Told when the node just ahead of ours goes, or the view is rebuilt.
+    woken: Arc<Notify>,
+    queued: Option<Queued>,
 }
 
-/// A node in line and what this waiter last knew of the queue.
-struct Place {
+/// A node in line.
+struct Queued {
     live: Arc<Live>,
+    line: Arc<Line>,
     entry: Entry,
-    queue: Queue,
+    sequence: u32,
+    _turn: Turn,
     /// The send time of this entry's latest request that went through the
-    /// leader: the create (a write), then each synced listing.
+    /// leader: the create (a write), then a `sync`.
     alive_since: Moment,
-    /// Set by the armed wake-up when the node just ahead was deleted.
-    ahead_gone: Arc<AtomicBool>,
+}
+
+/// What an attempt found.
+enum Found {
+    /// First in line, with the lease's start.
+    First { alone: bool, alive_since: Moment },
+    /// Still behind someone (or the view is being rebuilt).
+    Waiting,
+    /// Our node is gone (its session ended, or it was deleted by hand).
+    Gone,
 }
 
 impl<'a> LineWaiter<'a> {
@@ -41,158 +53,137 @@ impl<'a> LineWaiter<'a> {
         LineWaiter {
             client,
             request,
-            place: None,
-            watching: None,
+            woken: Arc::new(Notify::new()),
+            queued: None,
         }
     }
 
-    /// Queues a new node (on the live session).
-    async fn enqueue(&self) -> Result<Place, LockError> {
+    /// Queues a node behind the session's view of the queue.
+    async fn join(&self) -> Result<Queued, LockError> {
         let live = self.client.live().await?;
         let parent = self.client.lock_path(self.request.name());
+        let session = &live.session;
+        let line = session.lines.line(&session.client, &parent);
         let data = NodeData::new(self.request.label());
-        let mut entry = Entry::new(
-            live.session.clone(),
-            parent,
-            self.client.acls.clone(),
-            &data,
-        );
+        let mut entry = Entry::new(session.clone(), parent, self.client.acls.clone(), &data);
+        // A write: it went through the leader after this.
         let alive_since = Moment::now();
-        let queue = entry.enqueue().await?;
-        Ok(Place {
+        entry.enqueue(false).await?;
+        let sequence = entry
+            .sequence()
+            .ok_or_else(|| LockError::store(BACKEND, "a created queue node has no sequence"))?;
+        let turn = line.join(sequence, self.woken.clone());
+        Ok(Queued {
             live,
+            line,
             entry,
-            queue,
+            sequence,
+            _turn: turn,
             alive_since,
-            ahead_gone: Arc::default(),
         })
     }
 
-    /// Brings `place` up to date (a synced listing, unless the node ahead is
-    /// known gone), and says whether it is first.
-    async fn look(&self, place: &mut Place) -> Result<Option<bool>, LockError> {
-        let ours = place.entry.name().unwrap_or_default();
-        // Nodes ahead of ours only ever go away (sequence numbers grow), so
-        // once the only node ahead is gone, we are first: no read needed, as
-        // long as the leader heard of the session recently enough to leave a
-        // useful deadline.
-        let next_in_line = place.queue.position(ours) == Some(1);
-        let fresh = Moment::now().since(place.alive_since) <= self.client.session_timeout() / 4;
-        if next_in_line && fresh && place.ahead_gone.load(Ordering::Relaxed) {
-            return Ok(Some(false));
+    /// Where our node stands. When first, the lease starts at the latest
+    /// request through the leader that also proves the node alive: our
+    /// create, or the `sync` the view's listing was read behind. That must be
+    /// recent (the leader heard of the session recently enough to leave a
+    /// useful deadline), else a `sync` is sent now: only a request through
+    /// the leader can start a lease (a cut-off follower answers reads for a
+    /// while, and its view may be late).
+    async fn look(&self, queued: &mut Queued) -> Result<Found, LockError> {
+        let alone = match queued.line.place(queued.sequence) {
+            Place::First { alone, synced } => {
+                if synced.mono() > queued.alive_since.mono() {
+                    queued.alive_since = synced;
+                }
+                alone
+            }
+            Place::Behind => {
+                if queued.entry.strays {
+                    self.prune(queued).await?;
+                }
+                return Ok(Found::Waiting);
+            }
+            Place::Unknown => return Ok(Found::Waiting),
+            Place::Missing => return Ok(Found::Gone),
+        };
+        let fresh = Moment::now().since(queued.alive_since) <= self.client.session_timeout() / 4;
+        if !fresh {
+            let client = &queued.live.session.client;
+            let path = queued.entry.path().unwrap_or_default().to_owned();
+            let sent = Moment::now();
+            let synced = client.sync(&path);
+            let exists = client.check_stat(&path);
+            let outcome = match synced.await {
+                Ok(()) | Err(zk::Error::NoNode) => exists.await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(Some(_)) => queued.alive_since = sent,
+                Ok(None) => return Ok(Found::Gone),
+                Err(e) => return Err(map(format!("syncing {path}"), e)),
+            }
         }
-        // Synced: the listing's send time becomes the grant's start, which
-        // only a request through the leader can vouch for (a cut-off
-        // follower answers plain reads for a while).
-        let sent = Moment::now();
-        place.queue = place.entry.relist(true).await?;
-        place.alive_since = sent;
-        self.first(place).await
+        Ok(Found::First {
+            alone,
+            alive_since: queued.alive_since,
+        })
     }
 
-    /// Whether our node is first (`Some(alone)`), after deleting strays of
-    /// ours ahead of it; `None` when it is not.
-    async fn first(&self, place: &mut Place) -> Result<Option<bool>, LockError> {
-        if let Some(fresh) = place.entry.prune(&place.queue).await? {
-            place.queue = fresh;
+    /// After a lost create reply, a create sent through the old connection
+    /// may still land after we looked, ahead of the node we made instead:
+    /// such a stray of ours would block us (and everyone behind us).
+    async fn prune(&self, queued: &Queued) -> Result<(), LockError> {
+        let guid = queued.entry.guid;
+        for stray in queued.line.strays_ahead(guid, queued.sequence) {
+            let path = format!("{}/{stray}", queued.entry.parent);
+            tracing::debug!(%path, "deleting a stray queue node of ours ahead of ours");
+            delete_node(&queued.live.session.client, &path)
+                .await
+                .map_err(|e| map(format!("deleting {path}"), e))?;
         }
-        let ours = place.entry.name().unwrap_or_default();
-        Ok((place.queue.position(ours) == Some(0)).then(|| place.queue.is_only(ours)))
-    }
-
-    fn grant(&self, place: Place, alone: bool) -> Result<Attempt, LockError> {
-        let Place {
-            live,
-            entry,
-            alive_since,
-            ..
-        } = place;
-        let lease = self
-            .client
-            .grant(&live, self.request.name(), entry, alive_since, alone)?;
-        Ok(Attempt::Acquired(lease))
+        Ok(())
     }
 }
 
 #[async_trait::async_trait]
 impl Waiter for LineWaiter<'_> {
-    /// A wake-up for the coming attempt: the node just ahead of ours, which
-    /// the attempt watches if it finds ours behind it (one waiter wakes per
-    /// release).
+    /// Our turn's wake-up: registered with the view when the node was
+    /// queued, and left armed by a wake-up that came before this round.
     async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
-        let (watching, watched) = oneshot::channel::<Wakeup>();
-        self.watching = Some(watching);
-        Ok(Some(Box::pin(async move {
-            if let Ok(wakeup) = watched.await {
-                wakeup.await;
-            }
-        })))
+        let woken = self.woken.clone();
+        Ok(Some(Box::pin(async move { woken.notified().await })))
     }
 
     async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
-        if (self.place.as_ref()).is_some_and(|p| p.live.session.is_ended()) {
-            self.place = None;
+        if (self.queued.as_ref()).is_some_and(|q| q.live.session.is_ended()) {
+            self.queued = None;
         }
-        let (place, first) = match self.place.take() {
-            None => {
-                let mut place = self.enqueue().await?;
-                let first = self.first(&mut place).await;
-                (place, first)
-            }
-            Some(mut place) => {
-                let first = self.look(&mut place).await;
-                (place, first)
-            }
+        let mut queued = match self.queued.take() {
+            Some(queued) => queued,
+            None => self.join().await?,
         };
-        match first {
-            Ok(Some(alone)) => self.grant(place, alone),
-            Ok(None) => {
-                let ours = place.entry.name().unwrap_or_default();
-                // Our node is gone (its session ended, or it was deleted by
-                // hand): queue again next time.
-                if place.queue.position(ours).is_some() {
-                    let wakeup = watch_ahead(&place).await;
-                    self.place = Some(place);
-                    if let Some(watching) = self.watching.take() {
-                        let _ = watching.send(wakeup?);
-                    }
-                }
+        match self.look(&mut queued).await {
+            Ok(Found::First { alone, alive_since }) => {
+                let Queued { live, entry, .. } = queued;
+                let name = self.request.name();
+                let lease = self.client.grant(&live, name, entry, alive_since, alone)?;
+                Ok(Attempt::Acquired(lease))
+            }
+            Ok(Found::Waiting) => {
+                self.queued = Some(queued);
+                Ok(Attempt::Held { expires_in: None })
+            }
+            Ok(Found::Gone) => {
+                // Queue again, right away.
+                self.woken.notify_one();
                 Ok(Attempt::Held { expires_in: None })
             }
             // Keep the place in line through transient trouble.
             Err(e) => {
-                self.place = Some(place);
+                self.queued = Some(queued);
                 Err(e)
             }
         }
-    }
-}
-
-/// Watches the node just ahead of ours; the wake-up marks it gone when it
-/// was deleted. An `exists` is answered by our server alone: it does not
-/// move `alive_since`.
-async fn watch_ahead(place: &Place) -> Result<Wakeup, LockError> {
-    let ours = place.entry.name().unwrap_or_default();
-    let gone = place.ahead_gone.clone();
-    gone.store(false, Ordering::Relaxed);
-    let Some(ahead) = place.queue.predecessor(ours) else {
-        return Ok(Box::pin(async {}));
-    };
-    let path = format!("{}/{}", place.entry.parent, ahead.name);
-    let ended = place.live.session.ended.clone();
-    match place.live.session.client.check_and_watch_stat(&path).await {
-        Ok((Some(_), watcher)) => Ok(Box::pin(async move {
-            tokio::select! {
-                event = watcher.changed() => {
-                    gone.store(event.event_type == zk::EventType::NodeDeleted, Ordering::Relaxed);
-                }
-                _ = ended.cancelled() => {}
-            }
-        })),
-        Ok((None, _)) => {
-            gone.store(true, Ordering::Relaxed);
-            Ok(Box::pin(async {}))
-        }
-        Err(e) => Err(map(format!("watching {path}"), e)),
     }
 }
