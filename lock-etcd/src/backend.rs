@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
-    KeyValue, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
+use lockcore::backend::{CancellationToken, LockRequest, WaitPolicy, Wakeup, async_trait};
 use lockcore::{
-    Attempt, CancellationToken, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken,
-    Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome, WaitPolicy,
-    Wakeup, async_trait,
+    Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
+    Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -25,6 +24,37 @@ use crate::queue;
 
 /// etcd refuses lease TTLs above this (`MaxLeaseTTL`, 9e9 s).
 pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
+
+/// How often etcd's leader looks for expired leases (etcd 3.4's lessor
+/// loop); it then revokes them through raft.
+const EXPIRY_SWEEP: Duration = Duration::from_millis(500);
+
+/// How long after its TTL etcd may keep a lock whose holder died, for TTLs
+/// up to `max_ttl` on a cluster whose minimum lease TTL is `min_ttl`.
+///
+/// Without a leader change, one expiry sweep. etcd 3.4 keeps lease
+/// deadlines in the leader's memory only: a new leader (after a leader loss
+/// or a restart) restarts every lease at its full TTL plus one election
+/// timeout. Electing it takes up to two election timeouts (followers wait a
+/// random one to two), four with a split vote. A holder that died just
+/// before its lease's sweep is then revoked
+///
+/// ```text
+/// TTL + sweep (missed) + 4 × election (new leader) + election + TTL (restarted lease) + sweep
+/// ```
+///
+/// after its last renewal: the slack is one more TTL, five election
+/// timeouts and two sweeps. etcd's minimum lease TTL is 1.5 election
+/// timeouts rounded up to whole seconds, so an election timeout is at most
+/// two thirds of it. A restart adds its downtime; every further leader
+/// change adds as much again. Measured on a 3-member cluster with 500 ms
+/// elections and 1 s leases, a dead holder's lock went up to 3.5 s past its
+/// TTL when the leader was killed, 60 times at points across the lease
+/// (`tests/failover.rs`).
+fn expiry_slack(max_ttl: Duration, min_ttl: Duration) -> Duration {
+    let election = min_ttl * 2 / 3;
+    max_ttl + election * 5 + EXPIRY_SWEEP * 2
+}
 
 /// Locks in etcd. See the crate docs for the design and guarantees.
 ///
@@ -130,16 +160,24 @@ impl EtcdBackend {
         .await?;
         let min_secs = u64::try_from(probe.ttl()).unwrap_or(0).max(1);
         let min_ttl = Duration::from_secs(min_secs);
+        if config.max_ttl < min_ttl {
+            inner.spawn_revoke(probe.id());
+            return Err(LockError::config(format!(
+                "max_ttl {:?} is below this cluster's minimum lease TTL {min_ttl:?}",
+                config.max_ttl
+            )));
+        }
         inner.caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreLeaseTimer)
-            .ttl_range(min_ttl, MAX_TTL)
+            .ttl_range(min_ttl, config.max_ttl)
             .ttl_granularity(Duration::from_secs(1))
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
-            // The leader sweeps expired leases every 500 ms, then revokes
-            // through raft.
-            .expiry_slack(Duration::from_secs(1));
+            .expiry_slack(expiry_slack(config.max_ttl, min_ttl))
+            // Every grant's key is watched (see `loss`): a forced release
+            // reaches a connected holder without waiting for its renewal.
+            .eviction_notice(Some(crate::loss::NOTICE));
         // The probe lease is a perfectly good lease of the minimum TTL.
         inner.pool.give_back(Slot {
             id: probe.id(),
@@ -319,6 +357,8 @@ impl Inner {
         }
     }
 
+    /// Revokes a lease in the background (its keys go with it); if that
+    /// fails, nobody keeps the lease alive and it expires on its own.
     fn spawn_revoke(&self, id: i64) {
         let mut leases = self.client.lease_client();
         let limit = self.timeout;
@@ -327,6 +367,37 @@ impl Inner {
                 let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
             });
         }
+    }
+
+    /// Gives up the lease of a put whose outcome is unknown (no reply): it
+    /// is revoked, never pooled. The put may still land later, after any
+    /// cleanup; on a pooled lease it would leave a key that every reuse of
+    /// the lease keeps alive, blocking the name for as long as this client
+    /// is busy. Revoked, the lease takes a landed key with it, and a put
+    /// that lands afterwards fails. The revoke is retried (it is idempotent)
+    /// until etcd confirms it or the lease has expired anyway.
+    pub(crate) fn abandon(&self, slot: Slot) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the lease expires on its own
+        };
+        let mut leases = self.client.lease_client();
+        let limit = self.timeout;
+        let expired = slot.refreshed + slot.ttl;
+        runtime.spawn(async move {
+            let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+            for attempt in 0.. {
+                match tokio::time::timeout(limit, leases.revoke(slot.id)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) if lease_not_found(&e) => return,
+                    _ => {}
+                }
+                let next = Instant::now() + backoff.delay(attempt);
+                if next >= expired {
+                    return;
+                }
+                tokio::time::sleep_until(next).await;
+            }
+        });
     }
 
     pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, LockError> {
@@ -350,12 +421,13 @@ impl Inner {
         Ok(self.txn("release", txn).await?.succeeded())
     }
 
-    /// Deletes our entry in the background (an acquire whose outcome is
-    /// unknown, or that was cancelled), then pools its lease.
+    /// Deletes our entry (`key`, created at `revision` for `owner`) in the
+    /// background after a cancelled wait, then pools its lease.
     pub(crate) fn spawn_cleanup(
         self: &Arc<Self>,
         key: Vec<u8>,
-        grant: Option<(i64, OwnerToken)>,
+        revision: i64,
+        owner: OwnerToken,
         slot: Slot,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -363,19 +435,7 @@ impl Inner {
         };
         let inner = self.clone();
         runtime.spawn(async move {
-            let deleted = match grant {
-                Some((revision, owner)) => inner.delete_entry(&key, revision, owner).await,
-                // Unknown revision (the reply was lost): the key is named
-                // after our lease, which nobody else holds, so it is ours.
-                None => timed(
-                    inner.timeout,
-                    "cleanup",
-                    inner.client.kv_client().delete(key.clone(), None::<DeleteOptions>),
-                )
-                .await
-                .map(|_| true),
-            };
-            match deleted {
+            match inner.delete_entry(&key, revision, owner).await {
                 Ok(true) => inner.pool.give_back(slot),
                 Ok(false) => {}
                 Err(e) => tracing::debug!(error = %e, "cleanup of a queue entry failed; it expires with its lease"),
@@ -391,7 +451,9 @@ impl Inner {
         owner: OwnerToken,
         fence: FencingToken,
         slot: Slot,
-    ) -> Lease {
+    ) -> Result<Lease, LockError> {
+        // Slots carry whole-second TTLs this backend validated.
+        let ttl = self.caps.effective_ttl(slot.ttl)?;
         let lost = CancellationToken::new();
         let done = CancellationToken::new();
         if let Ok(revision) = i64::try_from(fence.get()) {
@@ -405,13 +467,13 @@ impl Inner {
                 done.clone(),
             );
         }
-        Lease::new(name.clone(), owner, fence, slot.ttl, slot.refreshed)
+        Ok(Lease::new(name.clone(), owner, fence, ttl, slot.refreshed)
             .with_loss_signal(lost)
             .with_extension(Grant {
                 lease_id: slot.id,
                 pool: self.id,
                 done,
-            })
+            }))
     }
 
     /// The holder: the queue's oldest entry.
@@ -471,9 +533,9 @@ impl LockBackend for EtcdBackend {
         self.inner.caps.clone()
     }
 
-    async fn try_acquire(&self, name: &LockName, ttl: Duration) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         let inner = &self.inner;
-        let ttl = inner.caps.effective_ttl(ttl)?;
+        let (name, ttl) = (request.name(), request.ttl().get());
         let queue = inner.keys.queue(name);
         let end = Keys::queue_end(&queue);
         // A pooled lease may have been revoked behind our back: one retry
@@ -501,7 +563,9 @@ impl LockBackend for EtcdBackend {
                     // which etcd returns as the header's revision.
                     let revision = reply.header().map_or(0, |h| h.revision());
                     let fence = inner.fence(revision)?;
-                    return Ok(Attempt::Acquired(inner.lease_for(name, owner, fence, slot)));
+                    return Ok(Attempt::Acquired(
+                        inner.lease_for(name, owner, fence, slot)?,
+                    ));
                 }
                 Ok(Ok(_)) => {
                     inner.pool.give_back(slot);
@@ -509,12 +573,12 @@ impl LockBackend for EtcdBackend {
                 }
                 Ok(Err(e)) if lease_not_found(&e) && !fresh_grant => continue,
                 Ok(Err(e)) => {
-                    // The put may or may not have happened.
-                    inner.spawn_cleanup(key, None, slot);
+                    // The put may or may not have happened, or happen later.
+                    inner.abandon(slot);
                     return Err(error::map(e));
                 }
                 Err(_) => {
-                    inner.spawn_cleanup(key, None, slot);
+                    inner.abandon(slot);
                     return Err(LockError::unavailable(
                         BACKEND,
                         format!("acquire got no answer within {:?}", inner.timeout),
@@ -558,7 +622,7 @@ impl LockBackend for EtcdBackend {
             mark_lost(lease);
             return Err(not_held());
         }
-        Ok(lease.renewed(lease.ttl(), sent))
+        Ok(lease.renewed(sent))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -615,10 +679,12 @@ impl LockBackend for EtcdBackend {
             let Some((kv, _)) = inner.head(name).await? else {
                 return Ok(None);
             };
-            let holder = inner.holder_of(&kv).await?;
-            if expected.is_some_and(|fence| fence != holder.fence) {
+            // Compare-and-evict: only the grant holding `expected`, so a
+            // retry never evicts the next holder.
+            if expected.is_some_and(|fence| Some(fence) != inner.fence(kv.create_revision()).ok()) {
                 return Ok(None);
             }
+            let holder = inner.holder_of(&kv).await?;
             let txn = Txn::new()
                 .when([Compare::create_revision(
                     kv.key().to_vec(),
@@ -657,11 +723,10 @@ impl LockBackend for EtcdBackend {
 
     async fn acquire(
         &self,
-        name: &LockName,
-        ttl: Duration,
+        request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        queue::acquire(&self.inner, name, ttl, wait).await
+        queue::acquire(&self.inner, request.name(), request.ttl().get(), wait).await
     }
 }
 

@@ -48,7 +48,7 @@ pub(crate) fn map(e: etcd_client::Error) -> LockError {
                     | RESOURCE_EXHAUSTED
                     | ABORTED
                     | UNAVAILABLE
-            ) || (code == INTERNAL && status.message().contains("transport"))
+            ) || (code == INTERNAL && local_transport_fault(status.message()))
         }
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
         E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) | E::EndpointError(_) => {
@@ -61,6 +61,14 @@ pub(crate) fn map(e: etcd_client::Error) -> LockError {
     } else {
         LockError::store(BACKEND, e)
     }
+}
+
+/// An `INTERNAL` status made up by the client's own HTTP/2 layer (a broken
+/// or garbled connection: tonic's "h2 protocol error: ..."), not sent by
+/// etcd, whose own messages start with "etcdserver:". The next request goes
+/// out on a new connection, so it is retryable.
+fn local_transport_fault(message: &str) -> bool {
+    message.contains("transport") || message.starts_with("h2 protocol error")
 }
 
 /// The TLS layer's verdict on a certificate, somewhere in the error chain:

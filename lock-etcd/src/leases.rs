@@ -49,7 +49,7 @@ pub(crate) struct Grant {
     /// Which backend instance granted it: only that one pools the lease again.
     pub(crate) pool: u64,
     /// Cancelled by `release`: stops the loss watch (see `loss`).
-    pub(crate) done: lockcore::CancellationToken,
+    pub(crate) done: lockcore::backend::CancellationToken,
 }
 
 #[derive(Debug, Default)]

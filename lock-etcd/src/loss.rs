@@ -8,19 +8,33 @@
 //! the hot path, never pay for it. Subscribing first and then reading the
 //! key covers the time before: a delete before the subscription shows in
 //! the read, one after it arrives as an event.
+//!
+//! So a connected holder learns of its key's delete within [`NOTICE`] plus
+//! round trips (the watch's creation and the read, when the delete came
+//! first): the watch starts at most 300 ms after the grant, and etcd may hold
+//! a new watch's events back for one pass of its unsynced-watch loop.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::GetOptions;
-use lockcore::CancellationToken;
+use lockcore::backend::CancellationToken;
 use tokio::time::Instant;
 
 use crate::backend::Inner;
 
 /// How often the scheduler looks at grants waiting for their watch.
 const TICK: Duration = Duration::from_millis(50);
+/// The longest a grant waits for its watch (a tenth of its TTL, at most this).
+const MAX_DELAY: Duration = Duration::from_millis(250);
+/// etcd serves a watch whose creation raced a write (a watch "from now"
+/// whose revision was read before the write) from a loop that runs every
+/// 100 ms (`syncWatchersLoop`).
+const UNSYNCED_LOOP: Duration = Duration::from_millis(100);
+/// How soon a connected holder's loss signal fires after its key is deleted
+/// (a forced release, a revocation), round trips aside.
+pub(crate) const NOTICE: Duration = MAX_DELAY.saturating_add(TICK).saturating_add(UNSYNCED_LOOP);
 
 /// Grants whose loss watch has not started yet. Registering one is a push
 /// under a mutex: no task, no timer, no wake-up on the acquire path.
@@ -52,7 +66,7 @@ pub(crate) fn register(
     lost: CancellationToken,
     done: CancellationToken,
 ) {
-    let start_at = Instant::now() + (ttl / 10).min(Duration::from_millis(250));
+    let start_at = Instant::now() + (ttl / 10).min(MAX_DELAY);
     inner
         .watches
         .pending

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lockcore::{Lease, LockError, LockName, OwnerToken, WaitPolicy};
+use lockcore::backend::WaitPolicy;
+use lockcore::{Lease, LockError, LockName, OwnerToken};
 use tokio::time::Instant;
 
 use crate::backend::{Inner, first_range};
@@ -46,7 +47,6 @@ pub(crate) async fn acquire(
     ttl: Duration,
     wait: &WaitPolicy,
 ) -> Result<Option<Lease>, LockError> {
-    let ttl = inner.caps.effective_ttl(ttl)?;
     let mut attempt: u32 = 0;
     loop {
         let failure = match wait_in_line(inner, name, ttl, wait).await {
@@ -104,12 +104,13 @@ impl Entry {
             let reply = match reply {
                 Ok(Ok(reply)) => reply,
                 Ok(Err(e)) if lease_not_found(&e) && !fresh_grant => continue,
+                // The put may or may not have happened, or happen later.
                 Ok(Err(e)) => {
-                    inner.spawn_cleanup(key, None, slot);
+                    inner.abandon(slot);
                     return Err(crate::error::map(e));
                 }
                 Err(_) => {
-                    inner.spawn_cleanup(key, None, slot);
+                    inner.abandon(slot);
                     return Err(LockError::unavailable(
                         BACKEND,
                         format!("enqueue got no answer within {:?}", inner.timeout),
@@ -124,7 +125,7 @@ impl Entry {
                 .find(|kv| kv.key() == key.as_slice())
                 .map(KeyValue::create_revision)
             else {
-                inner.spawn_cleanup(key, None, slot);
+                inner.abandon(slot);
                 return Err(protocol("our new entry is missing from the queue"));
             };
             let line = Line::new(at, revision, &entries);
@@ -148,7 +149,7 @@ impl Entry {
         let fence = self.inner.fence(self.revision)?;
         Ok(self
             .inner
-            .lease_for(&self.name, self.owner, fence, self.slot))
+            .lease_for(&self.name, self.owner, fence, self.slot)?)
     }
 
     /// The local deadline of our lease.
@@ -180,11 +181,8 @@ impl Entry {
 impl Drop for Entry {
     fn drop(&mut self) {
         if self.armed {
-            self.inner.spawn_cleanup(
-                self.key.clone(),
-                Some((self.revision, self.owner)),
-                self.slot,
-            );
+            self.inner
+                .spawn_cleanup(self.key.clone(), self.revision, self.owner, self.slot);
         }
     }
 }

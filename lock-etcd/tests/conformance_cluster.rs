@@ -10,7 +10,8 @@ use std::sync::{Arc, OnceLock};
 use lock_conformance::stores::{Cluster, etcd};
 use lock_conformance::{Factory, StoreControl};
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{LockBackend, LockError, async_trait};
+use lockcore::backend::async_trait;
+use lockcore::{LockBackend, LockError};
 
 /// Set for the lock-taker helper process, so it joins the same cluster.
 const ENDPOINTS_VAR: &str = "LOCK_TEST_ETCD_CLUSTER_ENDPOINTS";

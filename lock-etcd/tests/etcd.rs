@@ -10,9 +10,10 @@ use std::time::Duration;
 use lock_conformance::stores::{etcd, eventually};
 use lock_etcd::etcd_client::{Client, GetOptions, Permission, Txn, TxnOp};
 use lock_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::backend::{LockBackendExt, WaitPolicy};
 use lockcore::{
     Attempt, Lease, LockBackend, LockError, LockName, Locker, LossReason, OwnerToken,
-    ReleaseOutcome, WaitPolicy,
+    ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -35,7 +36,11 @@ async fn raw(url: &str) -> Client {
 }
 
 async fn acquire(backend: &EtcdBackend, name: &LockName, ttl: Duration) -> Lease {
-    match backend.try_acquire(name, ttl).await.expect("try_acquire") {
+    match backend
+        .try_acquire_for(name, ttl)
+        .await
+        .expect("try_acquire")
+    {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
     }
@@ -69,7 +74,7 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
         Duration::from_secs(1),
         Duration::from_millis(1999),
     ] {
-        let outcome = backend.try_acquire(&lock, too_short).await;
+        let outcome = backend.try_acquire_for(&lock, too_short).await;
         assert!(
             matches!(outcome, Err(LockError::InvalidTtl { .. })),
             "{too_short:?}: {outcome:?}"
@@ -218,7 +223,7 @@ async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
         lock.clone(),
         next.owner(),
         next.fence(),
-        next.ttl(),
+        next.checked_ttl(),
         Instant::now(),
     );
     assert!(
@@ -280,6 +285,158 @@ async fn lost_fires_when_etcd_drops_the_lease_not_at_the_next_renewal() {
     );
 }
 
+/// `LOCK_TEST_TIME_SCALE` (default 1.0).
+fn scaled(d: Duration) -> Duration {
+    let scale = std::env::var("LOCK_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(1.0);
+    d.mul_f64(scale)
+}
+
+/// Four times the slowest of a few round trips, plus 100 ms, scaled (as the
+/// conformance suite's `Ctx::round_trip`).
+async fn round_trip(backend: &EtcdBackend) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let sent = Instant::now();
+        backend.inspect(&name("rtt")).await.unwrap();
+        slowest = slowest.max(sent.elapsed());
+    }
+    scaled(slowest * 4 + Duration::from_millis(100))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_reach_a_connected_holder_within_the_declared_notice() {
+    let url = etcd::shared().url();
+    let (holder, admin) = (connect(&url).await, connect(&url).await);
+    let notice = holder
+        .capabilities()
+        .eviction_notice
+        .expect("etcd pushes evictions to the holder's watch: the notice must be declared");
+    let bound = notice + round_trip(&holder).await;
+    // Renewals every 4 s: only the pushed notice can be on time.
+    let locker = Locker::new(holder.clone())
+        .ttl(Duration::from_secs(5))
+        .renew_every(Duration::from_secs(4));
+    let mut took = Vec::new();
+    for run in 0..25 {
+        let lock = name("evicted");
+        let guard = locker.acquire(&lock).await.unwrap();
+        // Before and after the holder's watch starts (up to 300 ms in).
+        tokio::time::sleep(Duration::from_millis(25 * run)).await;
+        let fence = guard.fencing_token();
+        let evicted = admin.evict(&lock, Some(fence)).await.unwrap();
+        assert_eq!(evicted.map(|h| h.fence), Some(fence));
+        let sent = Instant::now();
+        let reason = tokio::time::timeout(bound, guard.lost())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("run {run}: lost() did not fire within {bound:?} of the eviction")
+            });
+        took.push(sent.elapsed());
+        assert_eq!(reason, LossReason::StoreReported);
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
+    }
+    took.sort();
+    eprintln!(
+        "eviction notice: n={} min={:?} median={:?} max={:?} (declared {notice:?}, bound {bound:?})",
+        took.len(),
+        took[0],
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_and_evict_evicts_only_the_fence_it_names() {
+    let url = etcd::shared().url();
+    let (holder, waiter, admin) = (
+        connect(&url).await,
+        connect(&url).await,
+        connect(&url).await,
+    );
+    let lock = name("compare-and-evict");
+    assert_eq!(
+        admin.evict(&lock, None).await.unwrap(),
+        None,
+        "nothing to evict"
+    );
+    let held = acquire(&holder, &lock, Duration::from_secs(10)).await;
+    let fence = held.fence();
+    let other = |delta: i64| lockcore::FencingToken::new(fence.get().saturating_add_signed(delta));
+    for wrong in [other(1), other(-1)] {
+        let wrong = wrong.unwrap();
+        assert_eq!(
+            admin.evict(&lock, Some(wrong)).await.unwrap(),
+            None,
+            "{wrong}"
+        );
+    }
+    assert_eq!(admin.inspect(&lock).await.unwrap().unwrap().fence, fence);
+    let held = holder
+        .renew(&held)
+        .await
+        .expect("a wrong fence evicted nothing");
+
+    // A waiter in line: the eviction hands it the lock.
+    let waiting = {
+        let (waiter, lock) = (waiter.clone(), lock.clone());
+        tokio::spawn(async move {
+            let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(20));
+            waiter
+                .acquire_for(&lock, Duration::from_secs(10), &wait)
+                .await
+        })
+    };
+    let key = holder.key_of(&held).unwrap();
+    let queue = key[..key.len() - 16].to_vec();
+    let mut client = raw(&url).await;
+    eventually(Duration::from_secs(10), "the waiter in line", || {
+        let (mut client, queue) = (client.clone(), queue.clone());
+        async move {
+            let count = client
+                .get(
+                    queue,
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .unwrap()
+                .count();
+            (count == 2).then_some(())
+        }
+    })
+    .await;
+    let evicted = admin.evict(&lock, Some(fence)).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(fence));
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter is granted after the eviction")
+        .unwrap()
+        .unwrap()
+        .expect("granted");
+    assert!(next.fence() > fence);
+    // The admin's retry (say its reply was lost) names the old fence: the
+    // next holder keeps the lock.
+    assert_eq!(admin.evict(&lock, Some(fence)).await.unwrap(), None);
+    assert_eq!(
+        admin.inspect(&lock).await.unwrap().unwrap().fence,
+        next.fence()
+    );
+    assert!(matches!(
+        holder.renew(&held).await,
+        Err(LockError::NotHeld { .. })
+    ));
+    waiter
+        .renew(&next)
+        .await
+        .expect("the next holder still holds");
+    let value = client.get(key, None).await.unwrap();
+    assert!(value.kvs().is_empty(), "the evicted grant's key is gone");
+    waiter.release(&next).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_lease_dies_in_line_never_takes_the_lock_with_it() {
     // etcd #11456: a waiter whose lease expired was granted the lock. Here
@@ -294,7 +451,9 @@ async fn a_waiter_whose_lease_dies_in_line_never_takes_the_lock_with_it() {
         let (waiter, lock) = (waiter.clone(), lock.clone());
         tokio::spawn(async move {
             let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(20));
-            waiter.acquire(&lock, Duration::from_secs(10), &wait).await
+            waiter
+                .acquire_for(&lock, Duration::from_secs(10), &wait)
+                .await
         })
     };
     // Find the waiter's entry: the newer of the two queue entries.
@@ -394,7 +553,7 @@ async fn users_and_roles_are_enforced_and_secrets_never_printed() {
     let outside = EtcdBackend::connect_with(config.clone().prefix("other/"))
         .await
         .unwrap();
-    let refused = outside.try_acquire(&lock, Duration::from_secs(5)).await;
+    let refused = outside.try_acquire_for(&lock, Duration::from_secs(5)).await;
     assert!(
         matches!(refused, Err(LockError::Store { .. })),
         "{refused:?}"
@@ -411,7 +570,9 @@ async fn users_and_roles_are_enforced_and_secrets_never_printed() {
     let anonymous = EtcdBackend::connect_with(EtcdConfig::new([url.as_str()]).prefix("app/"))
         .await
         .unwrap();
-    let refused = anonymous.try_acquire(&lock, Duration::from_secs(5)).await;
+    let refused = anonymous
+        .try_acquire_for(&lock, Duration::from_secs(5))
+        .await;
     assert!(
         matches!(refused, Err(LockError::Store { .. })),
         "{refused:?}"
@@ -449,6 +610,56 @@ async fn tls_and_url_mistakes_are_typed_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_name_their_cause_within_the_connect_timeout() {
+    let connect_timeout = scaled(Duration::from_secs(2));
+    let config = |endpoints: &[&str]| {
+        EtcdConfig::new(endpoints.iter().copied()).connect_timeout(connect_timeout)
+    };
+    let failed = |config: EtcdConfig| async move {
+        let started = Instant::now();
+        let err = EtcdBackend::connect_with(config)
+            .await
+            .expect_err("connect must fail");
+        let took = started.elapsed();
+        assert!(took < connect_timeout, "{took:?} to report: {err}");
+        err
+    };
+
+    // A closed port (with and without credentials, one or every endpoint):
+    // retryable, and the message says the connection was refused.
+    let closed = ["http://127.0.0.1:1", "http://127.0.0.1:2"];
+    for config in [
+        config(&closed[..1]),
+        config(&closed),
+        config(&closed[..1]).user("locker", "s3cret-pw"),
+    ] {
+        let err = failed(config).await;
+        assert!(err.is_retryable(), "{err:?}");
+        let text = err.to_string();
+        assert!(text.to_lowercase().contains("connection refused"), "{text}");
+        assert!(!text.contains("s3cret-pw"), "{text}");
+    }
+
+    // Wrong credentials: permanent, and the message says so.
+    let store = tokio::task::spawn_blocking(|| etcd::start(etcd::Options::default()))
+        .await
+        .unwrap()
+        .expect("a private etcd for auth");
+    let url = store.url();
+    let mut root = raw(&url).await;
+    root.user_add("root", "r00t-secret", None).await.unwrap();
+    root.user_grant_role("root", "root").await.unwrap();
+    root.auth_enable().await.unwrap();
+    for (user, password) in [("root", "not-the-pw"), ("nobody", "not-the-pw")] {
+        let err = failed(config(&[url.as_str()]).user(user, password)).await;
+        assert!(matches!(err, LockError::Store { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("authentication failed"), "{text}");
+        assert!(!text.contains("not-the-pw"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_facade_style_url_connects() {
     let store = etcd::shared();
     let backend: Arc<dyn LockBackend> = Arc::new(
@@ -458,7 +669,7 @@ async fn the_facade_style_url_connects() {
     );
     let lock = name("url");
     let lease = backend
-        .try_acquire(&lock, Duration::from_secs(3))
+        .try_acquire_for(&lock, Duration::from_secs(3))
         .await
         .unwrap()
         .into_lease()

@@ -13,7 +13,8 @@ use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::{self, etcd};
 use lock_etcd::etcd_client::{Client, GetOptions};
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{Attempt, Lease, LockBackend, LockName, OwnerToken, ReleaseOutcome, WaitPolicy};
+use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::{Attempt, Lease, LockBackend, LockName, OwnerToken, ReleaseOutcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -40,7 +41,11 @@ async fn private_etcd() -> stores::Store {
 }
 
 async fn hold(backend: &EtcdBackend, name: &LockName) -> Lease {
-    match backend.try_acquire(name, TTL).await.expect("try_acquire") {
+    match backend
+        .try_acquire_for(name, TTL)
+        .await
+        .expect("try_acquire")
+    {
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
     }
@@ -61,7 +66,7 @@ fn wait_for(
     let (name, grants) = (name.clone(), grants.clone());
     tokio::spawn(async move {
         let lease = backend
-            .acquire(&name, TTL, &patient())
+            .acquire_for(&name, TTL, &patient())
             .await
             .expect("acquire")
             .expect("granted before the deadline");

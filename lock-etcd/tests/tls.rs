@@ -11,6 +11,7 @@ use lock_conformance::stores::etcd::{self, ClientTls, Options};
 use lock_conformance::stores::pki::{Identity, TestCa};
 use lock_etcd::etcd_client::{Certificate, Client, ConnectOptions, Permission, TlsOptions};
 use lock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome};
 use tokio::time::Instant;
 
@@ -91,7 +92,7 @@ async fn lock_cycle(backend: &EtcdBackend, lock: &LockName) {
     let mut fences = Vec::new();
     for _ in 0..2 {
         let lease = match backend
-            .try_acquire(lock, Duration::from_secs(5))
+            .try_acquire_for(lock, Duration::from_secs(5))
             .await
             .unwrap()
         {
@@ -286,7 +287,7 @@ async fn users_and_passwords_over_tls() {
         .await
         .unwrap();
     let err = nobody
-        .try_acquire(&name("nobody"), Duration::from_secs(5))
+        .try_acquire_for(&name("nobody"), Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(

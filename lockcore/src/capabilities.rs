@@ -28,8 +28,14 @@ pub struct Capabilities {
     /// rather than by polling.
     pub notifications: bool,
     /// How long after its TTL the store may still hold an abandoned lock
-    /// (expiry sweeps, leader changes). The L1 liveness bound is TTL + slack.
+    /// (expiry sweeps, leader changes), plus
+    /// [`expiry_slack_ttl_percent`](Self::expiry_slack_ttl_percent) of the
+    /// TTL. The L1 liveness bound is TTL + [`slack_for`](Self::slack_for)(TTL).
     pub expiry_slack: Duration,
+    /// The part of the slack that grows with the lease's TTL, in percent of
+    /// it (etcd 3.4 restarts every lease at its full TTL after a leader
+    /// change: 100; most stores: 0).
+    pub expiry_slack_ttl_percent: u32,
     /// The clock the store judges expiry on, and so what can free a lock
     /// before the holder's local deadline.
     pub expiry_clock: ExpiryClock,
@@ -145,6 +151,7 @@ impl Capabilities {
             fence_durability: FenceDurability::Volatile,
             notifications: false,
             expiry_slack: Duration::ZERO,
+            expiry_slack_ttl_percent: 0,
             expiry_clock: ExpiryClock::StoreWallClock,
             eviction_notice: None,
             semaphores: false,
@@ -213,10 +220,26 @@ impl Capabilities {
         self
     }
 
-    /// Sets the expiry slack.
+    /// Sets the fixed part of the expiry slack.
     pub fn expiry_slack(mut self, slack: Duration) -> Self {
         self.expiry_slack = slack;
         self
+    }
+
+    /// Sets the part of the expiry slack that grows with the TTL, in percent
+    /// of it.
+    pub fn expiry_slack_ttl_percent(mut self, percent: u32) -> Self {
+        self.expiry_slack_ttl_percent = percent;
+        self
+    }
+
+    /// How long after its TTL `ttl` an abandoned lock may still be held:
+    /// the fixed slack plus the part that grows with the TTL.
+    pub fn slack_for(&self, ttl: Duration) -> Duration {
+        let grows = ttl
+            .checked_mul(self.expiry_slack_ttl_percent)
+            .map_or(Duration::MAX, |d| d / 100);
+        self.expiry_slack.saturating_add(grows)
     }
 
     /// The TTL the store will enforce for a request of `requested`: rounded up
@@ -297,6 +320,23 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn slack_can_grow_with_the_ttl() {
+        let caps = Capabilities::new("etcd")
+            .expiry_slack(Duration::from_secs(2))
+            .expiry_slack_ttl_percent(100);
+        assert_eq!(
+            caps.slack_for(Duration::from_secs(10)),
+            Duration::from_secs(12)
+        );
+        assert_eq!(
+            Capabilities::new("redis")
+                .expiry_slack(Duration::from_millis(1))
+                .slack_for(Duration::from_secs(3600)),
+            Duration::from_millis(1)
+        );
     }
 
     #[test]

@@ -1,0 +1,215 @@
+//! Network faults the conformance suite cannot aim this precisely: an
+//! acquire whose put lands after the client gave up on it (a phantom entry
+//! must not outlive its TTL, however busy the client keeps its other leases).
+
+use std::time::Duration;
+
+use lock_conformance::proxy::{FaultProxy, Mode};
+use lock_conformance::stores::{etcd, until};
+use lock_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::backend::{CancellationToken, LockBackendExt};
+use lockcore::{Attempt, Lease, LockBackend, LockName, OwnerToken};
+use tokio::time::Instant;
+
+/// Long next to the request timeout, as in production: a lease that gave
+/// up on a request is still young enough to be pooled again.
+/// Acquires that give up on the slow proxy: in about half of them the
+/// cleanup lands before the put.
+const ROUNDS: usize = 8;
+
+const TTL: Duration = Duration::from_secs(4);
+
+fn scale() -> f64 {
+    std::env::var("LOCK_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(1.0)
+}
+
+fn name(test: &str, i: usize) -> LockName {
+    let tag = OwnerToken::new().as_uuid().as_u128() as u32;
+    LockName::new(format!("faults-test/{test}/{tag:08x}/{i}")).unwrap()
+}
+
+/// etcd-client spreads requests over its endpoints at random. With two
+/// proxies in front of one etcd, one slow (requests *and* replies late by
+/// more than the request timeout) and one fast, an acquire sent through the
+/// slow one times out, and whatever the client then does about it goes
+/// through the fast one half of the time and lands first: the acquire's put
+/// lands after it. The name must still be free within TTL + slack of that
+/// put, even while the client keeps its leases busy. (Before leases of
+/// such puts were revoked instead of pooled, the name stayed blocked for
+/// as long as the client kept reusing the lease: over a minute here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
+    let store = etcd::shared();
+    let (slow, fast) = (
+        FaultProxy::start(store.addr()).await.unwrap(),
+        FaultProxy::start(store.addr()).await.unwrap(),
+    );
+    let timeout = Duration::from_millis(500).mul_f64(scale());
+    // Late by more than the request timeout, yet HTTP/2 pings (3 s
+    // timeout) come back in time, so the connection stays up (up to scale 2).
+    let late = timeout + Duration::from_millis(300);
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.url_via(slow.addr()), store.url_via(fast.addr())])
+            .request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
+        .await
+        .unwrap();
+    let slack = client.capabilities().expiry_slack + Duration::from_secs(1).mul_f64(scale());
+
+    // Both connections up before one of them turns slow.
+    until(
+        Duration::from_secs(10),
+        "a connection through each proxy",
+        || async {
+            let _ = client.inspect(&name("warm-up", 0)).await;
+            slow.connections() > 0 && fast.connections() > 0
+        },
+    )
+    .await;
+
+    for round in 0..ROUNDS {
+        // The slow proxy turns slow until one acquire went through it and
+        // gave up; once that acquire's put has landed, it is fast again.
+        slow.set(Mode::Delay {
+            base: late,
+            jitter: Duration::ZERO,
+        });
+        let mut granted = Vec::new();
+        let (lock, sent) = loop {
+            assert!(granted.len() < 40, "no acquire went through the slow proxy");
+            let lock = name("blind", round);
+            let sent = Instant::now();
+            match client.try_acquire_for(&lock, TTL).await {
+                // Through the fast proxy: released once the slow one is fast.
+                Ok(Attempt::Acquired(lease)) => granted.push(lease),
+                Ok(Attempt::Held { .. }) => panic!("{lock} is fresh, nobody holds it"),
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e:?}");
+                    break (lock, sent);
+                }
+            }
+        };
+        tokio::time::sleep_until(sent + late + Duration::from_millis(50)).await;
+        slow.set(Mode::Pass);
+
+        // The client stays busy, as a service holding many locks does: each
+        // cycle takes every lease in its pool.
+        let busy = CancellationToken::new();
+        let churn = tokio::spawn(churn(client.clone(), granted, busy.clone()));
+        let bound = sent + late + TTL + slack;
+        loop {
+            match observer.try_acquire_for(&lock, TTL).await {
+                Ok(Attempt::Acquired(lease)) => {
+                    observer.release(&lease).await.unwrap();
+                    break;
+                }
+                Ok(Attempt::Held { .. }) | Err(_) => {}
+            }
+            assert!(
+                Instant::now() < bound,
+                "L1: round {round}: {lock} still blocked {:?} after its acquire was sent, \
+                 beyond the put's delay + TTL + slack ({:?}); holder: {:?}",
+                sent.elapsed(),
+                late + TTL + slack,
+                observer.inspect(&lock).await,
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        busy.cancel();
+        churn.await.unwrap();
+    }
+}
+
+/// Releases `granted`, then acquires and releases 16 names over and over
+/// until `stop`.
+async fn churn(client: EtcdBackend, granted: Vec<Lease>, stop: CancellationToken) {
+    for lease in granted {
+        let _ = client.release(&lease).await;
+    }
+    let names: Vec<LockName> = (0..16).map(|i| name("busy", i)).collect();
+    while !stop.is_cancelled() {
+        let mut held = Vec::new();
+        for lock in &names {
+            if let Ok(Attempt::Acquired(lease)) = client.try_acquire_for(lock, TTL).await {
+                held.push(lease);
+            }
+        }
+        for lease in held {
+            let _ = client.release(&lease).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A connection whose server preface was lost (the proxy dropped the
+/// server's first bytes after a reset) fails its next requests with an
+/// HTTP/2 protocol error: a transport fault like any other, so it must be
+/// retryable (the nemesis case hit it as a permanent `Store` error), and
+/// the client must recover once the network does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbled_connection_is_a_retryable_error_and_heals() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = Duration::from_millis(300).mul_f64(scale());
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.url_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let lock = name("garbled", 0);
+    let mut errors = Vec::new();
+    for _ in 0..5 {
+        proxy.set(Mode::DropDownstream);
+        proxy.reset_existing();
+        // Until the client has reconnected, with the server's preface
+        // dropped: its request then goes unanswered.
+        for _ in 0..10 {
+            let sent = Instant::now();
+            let Err(e) = client.inspect(&lock).await else {
+                panic!("an answer through a proxy that drops every reply");
+            };
+            errors.push(e);
+            if sent.elapsed() >= timeout {
+                break;
+            }
+        }
+        proxy.set(Mode::Pass);
+        for _ in 0..3 {
+            if let Err(e) = client.inspect(&lock).await {
+                errors.push(e);
+            }
+        }
+    }
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("protocol error")),
+        "the garbled connection never showed: {errors:?}"
+    );
+    for e in &errors {
+        assert!(
+            e.is_retryable(),
+            "a transport fault reported as permanent: {e:?}"
+        );
+    }
+    until(
+        Duration::from_secs(10),
+        "the client serving again",
+        || async { client.inspect(&lock).await.is_ok() },
+    )
+    .await;
+    let lease = client
+        .try_acquire_for(&lock, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    client.release(&lease).await.unwrap();
+}
