@@ -92,7 +92,16 @@ impl LockBackend for ZooKeeperBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.client.renew(lease).await
+        let mut renewed = self.client.renew_many(std::slice::from_ref(lease)).await;
+        renewed.pop().unwrap_or_else(|| {
+            Err(LockError::NotHeld {
+                name: lease.name().clone(),
+            })
+        })
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        self.client.renew_many(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

@@ -2,7 +2,10 @@
 //! its session, its current local deadline, and a watch that turns the node's
 //! deletion by anyone else into the lease's loss signal.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use lockcore::backend::CancellationToken;
 use lockcore::{FencingToken, LockName};
@@ -31,6 +34,36 @@ struct State {
     over: Over,
     /// Its owner is deleting it: the deletion is no loss.
     releasing: bool,
+    /// The keeper's watch on the node, once set.
+    watch: Option<Watch>,
+}
+
+type Fired = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// A data watch on the node, polled only under the grant's lock (by the
+/// keeper's task, and by renewals that look whether it fired).
+struct Watch {
+    /// When its `exists` was answered (the node existed, the watch was set).
+    since: Instant,
+    fired: Fired,
+    /// What it reported, once it fired (until the keeper's task takes it).
+    event: Option<zk::WatchedEvent>,
+    /// The keeper task's waker, left registered by every poll.
+    task: Option<Waker>,
+}
+
+impl Watch {
+    /// Polls the watch with the keeper task's waker; whether it fired.
+    fn poll_fired(&mut self) -> bool {
+        if self.event.is_none() {
+            let waker = self.task.clone().unwrap_or_else(|| Waker::noop().clone());
+            if let Poll::Ready(event) = self.fired.as_mut().poll(&mut Context::from_waker(&waker)) {
+                self.event = Some(event);
+                waker.wake_by_ref();
+            }
+        }
+        self.event.is_some()
+    }
 }
 
 /// One granted lock node.
@@ -43,6 +76,8 @@ pub(crate) struct Held {
     pub(crate) sequence: Option<u32>,
     pub(crate) guid: Uuid,
     pub(crate) fence: FencingToken,
+    /// The node's `czxid`, what renewals compare.
+    pub(crate) czxid: i64,
     /// A create of this owner had its reply lost, so a second node with the
     /// same uuid may exist: release sweeps the parent for it.
     pub(crate) strays: bool,
@@ -89,6 +124,7 @@ impl Held {
         );
         let watched = entry.watched;
         let node = entry.granted()?;
+        let czxid = node.czxid;
         let vouch = watched.zip(node.sequence).filter(|_| alone && !strays);
         Some(Arc::new(Held {
             lost: session.ended.child_token(),
@@ -99,6 +135,7 @@ impl Held {
             sequence: node.sequence,
             guid,
             fence,
+            czxid,
             strays,
             vouch,
             done: CancellationToken::new(),
@@ -106,6 +143,7 @@ impl Held {
                 deadline,
                 over: Over::No,
                 releasing: false,
+                watch: None,
             }),
         }))
     }
@@ -182,6 +220,51 @@ impl Held {
     /// Stops watching (after a release).
     pub(crate) fn stop(&self) {
         self.done.cancel();
+    }
+
+    /// Takes the keeper's data watch on the node, set by an `exists` that
+    /// found it and was answered at `since`.
+    pub(crate) fn watching(&self, since: Instant, fired: Fired) {
+        self.lock().watch = Some(Watch {
+            since,
+            fired,
+            event: None,
+            task: None,
+        });
+    }
+
+    /// Waits until the watch fires (the keeper's task); the watch is gone
+    /// then.
+    pub(crate) fn poll_watch(&self, cx: &mut Context<'_>) -> Poll<zk::WatchedEvent> {
+        let mut state = self.lock();
+        let Some(watch) = state.watch.as_mut() else {
+            return Poll::Pending;
+        };
+        watch.task = Some(cx.waker().clone());
+        if !watch.poll_fired() {
+            return Poll::Pending;
+        }
+        let event = watch.event.take();
+        state.watch = None;
+        event.map_or(Poll::Pending, Poll::Ready)
+    }
+
+    /// Whether the node is proven to exist at the point of a request sent
+    /// at `sent` and answered since: its watch was set before `sent` and has
+    /// not fired by now. ZooKeeper sends the event of a deletion before the
+    /// reply to any later request of the session, and the client hands it to
+    /// the watch before that reply; so once the reply is in, a deletion
+    /// before it shows here. `None`: no such watch (read the node instead);
+    /// `Some(false)`: the watch fired (its task handles the event).
+    pub(crate) fn watched_through(&self, sent: Instant) -> Option<bool> {
+        let mut state = self.lock();
+        let watch = state.watch.as_mut().filter(|w| w.since <= sent)?;
+        Some(!watch.poll_fired())
+    }
+
+    /// Whether the keeper's watch was set before `sent`.
+    pub(crate) fn watched_before(&self, sent: Instant) -> bool {
+        self.lock().watch.as_ref().is_some_and(|w| w.since <= sent)
     }
 }
 

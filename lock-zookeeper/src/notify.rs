@@ -120,11 +120,11 @@ async fn keep(keeper: Arc<Keeper>, ended: CancellationToken) {
 
 /// Watches a granted node until it is released, expires (then deletes it:
 /// an abandoned lease must not outlive its deadline just because the session
-/// does), or is deleted by someone else (then fires the loss signal).
+/// does), or is deleted by someone else (then fires the loss signal). The
+/// watch is the grant's ([`Held::watching`]): renewals rely on it too.
 async fn watch_over(held: Arc<Held>) {
     let mut registering: Option<BoxFuture<'static, Registered>> =
         Some(watch(held.session.client.clone(), held.path.clone()));
-    let mut fired: Option<BoxFuture<'static, zk::WatchedEvent>> = None;
     loop {
         let deadline = held.deadline();
         tokio::select! {
@@ -133,7 +133,7 @@ async fn watch_over(held: Arc<Held>) {
             registered = poll_some(&mut registering) => {
                 registering = None;
                 match registered {
-                    Ok((Some(_), watcher)) => fired = Some(Box::pin(watcher.changed())),
+                    Ok((Some(_), watcher)) => held.watching(Instant::now(), Box::pin(watcher.changed())),
                     Ok((None, _)) => return deleted(&held),
                     // Connection trouble: try again (the request waits for
                     // the reconnection); the deadline bounds the grant anyway.
@@ -144,8 +144,7 @@ async fn watch_over(held: Arc<Held>) {
                     Err(e) => tracing::debug!(path = %held.path, error = %e, "could not watch a granted lock node"),
                 }
             }
-            event = poll_some(&mut fired) => {
-                fired = None;
+            event = std::future::poll_fn(|cx| held.poll_watch(cx)) => {
                 if event.event_type == zk::EventType::NodeDataChanged {
                     // Someone wrote to the node (no ACL in use): watch again.
                     registering = Some(watch(held.session.client.clone(), held.path.clone()));

@@ -147,3 +147,41 @@ async fn a_release_does_not_fire_the_loss_signal() {
         assert!(fired.is_err(), "releasing {name} fired its loss signal");
     }
 }
+
+/// Renewing a batch costs one `sync` and proves each watched lease by its
+/// node's watch: a lease whose node was force-released is refused in the
+/// batch that renews the others, right after the eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_renewal_refuses_the_evicted_lease_and_renews_the_rest() {
+    let store = zookeeper::shared();
+    let holder = support::connect(store.url()).await.unwrap();
+    let admin = support::connect(store.url()).await.unwrap();
+    let notice = holder.capabilities().eviction_notice.unwrap();
+    for _ in 0..8 {
+        let names = [unique("batch-a"), unique("batch-b"), unique("batch-c")];
+        let mut leases = Vec::new();
+        for name in &names {
+            leases.push(take(&holder, name).await);
+        }
+        // Past the notice every node is watched: renewals need no reads.
+        tokio::time::sleep(notice).await;
+        let victim = rand::rng().random_range(0..names.len());
+        let evicted = admin
+            .evict(&names[victim], Some(leases[victim].fence()))
+            .await
+            .unwrap();
+        assert!(evicted.is_some());
+        let renewed = holder.renew_many(&leases).await;
+        for (i, outcome) in renewed.iter().enumerate() {
+            match outcome {
+                Err(lockcore::LockError::NotHeld { .. }) if i == victim => {}
+                Ok(lease) if i != victim => assert_eq!(lease.fence(), leases[i].fence()),
+                other => panic!("lease {i} (evicted: {victim}): {other:?}"),
+            }
+        }
+        for (i, lease) in leases.iter().enumerate() {
+            let released = holder.release(lease).await.unwrap();
+            assert_eq!(released == ReleaseOutcome::Released, i != victim);
+        }
+    }
+}
