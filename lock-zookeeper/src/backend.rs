@@ -125,6 +125,10 @@ impl LockBackend for ZooKeeperBackend {
         self.client.watch(name).await
     }
 
+    async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.client.raise_fence_floor(floor).await
+    }
+
     async fn acquire(
         &self,
         request: &LockRequest,

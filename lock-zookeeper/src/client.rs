@@ -144,6 +144,7 @@ impl Client {
             .eviction_notice(Some(Keeper::watched_within(timeout)))
             // 7/5 of the timeout + 1.5 ticks (see `Timing::new`).
             .expiry_slack(timing.slack)
+            .fence_floor(true)
     }
 
     /// Bounds one operation by the session timeout. A request the server
@@ -178,7 +179,7 @@ impl Client {
             live.session.clone(),
             self.lock_path(name),
             self.acls.clone(),
-            &NodeData::new(request.label()),
+            Some(request.label()),
         );
         // The create is a write: it went through the leader after this.
         let sent_at = Moment::now();
@@ -221,8 +222,10 @@ impl Client {
         alive_since: Moment,
         alone: bool,
     ) -> Result<Lease, LockError> {
-        let czxid = entry.node.as_ref().map_or(0, |n| n.czxid);
-        let fence = FencingToken::from_store(BACKEND, czxid)?;
+        let node = entry.node.as_ref();
+        let fence = node
+            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?
+            .fence()?;
         let session = entry.session.clone();
         // Whatever was asked, a lease lasts the negotiated session timeout.
         let ttl = self.capabilities().effective_ttl(session.timeout)?;
@@ -413,9 +416,13 @@ impl Client {
                 Err(e) => return Err(map(format!("reading {path}"), e)),
             };
             let (data, stat) = read;
-            let fence = FencingToken::from_store(BACKEND, stat.czxid)?;
-            let holder = Holder::new(fence, Some(OwnerToken::from_uuid(head.guid)), None)
-                .with_label(NodeData::decode(&data).label);
+            let data = NodeData::decode(&data);
+            let holder = Holder::new(
+                data.fence(stat.czxid)?,
+                Some(OwnerToken::from_uuid(head.guid)),
+                None,
+            )
+            .with_label(data.label);
             return Ok(Some((path, holder)));
         }
         Err(LockError::unavailable(
@@ -474,6 +481,19 @@ impl Client {
             Ok((None, _)) => Ok(Some(Box::pin(async {}))),
             Err(e) => Err(map(format!("watching {path}"), e)),
         }
+    }
+
+    /// Raises the fence floor of this client's lock root (see
+    /// [`crate::floor`]).
+    pub(crate) async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        let live = self.live().await?;
+        crate::floor::raise(
+            &live.session.client,
+            &self.config.root,
+            &self.acls.dirs,
+            floor,
+        )
+        .await
     }
 }
 

@@ -11,6 +11,7 @@ mod client;
 mod config;
 mod connect;
 mod error;
+mod floor;
 mod held;
 mod line;
 mod names;

@@ -7,7 +7,9 @@
 //! `_c_<owner uuid>-lock-<sequence>`. A queue node's data is the holder's
 //! label ([`NodeData`]).
 
-use lockcore::{HolderLabel, LockName};
+use lockcore::{FencingToken, HolderLabel, LockError, LockName};
+
+use crate::error::BACKEND;
 use uuid::Uuid;
 
 /// Whether ZooKeeper refuses `c` in a path. Its `PathUtils.validatePath`
@@ -140,40 +142,74 @@ impl Queue {
 }
 
 /// What distlock writes into a queue node when it creates it: the holder's
-/// label, as UTF-8 text (what `zkCli get` shows). Written in the create
-/// itself, so a node never exists without it.
+/// label, as UTF-8 text (what `zkCli get` shows), and, once the fence floor
+/// was raised, a second line `fence-offset=<n>`: the floor's offset in force
+/// at the create, which the node's fence adds to its `czxid` (see
+/// [`crate::floor`]). Written in the create itself, so a node never exists
+/// without it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct NodeData {
     /// Who holds (or waits), in words; `None` for a node written without one
     /// (an older version of this crate; another recipe's data that is no
     /// valid label).
     pub(crate) label: Option<HolderLabel>,
+    /// Added to the node's `czxid` to make its fence (0: none).
+    pub(crate) offset: u64,
 }
 
+const OFFSET: &str = "fence-offset=";
+
 impl NodeData {
-    /// The data of a node for a holder labelled `label`.
-    pub(crate) fn new(label: &HolderLabel) -> NodeData {
+    /// The data of a node for a holder labelled `label`, created while the
+    /// fence floor's offset is `offset`.
+    pub(crate) fn new(label: Option<&HolderLabel>, offset: u64) -> NodeData {
         NodeData {
-            label: Some(label.clone()),
+            label: label.cloned(),
+            offset,
         }
     }
 
     /// The bytes to create the node with.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        self.label
+        let mut data = self
+            .label
             .as_ref()
-            .map(|l| l.as_str().as_bytes().to_vec())
-            .unwrap_or_default()
+            .map(|l| l.to_string())
+            .unwrap_or_default();
+        if self.offset > 0 {
+            data.push('\n');
+            data.push_str(OFFSET);
+            data.push_str(&self.offset.to_string());
+        }
+        data.into_bytes()
     }
 
     /// Reads a node's data. The label is the first line, if it is a valid
-    /// label (later lines are left for later versions).
+    /// label; an offset line that does not parse counts as none, and other
+    /// lines are left for later versions.
     pub(crate) fn decode(data: &[u8]) -> NodeData {
-        let first = data.split(|&b| b == b'\n').next().unwrap_or_default();
-        let label = std::str::from_utf8(first)
-            .ok()
+        let mut lines = data.split(|&b| b == b'\n');
+        let label = (lines.next())
+            .and_then(|l| std::str::from_utf8(l).ok())
             .and_then(|l| HolderLabel::new(l).ok());
-        NodeData { label }
+        let offset = (lines.filter_map(|l| std::str::from_utf8(l).ok()))
+            .find_map(|l| l.strip_prefix(OFFSET)?.parse().ok())
+            .unwrap_or(0);
+        NodeData { label, offset }
+    }
+
+    /// The fence of a node with this data and `czxid`.
+    pub(crate) fn fence(&self, czxid: i64) -> Result<FencingToken, LockError> {
+        let base = FencingToken::from_store(BACKEND, czxid)?;
+        base.get()
+            .checked_add(self.offset)
+            .and_then(FencingToken::new)
+            .ok_or_else(|| {
+                LockError::store(
+                    BACKEND,
+                    format!("fence {czxid} + offset {} is past 2^64", self.offset),
+                )
+            })
     }
 }
 
@@ -234,9 +270,17 @@ mod tests {
     #[test]
     fn node_data_round_trips_and_reads_what_others_wrote() {
         let label = HolderLabel::new("worker 7 — ünï 🔒").unwrap();
-        let data = NodeData::new(&label);
+        let data = NodeData::new(Some(&label), 0);
         assert_eq!(NodeData::decode(&data.encode()), data);
         assert_eq!(data.encode(), label.as_str().as_bytes());
+        let raised = NodeData::new(Some(&label), 1_000_007);
+        assert_eq!(NodeData::decode(&raised.encode()), raised);
+        assert_eq!(raised.fence(5).unwrap().get(), 1_000_012);
+        assert_eq!(NodeData::new(None, 3).encode(), b"\nfence-offset=3");
+        assert_eq!(NodeData::decode(b"\nfence-offset=3").offset, 3);
+        assert_eq!(NodeData::decode(b"w\nfence-offset=x").offset, 0);
+        assert!(NodeData::new(None, u64::MAX).fence(5).is_err());
+        assert!(NodeData::default().fence(0).is_err());
         // An older version wrote nothing; other recipes write what they like.
         assert_eq!(NodeData::decode(b""), NodeData::default());
         assert_eq!(NodeData::decode(&[0xff, 0xfe]).label, None);

@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use lockcore::LockError;
+use lockcore::{FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
+use crate::error::BACKEND;
 use crate::error::{connection_lost, map};
 use crate::names::{NodeData, Queue, QueueNode, node_prefix};
 use crate::session::Session;
@@ -48,6 +49,15 @@ pub(crate) struct Node {
     pub(crate) czxid: i64,
     /// Its sequence number (as the queue orders them), if the create told us.
     pub(crate) sequence: Option<u32>,
+    /// The fence floor's offset it was created with (in force then).
+    pub(crate) offset: u64,
+}
+
+impl Node {
+    /// The node's fence: its `czxid` plus its offset.
+    pub(crate) fn fence(&self) -> Result<FencingToken, LockError> {
+        NodeData::new(None, self.offset).fence(self.czxid)
+    }
 }
 
 /// A queue entry being created or waiting. Dropping it while armed removes
@@ -58,8 +68,8 @@ pub(crate) struct Entry {
     pub(crate) parent: String,
     pub(crate) guid: Uuid,
     acls: Arc<Acls>,
-    /// The data the node is created with.
-    data: Vec<u8>,
+    /// The label the node is created with.
+    label: Option<HolderLabel>,
     pub(crate) node: Option<Node>,
     /// A create's reply was lost: a second node of ours may show up.
     pub(crate) strays: bool,
@@ -78,14 +88,14 @@ impl Entry {
         session: Arc<Session>,
         parent: String,
         acls: Arc<Acls>,
-        data: &NodeData,
+        label: Option<&HolderLabel>,
     ) -> Entry {
         Entry {
             session,
             parent,
             guid: Uuid::new_v4(),
             acls,
-            data: data.encode(),
+            label: label.cloned(),
             node: None,
             strays: false,
             watched: None,
@@ -104,7 +114,38 @@ impl Entry {
     /// Creates the lock's parent (a container node the server deletes once
     /// empty) when missing. When a create's reply is lost, finds the node by
     /// its owner uuid instead of leaving it orphaned.
+    ///
+    /// The node carries the fence floor's offset, confirmed in force at the
+    /// create (see [`crate::floor`]); when the floor was raised meanwhile,
+    /// the node is created again.
     pub(crate) async fn enqueue(&mut self, listing: bool) -> Result<Option<Queue>, LockError> {
+        let session = self.session.clone();
+        let (client, floor) = (&session.client, &session.floor);
+        for _ in 0..CREATE_ATTEMPTS {
+            let offset = floor.offset(client).await?;
+            let queue = self.create(listing, offset).await?;
+            if floor.confirm(client, offset).await? {
+                return Ok(queue);
+            }
+            tracing::debug!(parent = %self.parent, "the fence floor was raised during a create; creating again");
+            if let Some(node) = self.node.take() {
+                delete_node(client, &node.path)
+                    .await
+                    .map_err(|e| map(format!("deleting {}", node.path), e))?;
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            format!(
+                "the fence floor kept changing while queueing under {}",
+                self.parent
+            ),
+        ))
+    }
+
+    /// One create with the floor's `offset` (see [`enqueue`](Self::enqueue)).
+    async fn create(&mut self, listing: bool, offset: u64) -> Result<Option<Queue>, LockError> {
+        let data = NodeData::new(self.label.as_ref(), offset).encode();
         let session = self.session.clone();
         let (client, quiet) = (&session.client, &session.quiet);
         let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
@@ -120,7 +161,7 @@ impl Entry {
                 .or_else(|| quiet.watched(&self.parent));
             let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
                 .then(|| client.check_and_watch_stat(&self.parent));
-            let create = client.create(&prefix, &self.data, &mode);
+            let create = client.create(&prefix, &data, &mode);
             let list = (listing && claim.is_none()).then(|| client.list_children(&self.parent));
             let created = create.await;
             let watched = match watching {
@@ -140,6 +181,7 @@ impl Entry {
                         name,
                         czxid: stat.czxid,
                         sequence,
+                        offset,
                     });
                     self.watched = watched;
                     if alone.is_some() || !listing {
@@ -165,7 +207,7 @@ impl Entry {
                     claim = None;
                     self.strays = true;
                     last = Some(e);
-                    if let Some(queue) = self.recover().await? {
+                    if let Some(queue) = self.recover(offset).await? {
                         return Ok(Some(queue));
                     }
                 }
@@ -183,8 +225,9 @@ impl Entry {
         ))
     }
 
-    /// After a lost create reply: our node, if the create happened.
-    async fn recover(&mut self) -> Result<Option<Queue>, LockError> {
+    /// After a lost create reply: our node, if the create (with `offset`)
+    /// happened.
+    async fn recover(&mut self, offset: u64) -> Result<Option<Queue>, LockError> {
         // `sync` first: a create that reached the leader through the lost
         // connection is then visible here.
         let queue = self.relist(true).await?;
@@ -203,6 +246,7 @@ impl Entry {
                     name: ours.name,
                     path,
                     czxid: stat.czxid,
+                    offset,
                 });
                 Ok(Some(queue))
             }
@@ -443,7 +487,7 @@ mod tests {
         let session = Session::open(&config).await.unwrap();
         let acls = Arc::new(Acls::new(false));
         let parent = format!("/zk-unit-prune-{}", Uuid::new_v4().simple());
-        let mut entry = Entry::new(session.clone(), parent.clone(), acls, &NodeData::default());
+        let mut entry = Entry::new(session.clone(), parent.clone(), acls, None);
         let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         session.client.create(&parent, &[], &open).await.unwrap();
         // The "late" create of the lost reply, landing first.

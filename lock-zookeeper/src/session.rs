@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
+use crate::floor::Floor;
 use crate::line::Lines;
 use crate::quiet::QuietQueues;
 
@@ -106,6 +107,8 @@ pub(crate) struct Session {
     pub(crate) quiet: QuietQueues,
     /// The views of the queues this session's waiters are in.
     pub(crate) lines: Lines,
+    /// The fence floor, as this session knows it.
+    pub(crate) floor: Floor,
 }
 
 impl Session {
@@ -136,6 +139,7 @@ impl Session {
             timing,
             quiet: QuietQueues::new(&client, timeout),
             lines: Lines::default(),
+            floor: Floor::new(&client, &config.root),
             timeout,
             client,
             ended,

@@ -14,7 +14,6 @@ use zookeeper_client as zk;
 use crate::client::{Client, Live};
 use crate::error::{BACKEND, map};
 use crate::line::{Line, Place, Turn};
-use crate::names::NodeData;
 use crate::queue::{Entry, delete_node};
 
 /// One `acquire`'s place in line. Dropping it removes its node.
@@ -64,8 +63,8 @@ impl<'a> LineWaiter<'a> {
         let parent = self.client.lock_path(self.request.name());
         let session = &live.session;
         let line = session.lines.line(&session.client, &parent);
-        let data = NodeData::new(self.request.label());
-        let mut entry = Entry::new(session.clone(), parent, self.client.acls.clone(), &data);
+        let label = Some(self.request.label());
+        let mut entry = Entry::new(session.clone(), parent, self.client.acls.clone(), label);
         // A write: it went through the leader after this.
         let alive_since = Moment::now();
         entry.enqueue(false).await?;
