@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::queue::{self, Entry};
+use crate::queue::Entry;
+use crate::requests;
 use crate::session::Session;
 
 /// How a grant ended, as far as this client knows.
@@ -210,9 +211,9 @@ impl Held {
     /// Deletes this node (and, after a lost create reply, any stray node of
     /// the same owner). `Ok(true)` if this call deleted the node.
     pub(crate) async fn delete(&self) -> Result<bool, zk::Error> {
-        let deleted = queue::delete_node(&self.session.client, &self.path).await;
+        let deleted = requests::delete_node(&self.session.client, &self.path).await;
         if self.strays {
-            queue::sweep_owner(&self.session.client, &self.parent, self.guid).await;
+            requests::sweep_owner(&self.session.client, &self.parent, self.guid).await;
         }
         deleted
     }

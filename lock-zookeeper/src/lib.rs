@@ -19,6 +19,8 @@ mod notify;
 mod probe;
 mod queue;
 mod quiet;
+mod renew;
+mod requests;
 mod session;
 mod wait;
 

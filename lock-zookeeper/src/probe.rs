@@ -5,7 +5,7 @@ use lockcore::LockError;
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map};
-use crate::queue::{delete_node, retry};
+use crate::requests::{delete_node, retry};
 
 /// Refuses a client that may not create and delete nodes under the lock
 /// root (another identity's root: wrong or missing digest credentials),

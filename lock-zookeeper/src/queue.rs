@@ -8,9 +8,9 @@ use lockcore::{FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::error::BACKEND;
-use crate::error::{connection_lost, map};
+use crate::error::{BACKEND, connection_lost, map};
 use crate::names::{NodeData, Queue, QueueNode, node_prefix};
+use crate::requests::{ATTEMPTS, delete_node, list, retry, sweep_owner};
 use crate::session::Session;
 
 /// ACLs for the lock root and lock parents, and for the queue nodes.
@@ -79,10 +79,6 @@ pub(crate) struct Entry {
     armed: bool,
 }
 
-/// How many times a create is retried after its parent vanished or its
-/// reply was lost, before giving up.
-const CREATE_ATTEMPTS: usize = 8;
-
 impl Entry {
     pub(crate) fn new(
         session: Arc<Session>,
@@ -121,7 +117,7 @@ impl Entry {
     pub(crate) async fn enqueue(&mut self, listing: bool) -> Result<Option<Queue>, LockError> {
         let session = self.session.clone();
         let (client, floor) = (&session.client, &session.floor);
-        for _ in 0..CREATE_ATTEMPTS {
+        for _ in 0..ATTEMPTS {
             let offset = floor.offset(client).await?;
             let queue = self.create(listing, offset).await?;
             if floor.confirm(client, offset).await? {
@@ -153,7 +149,7 @@ impl Entry {
         let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&acls.nodes));
         let mut claim = quiet.claim(&self.parent);
         let mut last = None;
-        for _ in 0..CREATE_ATTEMPTS {
+        for _ in 0..ATTEMPTS {
             // Requests go out in call order: a watch set here is in place
             // before the create is applied.
             let watched = claim
@@ -395,80 +391,6 @@ async fn remove(
         sweep_owner(&session.client, parent, guid).await;
     }
     Ok(())
-}
-
-/// Deletes `path`, retrying a lost connection; `Ok(true)` if it existed
-/// (or an earlier attempt whose reply was lost most likely deleted it).
-pub(crate) async fn delete_node(client: &zk::Client, path: &str) -> Result<bool, zk::Error> {
-    let mut ambiguous = false;
-    for _ in 0..CREATE_ATTEMPTS {
-        match client.delete(path, None).await {
-            Ok(()) => return Ok(true),
-            Err(zk::Error::NoNode) => return Ok(ambiguous),
-            Err(e) if connection_lost(&e) => ambiguous = true,
-            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(zk::Error::ConnectionLoss)
-}
-
-/// Deletes every queue node of owner `guid` under `parent` (best effort).
-pub(crate) async fn sweep_owner(client: &zk::Client, parent: &str, guid: Uuid) {
-    let Ok(children) = retry(|| client.list_children(parent)).await else {
-        return;
-    };
-    for node in Queue::new(&children).all_of(guid) {
-        let _ = delete_node(client, &format!("{parent}/{}", node.name)).await;
-    }
-}
-
-/// The queue under `parent` (empty if the parent is gone); with `sync`, read
-/// after the server caught up with the leader.
-pub(crate) async fn list(
-    client: &zk::Client,
-    parent: &str,
-    sync: bool,
-) -> Result<Queue, LockError> {
-    let mut last = zk::Error::ConnectionLoss;
-    for _ in 0..CREATE_ATTEMPTS {
-        let synced = sync.then(|| client.sync(parent));
-        let children = client.list_children(parent);
-        if let Some(synced) = synced {
-            match synced.await {
-                Ok(()) | Err(zk::Error::NoNode) => {}
-                Err(e) if connection_lost(&e) => {
-                    last = e;
-                    continue;
-                }
-                Err(e) => return Err(map(format!("syncing {parent}"), e)),
-            }
-        }
-        match children.await {
-            Ok(children) => return Ok(Queue::new(&children)),
-            Err(zk::Error::NoNode) => return Ok(Queue::default()),
-            Err(e) if connection_lost(&e) => last = e,
-            Err(e) => return Err(map(format!("listing {parent}"), e)),
-        }
-    }
-    Err(map(format!("listing {parent}"), last))
-}
-
-/// Runs a read again while the connection is lost (requests wait for the
-/// reconnection; a session that ends fails them for good).
-pub(crate) async fn retry<T, F, Fut>(op: F) -> Result<T, zk::Error>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<T, zk::Error>>,
-{
-    let mut last = zk::Error::ConnectionLoss;
-    for _ in 0..CREATE_ATTEMPTS {
-        match op().await {
-            Err(e) if connection_lost(&e) => last = e,
-            other => return other,
-        }
-    }
-    Err(last)
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@ use zookeeper_client as zk;
 use crate::client::{Client, Live};
 use crate::error::{BACKEND, map};
 use crate::line::{Line, Place, Turn};
-use crate::queue::{Entry, delete_node};
+use crate::queue::Entry;
+use crate::requests::delete_node;
 
 /// One `acquire`'s place in line. Dropping it removes its node.
 pub(crate) struct LineWaiter<'a> {
