@@ -125,6 +125,26 @@ impl LockBackend for ZooKeeperBackend {
         self.client.watch(name).await
     }
 
+    async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        let client = &self.client;
+        let taking = client.try_acquire_permit(request, permits);
+        client
+            .bounded("acquiring a permit of", request.name(), taking)
+            .await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.client.inspect_permits(name).await
+    }
+
+    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.client.watch_permits(name).await
+    }
+
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
         self.client.raise_fence_floor(floor).await
     }

@@ -146,6 +146,7 @@ impl Client {
             // 7/5 of the timeout + 1.5 ticks (see `Timing::new`).
             .expiry_slack(timing.slack)
             .fence_floor(true)
+            .semaphores(true)
     }
 
     /// Bounds one operation by the session timeout. A request the server
@@ -223,6 +224,19 @@ impl Client {
         alive_since: Moment,
         alone: bool,
     ) -> Result<Lease, LockError> {
+        self.grant_slot(live, name, entry, alive_since, alone, None)
+    }
+
+    /// [`grant`](Self::grant) of a semaphore's `slot` (a lock: `None`).
+    pub(crate) fn grant_slot(
+        &self,
+        live: &Live,
+        name: &LockName,
+        entry: Entry,
+        alive_since: Moment,
+        alone: bool,
+        slot: Option<u32>,
+    ) -> Result<Lease, LockError> {
         let node = entry.node.as_ref();
         let fence = node
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?
@@ -241,9 +255,13 @@ impl Client {
         let held = Held::start(entry, name.clone(), fence, alone, lease.deadline())
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
         live.keeper.add(held.clone());
-        Ok(lease
+        let lease = lease
             .with_loss_signal(held.lost.clone())
-            .with_extension(held))
+            .with_extension(held);
+        Ok(match slot {
+            Some(slot) => lease.with_slot(slot),
+            None => lease,
+        })
     }
 
     /// Deletes the grant's node if it is still this lease's.

@@ -16,6 +16,7 @@ mod held;
 mod line;
 mod names;
 mod notify;
+mod permits;
 mod probe;
 mod queue;
 mod quiet;

@@ -76,6 +76,11 @@ pub(crate) struct Entry {
     /// The session's watch on the parent, set before our node was created
     /// or while it existed (see [`crate::quiet`]).
     pub(crate) watched: Option<u64>,
+    /// For a semaphore's slot queue: the semaphore's node, read right behind
+    /// each create (its permit count), and never created here.
+    semaphore: Option<String>,
+    /// The semaphore node's data, read right behind the latest create.
+    pub(crate) counted: Option<Vec<u8>>,
     armed: bool,
 }
 
@@ -95,8 +100,16 @@ impl Entry {
             node: None,
             strays: false,
             watched: None,
+            semaphore: None,
+            counted: None,
             armed: true,
         }
+    }
+
+    /// The entry of a slot queue of the semaphore node `semaphore`.
+    pub(crate) fn in_semaphore(mut self, semaphore: String) -> Entry {
+        self.semaphore = Some(semaphore);
+        self
     }
 
     /// Creates our node and, with `listing`, reads the queue right behind
@@ -142,6 +155,7 @@ impl Entry {
     /// One create with the floor's `offset` (see [`enqueue`](Self::enqueue)).
     async fn create(&mut self, listing: bool, offset: u64) -> Result<Option<Queue>, LockError> {
         let data = NodeData::new(self.label.as_ref(), offset).encode();
+        self.counted = None;
         let session = self.session.clone();
         let (client, quiet) = (&session.client, &session.quiet);
         let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
@@ -159,6 +173,7 @@ impl Entry {
                 .then(|| client.check_and_watch_stat(&self.parent));
             let create = client.create(&prefix, &data, &mode);
             let list = (listing && claim.is_none()).then(|| client.list_children(&self.parent));
+            let counting = self.semaphore.as_ref().map(|p| client.get_data(p));
             let created = create.await;
             let watched = match watching {
                 Some(exists) => quiet.watching(&self.parent, exists.await),
@@ -180,6 +195,10 @@ impl Entry {
                         offset,
                     });
                     self.watched = watched;
+                    self.counted = match counting {
+                        Some(counting) => counting.await.ok().map(|(data, _)| data),
+                        None => None,
+                    };
                     if alone.is_some() || !listing {
                         return Ok(alone);
                     }
@@ -193,13 +212,13 @@ impl Entry {
                     };
                 }
                 Err(zk::Error::NoNode) => {
-                    drop(list);
+                    drop((list, counting));
                     claim = None;
                     self.create_parent().await?;
                     last = Some(zk::Error::NoNode);
                 }
                 Err(e) if connection_lost(&e) => {
-                    drop(list);
+                    drop((list, counting));
                     claim = None;
                     self.strays = true;
                     last = Some(e);
@@ -255,6 +274,10 @@ impl Entry {
         let dir = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.acls.dirs));
         match client.create(&self.parent, &[], &dir).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(zk::Error::NoNode) if self.semaphore.is_some() => Err(LockError::unavailable(
+                BACKEND,
+                format!("the semaphore of {} went away meanwhile", self.parent),
+            )),
             Err(zk::Error::NoNode) => {
                 // The root itself is gone (deleted by hand): recreate it.
                 let root = &self.parent[..self.parent.rfind('/').unwrap_or(0)];

@@ -6,25 +6,11 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::stores::zookeeper;
-use lock_zookeeper::ZooKeeperBackend;
 use lockcore::backend::{LockBackendExt, WaitPolicy};
 use lockcore::{FencingToken, LockBackend, ReleaseOutcome};
 use rand::Rng;
-use support::{take, time_scale, unique};
+use support::{round_trip, take, unique};
 use tokio::time::Instant;
-
-/// An allowance for one round trip to the store on this machine: four times
-/// the slowest of a few `inspect` calls, plus 100 ms, scaled.
-async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
-    let name = unique("rtt");
-    let mut slowest = Duration::ZERO;
-    for _ in 0..5 {
-        let started = Instant::now();
-        backend.inspect(&name).await.unwrap();
-        slowest = slowest.max(started.elapsed());
-    }
-    (slowest * 4 + Duration::from_millis(100)).mul_f64(time_scale())
-}
 
 /// A holder's loss signal fires within the declared eviction notice (plus a
 /// round trip) of a forced release, whether the release comes before its

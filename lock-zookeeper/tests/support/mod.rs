@@ -167,3 +167,17 @@ pub fn cpu_time() -> Duration {
     // sysconf(_SC_CLK_TCK) is 100 on Linux.
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
+
+/// An allowance for one round trip to the store on this machine: four times
+/// the slowest of a few `inspect` calls, plus 100 ms, scaled.
+pub async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
+    use lockcore::LockBackend;
+    let name = unique("rtt");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = tokio::time::Instant::now();
+        backend.inspect(&name).await.unwrap();
+        slowest = slowest.max(started.elapsed());
+    }
+    (slowest * 4 + Duration::from_millis(100)).mul_f64(time_scale())
+}
