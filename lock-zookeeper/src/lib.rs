@@ -11,6 +11,7 @@ mod client;
 mod config;
 mod connect;
 mod error;
+mod fence;
 mod floor;
 mod held;
 mod line;
@@ -27,6 +28,7 @@ mod wait;
 
 pub use backend::ZooKeeperBackend;
 pub use config::ZooKeeperConfig;
+pub use fence::fenced_write;
 pub use names::decode_segment;
 /// The ZooKeeper client this backend is built on, re-exported so callers use
 /// the same version (see [`ZooKeeperBackend::zk_client`]).
