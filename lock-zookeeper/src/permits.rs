@@ -222,10 +222,19 @@ impl Client {
     pub(crate) async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let live = self.live().await?;
         let path = self.semaphore_path(name);
-        let mut watcher = (live.session.client)
+        let watching = (live.session.client)
             .watch(&path, zk::AddWatchMode::PersistentRecursive)
-            .await
-            .map_err(|e| map(format!("watching the semaphore {path}"), e))?;
+            .await;
+        let mut watcher = match watching {
+            Ok(watcher) => watcher,
+            Err(zk::Error::Unimplemented) => {
+                return Err(LockError::store(
+                    BACKEND,
+                    "waiting for a permit needs ZooKeeper 3.6 or later (persistent watches)",
+                ));
+            }
+            Err(e) => return Err(map(format!("watching the semaphore {path}"), e)),
+        };
         Ok(Some(Box::pin(async move {
             // Events during a disconnection may be lost: wake once back.
             let mut disconnected = false;
