@@ -318,6 +318,7 @@ async fn run(line: Weak<Line>, poke: Arc<Notify>, client: zk::Client, parent: St
     let mut failures = 0;
     // The node watched, and its watch (kept while it stays the one to watch).
     let mut watching: Option<(u32, Fired)> = None;
+    let mut states = client.state_watcher();
     loop {
         let Some(live) = line.upgrade() else {
             return;
@@ -327,8 +328,13 @@ async fn run(line: Weak<Line>, poke: Arc<Notify>, client: zk::Client, parent: St
             Step::Stop => return,
             Step::Rest => {
                 drop(live);
-                poke.notified().await;
-                continue;
+                tokio::select! {
+                    _ = poke.notified() => continue,
+                    state = states.changed() => match state.is_terminated() {
+                        true => Err(zk::Error::SessionExpired),
+                        false => continue,
+                    },
+                }
             }
             Step::List(number) => {
                 drop(live);

@@ -135,7 +135,7 @@ impl Session {
         let timeout = client.session_timeout();
         let timing = Timing::new(timeout, config);
         timing.check()?;
-        Ok(Arc::new(Session {
+        let session = Arc::new(Session {
             timing,
             quiet: QuietQueues::new(&client, timeout),
             lines: Lines::default(),
@@ -143,7 +143,10 @@ impl Session {
             timeout,
             client,
             ended,
-        }))
+        });
+        // Known from the start (and watched): a create never waits for it.
+        session.floor.offset(&session.client).await?;
+        Ok(session)
     }
 
     /// The session id, what `Stat::ephemeral_owner` holds for its nodes.
