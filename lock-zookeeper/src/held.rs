@@ -255,12 +255,19 @@ impl Held {
     /// not fired by now. ZooKeeper sends the event of a deletion before the
     /// reply to any later request of the session, and the client hands it to
     /// the watch before that reply; so once the reply is in, a deletion
-    /// before it shows here. `None`: no such watch (read the node instead);
-    /// `Some(false)`: the watch fired (its task handles the event).
+    /// before it shows here. `None`: no such watch, or it fired for another
+    /// reason (a write to the node): read the node instead. `Some(false)`:
+    /// the node is gone (its task handles the event too).
     pub(crate) fn watched_through(&self, sent: Instant) -> Option<bool> {
         let mut state = self.lock();
         let watch = state.watch.as_mut().filter(|w| w.since <= sent)?;
-        Some(!watch.poll_fired())
+        if !watch.poll_fired() {
+            return Some(true);
+        }
+        match watch.event.as_ref().map(|e| e.event_type) {
+            Some(zk::EventType::NodeDataChanged) => None,
+            _ => Some(false),
+        }
     }
 
     /// Whether the keeper's watch was set before `sent`.

@@ -34,22 +34,19 @@ impl Client {
         let mut sessions: Vec<(Arc<Session>, Vec<Indexed>)> = Vec::new();
         for (i, lease) in leases.iter().enumerate() {
             let held = self.held(lease);
-            let live = held
-                .filter(|h| !h.expire_if_due(now) && h.over() == Over::No && !h.session.is_ended());
-            if let Some(held) = live {
-                let entry = (i, held.clone());
-                match sessions
-                    .iter_mut()
-                    .find(|(s, _)| Arc::ptr_eq(s, &held.session))
-                {
-                    Some((_, group)) => group.push(entry),
-                    None => sessions.push((held.session.clone(), vec![entry])),
+            match held {
+                // Past its deadline unrenewed: its client deletes the node.
+                Some(held) if held.expire_if_due(now) => expired.push(held.clone()),
+                Some(held) if held.over() == Over::No && !held.session.is_ended() => {
+                    let entry = (i, held.clone());
+                    match (sessions.iter_mut()).find(|(s, _)| Arc::ptr_eq(s, &held.session)) {
+                        Some((_, group)) => group.push(entry),
+                        None => sessions.push((held.session.clone(), vec![entry])),
+                    }
+                    verdicts.push(None);
+                    continue;
                 }
-                verdicts.push(None);
-                continue;
-            }
-            if let Some(held) = held.filter(|h| h.over() == Over::Expired) {
-                expired.push(held.clone());
+                _ => {}
             }
             verdicts.push(Some(Err(not_held(lease))));
         }
@@ -58,7 +55,6 @@ impl Client {
             .map(|(session, group)| self.renew_on(session, leases, group));
         let (renewed, _) = futures_util::future::join(
             futures_util::future::join_all(renewals),
-            // An unrenewed lease past its deadline is deleted by its client.
             futures_util::future::join_all(expired.iter().map(|held| held.delete())),
         )
         .await;
@@ -98,8 +94,9 @@ impl Client {
                 (Err(e), _) => Err(e.clone()),
                 (Ok(()), Some(read)) => read.await.map(|stat| self.is_ours(held, stat)),
                 (Ok(()), None) => match held.watched_through(sent_at.mono()) {
-                    Some(unfired) => Ok(unfired),
-                    // The watch went in between: read the node after all.
+                    Some(alive) => Ok(alive),
+                    // The watch went in between, or fired for a write: read
+                    // the node after all.
                     None => client
                         .check_stat(&held.path)
                         .await

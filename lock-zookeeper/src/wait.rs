@@ -1,8 +1,8 @@
 //! Waiting in a lock's queue, as a [`Waiter`] for lockcore's wait loop: the
 //! node stays in line across attempts (FIFO), and each attempt asks the
 //! session's shared view of the queue ([`Line`]) whether it is first. Waiting
-//! costs no request: a waiter is woken when the node just ahead of its own
-//! goes, and reads nothing but that view.
+//! costs no request of its own: a waiter is woken when it may be first, and
+//! reads nothing but that view until then.
 
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ use crate::requests::delete_node;
 pub(crate) struct LineWaiter<'a> {
     client: &'a Client,
     request: &'a LockRequest,
-    /// Told when the node just ahead of ours goes, or the view is rebuilt.
+    /// Told when our node may be first (or is gone), or the view ended.
     woken: Arc<Notify>,
     queued: Option<Queued>,
 }
@@ -42,7 +42,7 @@ struct Queued {
 enum Found {
     /// First in line, with the lease's start.
     First { alone: bool, alive_since: Moment },
-    /// Still behind someone (or the view is being rebuilt).
+    /// Still behind someone (or not listed yet).
     Waiting,
     /// Our node is gone (its session ended, or it was deleted by hand).
     Gone,

@@ -171,3 +171,36 @@ async fn a_batch_renewal_refuses_the_evicted_lease_and_renews_the_rest() {
         }
     }
 }
+
+/// A write to a held node (possible without digest credentials) is no
+/// eviction: the node's watch fires, but renewals read the node and go on,
+/// and the loss signal stays quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_held_node_is_no_eviction() {
+    let store = zookeeper::shared();
+    let holder = support::connect(store.url()).await.unwrap();
+    let writer = support::raw(&store.url()).await;
+    let notice = holder.capabilities().eviction_notice.unwrap();
+    for _ in 0..24 {
+        let name = unique("written");
+        let lease = take(&holder, &name).await;
+        // Past the notice the node is watched.
+        tokio::time::sleep(notice).await;
+        let parent = holder.lock_path(&name);
+        let node = support::children(&writer, &parent).await.remove(0);
+        // The write lands while the renewal's sync is on its way (or just
+        // before): its event reaches the renewal's check of the watch.
+        let path = format!("{parent}/{node}");
+        let (written, renewed) = tokio::join!(
+            writer.set_data(&path, b"scribble", None),
+            holder.renew_many(std::slice::from_ref(&lease)),
+        );
+        written.unwrap();
+        let renewed = renewed.into_iter().next().unwrap().expect("still held");
+        assert!(!lease.loss_signal().unwrap().is_cancelled());
+        assert_eq!(
+            holder.release(&renewed).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+}
