@@ -11,12 +11,8 @@ use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::{until, zookeeper};
 use lock_zookeeper::ZooKeeperBackend;
 use lockcore::{FencingToken, LockError, Locker};
-use support::{children, connect, raw, round_trip, unique};
+use support::{children, connect, locker, raw, round_trip, unique};
 use tokio::time::Instant;
-
-fn locker(backend: &ZooKeeperBackend) -> Locker {
-    Locker::new(backend.clone()).ttl(backend.session_timeout())
-}
 
 /// Eight waiters, alternately of two sessions, queue one after the other
 /// behind a third session's holder: each is granted in turn, in the order

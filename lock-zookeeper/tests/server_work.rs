@@ -4,26 +4,10 @@
 
 mod support;
 
-use std::time::Duration;
-
 use lock_conformance::stores::zookeeper;
 use lockcore::LockBackend;
 use lockcore::backend::LockBackendExt;
-use support::{answered, connect, session_id, unique};
-
-/// CPU time (user + system) of process `pid` so far.
-fn process_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
+use support::{answered, connect, process_cpu, session_id, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_cycle_is_a_create_and_a_delete() {
@@ -34,7 +18,7 @@ async fn an_uncontended_cycle_is_a_create_and_a_delete() {
         .await
         .unwrap()
         .unwrap();
-    let pid = store.pid().expect("a launched server");
+    let pid = store.pid().expect("a launched server").to_string();
     let backend = connect(store.url()).await.unwrap();
     let sid = session_id(&backend);
     let name = unique("cycles");
@@ -53,11 +37,11 @@ async fn an_uncontended_cycle_is_a_create_and_a_delete() {
         cycle().await;
     }
     const CYCLES: u64 = 3_000;
-    let (cpu, requests) = (process_cpu(pid), answered(store.addr(), sid));
+    let (cpu, requests) = (process_cpu(&pid), answered(store.addr(), sid));
     for _ in 0..CYCLES {
         cycle().await;
     }
-    let cpu = process_cpu(pid).saturating_sub(cpu);
+    let cpu = process_cpu(&pid).saturating_sub(cpu);
     let requests = answered(store.addr(), sid) - requests;
     eprintln!(
         "uncontended acquire + release: {:.2} requests, {:?} server CPU per cycle ({CYCLES} cycles)",

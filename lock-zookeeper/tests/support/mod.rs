@@ -151,9 +151,22 @@ pub fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// A `Locker` over `backend` for tests: the session timeout as TTL (what
+/// every lease gets anyway), waits of up to a minute.
+pub fn locker(backend: &ZooKeeperBackend) -> lockcore::Locker {
+    lockcore::Locker::new(backend.clone())
+        .ttl(backend.session_timeout())
+        .max_wait(Duration::from_secs(60))
+}
+
 /// CPU time this process has used so far (user + system).
 pub fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    process_cpu("self")
+}
+
+/// CPU time (user + system) process `pid` (or `self`) has used so far.
+pub fn process_cpu(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces): utime and stime
     // are the 14th and 15th fields of the line.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
