@@ -2,23 +2,20 @@
 //! its session, its current local deadline, and a watch that turns the node's
 //! deletion by anyone else into the lease's loss signal.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::task::{Context, Poll, Waker};
 
 use lockcore::backend::CancellationToken;
 use lockcore::{FencingToken, LockName};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::queue;
+use crate::queue::Entry;
+use crate::requests;
 use crate::session::Session;
-
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// How a grant ended, as far as this client knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +35,36 @@ struct State {
     over: Over,
     /// Its owner is deleting it: the deletion is no loss.
     releasing: bool,
+    /// The keeper's watch on the node, once set.
+    watch: Option<Watch>,
+}
+
+type Fired = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// A data watch on the node, polled only under the grant's lock (by the
+/// keeper's task, and by renewals that look whether it fired).
+struct Watch {
+    /// When its `exists` was answered (the node existed, the watch was set).
+    since: Instant,
+    fired: Fired,
+    /// What it reported, once it fired (until the keeper's task takes it).
+    event: Option<zk::WatchedEvent>,
+    /// The keeper task's waker, left registered by every poll.
+    task: Option<Waker>,
+}
+
+impl Watch {
+    /// Polls the watch with the keeper task's waker; whether it fired.
+    fn poll_fired(&mut self) -> bool {
+        if self.event.is_none() {
+            let waker = self.task.clone().unwrap_or_else(|| Waker::noop().clone());
+            if let Poll::Ready(event) = self.fired.as_mut().poll(&mut Context::from_waker(&waker)) {
+                self.event = Some(event);
+                waker.wake_by_ref();
+            }
+        }
+        self.event.is_some()
+    }
 }
 
 /// One granted lock node.
@@ -46,8 +73,12 @@ pub(crate) struct Held {
     pub(crate) name: LockName,
     pub(crate) parent: String,
     pub(crate) path: String,
+    /// The node's sequence number, if known.
+    pub(crate) sequence: Option<u32>,
     pub(crate) guid: Uuid,
     pub(crate) fence: FencingToken,
+    /// The node's `czxid`, what renewals compare.
+    pub(crate) czxid: i64,
     /// A create of this owner had its reply lost, so a second node with the
     /// same uuid may exist: release sweeps the parent for it.
     pub(crate) strays: bool,
@@ -74,39 +105,48 @@ impl std::fmt::Debug for Held {
 }
 
 impl Held {
-    /// Records a grant with local deadline `deadline`; the session's keeper
-    /// starts watching it if it is still held a while later.
-    #[allow(clippy::too_many_arguments)]
+    /// Records the grant of `entry`'s node as `name` with `fence` and local
+    /// deadline `deadline` (hand it to the session's
+    /// [`Keeper`](crate::notify::Keeper), which watches it if it is still
+    /// held a while later). `alone`: the queue held only this node, so its
+    /// release vouches for the next sequence number (see [`crate::quiet`]).
     pub(crate) fn start(
-        session: Arc<Session>,
+        entry: Entry,
         name: LockName,
-        parent: String,
-        path: String,
-        guid: Uuid,
         fence: FencingToken,
-        strays: bool,
-        vouch: Option<(u64, u32)>,
+        alone: bool,
         deadline: Instant,
-    ) -> Arc<Held> {
-        let held = Arc::new(Held {
+    ) -> Option<Arc<Held>> {
+        let (session, parent, guid, strays) = (
+            entry.session.clone(),
+            entry.parent.clone(),
+            entry.guid,
+            entry.strays,
+        );
+        let watched = entry.watched;
+        let node = entry.granted()?;
+        let czxid = node.czxid;
+        let vouch = watched.zip(node.sequence).filter(|_| alone && !strays);
+        Some(Arc::new(Held {
             lost: session.ended.child_token(),
             session,
             name,
             parent,
-            path,
+            path: node.path,
+            sequence: node.sequence,
             guid,
             fence,
+            czxid,
             strays,
-            vouch: vouch.filter(|_| !strays),
+            vouch,
             done: CancellationToken::new(),
             state: Mutex::new(State {
                 deadline,
                 over: Over::No,
                 releasing: false,
+                watch: None,
             }),
-        });
-        held.session.keeper.add(held.clone());
-        held
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -116,6 +156,16 @@ impl Held {
     /// How the grant stands.
     pub(crate) fn over(&self) -> Over {
         self.lock().over
+    }
+
+    /// The current local deadline.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.lock().deadline
+    }
+
+    /// Completes once the grant was released by its owner (watching stops).
+    pub(crate) async fn stopped(&self) {
+        self.done.cancelled().await;
     }
 
     /// Moves the local deadline to `deadline` if the grant is still held and
@@ -161,9 +211,9 @@ impl Held {
     /// Deletes this node (and, after a lost create reply, any stray node of
     /// the same owner). `Ok(true)` if this call deleted the node.
     pub(crate) async fn delete(&self) -> Result<bool, zk::Error> {
-        let deleted = queue::delete_node(&self.session.client, &self.path).await;
+        let deleted = requests::delete_node(&self.session.client, &self.path).await;
         if self.strays {
-            queue::sweep_owner(&self.session.client, &self.parent, self.guid).await;
+            requests::sweep_owner(&self.session.client, &self.parent, self.guid).await;
         }
         deleted
     }
@@ -172,181 +222,62 @@ impl Held {
     pub(crate) fn stop(&self) {
         self.done.cancel();
     }
-}
 
-/// Grants to start watching once they have been held for a while: one task
-/// per session looks at each grant a twentieth of the session timeout after
-/// it was made (a quarter of that later at most) and starts [`watch_over`]
-/// it if it is still held. A short hold costs no task, no timer and no
-/// wake-up; until then (and on any trouble) renewals notice a deletion, and
-/// the local deadline is far off.
-pub(crate) struct Keeper {
-    /// Grants in the order they were made, with when to look at them (that
-    /// order, since the delay is the same for all).
-    due: Mutex<VecDeque<(Instant, Arc<Held>)>>,
-    added: Notify,
-    delay: Duration,
-}
-
-impl Keeper {
-    /// How long after a grant the keeper looks at it: a twentieth of the
-    /// session timeout.
-    fn delay(timeout: Duration) -> Duration {
-        timeout / 20
-    }
-
-    /// The latest a grant is watched (or found deleted) after it was made:
-    /// the delay plus the keeper's rest of a quarter of it. A forced release
-    /// reaches a connected holder within this, plus one trip from the
-    /// server: the deletion event of a watched node, or the look that finds
-    /// it gone.
-    pub(crate) fn watched_within(timeout: Duration) -> Duration {
-        Self::delay(timeout) * 5 / 4
-    }
-
-    /// Starts the keeper of a session with timeout `timeout`, which stops
-    /// when `ended` fires.
-    pub(crate) fn start(timeout: Duration, ended: CancellationToken) -> Arc<Keeper> {
-        let keeper = Arc::new(Keeper {
-            due: Mutex::new(VecDeque::new()),
-            added: Notify::new(),
-            delay: Self::delay(timeout),
+    /// Takes the keeper's data watch on the node, set by an `exists` that
+    /// found it and was answered at `since`.
+    pub(crate) fn watching(&self, since: Instant, fired: Fired) {
+        self.lock().watch = Some(Watch {
+            since,
+            fired,
+            event: None,
+            task: None,
         });
-        tokio::spawn(keep(keeper.clone(), ended));
-        keeper
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(Instant, Arc<Held>)>> {
-        self.due.lock().unwrap_or_else(|p| p.into_inner())
+    /// Waits until the watch fires (the keeper's task); the watch is gone
+    /// then.
+    pub(crate) fn poll_watch(&self, cx: &mut Context<'_>) -> Poll<zk::WatchedEvent> {
+        let mut state = self.lock();
+        let Some(watch) = state.watch.as_mut() else {
+            return Poll::Pending;
+        };
+        watch.task = Some(cx.waker().clone());
+        if !watch.poll_fired() {
+            return Poll::Pending;
+        }
+        let event = watch.event.take();
+        state.watch = None;
+        event.map_or(Poll::Pending, Poll::Ready)
     }
 
-    fn add(&self, held: Arc<Held>) {
-        let mut due = self.lock();
-        let was_empty = due.is_empty();
-        due.push_back((Instant::now() + self.delay, held));
-        drop(due);
-        if was_empty {
-            self.added.notify_one();
+    /// Whether the node is proven to exist at the point of a request sent
+    /// at `sent` and answered since: its watch was set before `sent` and has
+    /// not fired by now. ZooKeeper sends the event of a deletion before the
+    /// reply to any later request of the session, and the client hands it to
+    /// the watch before that reply; so once the reply is in, a deletion
+    /// before it shows here. `None`: no such watch, or it fired for another
+    /// reason (a write to the node): read the node instead. `Some(false)`:
+    /// the node is gone (its task handles the event too).
+    pub(crate) fn watched_through(&self, sent: Instant) -> Option<bool> {
+        let mut state = self.lock();
+        let watch = state.watch.as_mut().filter(|w| w.since <= sent)?;
+        if !watch.poll_fired() {
+            return Some(true);
+        }
+        match watch.event.as_ref().map(|e| e.event_type) {
+            Some(zk::EventType::NodeDataChanged) => None,
+            _ => Some(false),
         }
     }
 
-    /// The first grant due by `now`.
-    fn pop_due(&self, now: Instant) -> Option<Arc<Held>> {
-        let mut due = self.lock();
-        match due.front() {
-            Some((at, _)) if *at <= now => due.pop_front().map(|(_, held)| held),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Debug for Keeper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Keeper")
-            .field("due", &self.lock().len())
-            .finish_non_exhaustive()
-    }
-}
-
-async fn keep(keeper: Arc<Keeper>, ended: CancellationToken) {
-    // Looks at most four times per delay, whatever the rate of grants: a
-    // grant is looked at between one and one and a quarter delays after it
-    // was made.
-    let mut rest_until = Instant::now();
-    loop {
-        let next = keeper.lock().front().map(|&(at, _)| at.max(rest_until));
-        tokio::select! {
-            biased;
-            _ = ended.cancelled() => break,
-            // `notify_one` leaves a permit if it comes before this waits.
-            _ = keeper.added.notified(), if next.is_none() => continue,
-            _ = sleep_until_some(next) => {}
-        }
-        let now = Instant::now();
-        rest_until = now + keeper.delay / 4;
-        while let Some(held) = keeper.pop_due(now) {
-            if held.over() == Over::No {
-                tokio::spawn(watch_over(held));
-            }
-        }
-    }
-    // The session's nodes are gone with it; so are the grants' loss signals.
-    keeper.lock().clear();
-}
-
-/// Watches a granted node until it is released, expires (then deletes it:
-/// an abandoned lease must not outlive its deadline just because the session
-/// does), or is deleted by someone else (then fires the loss signal).
-async fn watch_over(held: Arc<Held>) {
-    let mut registering: Option<BoxFuture<'static, Registered>> =
-        Some(watch(held.session.client.clone(), held.path.clone()));
-    let mut fired: Option<BoxFuture<'static, zk::WatchedEvent>> = None;
-    loop {
-        let deadline = held.lock().deadline;
-        tokio::select! {
-            biased;
-            _ = held.done.cancelled() => return,
-            registered = poll_some(&mut registering) => {
-                registering = None;
-                match registered {
-                    Ok((Some(_), watcher)) => fired = Some(Box::pin(watcher.changed())),
-                    Ok((None, _)) => return deleted(&held),
-                    // Connection trouble: try again (the request waits for
-                    // the reconnection); the deadline bounds the grant anyway.
-                    Err(e) if crate::error::transient(&e) && !held.session.is_ended() => {
-                        tracing::debug!(path = %held.path, error = %e, "watching a granted lock node failed; again");
-                        registering = Some(watch(held.session.client.clone(), held.path.clone()));
-                    }
-                    Err(e) => tracing::debug!(path = %held.path, error = %e, "could not watch a granted lock node"),
-                }
-            }
-            event = poll_some(&mut fired) => {
-                fired = None;
-                if event.event_type == zk::EventType::NodeDataChanged {
-                    // Someone wrote to the node (no ACL in use): watch again.
-                    registering = Some(watch(held.session.client.clone(), held.path.clone()));
-                } else {
-                    return deleted(&held);
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                if held.expire_if_due(Instant::now()) {
-                    tracing::debug!(name = %held.name, fence = %held.fence, "lease passed its deadline unrenewed; deleting its node");
-                    if let Err(e) = held.delete().await {
-                        tracing::debug!(path = %held.path, error = %e, "could not delete an expired lock node; its session will");
-                    }
-                    return;
-                }
-                if held.over() != Over::No {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-type Registered = Result<(Option<zk::Stat>, zk::OneshotWatcher), zk::Error>;
-
-fn watch(client: zk::Client, path: String) -> BoxFuture<'static, Registered> {
-    Box::pin(async move { client.check_and_watch_stat(&path).await })
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn poll_some<T>(slot: &mut Option<BoxFuture<'static, T>>) -> T {
-    match slot {
-        Some(future) => future.await,
-        None => std::future::pending().await,
+    /// Whether the keeper's watch was set before `sent`.
+    pub(crate) fn watched_before(&self, sent: Instant) -> bool {
+        self.lock().watch.as_ref().is_some_and(|w| w.since <= sent)
     }
 }
 
 /// The watched node was deleted: released by its owner, or gone.
-fn deleted(held: &Held) {
+pub(crate) fn deleted(held: &Held) {
     if held.lock().releasing {
         held.finish(Over::Released);
     } else {

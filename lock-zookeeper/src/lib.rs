@@ -7,17 +7,28 @@
 )]
 
 mod backend;
+mod client;
 mod config;
 mod connect;
 mod error;
+mod fence;
+mod floor;
 mod held;
+mod line;
 mod names;
+mod notify;
+mod permits;
+mod probe;
 mod queue;
 mod quiet;
+mod renew;
+mod requests;
 mod session;
+mod wait;
 
 pub use backend::ZooKeeperBackend;
 pub use config::ZooKeeperConfig;
+pub use fence::fenced_write;
 pub use names::decode_segment;
 /// The ZooKeeper client this backend is built on, re-exported so callers use
 /// the same version (see [`ZooKeeperBackend::zk_client`]).

@@ -4,11 +4,12 @@
 //! (`<root>/<segment>`), so no name can reach outside the root or share a
 //! parent with another name. The queue nodes of a lock are the parent's
 //! children, named like Apache Curator's protected-mode lock nodes:
-//! `_c_<owner uuid>-lock-<sequence>`.
+//! `_c_<owner uuid>-lock-<sequence>`. A queue node's data is the holder's
+//! label ([`NodeData`]).
 
-use std::fmt::Write as _;
+use lockcore::{FencingToken, HolderLabel, LockError, LockName};
 
-use lockcore::LockName;
+use crate::error::BACKEND;
 use uuid::Uuid;
 
 /// Whether ZooKeeper refuses `c` in a path. Its `PathUtils.validatePath`
@@ -20,28 +21,16 @@ pub(crate) fn refused_by_zookeeper(c: char) -> bool {
 }
 
 /// The path segment of `name`: the name itself, except that `%`, `/` and
-/// every character ZooKeeper refuses are percent-encoded (as UTF-8 bytes),
-/// and the names `.` and `..` have their dots encoded.
+/// every character ZooKeeper refuses are percent-encoded (as UTF-8 bytes,
+/// [`LockName::escaped`]), and the names `.` and `..` have their dots encoded.
 ///
 /// Injective: percent-decoding the segment gives the name back, and `%` is
 /// always encoded, so no two names share a segment.
 pub(crate) fn segment(name: &LockName) -> String {
-    let name = name.as_str();
-    if name == "." || name == ".." {
-        return "%2E".repeat(name.len());
+    match name.as_str() {
+        dots @ ("." | "..") => "%2E".repeat(dots.len()),
+        _ => name.escaped(|c| c == '/' || refused_by_zookeeper(c)),
     }
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        if c == '%' || c == '/' || refused_by_zookeeper(c) {
-            let mut utf8 = [0; 4];
-            for b in c.encode_utf8(&mut utf8).bytes() {
-                let _ = write!(out, "%{b:02X}");
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The lock name a root child's segment came from (the inverse of the
@@ -79,6 +68,13 @@ pub(crate) struct QueueNode {
 }
 
 impl QueueNode {
+    /// The sequence number of a queue node's name, cheaply (for looking it
+    /// up among nodes already parsed).
+    pub(crate) fn sequence_of(name: &str) -> Option<u32> {
+        let (_, sequence) = name.rsplit_once(LOCK_MARK)?;
+        sequence.parse::<i32>().ok().map(|s| s as u32)
+    }
+
     /// Parses `_c_<uuid>-lock-<sequence>`; `None` for any other child.
     pub(crate) fn parse(name: &str) -> Option<QueueNode> {
         let rest = name.strip_prefix(PROTECTED)?;
@@ -134,12 +130,6 @@ impl Queue {
         self.nodes.iter().position(|n| n.name == name)
     }
 
-    /// The node just before `name`, the one a waiter watches.
-    pub(crate) fn predecessor(&self, name: &str) -> Option<&QueueNode> {
-        let at = self.position(name)?;
-        at.checked_sub(1).map(|i| &self.nodes[i])
-    }
-
     /// The first node of owner `guid`.
     pub(crate) fn first_of(&self, guid: Uuid) -> Option<&QueueNode> {
         self.nodes.iter().find(|n| n.guid == guid)
@@ -148,6 +138,78 @@ impl Queue {
     /// Every node of owner `guid`.
     pub(crate) fn all_of(&self, guid: Uuid) -> impl Iterator<Item = &QueueNode> {
         self.nodes.iter().filter(move |n| n.guid == guid)
+    }
+}
+
+/// What distlock writes into a queue node when it creates it: the holder's
+/// label, as UTF-8 text (what `zkCli get` shows), and, once the fence floor
+/// was raised, a second line `fence-offset=<n>`: the floor's offset in force
+/// at the create, which the node's fence adds to its `czxid` (see
+/// [`crate::floor`]). Written in the create itself, so a node never exists
+/// without it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct NodeData {
+    /// Who holds (or waits), in words; `None` for a node written without one
+    /// (an older version of this crate; another recipe's data that is no
+    /// valid label).
+    pub(crate) label: Option<HolderLabel>,
+    /// Added to the node's `czxid` to make its fence (0: none).
+    pub(crate) offset: u64,
+}
+
+const OFFSET: &str = "fence-offset=";
+
+impl NodeData {
+    /// The data of a node for a holder labelled `label`, created while the
+    /// fence floor's offset is `offset`.
+    pub(crate) fn new(label: Option<&HolderLabel>, offset: u64) -> NodeData {
+        NodeData {
+            label: label.cloned(),
+            offset,
+        }
+    }
+
+    /// The bytes to create the node with.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut data = self
+            .label
+            .as_ref()
+            .map(|l| l.to_string())
+            .unwrap_or_default();
+        if self.offset > 0 {
+            data.push('\n');
+            data.push_str(OFFSET);
+            data.push_str(&self.offset.to_string());
+        }
+        data.into_bytes()
+    }
+
+    /// Reads a node's data. The label is the first line, if it is a valid
+    /// label; an offset line that does not parse counts as none, and other
+    /// lines are left for later versions.
+    pub(crate) fn decode(data: &[u8]) -> NodeData {
+        let mut lines = data.split(|&b| b == b'\n');
+        let label = (lines.next())
+            .and_then(|l| std::str::from_utf8(l).ok())
+            .and_then(|l| HolderLabel::new(l).ok());
+        let offset = (lines.filter_map(|l| std::str::from_utf8(l).ok()))
+            .find_map(|l| l.strip_prefix(OFFSET)?.parse().ok())
+            .unwrap_or(0);
+        NodeData { label, offset }
+    }
+
+    /// The fence of a node with this data and `czxid`.
+    pub(crate) fn fence(&self, czxid: i64) -> Result<FencingToken, LockError> {
+        let base = FencingToken::from_store(BACKEND, czxid)?;
+        base.get()
+            .checked_add(self.offset)
+            .and_then(FencingToken::new)
+            .ok_or_else(|| {
+                LockError::store(
+                    BACKEND,
+                    format!("fence {czxid} + offset {} is past 2^64", self.offset),
+                )
+            })
     }
 }
 
@@ -201,10 +263,35 @@ mod tests {
         assert_eq!(order, vec![7, 2147483647, 2147483648]);
         assert_eq!(q.head().unwrap().guid, b);
         assert_eq!(q.position(&children[0]), Some(2));
-        assert_eq!(q.predecessor(&children[0]).unwrap().name, children[1]);
-        assert_eq!(q.predecessor(&children[2]), None);
         assert_eq!(q.first_of(a).unwrap().name, children[0]);
         assert_eq!(q.all_of(b).count(), 2);
+    }
+
+    #[test]
+    fn node_data_round_trips_and_reads_what_others_wrote() {
+        let label = HolderLabel::new("worker 7 — ünï 🔒").unwrap();
+        let data = NodeData::new(Some(&label), 0);
+        assert_eq!(NodeData::decode(&data.encode()), data);
+        assert_eq!(data.encode(), label.as_str().as_bytes());
+        let raised = NodeData::new(Some(&label), 1_000_007);
+        assert_eq!(NodeData::decode(&raised.encode()), raised);
+        assert_eq!(raised.fence(5).unwrap().get(), 1_000_012);
+        assert_eq!(NodeData::new(None, 3).encode(), b"\nfence-offset=3");
+        assert_eq!(NodeData::decode(b"\nfence-offset=3").offset, 3);
+        assert_eq!(NodeData::decode(b"w\nfence-offset=x").offset, 0);
+        assert!(NodeData::new(None, u64::MAX).fence(5).is_err());
+        assert!(NodeData::default().fence(0).is_err());
+        // An older version wrote nothing; other recipes write what they like.
+        assert_eq!(NodeData::decode(b""), NodeData::default());
+        assert_eq!(NodeData::decode(&[0xff, 0xfe]).label, None);
+        assert_eq!(
+            NodeData::decode(b"10.0.0.7").label.map(|l| l.to_string()),
+            Some("10.0.0.7".to_owned())
+        );
+        assert_eq!(
+            NodeData::decode(b"worker 7\nsomething=new").label,
+            Some(HolderLabel::new("worker 7").unwrap())
+        );
     }
 
     mod properties {

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use lockcore::LockError;
+use lockcore::{FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::error::{connection_lost, map};
-use crate::names::{Queue, node_prefix};
+use crate::error::{BACKEND, connection_lost, map};
+use crate::names::{NodeData, Queue, QueueNode, node_prefix};
+use crate::requests::{ATTEMPTS, delete_node, list, retry, sweep_owner};
 use crate::session::Session;
 
 /// ACLs for the lock root and lock parents, and for the queue nodes.
@@ -48,6 +49,15 @@ pub(crate) struct Node {
     pub(crate) czxid: i64,
     /// Its sequence number (as the queue orders them), if the create told us.
     pub(crate) sequence: Option<u32>,
+    /// The fence floor's offset it was created with (in force then).
+    pub(crate) offset: u64,
+}
+
+impl Node {
+    /// The node's fence: its `czxid` plus its offset.
+    pub(crate) fn fence(&self) -> Result<FencingToken, LockError> {
+        NodeData::new(None, self.offset).fence(self.czxid)
+    }
 }
 
 /// A queue entry being created or waiting. Dropping it while armed removes
@@ -58,43 +68,94 @@ pub(crate) struct Entry {
     pub(crate) parent: String,
     pub(crate) guid: Uuid,
     acls: Arc<Acls>,
+    /// The label the node is created with.
+    label: Option<HolderLabel>,
     pub(crate) node: Option<Node>,
     /// A create's reply was lost: a second node of ours may show up.
     pub(crate) strays: bool,
     /// The session's watch on the parent, set before our node was created
     /// or while it existed (see [`crate::quiet`]).
     pub(crate) watched: Option<u64>,
+    /// For a semaphore's slot queue: the semaphore's node, read right behind
+    /// each create (its permit count), and never created here.
+    semaphore: Option<String>,
+    /// The semaphore node's data, read right behind the latest create.
+    pub(crate) counted: Option<Vec<u8>>,
     armed: bool,
 }
 
-/// How many times a create is retried after its parent vanished or its
-/// reply was lost, before giving up.
-const CREATE_ATTEMPTS: usize = 8;
-
 impl Entry {
-    pub(crate) fn new(session: Arc<Session>, parent: String, acls: Arc<Acls>) -> Entry {
+    pub(crate) fn new(
+        session: Arc<Session>,
+        parent: String,
+        acls: Arc<Acls>,
+        label: Option<&HolderLabel>,
+    ) -> Entry {
         Entry {
             session,
             parent,
             guid: Uuid::new_v4(),
             acls,
+            label: label.cloned(),
             node: None,
             strays: false,
             watched: None,
+            semaphore: None,
+            counted: None,
             armed: true,
         }
     }
 
-    /// Creates our node and reads the queue right behind it: two requests
-    /// sent back to back, which the server answers in order, so the listing
-    /// includes our node and costs no extra round trip. When the session
-    /// vouched for the sequence number this create gets, it skips the
-    /// listing: the node is first (see [`crate::quiet`]).
+    /// The entry of a slot queue of the semaphore node `semaphore`.
+    pub(crate) fn in_semaphore(mut self, semaphore: String) -> Entry {
+        self.semaphore = Some(semaphore);
+        self
+    }
+
+    /// Creates our node and, with `listing`, reads the queue right behind
+    /// it: two requests sent back to back, which the server answers in order,
+    /// so the listing includes our node and costs no extra round trip. When
+    /// the session vouched for the sequence number this create gets, it skips
+    /// the listing: the node is first (see [`crate::quiet`]). Without
+    /// `listing`, the queue comes back only when it is known anyway (the
+    /// vouched number, or the listing that found our node after a lost reply).
     ///
     /// Creates the lock's parent (a container node the server deletes once
     /// empty) when missing. When a create's reply is lost, finds the node by
     /// its owner uuid instead of leaving it orphaned.
-    pub(crate) async fn enqueue(&mut self) -> Result<Queue, LockError> {
+    ///
+    /// The node carries the fence floor's offset, confirmed in force at the
+    /// create (see [`crate::floor`]); when the floor was raised meanwhile,
+    /// the node is created again.
+    pub(crate) async fn enqueue(&mut self, listing: bool) -> Result<Option<Queue>, LockError> {
+        let session = self.session.clone();
+        let (client, floor) = (&session.client, &session.floor);
+        for _ in 0..ATTEMPTS {
+            let offset = floor.offset(client).await?;
+            let queue = self.create(listing, offset).await?;
+            if floor.confirm(client, offset).await? {
+                return Ok(queue);
+            }
+            tracing::debug!(parent = %self.parent, "the fence floor was raised during a create; creating again");
+            if let Some(node) = self.node.take() {
+                delete_node(client, &node.path)
+                    .await
+                    .map_err(|e| map(format!("deleting {}", node.path), e))?;
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            format!(
+                "the fence floor kept changing while queueing under {}",
+                self.parent
+            ),
+        ))
+    }
+
+    /// One create with the floor's `offset` (see [`enqueue`](Self::enqueue)).
+    async fn create(&mut self, listing: bool, offset: u64) -> Result<Option<Queue>, LockError> {
+        let data = NodeData::new(self.label.as_ref(), offset).encode();
+        self.counted = None;
         let session = self.session.clone();
         let (client, quiet) = (&session.client, &session.quiet);
         let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
@@ -102,7 +163,7 @@ impl Entry {
         let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&acls.nodes));
         let mut claim = quiet.claim(&self.parent);
         let mut last = None;
-        for _ in 0..CREATE_ATTEMPTS {
+        for _ in 0..ATTEMPTS {
             // Requests go out in call order: a watch set here is in place
             // before the create is applied.
             let watched = claim
@@ -110,8 +171,9 @@ impl Entry {
                 .or_else(|| quiet.watched(&self.parent));
             let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
                 .then(|| client.check_and_watch_stat(&self.parent));
-            let create = client.create(&prefix, &[], &mode);
-            let list = claim.is_none().then(|| client.list_children(&self.parent));
+            let create = client.create(&prefix, &data, &mode);
+            let list = (listing && claim.is_none()).then(|| client.list_children(&self.parent));
+            let counting = self.semaphore.as_ref().map(|p| client.get_data(p));
             let created = create.await;
             let watched = match watching {
                 Some(exists) => quiet.watching(&self.parent, exists.await),
@@ -130,33 +192,38 @@ impl Entry {
                         name,
                         czxid: stat.czxid,
                         sequence,
+                        offset,
                     });
                     self.watched = watched;
-                    if let Some(queue) = alone {
-                        return Ok(queue);
+                    self.counted = match counting {
+                        Some(counting) => counting.await.ok().map(|(data, _)| data),
+                        None => None,
+                    };
+                    if alone.is_some() || !listing {
+                        return Ok(alone);
                     }
                     return match list {
                         Some(list) => match list.await {
-                            Ok(children) => Ok(Queue::new(&children)),
-                            Err(_) => self.relist(false).await,
+                            Ok(children) => Ok(Some(Queue::new(&children))),
+                            Err(_) => self.relist(false).await.map(Some),
                         },
                         // The vouched number was taken: someone else queued.
-                        None => self.relist(false).await,
+                        None => self.relist(false).await.map(Some),
                     };
                 }
                 Err(zk::Error::NoNode) => {
-                    drop(list);
+                    drop((list, counting));
                     claim = None;
                     self.create_parent().await?;
                     last = Some(zk::Error::NoNode);
                 }
                 Err(e) if connection_lost(&e) => {
-                    drop(list);
+                    drop((list, counting));
                     claim = None;
                     self.strays = true;
                     last = Some(e);
-                    if let Some(queue) = self.recover().await? {
-                        return Ok(queue);
+                    if let Some(queue) = self.recover(offset).await? {
+                        return Ok(Some(queue));
                     }
                 }
                 Err(e) => {
@@ -173,8 +240,9 @@ impl Entry {
         ))
     }
 
-    /// After a lost create reply: our node, if the create happened.
-    async fn recover(&mut self) -> Result<Option<Queue>, LockError> {
+    /// After a lost create reply: our node, if the create (with `offset`)
+    /// happened.
+    async fn recover(&mut self, offset: u64) -> Result<Option<Queue>, LockError> {
         // `sync` first: a create that reached the leader through the lost
         // connection is then visible here.
         let queue = self.relist(true).await?;
@@ -193,6 +261,7 @@ impl Entry {
                     name: ours.name,
                     path,
                     czxid: stat.czxid,
+                    offset,
                 });
                 Ok(Some(queue))
             }
@@ -205,6 +274,10 @@ impl Entry {
         let dir = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.acls.dirs));
         match client.create(&self.parent, &[], &dir).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(zk::Error::NoNode) if self.semaphore.is_some() => Err(LockError::unavailable(
+                BACKEND,
+                format!("the semaphore of {} went away meanwhile", self.parent),
+            )),
             Err(zk::Error::NoNode) => {
                 // The root itself is gone (deleted by hand): recreate it.
                 let root = &self.parent[..self.parent.rfind('/').unwrap_or(0)];
@@ -249,6 +322,18 @@ impl Entry {
     /// Our node's name.
     pub(crate) fn name(&self) -> Option<&str> {
         self.node.as_ref().map(|n| n.name.as_str())
+    }
+
+    /// Our node's sequence number.
+    pub(crate) fn sequence(&self) -> Option<u32> {
+        let node = self.node.as_ref()?;
+        node.sequence
+            .or_else(|| QueueNode::parse(&node.name).map(|n| n.sequence))
+    }
+
+    /// Our node's path.
+    pub(crate) fn path(&self) -> Option<&str> {
+        self.node.as_ref().map(|n| n.path.as_str())
     }
 
     /// Removes our node (and strays), waiting for the server. On failure
@@ -331,80 +416,6 @@ async fn remove(
     Ok(())
 }
 
-/// Deletes `path`, retrying a lost connection; `Ok(true)` if it existed
-/// (or an earlier attempt whose reply was lost most likely deleted it).
-pub(crate) async fn delete_node(client: &zk::Client, path: &str) -> Result<bool, zk::Error> {
-    let mut ambiguous = false;
-    for _ in 0..CREATE_ATTEMPTS {
-        match client.delete(path, None).await {
-            Ok(()) => return Ok(true),
-            Err(zk::Error::NoNode) => return Ok(ambiguous),
-            Err(e) if connection_lost(&e) => ambiguous = true,
-            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(zk::Error::ConnectionLoss)
-}
-
-/// Deletes every queue node of owner `guid` under `parent` (best effort).
-pub(crate) async fn sweep_owner(client: &zk::Client, parent: &str, guid: Uuid) {
-    let Ok(children) = retry(|| client.list_children(parent)).await else {
-        return;
-    };
-    for node in Queue::new(&children).all_of(guid) {
-        let _ = delete_node(client, &format!("{parent}/{}", node.name)).await;
-    }
-}
-
-/// The queue under `parent` (empty if the parent is gone); with `sync`, read
-/// after the server caught up with the leader.
-pub(crate) async fn list(
-    client: &zk::Client,
-    parent: &str,
-    sync: bool,
-) -> Result<Queue, LockError> {
-    let mut last = zk::Error::ConnectionLoss;
-    for _ in 0..CREATE_ATTEMPTS {
-        let synced = sync.then(|| client.sync(parent));
-        let children = client.list_children(parent);
-        if let Some(synced) = synced {
-            match synced.await {
-                Ok(()) | Err(zk::Error::NoNode) => {}
-                Err(e) if connection_lost(&e) => {
-                    last = e;
-                    continue;
-                }
-                Err(e) => return Err(map(format!("syncing {parent}"), e)),
-            }
-        }
-        match children.await {
-            Ok(children) => return Ok(Queue::new(&children)),
-            Err(zk::Error::NoNode) => return Ok(Queue::default()),
-            Err(e) if connection_lost(&e) => last = e,
-            Err(e) => return Err(map(format!("listing {parent}"), e)),
-        }
-    }
-    Err(map(format!("listing {parent}"), last))
-}
-
-/// Runs a read again while the connection is lost (requests wait for the
-/// reconnection; a session that ends fails them for good).
-pub(crate) async fn retry<T, F, Fut>(op: F) -> Result<T, zk::Error>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<T, zk::Error>>,
-{
-    let mut last = zk::Error::ConnectionLoss;
-    for _ in 0..CREATE_ATTEMPTS {
-        match op().await {
-            Err(e) if connection_lost(&e) => last = e,
-            other => return other,
-        }
-    }
-    Err(last)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,7 +432,7 @@ mod tests {
         let session = Session::open(&config).await.unwrap();
         let acls = Arc::new(Acls::new(false));
         let parent = format!("/zk-unit-prune-{}", Uuid::new_v4().simple());
-        let mut entry = Entry::new(session.clone(), parent.clone(), acls);
+        let mut entry = Entry::new(session.clone(), parent.clone(), acls, None);
         let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         session.client.create(&parent, &[], &open).await.unwrap();
         // The "late" create of the lost reply, landing first.
@@ -429,7 +440,7 @@ mod tests {
         let prefix = format!("{parent}/{}", node_prefix(entry.guid));
         session.client.create(&prefix, &[], &stray).await.unwrap();
 
-        let queue = entry.enqueue().await.unwrap();
+        let queue = entry.enqueue(true).await.unwrap().unwrap();
         assert_eq!(
             queue.position(entry.name().unwrap()),
             Some(1),

@@ -11,7 +11,8 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
-use crate::held::Keeper;
+use crate::floor::Floor;
+use crate::line::Lines;
 use crate::quiet::QuietQueues;
 
 /// How early and how late the servers may end a session, against its
@@ -102,10 +103,12 @@ pub(crate) struct Session {
     /// Cancelled once the session is expired, closed or refused: every
     /// ephemeral node it owned is gone (or going) on the server.
     pub(crate) ended: CancellationToken,
-    /// Starts watching the grants that are held for a while.
-    pub(crate) keeper: Arc<Keeper>,
     /// The queues this session may take without listing them.
     pub(crate) quiet: QuietQueues,
+    /// The views of the queues this session's waiters are in.
+    pub(crate) lines: Lines,
+    /// The fence floor, as this session knows it.
+    pub(crate) floor: Floor,
 }
 
 impl Session {
@@ -132,14 +135,18 @@ impl Session {
         let timeout = client.session_timeout();
         let timing = Timing::new(timeout, config);
         timing.check()?;
-        Ok(Arc::new(Session {
+        let session = Arc::new(Session {
             timing,
-            keeper: Keeper::start(timeout, ended.clone()),
             quiet: QuietQueues::new(&client, timeout),
+            lines: Lines::default(),
+            floor: Floor::new(&client, &config.root),
             timeout,
             client,
             ended,
-        }))
+        });
+        // Known from the start (and watched): a create never waits for it.
+        session.floor.offset(&session.client).await?;
+        Ok(session)
     }
 
     /// The session id, what `Stat::ephemeral_owner` holds for its nodes.

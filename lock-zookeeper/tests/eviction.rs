@@ -6,25 +6,11 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::stores::zookeeper;
-use lock_zookeeper::ZooKeeperBackend;
 use lockcore::backend::{LockBackendExt, WaitPolicy};
 use lockcore::{FencingToken, LockBackend, ReleaseOutcome};
 use rand::Rng;
-use support::{take, time_scale, unique};
+use support::{round_trip, take, unique};
 use tokio::time::Instant;
-
-/// An allowance for one round trip to the store on this machine: four times
-/// the slowest of a few `inspect` calls, plus 100 ms, scaled.
-async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
-    let name = unique("rtt");
-    let mut slowest = Duration::ZERO;
-    for _ in 0..5 {
-        let started = Instant::now();
-        backend.inspect(&name).await.unwrap();
-        slowest = slowest.max(started.elapsed());
-    }
-    (slowest * 4 + Duration::from_millis(100)).mul_f64(time_scale())
-}
 
 /// A holder's loss signal fires within the declared eviction notice (plus a
 /// round trip) of a forced release, whether the release comes before its
@@ -145,5 +131,76 @@ async fn a_release_does_not_fire_the_loss_signal() {
         );
         let fired = tokio::time::timeout(settle, lost.cancelled()).await;
         assert!(fired.is_err(), "releasing {name} fired its loss signal");
+    }
+}
+
+/// Renewing a batch costs one `sync` and proves each watched lease by its
+/// node's watch: a lease whose node was force-released is refused in the
+/// batch that renews the others, right after the eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_renewal_refuses_the_evicted_lease_and_renews_the_rest() {
+    let store = zookeeper::shared();
+    let holder = support::connect(store.url()).await.unwrap();
+    let admin = support::connect(store.url()).await.unwrap();
+    let notice = holder.capabilities().eviction_notice.unwrap();
+    for _ in 0..8 {
+        let names = [unique("batch-a"), unique("batch-b"), unique("batch-c")];
+        let mut leases = Vec::new();
+        for name in &names {
+            leases.push(take(&holder, name).await);
+        }
+        // Past the notice every node is watched: renewals need no reads.
+        tokio::time::sleep(notice).await;
+        let victim = rand::rng().random_range(0..names.len());
+        let evicted = admin
+            .evict(&names[victim], Some(leases[victim].fence()))
+            .await
+            .unwrap();
+        assert!(evicted.is_some());
+        let renewed = holder.renew_many(&leases).await;
+        for (i, outcome) in renewed.iter().enumerate() {
+            match outcome {
+                Err(lockcore::LockError::NotHeld { .. }) if i == victim => {}
+                Ok(lease) if i != victim => assert_eq!(lease.fence(), leases[i].fence()),
+                other => panic!("lease {i} (evicted: {victim}): {other:?}"),
+            }
+        }
+        for (i, lease) in leases.iter().enumerate() {
+            let released = holder.release(lease).await.unwrap();
+            assert_eq!(released == ReleaseOutcome::Released, i != victim);
+        }
+    }
+}
+
+/// A write to a held node (possible without digest credentials) is no
+/// eviction: the node's watch fires, but renewals read the node and go on,
+/// and the loss signal stays quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_held_node_is_no_eviction() {
+    let store = zookeeper::shared();
+    let holder = support::connect(store.url()).await.unwrap();
+    let writer = support::raw(&store.url()).await;
+    let notice = holder.capabilities().eviction_notice.unwrap();
+    for _ in 0..24 {
+        let name = unique("written");
+        let lease = take(&holder, &name).await;
+        // Past the notice the node is watched.
+        tokio::time::sleep(notice).await;
+        let parent = holder.lock_path(&name);
+        let node = support::children(&writer, &parent).await.remove(0);
+        // The write lands while the renewal's sync is on its way (or just
+        // before): its event reaches the renewal's check of the watch.
+        let path = format!("{parent}/{node}");
+        let (written, renewed) = tokio::join!(
+            writer.set_data(&path, b"scribble", None),
+            holder.renew_many(std::slice::from_ref(&lease)),
+        );
+        written.unwrap();
+        let renewed = renewed.into_iter().next().unwrap().expect("still held");
+        assert!(!lease.loss_signal().unwrap().is_cancelled());
+        assert_eq!(
+            holder.release(&renewed).await.unwrap(),
+            ReleaseOutcome::Released
+        );
     }
 }

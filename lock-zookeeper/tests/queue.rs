@@ -10,12 +10,8 @@ use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
 use lockcore::backend::{CancellationToken, LockBackendExt, WaitPolicy};
 use lockcore::{Attempt, LockBackend, LockError, LockName, Locker, ReleaseOutcome};
-use support::{children, connect, raw, take, unique};
+use support::{children, connect, locker, raw, take, unique};
 use tokio::time::{Instant, timeout};
-
-fn locker(backend: &ZooKeeperBackend) -> Locker {
-    Locker::new(backend.clone()).ttl(backend.session_timeout())
-}
 
 /// Waiters that time out, are cancelled, or whose acquire future is simply
 /// dropped (even right after it started, with its create possibly still in

@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use lock_conformance::proxy::FaultProxy;
@@ -15,33 +13,9 @@ use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
-use support::{children, connect, raw, take, unique};
+use support::{answered, children, connect, raw, session_id, take, unique};
 use tokio::time::timeout;
 use uuid::Uuid;
-
-/// How many requests the server has answered on session `sid`: the last
-/// request id (`lcxid`) that the `cons` four-letter command reports for it
-/// (pings and watch events have ids of their own, outside this count).
-fn answered(addr: SocketAddr, sid: i64) -> u64 {
-    let mut conn = TcpStream::connect(addr).expect("four-letter connection");
-    conn.write_all(b"cons").unwrap();
-    let mut reply = String::new();
-    conn.read_to_string(&mut reply).unwrap();
-    let session = format!("sid=0x{sid:x},");
-    let line = reply
-        .lines()
-        .find(|l| l.contains(&session))
-        .unwrap_or_else(|| panic!("session {session} not in `cons`:\n{reply}"));
-    let cxid = line
-        .split(',')
-        .find_map(|f| f.strip_prefix("lcxid=0x"))
-        .unwrap_or_else(|| panic!("no lcxid in {line}"));
-    u64::from_str_radix(cxid, 16).unwrap()
-}
-
-fn session_id(backend: &ZooKeeperBackend) -> i64 {
-    backend.zk_client().session_id().0
-}
 
 async fn cycle(backend: &ZooKeeperBackend, name: &LockName) -> lockcore::FencingToken {
     let lease = backend

@@ -14,15 +14,8 @@ use lock_conformance::stores::zookeeper;
 use lock_zookeeper::zk;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LeaseKind, LockBackend, LockError, Locker, LossReason, ReleaseOutcome};
-use support::{children, connect, connect_with, raw, session_timeout, take, unique};
+use support::{children, connect, connect_with, locker, raw, session_timeout, take, unique};
 use tokio::time::{Instant, timeout};
-
-/// A Locker for tests: renew at a third of the session, wait up to a minute.
-fn locker(backend: &lock_zookeeper::ZooKeeperBackend) -> Locker {
-    Locker::new(backend.clone())
-        .ttl(backend.session_timeout())
-        .max_wait(Duration::from_secs(60))
-}
 
 /// The holder's session is expired by the server while it holds the lock and
 /// another client waits: the holder's `lost()` fires with the store's report

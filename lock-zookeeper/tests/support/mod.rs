@@ -104,3 +104,93 @@ pub fn may_launch_servers(test: &str) -> bool {
     }
     !external
 }
+
+/// The `cons` four-letter command's line for session `sid` on the server at
+/// `addr` (one line per connection of that session).
+pub fn connections(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("four-letter connection");
+    conn.write_all(b"cons").unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    let session = format!("sid=0x{sid:x},");
+    reply
+        .lines()
+        .filter(|l| l.contains(&session))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// How many requests the server has answered on session `sid`: the last
+/// request id (`lcxid`) that `cons` reports for it (pings and watch events
+/// have ids of their own, outside this count).
+pub fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
+    let lines = connections(addr, sid);
+    let line = lines
+        .first()
+        .unwrap_or_else(|| panic!("session 0x{sid:x} not in `cons`"));
+    let cxid = line
+        .split(',')
+        .find_map(|f| f.strip_prefix("lcxid=0x"))
+        .unwrap_or_else(|| panic!("no lcxid in {line}"));
+    u64::from_str_radix(cxid, 16).unwrap()
+}
+
+/// The session id of `backend`'s current session.
+pub fn session_id(backend: &ZooKeeperBackend) -> i64 {
+    backend.zk_client().session_id().0
+}
+
+/// This process's peak resident set so far (`VmHWM`), in bytes.
+pub fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A `Locker` over `backend` for tests: the session timeout as TTL (what
+/// every lease gets anyway), waits of up to a minute.
+pub fn locker(backend: &ZooKeeperBackend) -> lockcore::Locker {
+    lockcore::Locker::new(backend.clone())
+        .ttl(backend.session_timeout())
+        .max_wait(Duration::from_secs(60))
+}
+
+/// CPU time this process has used so far (user + system).
+pub fn cpu_time() -> Duration {
+    process_cpu("self")
+}
+
+/// CPU time (user + system) process `pid` (or `self`) has used so far.
+pub fn process_cpu(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime
+    // are the 14th and 15th fields of the line.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // sysconf(_SC_CLK_TCK) is 100 on Linux.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+/// An allowance for one round trip to the store on this machine: four times
+/// the slowest of a few `inspect` calls, plus 100 ms, scaled.
+pub async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
+    use lockcore::LockBackend;
+    let name = unique("rtt");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = tokio::time::Instant::now();
+        backend.inspect(&name).await.unwrap();
+        slowest = slowest.max(started.elapsed());
+    }
+    (slowest * 4 + Duration::from_millis(100)).mul_f64(time_scale())
+}

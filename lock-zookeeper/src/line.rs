@@ -1,0 +1,419 @@
+//! One view of a lock's queue per session, shared by every local waiter.
+//!
+//! A thousand waiters of one process on one name must not each keep their
+//! own copy of the line and read it again on every change: memory and reads
+//! would grow with the square of the waiters. A [`Line`] keeps the queue of
+//! one lock for the whole session, and one task watches it for every local
+//! waiter: it lists the queue when a waiter joined since the last listing
+//! (waiters that join together share one), and otherwise watches only the
+//! node just ahead of the first local waiter (an `exists` watch, as in the
+//! classic recipe). When that node goes, the next one ahead is watched, and
+//! when none is left, that waiter alone is told it is first. A release by
+//! this session is known at once, without an event.
+//!
+//! **Why a decision on this view is sound.** Sequence numbers only grow, so
+//! the nodes ahead of a node are older than it, and only ever leave. A
+//! listing read after a node's create shows every node still ahead of it;
+//! so once each of those is known gone (deleted by this session, an event,
+//! or an `exists` that finds nothing), the node is first. A waiter's place
+//! is judged only on a listing sent after its create was answered.
+//!
+//! An `exists` watch on a queue node never shares a node with the sequence
+//! proof's data watch on the parent ([`crate::quiet`]); a persistent watch
+//! on the parent would replace that one on servers before 3.9
+//! (ZOOKEEPER-4466).
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use lockcore::Backoff;
+use lockcore::backend::Moment;
+use tokio::sync::Notify;
+use uuid::Uuid;
+use zookeeper_client as zk;
+
+use crate::error::{map, transient};
+use crate::names::QueueNode;
+
+/// The lines of one session, by parent path.
+#[derive(Debug, Default)]
+pub(crate) struct Lines {
+    lines: Mutex<HashMap<String, Weak<Line>>>,
+}
+
+impl Lines {
+    /// The view of the queue under `parent`, shared with every other waiter
+    /// of this session.
+    pub(crate) fn line(&self, client: &zk::Client, parent: &str) -> Arc<Line> {
+        let mut lines = self.lock();
+        if let Some(line) = lines.get(parent).and_then(Weak::upgrade) {
+            return line;
+        }
+        if lines.len() >= 64 {
+            lines.retain(|_, line| line.strong_count() > 0);
+        }
+        let line = Line::start(client.clone(), parent.to_owned());
+        lines.insert(parent.to_owned(), Arc::downgrade(&line));
+        line
+    }
+
+    /// Node `sequence` under `parent` was deleted by this session.
+    pub(crate) fn deleted(&self, parent: &str, sequence: u32) {
+        let line = self.lock().get(parent).and_then(Weak::upgrade);
+        if let Some(line) = line {
+            line.forget(sequence);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Weak<Line>>> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Where a node stands in the view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// First in line; `alone` when nobody else is queued. `synced`: the
+    /// send time of the `sync` the listing was read behind (the session was
+    /// in touch with the leader then, and the node existed after it).
+    First { alone: bool, synced: Moment },
+    /// Behind another node.
+    Behind,
+    /// Not in the queue (deleted, or its session ended).
+    Missing,
+    /// Not listed yet (or the session ended): ask again once woken.
+    Unknown,
+}
+
+/// The shared view of one queue.
+pub(crate) struct Line {
+    parent: String,
+    state: Mutex<State>,
+    /// Wakes the task: a waiter came or went, or this session deleted a node.
+    poke: Arc<Notify>,
+    task: OnceLock<tokio::task::AbortHandle>,
+}
+
+struct State {
+    /// The queue as of the latest listing, less the nodes known gone since.
+    nodes: BTreeMap<u32, QueueNode>,
+    /// Listings started so far, and the number of the one in `nodes`.
+    started: u64,
+    listed: u64,
+    /// When the `sync` before that listing was sent.
+    synced: Moment,
+    /// Local waiters by the sequence number of their node.
+    waiting: BTreeMap<u32, Waiting>,
+    /// The waiter last told it is first.
+    told: Option<u32>,
+    /// Why the view stopped for good (the session ended).
+    ended: Option<String>,
+}
+
+struct Waiting {
+    woken: Arc<Notify>,
+    /// Listings started before the waiter joined: a later one shows it.
+    since: u64,
+}
+
+/// A local waiter's place in the view; dropping it withdraws it.
+pub(crate) struct Turn {
+    line: Arc<Line>,
+    sequence: u32,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.line.lock().waiting.remove(&self.sequence);
+        self.line.poke.notify_one();
+    }
+}
+
+/// What the task does next.
+enum Step {
+    /// List the queue (the listing's number).
+    List(u64),
+    /// Watch the node just ahead of the first local waiter.
+    Watch(u32, String),
+    /// Nothing to do until poked.
+    Rest,
+    /// The view ended, or nobody uses it.
+    Stop,
+}
+
+impl Line {
+    fn start(client: zk::Client, parent: String) -> Arc<Line> {
+        let line = Arc::new(Line {
+            parent: parent.clone(),
+            state: Mutex::new(State {
+                nodes: BTreeMap::new(),
+                started: 0,
+                listed: 0,
+                synced: Moment::now(),
+                waiting: BTreeMap::new(),
+                told: None,
+                ended: None,
+            }),
+            poke: Arc::new(Notify::new()),
+            task: OnceLock::new(),
+        });
+        let poke = line.poke.clone();
+        let task = tokio::spawn(run(Arc::downgrade(&line), poke, client, parent));
+        let _ = line.task.set(task.abort_handle());
+        line
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins the view with node `sequence`, whose create was answered:
+    /// `woken` is told when it may have become first (or the view ended).
+    pub(crate) fn join(self: &Arc<Self>, sequence: u32, woken: Arc<Notify>) -> Turn {
+        let mut state = self.lock();
+        let since = state.started;
+        state.waiting.insert(sequence, Waiting { woken, since });
+        drop(state);
+        self.poke.notify_one();
+        Turn {
+            line: self.clone(),
+            sequence,
+        }
+    }
+
+    /// Where node `sequence` (a joined waiter's) stands.
+    pub(crate) fn place(&self, sequence: u32) -> Place {
+        let state = self.lock();
+        let listed_since = state
+            .waiting
+            .get(&sequence)
+            .is_some_and(|w| state.listed > w.since);
+        if state.ended.is_some() || !listed_since {
+            return Place::Unknown;
+        }
+        if !state.nodes.contains_key(&sequence) {
+            return Place::Missing;
+        }
+        match state.nodes.range(..sequence).next() {
+            Some(_) => Place::Behind,
+            None => Place::First {
+                alone: state.nodes.len() == 1,
+                synced: state.synced,
+            },
+        }
+    }
+
+    /// The nodes of owner `guid` ahead of node `sequence` (strays of a create
+    /// whose reply was lost).
+    pub(crate) fn strays_ahead(&self, guid: Uuid, sequence: u32) -> Vec<String> {
+        let state = self.lock();
+        (state.nodes.range(..sequence))
+            .filter(|(_, n)| n.guid == guid)
+            .map(|(_, n)| n.name.clone())
+            .collect()
+    }
+
+    /// Node `sequence` is gone.
+    fn forget(&self, sequence: u32) {
+        if self.lock().nodes.remove(&sequence).is_some() {
+            self.poke.notify_one();
+        }
+    }
+
+    /// What the task does next (telling the first local waiter, if it is).
+    fn next_step(&self) -> Step {
+        let mut state = self.lock();
+        if state.ended.is_some() {
+            return Step::Stop;
+        }
+        let State {
+            nodes,
+            waiting,
+            listed,
+            ..
+        } = &*state;
+        if waiting.values().any(|w| w.since >= *listed) {
+            state.started += 1;
+            return Step::List(state.started);
+        }
+        let Some(&first) = waiting.keys().find(|s| nodes.contains_key(s)) else {
+            return Step::Rest;
+        };
+        if let Some((&ahead, node)) = nodes.range(..first).next_back() {
+            return Step::Watch(ahead, format!("{}/{}", self.parent, node.name));
+        }
+        if state.told != Some(first) {
+            state.told = Some(first);
+            if let Some(w) = state.waiting.get(&first) {
+                w.woken.notify_one();
+            }
+        }
+        Step::Rest
+    }
+
+    /// Takes listing number `number` (read behind a `sync` sent at `synced`).
+    fn install(&self, number: u64, children: Vec<String>, synced: Moment) {
+        let mut state = self.lock();
+        if number <= state.listed {
+            return;
+        }
+        // Most nodes were in the last listing too: reuse them.
+        let mut known = std::mem::take(&mut state.nodes);
+        state.nodes = (children.into_iter())
+            .filter_map(|name| {
+                let seen = QueueNode::sequence_of(&name).and_then(|s| known.remove(&s));
+                seen.filter(|n| n.name == name)
+                    .or_else(|| QueueNode::parse(&name))
+            })
+            .map(|n| (n.sequence, n))
+            .collect();
+        (state.listed, state.synced) = (number, synced);
+        // Waiters whose node the listing does not show learn it now.
+        for (sequence, w) in &state.waiting {
+            if w.since < number && !state.nodes.contains_key(sequence) {
+                w.woken.notify_one();
+            }
+        }
+    }
+
+    /// The session ended: nothing more will come.
+    fn end(&self, why: String) {
+        let mut state = self.lock();
+        state.ended = Some(why);
+        for w in state.waiting.values() {
+            w.woken.notify_one();
+        }
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get() {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("Line")
+            .field("parent", &self.parent)
+            .field("nodes", &state.nodes.len())
+            .field("waiting", &state.waiting.len())
+            .finish()
+    }
+}
+
+type Fired = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// Keeps the view: lists the queue (behind a `sync`, in the same round
+/// trip) when a waiter joined since the last listing, else watches the node
+/// ahead of the first local waiter. Stops with the line or the session.
+async fn run(line: Weak<Line>, poke: Arc<Notify>, client: zk::Client, parent: String) {
+    let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    let mut failures = 0;
+    // The node watched, and its watch (kept while it stays the one to watch).
+    let mut watching: Option<(u32, Fired)> = None;
+    let mut states = client.state_watcher();
+    loop {
+        let Some(live) = line.upgrade() else {
+            return;
+        };
+        let step = live.next_step();
+        let outcome = match step {
+            Step::Stop => return,
+            Step::Rest => {
+                drop(live);
+                tokio::select! {
+                    _ = poke.notified() => continue,
+                    state = states.changed() => match state.is_terminated() {
+                        true => Err(zk::Error::SessionExpired),
+                        false => continue,
+                    },
+                }
+            }
+            Step::List(number) => {
+                drop(live);
+                let synced = Moment::now();
+                let syncing = client.sync(&parent);
+                let listing = client.list_children(&parent);
+                let listed = match syncing.await {
+                    Ok(()) | Err(zk::Error::NoNode) => listing.await,
+                    Err(e) => Err(e),
+                };
+                match listed {
+                    Ok(children) => Ok((number, children, synced)),
+                    Err(zk::Error::NoNode) => Ok((number, Vec::new(), synced)),
+                    Err(e) => Err(e),
+                }
+                .map(|(number, children, synced)| {
+                    if let Some(live) = line.upgrade() {
+                        live.install(number, children, synced);
+                    }
+                })
+            }
+            Step::Watch(sequence, path) => {
+                let kept = watching.take().filter(|(s, _)| *s == sequence);
+                let fired = match kept {
+                    Some((_, fired)) => Ok(Some(fired)),
+                    None => match client.check_and_watch_stat(&path).await {
+                        Ok((Some(_), watcher)) => Ok(Some(Box::pin(watcher.changed()) as Fired)),
+                        Ok((None, _)) => Ok(None),
+                        Err(e) => Err(e),
+                    },
+                };
+                match fired {
+                    Ok(None) => {
+                        live.forget(sequence);
+                        Ok(())
+                    }
+                    Ok(Some(mut fired)) => {
+                        drop(live);
+                        tokio::select! {
+                            biased;
+                            event = &mut fired => match event.event_type {
+                                zk::EventType::NodeDeleted => {
+                                    if let Some(live) = line.upgrade() {
+                                        live.forget(sequence);
+                                    }
+                                    Ok(())
+                                }
+                                zk::EventType::Session if event.session_state.is_terminated() => {
+                                    Err(zk::Error::SessionExpired)
+                                }
+                                // Written to, or a session event: watch again.
+                                _ => Ok(()),
+                            },
+                            _ = poke.notified() => {
+                                watching = Some((sequence, fired));
+                                Ok(())
+                            }
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => failures = 0,
+            Err(e) => {
+                let Some(live) = line.upgrade() else {
+                    return;
+                };
+                if !transient(&e)
+                    || matches!(e, zk::Error::SessionExpired | zk::Error::ClientClosed)
+                {
+                    live.end(map(format!("watching the queue {parent}"), e).to_string());
+                    return;
+                }
+                drop(live);
+                tokio::time::sleep(backoff.delay(failures)).await;
+                failures = failures.saturating_add(1);
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Waiting in a lock's queue, as a [`Waiter`] for lockcore's wait loop: the
+//! node stays in line across attempts (FIFO), and each attempt asks the
+//! session's shared view of the queue ([`Line`]) whether it is first. Waiting
+//! costs no request of its own: a waiter is woken when it may be first, and
+//! reads nothing but that view until then.
+
+use std::sync::Arc;
+
+use lockcore::backend::{LockRequest, Moment, Waiter, Wakeup};
+use lockcore::{Attempt, LockError};
+use tokio::sync::Notify;
+use zookeeper_client as zk;
+
+use crate::client::{Client, Live};
+use crate::error::{BACKEND, map};
+use crate::line::{Line, Place, Turn};
+use crate::queue::Entry;
+use crate::requests::delete_node;
+
+/// One `acquire`'s place in line. Dropping it removes its node.
+pub(crate) struct LineWaiter<'a> {
+    client: &'a Client,
+    request: &'a LockRequest,
+    /// Told when our node may be first (or is gone), or the view ended.
+    woken: Arc<Notify>,
+    queued: Option<Queued>,
+}
+
+/// A node in line.
+struct Queued {
+    live: Arc<Live>,
+    line: Arc<Line>,
+    entry: Entry,
+    sequence: u32,
+    _turn: Turn,
+    /// The send time of this entry's latest request that went through the
+    /// leader: the create (a write), then a `sync`.
+    alive_since: Moment,
+}
+
+/// What an attempt found.
+enum Found {
+    /// First in line, with the lease's start.
+    First { alone: bool, alive_since: Moment },
+    /// Still behind someone (or not listed yet).
+    Waiting,
+    /// Our node is gone (its session ended, or it was deleted by hand).
+    Gone,
+}
+
+impl<'a> LineWaiter<'a> {
+    pub(crate) fn new(client: &'a Client, request: &'a LockRequest) -> Self {
+        LineWaiter {
+            client,
+            request,
+            woken: Arc::new(Notify::new()),
+            queued: None,
+        }
+    }
+
+    /// Queues a node behind the session's view of the queue.
+    async fn join(&self) -> Result<Queued, LockError> {
+        let live = self.client.live().await?;
+        let parent = self.client.lock_path(self.request.name());
+        let session = &live.session;
+        let line = session.lines.line(&session.client, &parent);
+        let label = Some(self.request.label());
+        let mut entry = Entry::new(session.clone(), parent, self.client.acls.clone(), label);
+        // A write: it went through the leader after this.
+        let alive_since = Moment::now();
+        entry.enqueue(false).await?;
+        let sequence = entry
+            .sequence()
+            .ok_or_else(|| LockError::store(BACKEND, "a created queue node has no sequence"))?;
+        let turn = line.join(sequence, self.woken.clone());
+        Ok(Queued {
+            live,
+            line,
+            entry,
+            sequence,
+            _turn: turn,
+            alive_since,
+        })
+    }
+
+    /// Where our node stands. When first, the lease starts at the latest
+    /// request through the leader that also proves the node alive: our
+    /// create, or the `sync` the view's listing was read behind. That must be
+    /// recent (the leader heard of the session recently enough to leave a
+    /// useful deadline), else a `sync` is sent now: only a request through
+    /// the leader can start a lease (a cut-off follower answers reads for a
+    /// while, and its view may be late).
+    async fn look(&self, queued: &mut Queued) -> Result<Found, LockError> {
+        let alone = match queued.line.place(queued.sequence) {
+            Place::First { alone, synced } => {
+                if synced.mono() > queued.alive_since.mono() {
+                    queued.alive_since = synced;
+                }
+                alone
+            }
+            Place::Behind => {
+                if queued.entry.strays {
+                    self.prune(queued).await?;
+                }
+                return Ok(Found::Waiting);
+            }
+            Place::Unknown => return Ok(Found::Waiting),
+            Place::Missing => return Ok(Found::Gone),
+        };
+        let fresh = Moment::now().since(queued.alive_since) <= self.client.session_timeout() / 4;
+        if !fresh {
+            let client = &queued.live.session.client;
+            let path = queued.entry.path().unwrap_or_default().to_owned();
+            let sent = Moment::now();
+            let synced = client.sync(&path);
+            let exists = client.check_stat(&path);
+            let outcome = match synced.await {
+                Ok(()) | Err(zk::Error::NoNode) => exists.await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(Some(_)) => queued.alive_since = sent,
+                Ok(None) => return Ok(Found::Gone),
+                Err(e) => return Err(map(format!("syncing {path}"), e)),
+            }
+        }
+        Ok(Found::First {
+            alone,
+            alive_since: queued.alive_since,
+        })
+    }
+
+    /// After a lost create reply, a create sent through the old connection
+    /// may still land after we looked, ahead of the node we made instead:
+    /// such a stray of ours would block us (and everyone behind us).
+    async fn prune(&self, queued: &Queued) -> Result<(), LockError> {
+        let guid = queued.entry.guid;
+        for stray in queued.line.strays_ahead(guid, queued.sequence) {
+            let path = format!("{}/{stray}", queued.entry.parent);
+            tracing::debug!(%path, "deleting a stray queue node of ours ahead of ours");
+            delete_node(&queued.live.session.client, &path)
+                .await
+                .map_err(|e| map(format!("deleting {path}"), e))?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Waiter for LineWaiter<'_> {
+    /// Our turn's wake-up: registered with the view when the node was
+    /// queued, and left armed by a wake-up that came before this round.
+    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
+        let woken = self.woken.clone();
+        Ok(Some(Box::pin(async move { woken.notified().await })))
+    }
+
+    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
+        if (self.queued.as_ref()).is_some_and(|q| q.live.session.is_ended()) {
+            self.queued = None;
+        }
+        let mut queued = match self.queued.take() {
+            Some(queued) => queued,
+            None => self.join().await?,
+        };
+        match self.look(&mut queued).await {
+            Ok(Found::First { alone, alive_since }) => {
+                let Queued { live, entry, .. } = queued;
+                let name = self.request.name();
+                let lease = self.client.grant(&live, name, entry, alive_since, alone)?;
+                Ok(Attempt::Acquired(lease))
+            }
+            Ok(Found::Waiting) => {
+                self.queued = Some(queued);
+                Ok(Attempt::Held { expires_in: None })
+            }
+            Ok(Found::Gone) => {
+                // Queue again, right away.
+                self.woken.notify_one();
+                Ok(Attempt::Held { expires_in: None })
+            }
+            // Keep the place in line through transient trouble.
+            Err(e) => {
+                self.queued = Some(queued);
+                Err(e)
+            }
+        }
+    }
+}

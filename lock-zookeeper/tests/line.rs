@@ -1,0 +1,164 @@
+//! The session's shared view of a queue: waiters of several sessions are
+//! served in arrival order, a waiter ahead that gives up lets the next one
+//! through at once, and a reconnection loses nobody's turn.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_conformance::proxy::FaultProxy;
+use lock_conformance::stores::{until, zookeeper};
+use lock_zookeeper::ZooKeeperBackend;
+use lockcore::{FencingToken, LockError, Locker};
+use support::{children, connect, locker, raw, round_trip, unique};
+use tokio::time::Instant;
+
+/// Eight waiters, alternately of two sessions, queue one after the other
+/// behind a third session's holder: each is granted in turn, in the order
+/// they queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_two_sessions_are_served_in_arrival_order() {
+    let store = zookeeper::shared();
+    let (holder, a, b) = (
+        connect(store.url()).await.unwrap(),
+        connect(store.url()).await.unwrap(),
+        connect(store.url()).await.unwrap(),
+    );
+    let observer = raw(&store.url()).await;
+    let name = unique("two-sessions");
+    let parent = holder.lock_path(&name);
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let served: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let locker = locker(if i % 2 == 0 { &a } else { &b });
+        let (name, served) = (name.clone(), served.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = locker
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await?;
+            served.lock().unwrap().push((i, guard.fencing_token()));
+            guard.release().await?;
+            Ok::<_, LockError>(())
+        }));
+        // The next one queues after this one.
+        until(Duration::from_secs(10), "the waiter in line", || async {
+            children(&observer, &parent).await.len() == i + 2
+        })
+        .await;
+    }
+    held.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().unwrap();
+    }
+    let served = served.lock().unwrap().clone();
+    let order: Vec<usize> = served.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        order,
+        (0..8).collect::<Vec<_>>(),
+        "served out of arrival order"
+    );
+    assert!(served.windows(2).all(|w| w[0].1 < w[1].1));
+}
+
+/// A waiter of another session ahead of ours gives up: once the holder
+/// releases, ours is granted within a round trip, not at a re-check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_ahead_that_gives_up_lets_the_next_through() {
+    let store = zookeeper::shared();
+    let (holder, ahead, ours) = (
+        connect(store.url()).await.unwrap(),
+        connect(store.url()).await.unwrap(),
+        connect(store.url()).await.unwrap(),
+    );
+    let observer = raw(&store.url()).await;
+    let name = unique("gives-up");
+    let parent = holder.lock_path(&name);
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let giving_up = tokio::spawn({
+        let (locker, name) = (locker(&ahead), name.clone());
+        async move { locker.acquire_timeout(&name, Duration::from_secs(60)).await }
+    });
+    until(
+        Duration::from_secs(10),
+        "the first waiter in line",
+        || async { children(&observer, &parent).await.len() == 2 },
+    )
+    .await;
+    // Re-checks far apart: only the view's wake-up can be prompt.
+    let patient = locker(&ours).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let guard = patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await;
+            (guard, Instant::now())
+        }
+    });
+    until(
+        Duration::from_secs(10),
+        "the second waiter in line",
+        || async { children(&observer, &parent).await.len() == 3 },
+    )
+    .await;
+    giving_up.abort();
+    until(Duration::from_secs(10), "the first waiter gone", || async {
+        children(&observer, &parent).await.len() == 2
+    })
+    .await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, granted) = waiting.await.unwrap();
+    let lag = granted - released;
+    let bound = round_trip(&ours).await * 2;
+    assert!(
+        lag <= bound,
+        "granted {lag:?} after the release (bound {bound:?})"
+    );
+    guard.unwrap().release().await.unwrap();
+}
+
+/// A waiter whose connection is reset while it waits keeps its place and
+/// is granted when the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnection_loses_no_turn() {
+    let store = zookeeper::shared();
+    let link = FaultProxy::start(store.addr()).await.unwrap();
+    let holder = connect(store.url()).await.unwrap();
+    let waiter = connect(link.addr().to_string()).await.unwrap();
+    let observer = raw(&store.url()).await;
+    let name = unique("reconnected");
+    let parent = holder.lock_path(&name);
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let patient = locker(&waiter).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await
+        }
+    });
+    until(Duration::from_secs(10), "the waiter in line", || async {
+        children(&observer, &parent).await.len() == 2
+    })
+    .await;
+    let queued = children(&observer, &parent).await;
+    link.reset_existing();
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(holder.session_timeout(), waiting)
+        .await
+        .expect("granted within the session timeout")
+        .unwrap()
+        .unwrap();
+    // Still the node it queued before the reset: no new one was created.
+    let now = children(&observer, &parent).await;
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert!(
+        queued.contains(&now[0]),
+        "{now:?} was not in line before: {queued:?}"
+    );
+    guard.release().await.unwrap();
+}

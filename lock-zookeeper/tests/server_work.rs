@@ -1,0 +1,57 @@
+//! What an uncontended acquire and release costs the server: requests, and
+//! the server process's CPU time (a private server, so nobody else's work
+//! counts). Prints what it measured.
+
+mod support;
+
+use lock_conformance::stores::zookeeper;
+use lockcore::LockBackend;
+use lockcore::backend::LockBackendExt;
+use support::{answered, connect, process_cpu, session_id, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_cycle_is_a_create_and_a_delete() {
+    if !support::may_launch_servers("an_uncontended_cycle_is_a_create_and_a_delete") {
+        return;
+    }
+    let store = tokio::task::spawn_blocking(|| zookeeper::start(zookeeper::Options::default()))
+        .await
+        .unwrap()
+        .unwrap();
+    let pid = store.pid().expect("a launched server").to_string();
+    let backend = connect(store.url()).await.unwrap();
+    let sid = session_id(&backend);
+    let name = unique("cycles");
+    let ttl = backend.session_timeout();
+    let cycle = async || {
+        let lease = backend
+            .try_acquire_for(&name, ttl)
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        backend.release(&lease).await.unwrap();
+    };
+    // Warm up the server's JIT and the session's proof of an empty queue.
+    for _ in 0..500 {
+        cycle().await;
+    }
+    const CYCLES: u64 = 3_000;
+    let (cpu, requests) = (process_cpu(&pid), answered(store.addr(), sid));
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    let cpu = process_cpu(&pid).saturating_sub(cpu);
+    let requests = answered(store.addr(), sid) - requests;
+    eprintln!(
+        "uncontended acquire + release: {:.2} requests, {:?} server CPU per cycle ({CYCLES} cycles)",
+        requests as f64 / CYCLES as f64,
+        cpu / CYCLES as u32
+    );
+    // A create and a delete; a cycle slower than a twentieth of the
+    // session (a loaded machine) may add its node's watch.
+    assert!(
+        (2 * CYCLES..2 * CYCLES + CYCLES / 4).contains(&requests),
+        "{requests} requests for {CYCLES} cycles"
+    );
+}
