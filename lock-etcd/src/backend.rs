@@ -29,8 +29,10 @@ pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 /// loop); it then revokes them through raft.
 const EXPIRY_SWEEP: Duration = Duration::from_millis(500);
 
-/// How long after its TTL etcd may keep a lock whose holder died, for TTLs
-/// up to `max_ttl` on a cluster whose minimum lease TTL is `min_ttl`.
+/// The fixed part of how long after its TTL etcd may keep a lock whose
+/// holder died, on a cluster whose minimum lease TTL is `min_ttl`; the
+/// capabilities add 100% of the lock's TTL
+/// ([`Capabilities::slack_for`](lockcore::Capabilities::slack_for)).
 ///
 /// Without a leader change, one expiry sweep. etcd 3.4 keeps lease
 /// deadlines in the leader's memory only: a new leader (after a leader loss
@@ -43,18 +45,23 @@ const EXPIRY_SWEEP: Duration = Duration::from_millis(500);
 /// TTL + sweep (missed) + 4 × election (new leader) + election + TTL (restarted lease) + sweep
 /// ```
 ///
-/// after its last renewal: the slack is one more TTL, five election
-/// timeouts and two sweeps. etcd's minimum lease TTL is 1.5 election
-/// timeouts rounded up to whole seconds, so an election timeout is at most
-/// two thirds of it. A restart adds its downtime; every further leader
-/// change adds as much again. Measured on a 3-member cluster with 500 ms
-/// elections and 1 s leases, a dead holder's lock went up to 3.5 s past its
-/// TTL when the leader was killed, 60 times at points across the lease
-/// (`tests/failover.rs`).
-fn expiry_slack(max_ttl: Duration, min_ttl: Duration) -> Duration {
-    let election = min_ttl * 2 / 3;
-    max_ttl + election * 5 + EXPIRY_SWEEP * 2
+/// after its last renewal: the slack is one more TTL (the part that grows
+/// with the TTL), five election timeouts and two sweeps. etcd's minimum
+/// lease TTL is 1.5 election timeouts rounded up to whole seconds, so an
+/// election timeout is at most two thirds of it: five of them are at most
+/// 10/3 of the minimum TTL. A restart adds its downtime; every further
+/// leader change adds as much again. Measured on a 3-member cluster with
+/// 500 ms elections and 1 s leases, a dead holder's lock went up to 3.5 s
+/// past its TTL when the leader was killed, 60 times at points across the
+/// lease (`tests/failover.rs`).
+fn fixed_expiry_slack(min_ttl: Duration) -> Duration {
+    let five_elections = min_ttl * 10 / 3;
+    five_elections + EXPIRY_SWEEP * 2
 }
+
+/// The part of the expiry slack that grows with the TTL: a leader change
+/// restarts a lease at its full TTL.
+const SLACK_TTL_PERCENT: u32 = 100;
 
 /// Locks in etcd. See the crate docs for the design and guarantees.
 ///
@@ -160,21 +167,15 @@ impl EtcdBackend {
         .await?;
         let min_secs = u64::try_from(probe.ttl()).unwrap_or(0).max(1);
         let min_ttl = Duration::from_secs(min_secs);
-        if config.max_ttl < min_ttl {
-            inner.spawn_revoke(probe.id());
-            return Err(LockError::config(format!(
-                "max_ttl {:?} is below this cluster's minimum lease TTL {min_ttl:?}",
-                config.max_ttl
-            )));
-        }
         inner.caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreLeaseTimer)
-            .ttl_range(min_ttl, config.max_ttl)
+            .ttl_range(min_ttl, MAX_TTL)
             .ttl_granularity(Duration::from_secs(1))
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
-            .expiry_slack(expiry_slack(config.max_ttl, min_ttl))
+            .expiry_slack(fixed_expiry_slack(min_ttl))
+            .expiry_slack_ttl_percent(SLACK_TTL_PERCENT)
             // Every grant's key is watched (see `loss`): a forced release
             // reaches a connected holder without waiting for its renewal.
             .eviction_notice(Some(crate::loss::NOTICE));

@@ -97,6 +97,19 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
             ReleaseOutcome::Released
         );
     }
+    // No cap below etcd's own maximum: the declared slack grows with the TTL
+    // instead (a leader change restarts a lease at its full TTL).
+    assert_eq!(caps.max_ttl, lock_etcd::MAX_TTL);
+    let hour = Duration::from_secs(3600);
+    let fixed = Duration::from_secs(2) * 10 / 3 + Duration::from_secs(1);
+    assert_eq!(caps.slack_for(hour), hour + fixed, "{caps:?}");
+    assert_eq!(
+        caps.slack_for(Duration::from_secs(2)),
+        Duration::from_secs(2) + fixed
+    );
+    let long = acquire(&backend, &lock, hour).await;
+    assert_eq!(long.ttl(), hour);
+    backend.release(&long).await.unwrap();
     // The harness's shared etcd runs a 100 ms election timeout: 1 s leases work.
     let shared = connect(&etcd::shared().url()).await;
     assert_eq!(shared.capabilities().min_ttl, Duration::from_secs(1));
