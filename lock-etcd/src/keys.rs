@@ -35,13 +35,7 @@ impl Keys {
     /// The queue of `name`: every key of this lock starts with it.
     pub(crate) fn queue(&self, name: &LockName) -> Vec<u8> {
         let mut key = self.prefix.clone();
-        for b in name.as_str().bytes() {
-            match b {
-                b'%' => key.extend_from_slice(b"%25"),
-                b'/' => key.extend_from_slice(b"%2F"),
-                _ => key.push(b),
-            }
-        }
+        key.extend_from_slice(name.escaped(|c| c == '/').as_bytes());
         key.push(b'/');
         key
     }

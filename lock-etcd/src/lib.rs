@@ -7,13 +7,15 @@
 )]
 
 mod backend;
+mod client;
 mod config;
 mod error;
+mod fence;
 mod hub;
 mod keys;
 mod leases;
-mod loss;
-mod queue;
+mod notify;
+mod wait;
 
 pub use backend::{EtcdBackend, MAX_TTL};
 pub use config::{EtcdConfig, MAX_PREFIX_BYTES, TlsConfig};

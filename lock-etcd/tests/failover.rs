@@ -8,26 +8,20 @@
 //! `ETCD_FAILOVER_RUNS` (default 3) sets the kills per test; each prints
 //! min/median/max.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::stores::{Store, etcd};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
-use lockcore::{Lease, LockBackend, LockName, OwnerToken};
+use lockcore::{Lease, LockBackend, LockName};
+use support::{name, scaled};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(1);
-
-fn scaled(d: Duration) -> Duration {
-    let scale = std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0);
-    d.mul_f64(scale)
-}
 
 fn runs() -> usize {
     std::env::var("ETCD_FAILOVER_RUNS")
@@ -35,11 +29,6 @@ fn runs() -> usize {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3)
         .max(1)
-}
-
-fn name(test: &str) -> LockName {
-    let tag = OwnerToken::new().as_uuid().as_u128() as u32;
-    LockName::new(format!("failover-test/{test}/{tag:08x}")).unwrap()
 }
 
 async fn connect(endpoints: &[String]) -> EtcdBackend {

@@ -2,13 +2,16 @@
 //! acquire whose put lands after the client gave up on it (a phantom entry
 //! must not outlive its TTL, however busy the client keeps its other leases).
 
+mod support;
+
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{etcd, until};
+use lock_conformance::stores::{etcd, eventually, until};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{CancellationToken, LockBackendExt};
-use lockcore::{Attempt, Lease, LockBackend, LockName, OwnerToken};
+use lockcore::{Attempt, Lease, LockBackend, LockName};
+use support::scale;
 use tokio::time::Instant;
 
 /// Long next to the request timeout, as in production: a lease that gave
@@ -19,17 +22,8 @@ const ROUNDS: usize = 8;
 
 const TTL: Duration = Duration::from_secs(4);
 
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
 fn name(test: &str, i: usize) -> LockName {
-    let tag = OwnerToken::new().as_uuid().as_u128() as u32;
-    LockName::new(format!("faults-test/{test}/{tag:08x}/{i}")).unwrap()
+    LockName::new(format!("{}/{i}", support::name(test))).unwrap()
 }
 
 /// etcd-client spreads requests over its endpoints at random. With two
@@ -61,7 +55,7 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
     let observer = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
         .await
         .unwrap();
-    let slack = client.capabilities().expiry_slack + Duration::from_secs(1).mul_f64(scale());
+    let slack = client.capabilities().slack_for(TTL) + Duration::from_secs(1).mul_f64(scale());
 
     // Both connections up before one of them turns slow.
     until(
@@ -104,24 +98,20 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
         let busy = CancellationToken::new();
         let churn = tokio::spawn(churn(client.clone(), granted, busy.clone()));
         let bound = sent + late + TTL + slack;
-        loop {
-            match observer.try_acquire_for(&lock, TTL).await {
-                Ok(Attempt::Acquired(lease)) => {
-                    observer.release(&lease).await.unwrap();
-                    break;
-                }
-                Ok(Attempt::Held { .. }) | Err(_) => {}
-            }
-            assert!(
-                Instant::now() < bound,
-                "L1: round {round}: {lock} still blocked {:?} after its acquire was sent, \
-                 beyond the put's delay + TTL + slack ({:?}); holder: {:?}",
-                sent.elapsed(),
-                late + TTL + slack,
-                observer.inspect(&lock).await,
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let within = bound.saturating_duration_since(Instant::now());
+        let what = format!(
+            "L1: round {round}: {lock} free within the put's delay + TTL + slack ({:?}) of its acquire",
+            late + TTL + slack
+        );
+        let lease = eventually(within, &what, || async {
+            observer
+                .try_acquire_for(&lock, TTL)
+                .await
+                .ok()?
+                .into_lease()
+        })
+        .await;
+        observer.release(&lease).await.unwrap();
         busy.cancel();
         churn.await.unwrap();
     }

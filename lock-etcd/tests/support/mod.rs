@@ -9,9 +9,11 @@ use std::time::Duration;
 use lock_conformance::stores::{self, etcd};
 use lock_etcd::etcd_client::Client;
 use lock_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::LockBackend;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, Lease, LockName, OwnerToken};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 
 /// `LOCK_TEST_TIME_SCALE` (default 1.0).
 pub fn scale() -> f64 {
@@ -178,4 +180,39 @@ pub fn connections_to(port: u16) -> usize {
             f.len() > 9 && f[2].ends_with(&remote) && f[3] == "01" && mine.contains(f[9])
         })
         .count()
+}
+
+/// The etcd lease behind a grant, read from etcd itself.
+pub async fn etcd_lease_of(client: &mut Client, key: &[u8]) -> i64 {
+    let reply = client.get(key.to_vec(), None).await.expect("get key");
+    let kv = reply.kvs().first().expect("the grant's key exists");
+    kv.lease()
+}
+
+/// Four times the slowest of a few round trips, plus 100 ms, scaled (as the
+/// conformance suite's `Ctx::round_trip`).
+pub async fn round_trip(backend: &EtcdBackend) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let sent = Instant::now();
+        backend.inspect(&name("rtt")).await.unwrap();
+        slowest = slowest.max(sent.elapsed());
+    }
+    scaled(slowest * 4 + Duration::from_millis(100))
+}
+
+/// The queue (key prefix) of the lock `lease` holds: its key up to the last
+/// `/` (escaped names have none).
+pub fn queue_of(backend: &EtcdBackend, lease: &Lease) -> Vec<u8> {
+    let key = backend.key_of(lease).expect("a lease of this backend");
+    let end = key.iter().rposition(|b| *b == b'/').expect("a queue key");
+    key[..=end].to_vec()
+}
+
+/// How many entries the queue `queue` has right now.
+pub async fn queue_len(client: &mut Client, queue: Vec<u8>) -> usize {
+    let options = lock_etcd::etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    client.get(queue, Some(options)).await.unwrap().count() as usize
 }

@@ -22,7 +22,7 @@ use etcd_client::GetOptions;
 use lockcore::backend::CancellationToken;
 use tokio::time::Instant;
 
-use crate::backend::Inner;
+use crate::client::Inner;
 
 /// How often the scheduler looks at grants waiting for their watch.
 const TICK: Duration = Duration::from_millis(50);

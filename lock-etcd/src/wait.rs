@@ -33,7 +33,7 @@ use lockcore::backend::WaitPolicy;
 use lockcore::{Lease, LockError, LockName, OwnerToken};
 use tokio::time::Instant;
 
-use crate::backend::{Inner, first_range};
+use crate::client::{Inner, first_range};
 use crate::error::{BACKEND, lease_not_found, protocol};
 use crate::hub::Deleted;
 use crate::keys::Keys;
@@ -147,9 +147,8 @@ impl Entry {
     fn into_lease(mut self) -> Result<Lease, LockError> {
         self.armed = false;
         let fence = self.inner.fence(self.revision)?;
-        Ok(self
-            .inner
-            .lease_for(&self.name, self.owner, fence, self.slot)?)
+        self.inner
+            .lease_for(&self.name, self.owner, fence, self.slot)
     }
 
     /// The local deadline of our lease.
