@@ -10,14 +10,15 @@ use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
     LockBackend, LockError, LockName, ReleaseOutcome,
 };
-use tokio::time::Instant;
 
-use crate::client::{Inner, rand_id};
+use crate::client::Inner;
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, timed};
 use crate::hub::Hub;
 use crate::keys::Keys;
-use crate::leases::{Pool, Slot};
+use crate::line::Lines;
+use crate::notify::Notices;
+use crate::session::Sessions;
 use crate::wait;
 
 /// etcd refuses lease TTLs above this (`MaxLeaseTTL`, 9e9 s).
@@ -63,8 +64,8 @@ const SLACK_TTL_PERCENT: u32 = 100;
 
 /// Locks in etcd. See the crate docs for the design and guarantees.
 ///
-/// Clones share one connection and one lease pool; call
-/// [`connect_with`](Self::connect_with) again for an independent client.
+/// Clones share one connection, one session per TTL and one watch stream;
+/// call [`connect_with`](Self::connect_with) again for an independent client.
 #[derive(Clone)]
 pub struct EtcdBackend {
     pub(crate) inner: Arc<Inner>,
@@ -127,30 +128,20 @@ impl EtcdBackend {
             Client::connect(endpoints.clone(), Some(options)),
         )
         .await?;
-        let keys = Keys::new(&config.prefix);
-        let mut inner = Inner {
-            hub: Arc::new(Hub::new(client.clone(), config.request_timeout)),
-            client,
-            keys,
-            caps: Capabilities::new(BACKEND),
-            timeout: config.request_timeout,
-            pool: Pool::default(),
-            watches: Default::default(),
-            id: rand_id(),
-            endpoints,
-            prefix: config.prefix.clone(),
-        };
         // Probe: etcd raises any TTL below its minimum without saying so.
-        let sent = Instant::now();
         let probe = timed(
-            inner.timeout,
+            config.request_timeout,
             "lease grant",
-            inner.client.lease_client().grant(1, None),
+            client.lease_client().grant(1, None),
         )
         .await?;
         let min_secs = u64::try_from(probe.ttl()).unwrap_or(0).max(1);
         let min_ttl = Duration::from_secs(min_secs);
-        inner.caps = Capabilities::new(BACKEND)
+        let mut leases = client.lease_client();
+        tokio::spawn(async move {
+            let _ = leases.revoke(probe.id()).await;
+        });
+        let caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreLeaseTimer)
             .ttl_range(min_ttl, MAX_TTL)
             .ttl_granularity(Duration::from_secs(1))
@@ -159,15 +150,37 @@ impl EtcdBackend {
             .notifications(true)
             .expiry_slack(fixed_expiry_slack(min_ttl))
             .expiry_slack_ttl_percent(SLACK_TTL_PERCENT)
-            // Every grant's key is watched (see `loss`): a forced release
-            // reaches a connected holder without waiting for its renewal.
+            // Evictions leave a notice the holder follows (see `notify`).
             .eviction_notice(Some(crate::notify::NOTICE));
-        // The probe lease is a perfectly good lease of the minimum TTL.
-        inner.pool.give_back(Slot {
-            id: probe.id(),
-            ttl: min_ttl,
-            refreshed: sent,
+        let keys = Keys::new(&config.prefix);
+        let timeout = config.request_timeout;
+        let hub = Arc::new(Hub::new(client.clone(), timeout));
+        let notices = Notices {
+            hub: hub.clone(),
+            client: client.clone(),
+            keys: keys.clone(),
+            timeout,
+        };
+        let sessions = Arc::new_cyclic(|sessions: &std::sync::Weak<Sessions>| {
+            let sessions = sessions.clone();
+            Sessions::new(
+                client.clone(),
+                keys.clone(),
+                timeout,
+                Box::new(move |session| notices.follow(sessions.clone(), session)),
+            )
         });
+        let inner = Inner {
+            lines: Arc::new(Lines::new(hub.clone(), client.clone(), timeout)),
+            hub,
+            sessions,
+            client,
+            keys,
+            caps,
+            timeout,
+            endpoints,
+            prefix: config.prefix.clone(),
+        };
         Ok(EtcdBackend {
             inner: Arc::new(inner),
         })
@@ -179,15 +192,16 @@ impl EtcdBackend {
         self.inner.client.clone()
     }
 
-    /// Idle leases this client keeps for reuse (for tests and metrics).
-    pub fn idle_leases(&self) -> usize {
-        self.inner.pool.idle()
+    /// Live sessions of this client: one lease per TTL in use, which every
+    /// lock and permit of that TTL is attached to (for tests and metrics).
+    pub fn sessions(&self) -> usize {
+        self.inner.sessions.live()
     }
 
-    /// Lock names this client watches on its one watch stream right now:
-    /// names it waits on, holds (from a tenth of the TTL on) or used in the
-    /// last few seconds (for tests and metrics).
-    pub fn watched_names(&self) -> usize {
+    /// Key prefixes this client watches on its one watch stream right now:
+    /// queues it waits on (or used in the last few seconds), and one per
+    /// session for eviction notices (for tests and metrics).
+    pub fn watched(&self) -> usize {
         self.inner.hub.watched()
     }
 }
@@ -198,8 +212,8 @@ impl fmt::Debug for EtcdBackend {
             .field("endpoints", &self.inner.endpoints)
             .field("prefix", &self.inner.prefix)
             .field("min_ttl", &self.inner.caps.min_ttl)
-            .field("idle_leases", &self.inner.pool.idle())
-            .field("watched_names", &self.inner.hub.watched())
+            .field("sessions", &self.inner.sessions.live())
+            .field("watched", &self.inner.hub.watched())
             .finish()
     }
 }
@@ -215,7 +229,16 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.inner.renew(lease).await
+        let mut outcome = self.inner.renew_many(std::slice::from_ref(lease)).await;
+        outcome.pop().unwrap_or_else(|| {
+            Err(LockError::NotHeld {
+                name: lease.name().clone(),
+            })
+        })
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        self.inner.renew_many(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -243,6 +266,6 @@ impl LockBackend for EtcdBackend {
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        wait::acquire(&self.inner, request.name(), request.ttl().get(), wait).await
+        wait::acquire(&self.inner, request, wait).await
     }
 }

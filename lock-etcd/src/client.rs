@@ -1,262 +1,409 @@
-//! The etcd client of one backend instance: its connection, lease pool and
-//! watch stream, and one function per store operation (each one or two
-//! round trips).
+//! The etcd client of one backend instance (its connection, sessions,
+//! watch stream and lines) and one function per lock operation, each one
+//! or two round trips.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, GetOptions, KeyValue, LeaseTimeToLiveOptions, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use lockcore::backend::{CancellationToken, LockRequest, Wakeup};
 use lockcore::{
-    Attempt, Backoff, Capabilities, FencingToken, Holder, Lease, LockError, LockName, OwnerToken,
+    Attempt, Capabilities, FencingToken, Holder, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
 };
 use tokio::time::Instant;
 
-use crate::error::{self, BACKEND, lease_not_found, protocol, timed};
-use crate::hub::Hub;
-use crate::keys::Keys;
-use crate::leases::{Grant, Pool, Slot};
+use crate::error::{self, BACKEND, lease_not_found, timed};
+use crate::hub::{Events, Hub};
+use crate::keys::{Keys, range_end};
+use crate::line::Lines;
+use crate::record::Record;
+use crate::session::{Attached, Entry, Kind, Sessions, Status};
+
+/// Keys checked per transaction of gets (etcd allows 128 operations); a
+/// renewal of more keys on one session asks the session's lease which keys
+/// it carries instead, in one request.
+const CHECK_BATCH: usize = 128;
 
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) keys: Keys,
     pub(crate) caps: Capabilities,
     pub(crate) timeout: Duration,
-    pub(crate) pool: Pool,
     /// This instance's one watch stream.
     pub(crate) hub: Arc<Hub>,
-    pub(crate) watches: crate::notify::Watches,
-    /// Tells this instance's leases from other clients' in `Grant::pool`.
-    pub(crate) id: u64,
+    pub(crate) sessions: Arc<Sessions>,
+    pub(crate) lines: Arc<Lines>,
     pub(crate) endpoints: Vec<String>,
     pub(crate) prefix: String,
 }
 
-pub(crate) fn rand_id() -> u64 {
-    let uuid = OwnerToken::new().as_uuid();
-    uuid.as_u64_pair().0
+/// What a granted lock or permit carries in its [`Lease`] extension.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub(crate) key: Vec<u8>,
+    pub(crate) revision: i64,
+    pub(crate) value: Arc<[u8]>,
 }
 
 impl Inner {
-    pub(crate) fn fence(&self, revision: i64) -> Result<FencingToken, LockError> {
-        FencingToken::from_store(BACKEND, revision)
-    }
-
-    /// The lease for a new queue entry: a pooled one on the first try, a
-    /// fresh grant on the retry (a pooled lease may have been revoked behind
-    /// our back).
-    pub(crate) async fn entry_lease(&self, ttl: Duration, retry: bool) -> Result<Slot, LockError> {
-        if retry {
-            self.grant(ttl).await
-        } else {
-            self.take_lease(ttl).await
-        }
-    }
-
-    /// A lease for one lock: an idle one (refreshed first if it is getting
-    /// old), or a new grant.
-    pub(crate) async fn take_lease(&self, ttl: Duration) -> Result<Slot, LockError> {
-        while let Some(mut slot) = self.pool.take(ttl) {
-            if slot.fresh() {
-                return Ok(slot);
-            }
-            if slot.stale() {
-                continue;
-            }
-            let sent = Instant::now();
-            if self.keep_alive(slot.id).await? {
-                slot.refreshed = sent;
-                return Ok(slot);
-            }
-        }
-        self.grant(ttl).await
-    }
-
-    pub(crate) async fn grant(&self, ttl: Duration) -> Result<Slot, LockError> {
-        let secs = i64::try_from(ttl.as_secs()).map_err(|_| LockError::InvalidTtl {
-            ttl,
-            reason: "too large for etcd".into(),
-        })?;
-        let sent = Instant::now();
-        let granted = timed(
-            self.timeout,
-            "lease grant",
-            self.client.lease_client().grant(secs, None),
-        )
-        .await?;
-        if !granted.error().is_empty() {
-            return Err(LockError::store(BACKEND, granted.error().to_owned()));
-        }
-        if granted.ttl() != secs {
-            // The cluster's minimum changed under us: never hand out a lease
-            // whose real TTL differs from what we report.
-            self.spawn_revoke(granted.id());
-            return Err(LockError::InvalidTtl {
-                ttl,
-                reason: format!(
-                    "etcd granted {} s instead of {secs} s (its minimum lease TTL is larger)",
-                    granted.ttl()
-                ),
-            });
-        }
-        Ok(Slot {
-            id: granted.id(),
-            ttl,
-            refreshed: sent,
-        })
-    }
-
-    /// One keep-alive round trip: `true` if the lease lives on, `false` if
-    /// etcd says it is gone.
-    pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool, LockError> {
-        let mut leases = self.client.lease_client();
-        let outcome = tokio::time::timeout(self.timeout, async move {
-            // The first reply is read inside `keep_alive`: an error with
-            // "lease not found" means TTL <= 0. Dropping the keeper and the
-            // stream ends the gRPC stream.
-            leases.keep_alive(id).await.map(|_| ())
-        })
-        .await;
-        match outcome {
-            Ok(Ok(())) => Ok(true),
-            Ok(Err(e)) if lease_not_found(&e) => Ok(false),
-            Ok(Err(e)) => Err(error::map(e)),
-            Err(_) => Err(LockError::unavailable(
-                BACKEND,
-                format!("lease keep-alive got no answer within {:?}", self.timeout),
-            )),
-        }
-    }
-
-    /// Revokes a lease in the background (its keys go with it); if that
-    /// fails, nobody keeps the lease alive and it expires on its own.
-    fn spawn_revoke(&self, id: i64) {
-        let mut leases = self.client.lease_client();
-        let limit = self.timeout;
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
-            });
-        }
-    }
-
-    /// Gives up the lease of a put whose outcome is unknown (no reply): it
-    /// is revoked, never pooled. The put may still land later, after any
-    /// cleanup; on a pooled lease it would leave a key that every reuse of
-    /// the lease keeps alive, blocking the name for as long as this client
-    /// is busy. Revoked, the lease takes a landed key with it, and a put
-    /// that lands afterwards fails. The revoke is retried (it is idempotent)
-    /// until etcd confirms it or the lease has expired anyway.
-    pub(crate) fn abandon(&self, slot: Slot) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the lease expires on its own
-        };
-        let mut leases = self.client.lease_client();
-        let limit = self.timeout;
-        let expired = slot.refreshed + slot.ttl;
-        runtime.spawn(async move {
-            let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-            for attempt in 0.. {
-                match tokio::time::timeout(limit, leases.revoke(slot.id)).await {
-                    Ok(Ok(_)) => return,
-                    Ok(Err(e)) if lease_not_found(&e) => return,
-                    _ => {}
-                }
-                let next = Instant::now() + backoff.delay(attempt);
-                if next >= expired {
-                    return;
-                }
-                tokio::time::sleep_until(next).await;
-            }
-        });
-    }
-
     pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, LockError> {
         timed(self.timeout, what, self.client.kv_client().txn(txn)).await
     }
 
-    /// Deletes the entry of one grant (`key` created at `revision` for
-    /// `owner`) if it still exists; `true` if this call deleted it.
+    /// The lease of a grant: entry `key`, created at `revision` with `value`
+    /// (`record`), on a session last refreshed at `refreshed`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lease(
+        &self,
+        request: &LockRequest,
+        record: &Record,
+        key: Vec<u8>,
+        revision: i64,
+        value: Arc<[u8]>,
+        refreshed: Instant,
+        lost: CancellationToken,
+    ) -> Result<Lease, LockError> {
+        let fence = Record::fence(record.offset, revision)?;
+        Ok(Lease::new(
+            request.name().clone(),
+            record.owner,
+            fence,
+            request.ttl(),
+            refreshed,
+        )
+        .with_loss_signal(lost)
+        .with_extension(Grant {
+            key,
+            revision,
+            value,
+        }))
+    }
+
+    pub(crate) async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let queue = self.keys.queue(request.name());
+        let ttl = request.ttl().get();
+        // A session may be gone behind our back: one retry on a new one.
+        for _ in 0..2 {
+            let (session, refreshed) = self.sessions.for_entry(ttl).await?;
+            let n = self.sessions.reserve(session.id, &queue);
+            let key = Keys::entry(&queue, session.id, n);
+            let record = Record::new(OwnerToken::new(), 0, request.label());
+            let value: Arc<[u8]> = record.encode().into();
+            let txn = Txn::new()
+                .when(
+                    [Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
+                        .with_range(range_end(&queue))],
+                )
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_lease(session.id)),
+                )]);
+            let reply = tokio::time::timeout(self.timeout, self.client.kv_client().txn(txn)).await;
+            let reply = match self.written(reply, session.id, "acquire") {
+                Ok(Some(reply)) => reply,
+                Ok(None) => {
+                    self.sessions.unreserve(session.id, &queue, n);
+                    continue;
+                }
+                Err(e) => {
+                    if !e.is_retryable() {
+                        // Refused: nothing was written.
+                        self.sessions.unreserve(session.id, &queue, n);
+                    }
+                    return Err(e);
+                }
+            };
+            if !reply.succeeded() {
+                self.sessions.unreserve(session.id, &queue, n);
+                return Ok(Attempt::Held { expires_in: None });
+            }
+            // The queue was empty, so the key is new: its create revision is
+            // the revision this transaction wrote at (the header's).
+            let revision = reply.header().map_or(0, |h| h.revision());
+            let lost = CancellationToken::new();
+            self.sessions.record(
+                key.clone(),
+                Entry {
+                    session: session.id,
+                    revision,
+                    value: value.clone(),
+                    kind: Kind::Held {
+                        paid_until: refreshed + ttl,
+                    },
+                    lost: lost.clone(),
+                    number: Some((queue, n)),
+                },
+            );
+            tracing::debug!(name = %request.name(), revision, "acquired");
+            return self
+                .lease(request, &record, key, revision, value, refreshed, lost)
+                .map(Attempt::Acquired);
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            "every new etcd session was gone at once",
+        ))
+    }
+
+    /// The reply of a write of new entries on `session`: `Ok(None)` if etcd
+    /// says the session is gone (nothing was written). A write without an
+    /// answer may land later, unseen: its session is retired.
+    pub(crate) fn written(
+        &self,
+        reply: Result<Result<TxnResponse, etcd_client::Error>, tokio::time::error::Elapsed>,
+        session: i64,
+        what: &str,
+    ) -> Result<Option<TxnResponse>, LockError> {
+        match reply {
+            Ok(Ok(reply)) => Ok(Some(reply)),
+            Ok(Err(e)) if lease_not_found(&e) => {
+                self.sessions.gone(session);
+                Ok(None)
+            }
+            Ok(Err(e)) => {
+                let e = error::map(e);
+                if e.is_retryable() {
+                    self.sessions.retire(session);
+                }
+                Err(e)
+            }
+            Err(_) => {
+                self.sessions.retire(session);
+                Err(LockError::unavailable(
+                    BACKEND,
+                    format!("{what} got no answer within {:?}", self.timeout),
+                ))
+            }
+        }
+    }
+
+    /// Renews each lease whose grant this client holds: per session, one
+    /// keep-alive (shared) and one check that each key still exists with its
+    /// create revision, after the keep-alive (a key that exists after it
+    /// existed throughout, so exactly its grant was extended).
+    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut results: Vec<Option<Result<Lease, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        let mut by_session: HashMap<i64, Vec<usize>> = HashMap::new();
+        for (i, lease) in leases.iter().enumerate() {
+            match self.held(lease) {
+                Some(entry) => by_session.entry(entry.session).or_default().push(i),
+                None => results[i] = Some(Err(not_held(lease))),
+            }
+        }
+        let groups = futures_util::future::join_all(by_session.into_iter().map(
+            |(session, at)| async move {
+                let group: Vec<&Lease> = at.iter().map(|&i| &leases[i]).collect();
+                (at, self.renew_on(session, &group).await)
+            },
+        ))
+        .await;
+        for (at, outcomes) in groups {
+            for (i, outcome) in at.into_iter().zip(outcomes) {
+                results[i] = Some(outcome);
+            }
+        }
+        results
+            .into_iter()
+            .zip(leases)
+            .map(|(r, lease)| r.unwrap_or_else(|| Err(not_held(lease))))
+            .collect()
+    }
+
+    /// The book's entry of a grant this client holds.
+    fn held(&self, lease: &Lease) -> Option<Entry> {
+        let grant = lease.extension::<Grant>()?;
+        let entry = self.sessions.entry(&grant.key, grant.revision)?;
+        let owner = Record::decode(&grant.value).map(|r| r.owner);
+        (owner == Some(lease.owner()) && matches!(entry.kind, Kind::Held { .. })).then_some(entry)
+    }
+
+    async fn renew_on(&self, session: i64, leases: &[&Lease]) -> Vec<Result<Lease, LockError>> {
+        let grants: Vec<&Grant> = leases
+            .iter()
+            .filter_map(|l| l.extension::<Grant>())
+            .collect();
+        let outcome = match self.sessions.status(session) {
+            Some((Status::Live, _)) => self.refresh_and_check(session, &grants).await,
+            Some((Status::Retired, ttl)) => self.move_on(ttl, &grants).await,
+            _ => Ok(None),
+        };
+        match outcome {
+            Ok(Some((sent, present))) => leases
+                .iter()
+                .zip(&grants)
+                .map(|(lease, grant)| {
+                    let at = present.get(&grant.key).copied();
+                    if let Some(on) = at
+                        && self.sessions.renewed(&grant.key, grant.revision, on, sent)
+                    {
+                        Ok(lease.renewed(sent))
+                    } else {
+                        self.lost(lease, grant);
+                        Err(not_held(lease))
+                    }
+                })
+                .collect(),
+            Ok(None) => leases.iter().map(|l| Err(not_held(l))).collect(),
+            Err(e) => leases.iter().map(|_| Err(copy_error(&e))).collect(),
+        }
+    }
+
+    /// One keep-alive of `session`, then which of `grants` it carries:
+    /// `None` if etcd says the session is gone.
+    async fn refresh_and_check(
+        &self,
+        session: i64,
+        grants: &[&Grant],
+    ) -> Result<Option<(Instant, HashMap<Vec<u8>, i64>)>, LockError> {
+        let Some(handle) = self.sessions.handle(session) else {
+            return Ok(None);
+        };
+        let Some(sent) = self.sessions.refresh(&handle).await? else {
+            return Ok(None);
+        };
+        let present = if grants.len() <= CHECK_BATCH {
+            self.check_exact(grants).await?
+        } else {
+            self.check_attached(session, grants).await?
+        };
+        let on_session = present
+            .into_iter()
+            .filter(|(_, lease)| *lease == session)
+            .collect();
+        Ok(Some((sent, on_session)))
+    }
+
+    /// Which grants' keys exist with their create revision, and on which
+    /// lease: one transaction of gets (linearizable).
+    async fn check_exact(&self, grants: &[&Grant]) -> Result<HashMap<Vec<u8>, i64>, LockError> {
+        let only_keys = GetOptions::new().with_keys_only();
+        let gets: Vec<TxnOp> = grants
+            .iter()
+            .map(|g| TxnOp::get(g.key.clone(), Some(only_keys.clone())))
+            .collect();
+        let reply = self.txn("renew check", Txn::new().and_then(gets)).await?;
+        let mut present = HashMap::new();
+        for (grant, op) in grants.iter().zip(reply.op_responses()) {
+            if let TxnOpResponse::Get(get) = op
+                && let Some(kv) = get.kvs().first()
+                && kv.create_revision() == grant.revision
+            {
+                present.insert(grant.key.clone(), kv.lease());
+            }
+        }
+        Ok(present)
+    }
+
+    /// Which grants' keys `session`'s lease carries: one request however
+    /// many keys. The lease's leader tracks them; a key only this client
+    /// writes, attached to its session, is the book's grant of that key.
+    async fn check_attached(
+        &self,
+        session: i64,
+        grants: &[&Grant],
+    ) -> Result<HashMap<Vec<u8>, i64>, LockError> {
+        let reply = timed(
+            self.timeout,
+            "renew check",
+            self.client
+                .lease_client()
+                .time_to_live(session, Some(LeaseTimeToLiveOptions::new().with_keys())),
+        )
+        .await?;
+        if reply.ttl() <= 0 {
+            return Ok(HashMap::new());
+        }
+        let attached: std::collections::HashSet<&[u8]> =
+            reply.keys().iter().map(Vec::as_slice).collect();
+        Ok(grants
+            .iter()
+            .filter(|g| attached.contains(g.key.as_slice()))
+            .map(|g| (g.key.clone(), session))
+            .collect())
+    }
+
+    /// Renewal of grants on a retired session: they move to a fresh one
+    /// (each key keeps its create revision), which counts from its last
+    /// refresh.
+    async fn move_on(
+        &self,
+        ttl: Duration,
+        grants: &[&Grant],
+    ) -> Result<Option<(Instant, HashMap<Vec<u8>, i64>)>, LockError> {
+        let (target, refreshed) = self.sessions.for_entry(ttl).await?;
+        let keys: Vec<Attached> = grants
+            .iter()
+            .map(|g| Attached {
+                key: g.key.clone(),
+                revision: g.revision,
+                value: g.value.clone(),
+            })
+            .collect();
+        let moved = self.sessions.move_to(target.id, &keys).await?;
+        Ok(Some((
+            refreshed,
+            moved.into_iter().map(|key| (key, target.id)).collect(),
+        )))
+    }
+
+    /// The grant is gone: forget it and fire its loss signal.
+    fn lost(&self, lease: &Lease, grant: &Grant) {
+        if let Some(entry) = self.sessions.forget(&grant.key, grant.revision) {
+            entry.lost.cancel();
+        }
+        if let Some(signal) = lease.loss_signal() {
+            signal.cancel();
+        }
+    }
+
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let Some(grant) = lease.extension::<Grant>() else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        if Record::decode(&grant.value).map(|r| r.owner) != Some(lease.owner()) {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let deleted = self
+            .delete_entry(&grant.key, grant.revision, &grant.value)
+            .await?;
+        self.sessions.forget(&grant.key, grant.revision);
+        Ok(if deleted {
+            tracing::debug!(name = %lease.name(), fence = %lease.fence(), "released");
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    /// Deletes the entry of one grant (`key` created at `revision` with
+    /// `value`) if it still exists; `true` if this call deleted it.
     pub(crate) async fn delete_entry(
         &self,
         key: &[u8],
         revision: i64,
-        owner: OwnerToken,
+        value: &[u8],
     ) -> Result<bool, LockError> {
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key.to_vec(), CompareOp::Equal, revision),
-                Compare::value(key.to_vec(), CompareOp::Equal, owner.encode()),
+                Compare::value(key.to_vec(), CompareOp::Equal, value.to_vec()),
             ])
             .and_then([TxnOp::delete(key.to_vec(), None)]);
         Ok(self.txn("release", txn).await?.succeeded())
     }
 
-    /// Deletes our entry (`key`, created at `revision` for `owner`) in the
-    /// background after a cancelled wait, then pools its lease.
-    pub(crate) fn spawn_cleanup(
-        self: &Arc<Self>,
-        key: Vec<u8>,
-        revision: i64,
-        owner: OwnerToken,
-        slot: Slot,
-    ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the entry expires with its lease
-        };
-        let inner = self.clone();
-        runtime.spawn(async move {
-            match inner.delete_entry(&key, revision, owner).await {
-                Ok(true) => inner.pool.give_back(slot),
-                Ok(false) => {}
-                Err(e) => tracing::debug!(error = %e, "cleanup of a queue entry failed; it expires with its lease"),
-            }
-        });
-    }
-
-    /// The lease of a grant (entry created at `fence`), with its loss
-    /// signal wired to a watch on its key.
-    pub(crate) fn lease_for(
-        self: &Arc<Self>,
-        name: &LockName,
-        owner: OwnerToken,
-        fence: FencingToken,
-        slot: Slot,
-    ) -> Result<Lease, LockError> {
-        // Slots carry whole-second TTLs this backend validated.
-        let ttl = self.caps.effective_ttl(slot.ttl)?;
-        let lost = CancellationToken::new();
-        let done = CancellationToken::new();
-        if let Ok(revision) = i64::try_from(fence.get()) {
-            crate::notify::register(
-                self,
-                self.keys.queue(name),
-                self.keys.entry(name, slot.id),
-                revision,
-                slot.ttl,
-                lost.clone(),
-                done.clone(),
-            );
-        }
-        Ok(Lease::new(name.clone(), owner, fence, ttl, slot.refreshed)
-            .with_loss_signal(lost)
-            .with_extension(Grant {
-                lease_id: slot.id,
-                pool: self.id,
-                done,
-            }))
-    }
-
-    /// The holder: the queue's oldest entry.
+    /// The holder: the queue's oldest entry, and the revision read at.
     async fn head(&self, name: &LockName) -> Result<Option<(KeyValue, i64)>, LockError> {
         let queue = self.keys.queue(name);
-        let end = Keys::queue_end(&queue);
         let options = GetOptions::new()
-            .with_range(end)
+            .with_range(range_end(&queue))
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
         let mut reply = timed(
@@ -269,9 +416,8 @@ impl Inner {
         Ok(reply.take_kvs().into_iter().next().map(|kv| (kv, revision)))
     }
 
-    async fn holder_of(&self, kv: &KeyValue) -> Result<Holder, LockError> {
-        let fence = self.fence(kv.create_revision())?;
-        let owner = kv.value_str().ok().and_then(OwnerToken::decode);
+    /// The holder view of an entry, with the time its lease has left.
+    pub(crate) async fn holder_of(&self, kv: &KeyValue) -> Result<Holder, LockError> {
         let expires_in = if kv.lease() == 0 {
             None
         } else {
@@ -287,130 +433,7 @@ impl Inner {
             let granted = u64::try_from(ttl.granted_ttl()).unwrap_or(0);
             Some(Duration::from_secs(left.min(granted)))
         };
-        Ok(Holder::new(fence, owner, expires_in))
-    }
-
-    pub(crate) async fn try_acquire(
-        self: &Arc<Self>,
-        request: &LockRequest,
-    ) -> Result<Attempt, LockError> {
-        let inner = self;
-        let (name, ttl) = (request.name(), request.ttl().get());
-        let queue = inner.keys.queue(name);
-        let end = Keys::queue_end(&queue);
-        // A pooled lease may have been revoked behind our back: one retry
-        // with a fresh grant.
-        for fresh_grant in [false, true] {
-            let slot = inner.entry_lease(ttl, fresh_grant).await?;
-            let owner = OwnerToken::new();
-            let key = inner.keys.entry(name, slot.id);
-            let txn = Txn::new()
-                .when(
-                    [Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
-                        .with_range(end.clone())],
-                )
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    owner.encode(),
-                    Some(PutOptions::new().with_lease(slot.id)),
-                )]);
-            let reply =
-                tokio::time::timeout(inner.timeout, inner.client.kv_client().txn(txn)).await;
-            match reply {
-                Ok(Ok(reply)) if reply.succeeded() => {
-                    // The queue was empty, so the key is new: its create
-                    // revision is the revision this transaction wrote at,
-                    // which etcd returns as the header's revision.
-                    let revision = reply.header().map_or(0, |h| h.revision());
-                    let fence = inner.fence(revision)?;
-                    return Ok(Attempt::Acquired(
-                        inner.lease_for(name, owner, fence, slot)?,
-                    ));
-                }
-                Ok(Ok(_)) => {
-                    inner.pool.give_back(slot);
-                    return Ok(Attempt::Held { expires_in: None });
-                }
-                Ok(Err(e)) if lease_not_found(&e) && !fresh_grant => continue,
-                Ok(Err(e)) => {
-                    // The put may or may not have happened, or happen later.
-                    inner.abandon(slot);
-                    return Err(error::map(e));
-                }
-                Err(_) => {
-                    inner.abandon(slot);
-                    return Err(LockError::unavailable(
-                        BACKEND,
-                        format!("acquire got no answer within {:?}", inner.timeout),
-                    ));
-                }
-            }
-        }
-        Err(protocol("a freshly granted lease was not found"))
-    }
-
-    pub(crate) async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let not_held = || LockError::NotHeld {
-            name: lease.name().clone(),
-        };
-        let Some(grant) = lease.extension::<Grant>() else {
-            return Err(not_held());
-        };
-        let Ok(revision) = i64::try_from(lease.fence().get()) else {
-            return Err(not_held());
-        };
-        let key = self.keys.entry(lease.name(), grant.lease_id);
-        let sent = Instant::now();
-        // Keep-alive first, then check the key: if the key (unique per
-        // grant) still exists after the keep-alive, it existed throughout,
-        // so the keep-alive extended exactly this grant.
-        if !self.keep_alive(grant.lease_id).await? {
-            mark_lost(lease);
-            return Err(not_held());
-        }
-        // The range makes the transaction linearizable: etcd serves a
-        // transaction of compares alone like a serializable read, from the
-        // member's possibly stale state.
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, revision),
-                Compare::value(key.clone(), CompareOp::Equal, lease.owner().encode()),
-                Compare::lease(key.clone(), CompareOp::Equal, grant.lease_id),
-            ])
-            .and_then([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
-        if !self.txn("renew check", txn).await?.succeeded() {
-            mark_lost(lease);
-            return Err(not_held());
-        }
-        Ok(lease.renewed(sent))
-    }
-
-    pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        // Without our extension the lease was not granted by this backend
-        // kind: there is no entry it could name.
-        let (Some(grant), Ok(revision)) = (
-            lease.extension::<Grant>(),
-            i64::try_from(lease.fence().get()),
-        ) else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
-        let key = self.keys.entry(lease.name(), grant.lease_id);
-        // Our own delete must not read as a loss.
-        grant.done.cancel();
-        if self.delete_entry(&key, revision, lease.owner()).await? {
-            if grant.pool == self.id {
-                // Deleted by this call, so the lease has nothing attached:
-                // pool it (exactly once per grant).
-                self.pool.give_back(Slot {
-                    id: grant.lease_id,
-                    ttl: lease.ttl(),
-                    refreshed: lease.issued_at(),
-                });
-            }
-            Ok(ReleaseOutcome::Released)
-        } else {
-            Ok(ReleaseOutcome::NotHeld)
-        }
+        Record::holder(kv.value(), kv.create_revision(), expires_in)
     }
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
@@ -420,35 +443,44 @@ impl Inner {
         }
     }
 
+    /// Deletes the head if it is still the head read (same create revision),
+    /// and, for an entry of a session client, leaves a notice under its
+    /// session in the same transaction; retries if the head changed.
+    /// Waiters keep their place, and every later grant's fence is larger.
     pub(crate) async fn evict(
         &self,
         name: &LockName,
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
-        let inner = self;
-        // Delete the head only if it is still the head we read (same create
-        // revision); retry if it changed meanwhile. Waiters behind it keep
-        // their place, and their revisions are all larger than the evicted
-        // fence. The holder's lease is left alone (it may carry nothing else,
-        // but it is the holder's to pool or let expire).
+        let queue = self.keys.queue(name);
         for _ in 0..32 {
-            let Some((kv, _)) = inner.head(name).await? else {
+            let Some((kv, _)) = self.head(name).await? else {
                 return Ok(None);
             };
+            let fence = Record::holder(kv.value(), kv.create_revision(), None)?.fence;
             // Compare-and-evict: only the grant holding `expected`, so a
             // retry never evicts the next holder.
-            if expected.is_some_and(|fence| Some(fence) != inner.fence(kv.create_revision()).ok()) {
+            if expected.is_some_and(|expected| expected != fence) {
                 return Ok(None);
             }
-            let holder = inner.holder_of(&kv).await?;
+            let holder = self.holder_of(&kv).await?;
+            let key = kv.key().to_vec();
+            let mut ops = vec![TxnOp::delete(key.clone(), None)];
+            if Keys::entry_session(&queue, &key).is_some() && kv.lease() != 0 {
+                ops.push(TxnOp::put(
+                    self.keys.notice(kv.lease(), kv.create_revision()),
+                    key.clone(),
+                    Some(PutOptions::new().with_lease(kv.lease())),
+                ));
+            }
             let txn = Txn::new()
                 .when([Compare::create_revision(
-                    kv.key().to_vec(),
+                    key,
                     CompareOp::Equal,
                     kv.create_revision(),
                 )])
-                .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
-            if inner.txn("force release", txn).await?.succeeded() {
+                .and_then(ops);
+            if self.txn("force release", txn).await?.succeeded() {
                 return Ok(Some(holder));
             }
         }
@@ -459,10 +491,12 @@ impl Inner {
     }
 
     pub(crate) async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        let inner = self;
         // Subscribe first, then read the holder: its delete cannot be missed.
-        let mut deletes = inner.hub.subscribe(&inner.keys.queue(name)).await?;
-        let Some((kv, revision)) = inner.head(name).await? else {
+        let mut deletes = self
+            .hub
+            .subscribe(&self.keys.queue(name), Events::Deletes)
+            .await?;
+        let Some((kv, revision)) = self.head(name).await? else {
             return Ok(Some(Box::pin(async {})));
         };
         let holder = kv.key().to_vec();
@@ -478,20 +512,17 @@ impl Inner {
     }
 }
 
-pub(crate) fn first_range(reply: &TxnResponse) -> Result<Vec<KeyValue>, LockError> {
-    reply
-        .op_responses()
-        .into_iter()
-        .find_map(|r| match r {
-            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
-            _ => None,
-        })
-        .ok_or_else(|| protocol("a transaction reply without its range"))
+fn not_held(lease: &Lease) -> LockError {
+    LockError::NotHeld {
+        name: lease.name().clone(),
+    }
 }
 
-/// Fires the lease's loss signal (the guard watches it).
-fn mark_lost(lease: &Lease) {
-    if let Some(signal) = lease.loss_signal() {
-        signal.cancel();
+/// The same failure for every lease of a batch.
+fn copy_error(e: &LockError) -> LockError {
+    if e.is_retryable() {
+        LockError::unavailable(BACKEND, e.to_string())
+    } else {
+        LockError::store(BACKEND, e.to_string())
     }
 }

@@ -5,19 +5,17 @@ use etcd_client::{Compare, CompareOp};
 use lockcore::Lease;
 
 use crate::EtcdBackend;
-use crate::leases::Grant;
+use crate::client::Grant;
 
 impl EtcdBackend {
     /// The key that represents `lease`'s grant in etcd (`None` for a lease
     /// this backend did not grant).
     pub fn key_of(&self, lease: &Lease) -> Option<Vec<u8>> {
-        let grant = lease.extension::<Grant>()?;
-        Some(self.inner.keys.entry(lease.name(), grant.lease_id))
+        Some(lease.extension::<Grant>()?.key.clone())
     }
 
     /// A `Compare` that holds only while `lease`'s grant still holds the
-    /// lock: the grant's key exists with the lease's fencing token as its
-    /// create revision. Add it to your own `Txn` so a write into etcd happens
+    /// lock: the grant's key exists with the grant's create revision. Add it to your own `Txn` so a write into etcd happens
     /// only under the lock (resource-side fencing, done atomically by etcd).
     /// The transaction needs a write or a plain (linearizable) range: etcd
     /// answers a transaction of compares alone from the member's local,
@@ -34,12 +32,12 @@ impl EtcdBackend {
     /// # Ok(()) }
     /// ```
     pub fn fence_compare(&self, lease: &Lease) -> Compare {
-        // A lease we did not grant, or a fence beyond i64, is no etcd
-        // grant: compare against a revision that never matches (create
-        // revisions are >= 0).
-        let revision = i64::try_from(lease.fence().get()).unwrap_or(-1);
-        match self.key_of(lease) {
-            Some(key) => Compare::create_revision(key, CompareOp::Equal, revision),
+        match lease.extension::<Grant>() {
+            Some(grant) => {
+                Compare::create_revision(grant.key.clone(), CompareOp::Equal, grant.revision)
+            }
+            // A lease we did not grant is no etcd grant: compare against a
+            // revision that never matches (create revisions are >= 0).
             None => {
                 Compare::create_revision(self.inner.keys.queue(lease.name()), CompareOp::Equal, -1)
             }

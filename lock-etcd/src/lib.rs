@@ -13,8 +13,10 @@ mod error;
 mod fence;
 mod hub;
 mod keys;
-mod leases;
+mod line;
 mod notify;
+mod record;
+mod session;
 mod wait;
 
 pub use backend::{EtcdBackend, MAX_TTL};

@@ -1,213 +1,134 @@
-//! Store-pushed loss: a held lock whose key disappears (lease expired or
-//! revoked, forced release, an operator's delete) fires the lease's loss
-//! signal the moment etcd reports the delete, instead of at the next renewal.
+//! Store-pushed loss: a forced release of one of this client's locks, or
+//! the end of a session (expired, revoked), reaches the guards at once, not
+//! at their next renewal.
 //!
-//! It follows the deletes of the lock's queue on the instance's shared watch
-//! ([`crate::hub`]), from a tenth of the TTL on (at most 250 ms, checked
-//! every 50 ms by one scheduler task per client): short critical sections,
-//! the hot path, never pay for it. Subscribing first and then reading the
-//! key covers the time before: a delete before the subscription shows in
-//! the read, one after it arrives as an event.
+//! `evict` deletes the holder's key and, in the same transaction, puts a
+//! notice under the holder's session (`<prefix>/sessions/<session>/evicted/
+//! <create revision>`, value: the evicted key, attached to the session
+//! lease). Each session also has a marker (`.../alive`) attached to it,
+//! deleted by etcd with the lease. Each client follows these keys of each of
+//! its sessions on its shared watch stream, one watch per session however
+//! many locks it holds, and reads what is there after subscribing (so
+//! nothing is missed). A notice fires the loss signal of the grant it names
+//! and is then deleted; the marker's delete (or absence) fires every loss
+//! signal of the session.
 //!
-//! So a connected holder learns of its key's delete within [`NOTICE`] plus
-//! round trips (the watch's creation and the read, when the delete came
-//! first): the watch starts at most 300 ms after the grant, and etcd may hold
-//! a new watch's events back for one pass of its unsynced-watch loop.
+//! A watch that lives on is synced: etcd sends its events as it commits
+//! them. A watch created while a write races it starts unsynced and is
+//! caught up by a loop that runs every 100 ms ([`NOTICE`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::GetOptions;
-use lockcore::backend::CancellationToken;
-use tokio::time::Instant;
+use etcd_client::{Client, GetOptions};
+use lockcore::{Backoff, LockError};
 
-use crate::client::Inner;
+use crate::error::timed;
+use crate::hub::{Events, Hub};
+use crate::keys::{Keys, range_end};
+use crate::session::{Session, Sessions};
 
-/// How often the scheduler looks at grants waiting for their watch.
-const TICK: Duration = Duration::from_millis(50);
-/// The longest a grant waits for its watch (a tenth of its TTL, at most this).
-const MAX_DELAY: Duration = Duration::from_millis(250);
-/// etcd serves a watch whose creation raced a write (a watch "from now"
-/// whose revision was read before the write) from a loop that runs every
-/// 100 ms (`syncWatchersLoop`).
+/// etcd serves a watch that is behind (created while a write raced it, or
+/// whose client was slow to read) from loops that run every 100 ms.
 const UNSYNCED_LOOP: Duration = Duration::from_millis(100);
-/// How soon a connected holder's loss signal fires after its key is deleted
-/// (a forced release, a revocation), round trips aside.
-pub(crate) const NOTICE: Duration = MAX_DELAY.saturating_add(TICK).saturating_add(UNSYNCED_LOOP);
 
-/// Grants whose loss watch has not started yet. Registering one is a push
-/// under a mutex: no task, no timer, no wake-up on the acquire path.
-#[derive(Debug, Default)]
-pub(crate) struct Watches {
-    pending: Mutex<Vec<Pending>>,
-    scheduler: AtomicBool,
+/// How soon a connected holder's loss signal fires after a forced release,
+/// round trips aside.
+pub(crate) const NOTICE: Duration = UNSYNCED_LOOP;
+
+/// What following notices needs.
+#[derive(Clone)]
+pub(crate) struct Notices {
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) client: Client,
+    pub(crate) keys: Keys,
+    pub(crate) timeout: Duration,
 }
 
-#[derive(Debug)]
-struct Pending {
-    queue: Vec<u8>,
-    key: Vec<u8>,
-    revision: i64,
-    start_at: Instant,
-    lost: CancellationToken,
-    done: CancellationToken,
-}
-
-/// Arranges for `key` (created at `revision`, in `queue`) to be watched
-/// until it is deleted, then `lost` cancelled; nothing happens once `done` is
-/// cancelled (released by its owner) or the backend is dropped.
-pub(crate) fn register(
-    inner: &Arc<Inner>,
-    queue: Vec<u8>,
-    key: Vec<u8>,
-    revision: i64,
-    ttl: Duration,
-    lost: CancellationToken,
-    done: CancellationToken,
-) {
-    let start_at = Instant::now() + (ttl / 10).min(MAX_DELAY);
-    inner
-        .watches
-        .pending
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Pending {
-            queue,
-            key,
-            revision,
-            start_at,
-            lost,
-            done,
+impl Notices {
+    /// Follows the notices of `session` until it ends.
+    pub(crate) fn follow(&self, sessions: Weak<Sessions>, session: &Arc<Session>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: evictions are noticed at the next renewal
+        };
+        let (this, session) = (self.clone(), session.clone());
+        runtime.spawn(async move {
+            let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+            let mut failures = 0;
+            loop {
+                tokio::select! {
+                    () = session.ended.cancelled() => return,
+                    outcome = this.serve(&sessions, session.id) => match outcome {
+                        Ok(()) => return, // the session is gone
+                        Err(e) => {
+                            tracing::debug!(error = %e, "following eviction notices failed; starting over");
+                        }
+                    }
+                }
+                tokio::select! {
+                    () = session.ended.cancelled() => return,
+                    () = tokio::time::sleep(backoff.delay(failures)) => failures += 1,
+                }
+            }
         });
-    if !inner.watches.scheduler.swap(true, Ordering::AcqRel) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(schedule(Arc::downgrade(inner)));
-        } else {
-            // No runtime: renewals still notice; let a later grant retry.
-            inner.watches.scheduler.store(false, Ordering::Release);
-        }
     }
-}
 
-/// Drops released grants, starts the watches that are due, and exits when
-/// nothing is pending (the next registration starts it again).
-async fn schedule(inner: Weak<Inner>) {
-    loop {
-        tokio::time::sleep(TICK).await;
-        let Some(strong) = inner.upgrade() else {
+    async fn serve(&self, sessions: &Weak<Sessions>, session: i64) -> Result<(), LockError> {
+        let prefix = self.keys.session(session);
+        let alive = self.keys.alive(session);
+        let mut changes = self.hub.subscribe(&prefix, Events::All).await?;
+        // Subscribed: a change from now on arrives as an event, one before
+        // shows in this read.
+        let options = GetOptions::new().with_range(range_end(&prefix));
+        let there = timed(
+            self.timeout,
+            "notice read",
+            self.client.kv_client().get(prefix.clone(), Some(options)),
+        )
+        .await?;
+        if !there.kvs().iter().any(|kv| kv.key() == alive.as_slice()) {
+            return self.gone(sessions, session);
+        }
+        for kv in there.kvs() {
+            self.handle(sessions, &prefix, kv.key(), kv.value());
+        }
+        while let Some(change) = changes.next().await {
+            if change.key == alive && change.deleted {
+                return self.gone(sessions, session);
+            }
+            if !change.deleted {
+                self.handle(sessions, &prefix, &change.key, &change.value);
+            }
+        }
+        Err(LockError::unavailable(
+            crate::error::BACKEND,
+            "the watch ended",
+        ))
+    }
+
+    /// The session's marker is gone, and with it the session.
+    fn gone(&self, sessions: &Weak<Sessions>, session: i64) -> Result<(), LockError> {
+        if let Some(sessions) = sessions.upgrade() {
+            tracing::debug!(session, "etcd session gone: its locks are lost");
+            sessions.gone(session);
+        }
+        Ok(())
+    }
+
+    /// Fires the loss signal of the grant a notice names, then deletes it.
+    fn handle(&self, sessions: &Weak<Sessions>, prefix: &[u8], notice: &[u8], evicted: &[u8]) {
+        let Some(revision) = Keys::noticed(prefix, notice) else {
             return;
         };
-        let due: Vec<Pending> = {
-            let mut pending = strong
-                .watches
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            pending.retain(|p| !p.done.is_cancelled());
-            let now = Instant::now();
-            let (due, later) = std::mem::take(&mut *pending)
-                .into_iter()
-                .partition(|p| p.start_at <= now);
-            *pending = later;
-            if pending.is_empty() {
-                // Cleared under the lock registrations push under: a later
-                // registration sees the flag down and starts a new scheduler.
-                strong.watches.scheduler.store(false, Ordering::Release);
-                drop(pending);
-                start_all(&strong, due);
-                return;
-            }
-            due
-        };
-        start_all(&strong, due);
-    }
-}
-
-fn start_all(inner: &Arc<Inner>, due: Vec<Pending>) {
-    for p in due {
-        spawn(inner, p);
-    }
-}
-
-/// The watch itself, for one grant.
-fn spawn(inner: &Arc<Inner>, grant: Pending) {
-    let inner = Arc::downgrade(inner);
-    tokio::spawn(async move {
-        let mut failures = 0u32;
-        loop {
-            if grant.done.is_cancelled() || grant.lost.is_cancelled() {
-                return;
-            }
-            match watch_once(&inner, &grant).await {
-                Outcome::Deleted => {
-                    if !grant.done.is_cancelled() {
-                        tracing::debug!(
-                            revision = grant.revision,
-                            "held lock key deleted in etcd: lease lost"
-                        );
-                        grant.lost.cancel();
-                    }
-                    return;
-                }
-                Outcome::Done => return,
-                Outcome::Failed => {
-                    failures = failures.saturating_add(1);
-                    let pause = Duration::from_millis(100 * u64::from(failures.min(20)));
-                    tokio::select! {
-                        _ = grant.done.cancelled() => return,
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-            }
+        if let Some(sessions) = sessions.upgrade()
+            && let Some(entry) = sessions.forget(evicted, revision)
+        {
+            tracing::debug!(revision, "held lock evicted in etcd: lease lost");
+            entry.lost.cancel();
         }
-    });
-}
-
-enum Outcome {
-    Deleted,
-    Done,
-    Failed,
-}
-
-async fn watch_once(inner: &Weak<Inner>, grant: &Pending) -> Outcome {
-    let Some(strong) = inner.upgrade() else {
-        return Outcome::Done;
-    };
-    let (hub, mut client, timeout) = (strong.hub.clone(), strong.client.clone(), strong.timeout);
-    drop(strong); // a waiting loss watch must not keep a dropped backend alive
-    let subscribed = tokio::select! {
-        _ = grant.done.cancelled() => return Outcome::Done,
-        subscribed = hub.subscribe(&grant.queue) => subscribed,
-    };
-    drop(hub);
-    let Ok(mut deletes) = subscribed else {
-        return Outcome::Failed;
-    };
-    // Subscribed: a delete from now on arrives as an event, one before shows
-    // in this (linearizable) read.
-    let options = GetOptions::new().with_keys_only();
-    match tokio::time::timeout(timeout, client.get(grant.key.clone(), Some(options))).await {
-        Ok(Ok(reply))
-            if reply
-                .kvs()
-                .iter()
-                .any(|kv| kv.create_revision() == grant.revision) => {}
-        Ok(Ok(_)) => return Outcome::Deleted,
-        Ok(Err(_)) | Err(_) => return Outcome::Failed,
-    }
-    loop {
-        let deleted = tokio::select! {
-            _ = grant.done.cancelled() => return Outcome::Done,
-            deleted = deletes.next() => deleted,
-        };
-        match deleted {
-            // Deletes of the key up to our grant's revision are of earlier grants.
-            Some(deleted) if deleted.key == grant.key && deleted.revision > grant.revision => {
-                return Outcome::Deleted;
-            }
-            Some(_) => {}
-            None => return Outcome::Failed,
-        }
+        let (mut kv, key, limit) = (self.client.kv_client(), notice.to_vec(), self.timeout);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(limit, kv.delete(key, None)).await;
+        });
     }
 }

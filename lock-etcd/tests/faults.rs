@@ -11,7 +11,7 @@ use lock_conformance::stores::{etcd, eventually, until};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::{Attempt, Lease, LockBackend, LockName};
-use support::scale;
+use support::{scale, scaled};
 use tokio::time::Instant;
 
 /// Long next to the request timeout, as in production: a lease that gave
@@ -202,4 +202,83 @@ async fn a_garbled_connection_is_a_retryable_error_and_heals() {
         .into_lease()
         .expect("free");
     client.release(&lease).await.unwrap();
+}
+
+/// An acquire whose reply comes too late (the put landed, the client gave
+/// up on it) retires the client's session: never refreshed again, so the
+/// unseen entry goes with it. A lock held on that session meanwhile is not
+/// lost: its next renewal moves it to a new session, keeping its key and
+/// fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = Duration::from_millis(500).mul_f64(scale());
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.url_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
+        .await
+        .unwrap();
+    let mut raw = support::raw(&store.url()).await;
+    let locker = lockcore::Locker::new(client.clone())
+        .ttl(TTL)
+        .renew_every(TTL / 4);
+    let kept = locker.acquire(name("kept", 0)).await.unwrap();
+    let session = support::etcd_lease_of(&mut raw, &client.key_of(&kept.lease()).unwrap()).await;
+
+    // Replies come late: the put lands, the client hears nothing in time.
+    let late = timeout * 2;
+    proxy.set(Mode::DelayDownstream {
+        base: late,
+        jitter: Duration::ZERO,
+    });
+    let phantom = name("phantom", 0);
+    let sent = Instant::now();
+    let err = client.try_acquire_for(&phantom, TTL).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    proxy.set(Mode::Pass);
+    until(Duration::from_secs(5), "the landed put's entry", || async {
+        observer.inspect(&phantom).await.unwrap().is_some()
+    })
+    .await;
+
+    // The phantom goes with the retired session, within its TTL + slack.
+    let slack = client.capabilities().slack_for(TTL) + scaled(Duration::from_secs(1));
+    let within = (sent + late + TTL + slack).saturating_duration_since(Instant::now());
+    let lease = eventually(within, "the phantom's name free again", || async {
+        observer
+            .try_acquire_for(&phantom, TTL)
+            .await
+            .ok()?
+            .into_lease()
+    })
+    .await;
+    observer.release(&lease).await.unwrap();
+
+    // The held lock moved on with its fence, and was never lost.
+    let key = client.key_of(&kept.lease()).unwrap();
+    let moved = eventually(
+        scaled(Duration::from_secs(5)),
+        "the kept lock on a new session",
+        || {
+            let (mut raw, key) = (raw.clone(), key.clone());
+            async move {
+                let now = raw.get(key, None).await.ok()?.kvs().first()?.lease();
+                (now != session).then_some(now)
+            }
+        },
+    )
+    .await;
+    assert_ne!(moved, session);
+    assert!(kept.is_held(), "the lock on the retired session was lost");
+    let view = observer
+        .inspect(kept.lease().name())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.fence, kept.fencing_token(), "same grant, same fence");
+    kept.release().await.unwrap();
 }

@@ -4,9 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::{etcd, eventually};
+use lock_conformance::stores::{etcd, until};
 use lock_etcd::EtcdBackend;
-use lock_etcd::etcd_client::{GetOptions, Txn, TxnOp};
+use lock_etcd::etcd_client::{Txn, TxnOp};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
 use lockcore::{Lease, LockBackend, LockError};
 use support::*;
@@ -101,21 +101,11 @@ async fn compare_and_evict_evicts_only_the_fence_it_names() {
         })
     };
     let key = holder.key_of(&held).unwrap();
-    let queue = key[..key.len() - 16].to_vec();
+    let queue = queue_of(&holder, &held);
     let mut client = raw(&url).await;
-    eventually(Duration::from_secs(10), "the waiter in line", || {
+    until(Duration::from_secs(10), "the waiter in line", || {
         let (mut client, queue) = (client.clone(), queue.clone());
-        async move {
-            let count = client
-                .get(
-                    queue,
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                )
-                .await
-                .unwrap()
-                .count();
-            (count == 2).then_some(())
-        }
+        async move { queue_len(&mut client, queue).await == 2 }
     })
     .await;
     let evicted = admin.evict(&lock, Some(fence)).await.unwrap();

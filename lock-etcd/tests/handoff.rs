@@ -50,26 +50,36 @@ fn wait_for(
     })
 }
 
-/// Waits until the queue of the lock whose grant is `lease` has `len` entries.
-async fn queue_reaches(client: &mut Client, backend: &EtcdBackend, lease: &Lease, len: usize) {
+/// Waits until the queue of the lock whose grant is `lease` has `len`
+/// entries; returns how many reads that took.
+async fn queue_reaches(
+    client: &mut Client,
+    backend: &EtcdBackend,
+    lease: &Lease,
+    len: usize,
+) -> usize {
     let queue = queue_of(backend, lease);
+    let reads = std::sync::atomic::AtomicUsize::new(0);
     until(
         Duration::from_secs(20),
         &format!("a queue of {len}"),
         || {
             let (mut client, queue) = (client.clone(), queue.clone());
+            reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async move { queue_len(&mut client, queue).await == len }
         },
     )
     .await;
+    reads.into_inner()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
-    // Every etcd Txn of the run is counted on a private server: each waiter
-    // pays its enqueue, one read when it starts following the queue, and its
-    // release. Moving up the line and taking the lock cost nothing: no read,
-    // no write, no new watch.
+    // Every etcd Txn and Range of the run is counted on a private server:
+    // each client pays its session's marker and one read of its notices,
+    // each waiter its enqueue, one read when it starts following the queue,
+    // and its release. Moving up the line and taking the lock cost nothing:
+    // no read, no write, no new watch.
     const WAITERS: usize = 6;
     let store = private_etcd().await;
     let url = store.url();
@@ -80,13 +90,14 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
     for _ in 0..WAITERS {
         waiters.push(connect(&url).await);
     }
-    let before = handled(&metrics(&store).await, "Txn");
+    let before = metrics(&store).await;
 
     let first = hold(&holder, &lock).await;
     let (tx, mut grants) = mpsc::unbounded_channel();
+    let mut our_reads = 0;
     for (i, waiter) in waiters.into_iter().enumerate() {
         wait_for(waiter, &lock, i, &tx);
-        queue_reaches(&mut raw, &holder, &first, i + 2).await; // arrival order
+        our_reads += queue_reaches(&mut raw, &holder, &first, i + 2).await; // arrival order
     }
     let mut fence = first.fence();
     assert_eq!(
@@ -108,11 +119,17 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
         );
     }
 
-    let spent = handled(&metrics(&store).await, "Txn") - before;
-    let expected = 2 + 3 * WAITERS; // the holder's acquire and release, 3 per waiter
+    let after = metrics(&store).await;
+    let spent = |method| handled(&after, method) - handled(&before, method);
+    let clients = WAITERS + 1;
+    // Markers, the holder's acquire and release, each waiter's enqueue and release.
+    let txns = clients + 2 + 2 * WAITERS;
+    // Notice reads, each waiter's first read of the queue (and this test's).
+    let ranges = clients + WAITERS + our_reads;
     assert_eq!(
-        spent, expected as f64,
-        "etcd handled {spent} Txns for {WAITERS} hand-offs, expected {expected}"
+        (spent("Txn"), spent("Range")),
+        (txns as f64, ranges as f64),
+        "(Txns, Ranges) etcd handled for {WAITERS} hand-offs"
     );
 }
 
@@ -171,9 +188,9 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
         held.push(lease);
     }
     // The waiting client follows its names on one stream, whatever their
-    // number; the holder's loss signals (its locks are held past a tenth
-    // of their TTL by now) share another.
-    let expected = (2.0, 2.0 * NAMES as f64);
+    // number, and its session's notices on the same; the holder follows
+    // only its session's notices, however many locks it holds.
+    let expected = (2.0, NAMES as f64 + 2.0);
     let open = eventually(
         Duration::from_secs(10),
         "one stream per client and one watch per name",
@@ -189,10 +206,7 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
     )
     .await;
     assert_eq!(open, expected);
-    assert_eq!(
-        (waiter.watched_names(), holder.watched_names()),
-        (NAMES, NAMES)
-    );
+    assert_eq!((waiter.watched(), holder.watched()), (NAMES + 1, 1));
 
     for lease in &held {
         holder.release(lease).await.unwrap();
@@ -205,7 +219,7 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
         waiter.release(&lease).await.unwrap();
     }
     // Unused watches linger a few seconds (a busy name keeps its watch),
-    // then go, and with the last one the stream.
+    // unused sessions too, then they go, and with the last one the stream.
     until(
         Duration::from_secs(20),
         "every watch and stream closed",
@@ -215,7 +229,7 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
                 gauge(&m, "etcd_debugging_mvcc_watch_stream_total"),
                 gauge(&m, "etcd_debugging_mvcc_watcher_total"),
             );
-            open == (0.0, 0.0) && waiter.watched_names() == 0 && holder.watched_names() == 0
+            open == (0.0, 0.0) && waiter.watched() == 0 && holder.watched() == 0
         },
     )
     .await;
@@ -234,7 +248,7 @@ async fn a_waiter_whose_watch_stream_is_cut_rejoins_the_line() {
     let _waiting = wait_for(waiter.clone(), &lock, 0, &tx);
     queue_reaches(&mut raw, &holder, &held, 2).await;
     until(Duration::from_secs(10), "the waiter watching", || async {
-        waiter.watched_names() > 0
+        waiter.watched() > 1
     })
     .await;
 
@@ -297,10 +311,7 @@ async fn a_waiter_whose_lease_dies_in_line_never_takes_the_lock_with_it() {
         })
     };
     // Find the waiter's entry: the newer of the two queue entries.
-    let queue_prefix = {
-        let key = holder.key_of(&held).unwrap();
-        key[..key.len() - 16].to_vec()
-    };
+    let queue_prefix = queue_of(&holder, &held);
     let entries = |client: &Client| {
         let (mut client, prefix) = (client.clone(), queue_prefix.clone());
         async move {

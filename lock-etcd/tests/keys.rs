@@ -9,8 +9,8 @@ use std::time::Duration;
 use lock_conformance::stores::etcd;
 use lock_etcd::etcd_client::GetOptions;
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::backend::LockBackendExt;
-use lockcore::{LockBackend, LockError, LockName, ReleaseOutcome};
+use lockcore::backend::{LockBackendExt, LockRequest};
+use lockcore::{HolderLabel, LockBackend, LockError, LockName, ReleaseOutcome};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,7 +79,7 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_live_under_the_prefix_and_leases_are_reused() {
+async fn keys_live_under_the_prefix_share_one_session_and_are_reused() {
     let url = etcd::shared().url();
     let prefix = format!("keys-test-{:08x}/", rand_u32());
     let backend = EtcdBackend::connect_with(EtcdConfig::new([url.as_str()]).prefix(prefix.clone()))
@@ -87,49 +87,85 @@ async fn keys_live_under_the_prefix_and_leases_are_reused() {
         .unwrap();
     let mut client = raw(&url).await;
     let lock = LockName::new("jobs/nightly 100%").unwrap();
-    let first = acquire(&backend, &lock, Duration::from_secs(10)).await;
-    let all = client
-        .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+    let queue = format!("{prefix}jobs%2Fnightly 100%25/");
+    let label = HolderLabel::new("keys test, worker 3").unwrap();
+    let request = LockRequest::new(
+        lock.clone(),
+        backend
+            .capabilities()
+            .effective_ttl(Duration::from_secs(10))
+            .unwrap(),
+    )
+    .with_label(label.clone());
+    let first = backend
+        .try_acquire(&request)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    let entries = client
+        .get(queue.clone(), Some(GetOptions::new().with_prefix()))
         .await
         .unwrap();
-    assert_eq!(all.kvs().len(), 1, "one key per held lock");
-    let kv = &all.kvs()[0];
-    let key = kv.key_str().unwrap();
-    let expected = format!("{prefix}jobs%2Fnightly 100%25/");
-    assert!(key.starts_with(&expected), "{key}");
+    assert_eq!(entries.kvs().len(), 1, "one key per held lock");
+    let kv = &entries.kvs()[0];
+    let session = kv.lease();
+    assert_ne!(session, 0, "attached to a lease");
     assert_eq!(
-        key.len(),
-        expected.len() + 16,
-        "16 hex digits of lease id: {key}"
+        kv.key_str().unwrap(),
+        format!("{queue}{:016x}.0", session as u64),
+        "named after the session lease and a number"
     );
-    assert_eq!(kv.value_str().unwrap(), first.owner().encode());
+    assert_eq!(
+        kv.value_str().unwrap(),
+        format!("{}\n0\n{label}", first.owner().encode()),
+        "owner token, fence offset, label"
+    );
     assert_eq!(
         kv.create_revision() as u64,
         first.fence().get(),
         "fence = create revision"
     );
-    assert_ne!(kv.lease(), 0, "attached to a lease");
+    // The session's marker lives with it, outside every queue.
+    let marker = client
+        .get(
+            format!("{prefix}/sessions/{:016x}/alive", session as u64),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(marker.kvs().first().map(|kv| kv.lease()), Some(session));
+
+    // Another lock of the same TTL goes on the same session.
+    let other = acquire(
+        &backend,
+        &LockName::new("other").unwrap(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let key = backend.key_of(&other).unwrap();
+    let other_kv = client.get(key, None).await.unwrap();
+    assert_eq!(other_kv.kvs()[0].lease(), session, "one session per TTL");
+    assert_eq!(backend.sessions(), 1);
+
     assert_eq!(
         backend.release(&first).await.unwrap(),
         ReleaseOutcome::Released
     );
-    let all = client
-        .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+    let entries = client
+        .get(queue.clone(), Some(GetOptions::new().with_prefix()))
         .await
         .unwrap();
-    assert!(all.kvs().is_empty(), "release deletes the key");
-    assert!(
-        backend.idle_leases() >= 1,
-        "the lease went back to the pool"
-    );
+    assert!(entries.kvs().is_empty(), "release deletes the key");
     let second = acquire(&backend, &lock, Duration::from_secs(10)).await;
     assert_eq!(
         backend.key_of(&second),
         backend.key_of(&first),
-        "the pooled lease (and so the key) is reused: one round trip per acquire"
+        "the number (and so the key) is reused: a hot name keeps one key"
     );
     assert!(second.fence() > first.fence());
     backend.release(&second).await.unwrap();
+    backend.release(&other).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
