@@ -148,6 +148,7 @@ impl EtcdBackend {
             .fairness(Fairness::Fifo)
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
+            .semaphores(true)
             .expiry_slack(fixed_expiry_slack(min_ttl))
             .expiry_slack_ttl_percent(SLACK_TTL_PERCENT)
             // Evictions leave a notice the holder follows (see `notify`).
@@ -267,5 +268,21 @@ impl LockBackend for EtcdBackend {
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         wait::acquire(&self.inner, request, wait).await
+    }
+
+    async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        self.inner.try_acquire_permit(request, permits).await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.inner.inspect_permits(name).await
+    }
+
+    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.inner.watch_permits(name).await
     }
 }

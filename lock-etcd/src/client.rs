@@ -421,19 +421,24 @@ impl Inner {
         let expires_in = if kv.lease() == 0 {
             None
         } else {
-            let ttl = timed(
-                self.timeout,
-                "lease time-to-live",
-                self.client.lease_client().time_to_live(kv.lease(), None),
-            )
-            .await?;
-            // etcd truncates the remaining TTL to whole seconds: report the
-            // upper end, never more than the granted TTL.
-            let left = u64::try_from(ttl.ttl()).map_or(0, |s| s + 1);
-            let granted = u64::try_from(ttl.granted_ttl()).unwrap_or(0);
-            Some(Duration::from_secs(left.min(granted)))
+            Some(self.time_left(kv.lease()).await?)
         };
         Record::holder(kv.value(), kv.create_revision(), expires_in)
+    }
+
+    /// How long etcd keeps lease `lease` without a refresh.
+    pub(crate) async fn time_left(&self, lease: i64) -> Result<Duration, LockError> {
+        let ttl = timed(
+            self.timeout,
+            "lease time-to-live",
+            self.client.lease_client().time_to_live(lease, None),
+        )
+        .await?;
+        // etcd truncates the remaining TTL to whole seconds: report the
+        // upper end, never more than the granted TTL.
+        let left = u64::try_from(ttl.ttl()).map_or(0, |s| s + 1);
+        let granted = u64::try_from(ttl.granted_ttl()).unwrap_or(0);
+        Ok(Duration::from_secs(left.min(granted)))
     }
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {

@@ -1,8 +1,10 @@
-//! The key scheme: how lock names, queue entries and sessions map to etcd
-//! keys.
+//! The key scheme: how lock names, queue entries, semaphores and sessions
+//! map to etcd keys.
 //!
 //! ```text
 //! <prefix><name>/<session lease, 16 hex>.<n>    a queue entry; value: a `Record`; attached to the session
+//! <prefix>/permits/<name>/count                 a semaphore's agreed number of permits (no lease)
+//! <prefix>/permits/<name>/slot/<i>              slot i of a semaphore, taken; value: a `Record`
 //! <prefix>/sessions/<lease, 16 hex>/alive        a session's marker, attached to it (gone with it)
 //! <prefix>/sessions/<lease, 16 hex>/evicted/<r>  an eviction notice for the session's entry created at r
 //! ```
@@ -59,6 +61,36 @@ impl Keys {
             return None;
         }
         u64::from_str_radix(session, 16).ok().map(|id| id as i64)
+    }
+
+    /// Where a semaphore's keys live.
+    pub(crate) fn semaphore(&self, name: &LockName) -> Vec<u8> {
+        let mut base = self.prefix.clone();
+        base.extend_from_slice(b"/permits/");
+        self.under(&base, name)
+    }
+
+    /// The key holding a semaphore's agreed number of permits.
+    pub(crate) fn permit_count(semaphore: &[u8]) -> Vec<u8> {
+        [semaphore, b"count"].concat()
+    }
+
+    /// The prefix of a semaphore's taken slots.
+    pub(crate) fn slots(semaphore: &[u8]) -> Vec<u8> {
+        [semaphore, b"slot/"].concat()
+    }
+
+    /// Slot `i` of the semaphore whose slots live under `slots`.
+    pub(crate) fn slot(slots: &[u8], i: u32) -> Vec<u8> {
+        [slots, i.to_string().as_bytes()].concat()
+    }
+
+    /// The slot number of a key under `slots`.
+    pub(crate) fn slot_of(slots: &[u8], key: &[u8]) -> Option<u32> {
+        std::str::from_utf8(key.strip_prefix(slots)?)
+            .ok()?
+            .parse()
+            .ok()
     }
 
     /// Where one session's marker and eviction notices live.
@@ -134,13 +166,21 @@ mod tests {
             let names = [
                 "a", "a/b", "a%2Fb", "a%b", "a/", "%", "/", "a0", "a.", "b", "permits",
             ];
-            let reserved = [keys.notice(7, 42), keys.alive(7)];
+            let reserved = [
+                Keys::slot(&Keys::slots(&keys.semaphore(&name("a"))), 3),
+                Keys::permit_count(&keys.semaphore(&name("a"))),
+                keys.notice(7, 42),
+                keys.alive(7),
+            ];
             for x in names {
                 let qx = keys.queue(&name(x));
                 for y in names {
                     let entry = Keys::entry(&keys.queue(&name(y)), 0x7fff_0000_1234, 3);
                     assert_eq!(inside(&keys.queue(&name(y)), &qx), x == y, "{x:?} vs {y:?}");
                     assert_eq!(inside(&entry, &qx), x == y, "entry of {y:?} in {x:?}");
+                    let sx = keys.semaphore(&name(x));
+                    let slot = Keys::slot(&Keys::slots(&keys.semaphore(&name(y))), 1);
+                    assert_eq!(inside(&slot, &sx), x == y, "slot of {y:?} in {x:?}");
                 }
                 for key in &reserved {
                     assert!(!inside(key, &qx), "{key:?} in the queue of {x:?}");

@@ -15,6 +15,7 @@ mod hub;
 mod keys;
 mod line;
 mod notify;
+mod permits;
 mod record;
 mod session;
 mod wait;
