@@ -14,6 +14,7 @@ use lockcore::{
 use crate::client::Inner;
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, timed};
+use crate::fence::Floor;
 use crate::hub::Hub;
 use crate::keys::Keys;
 use crate::line::Lines;
@@ -149,6 +150,7 @@ impl EtcdBackend {
             .fence_durability(FenceDurability::Durable)
             .notifications(true)
             .semaphores(true)
+            .fence_floor(true)
             .expiry_slack(fixed_expiry_slack(min_ttl))
             .expiry_slack_ttl_percent(SLACK_TTL_PERCENT)
             // Evictions leave a notice the holder follows (see `notify`).
@@ -171,8 +173,22 @@ impl EtcdBackend {
                 Box::new(move |session| notices.follow(sessions.clone(), session)),
             )
         });
+        let floor = Arc::new(Floor::new(&keys));
+        let known = timed(
+            timeout,
+            "fence floor",
+            client.kv_client().get(keys.fence_floor(), None),
+        )
+        .await?;
+        floor.learn(known.kvs())?;
         let inner = Inner {
-            lines: Arc::new(Lines::new(hub.clone(), client.clone(), timeout)),
+            lines: Arc::new(Lines::new(
+                hub.clone(),
+                client.clone(),
+                timeout,
+                floor.clone(),
+            )),
+            floor,
             hub,
             sessions,
             client,
@@ -284,5 +300,9 @@ impl LockBackend for EtcdBackend {
 
     async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         self.inner.watch_permits(name).await
+    }
+
+    async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.inner.raise_fence_floor(floor).await
     }
 }

@@ -18,6 +18,7 @@ use lockcore::{
 use tokio::time::Instant;
 
 use crate::error::{self, BACKEND, lease_not_found, timed};
+use crate::fence::Floor;
 use crate::hub::{Events, Hub};
 use crate::keys::{Keys, range_end};
 use crate::line::Lines;
@@ -38,6 +39,7 @@ pub(crate) struct Inner {
     pub(crate) hub: Arc<Hub>,
     pub(crate) sessions: Arc<Sessions>,
     pub(crate) lines: Arc<Lines>,
+    pub(crate) floor: Arc<Floor>,
     pub(crate) endpoints: Vec<String>,
     pub(crate) prefix: String,
 }
@@ -87,23 +89,26 @@ impl Inner {
     pub(crate) async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         let queue = self.keys.queue(request.name());
         let ttl = request.ttl().get();
-        // A session may be gone behind our back: one retry on a new one.
-        for _ in 0..2 {
+        // A session may be gone behind our back, the fence floor raised:
+        // a retry or two.
+        for _ in 0..3 {
             let (session, refreshed) = self.sessions.for_entry(ttl).await?;
             let n = self.sessions.reserve(session.id, &queue);
             let key = Keys::entry(&queue, session.id, n);
-            let record = Record::new(OwnerToken::new(), 0, request.label());
+            let record = Record::new(OwnerToken::new(), self.floor.offset(), request.label());
             let value: Arc<[u8]> = record.encode().into();
             let txn = Txn::new()
-                .when(
-                    [Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
-                        .with_range(range_end(&queue))],
-                )
+                .when([
+                    Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
+                        .with_range(range_end(&queue)),
+                    self.floor.compare(),
+                ])
                 .and_then([TxnOp::put(
                     key.clone(),
                     value.to_vec(),
                     Some(PutOptions::new().with_lease(session.id)),
-                )]);
+                )])
+                .or_else([self.floor.get()]);
             let reply = tokio::time::timeout(self.timeout, self.client.kv_client().txn(txn)).await;
             let reply = match self.written(reply, session.id, "acquire") {
                 Ok(Some(reply)) => reply,
@@ -121,6 +126,9 @@ impl Inner {
             };
             if !reply.succeeded() {
                 self.sessions.unreserve(session.id, &queue, n);
+                if self.floor.learn_from(&reply)? {
+                    continue; // the floor moved: write with the new offset
+                }
                 return Ok(Attempt::Held { expires_in: None });
             }
             // The queue was empty, so the key is new: its create revision is
@@ -147,7 +155,7 @@ impl Inner {
         }
         Err(LockError::unavailable(
             BACKEND,
-            "every new etcd session was gone at once",
+            "the etcd session or fence floor kept changing",
         ))
     }
 

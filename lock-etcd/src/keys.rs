@@ -121,6 +121,30 @@ impl Keys {
             .ok()
     }
 
+    /// The key holding the fence offset.
+    pub(crate) fn fence_floor(&self) -> Vec<u8> {
+        [self.prefix.as_slice(), b"/fence-floor"].concat()
+    }
+
+    /// The marker a fence floor raise to `offset` puts and deletes in
+    /// `queue` (no entry of any version looks like it).
+    pub(crate) fn floor_marker(queue: &[u8], offset: u64) -> Vec<u8> {
+        [queue, format!("~floor.{offset}").as_bytes()].concat()
+    }
+
+    /// The offset a key of `queue` announces, if it is a floor marker.
+    pub(crate) fn floor_raised(queue: &[u8], key: &[u8]) -> Option<u64> {
+        std::str::from_utf8(key.strip_prefix(queue)?.strip_prefix(b"~floor.")?)
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    /// Every key of this backend: the prefix's range.
+    pub(crate) fn all(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.prefix.clone(), range_end(&self.prefix))
+    }
+
     fn under(&self, base: &[u8], name: &LockName) -> Vec<u8> {
         let mut key = base.to_vec();
         key.extend_from_slice(name.escaped(|c| c == '/').as_bytes());
@@ -171,6 +195,7 @@ mod tests {
                 Keys::permit_count(&keys.semaphore(&name("a"))),
                 keys.notice(7, 42),
                 keys.alive(7),
+                keys.fence_floor(),
             ];
             for x in names {
                 let qx = keys.queue(&name(x));

@@ -20,14 +20,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, KeyValue};
+use etcd_client::{Client, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use lockcore::{Backoff, LockError};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::error::timed;
+use crate::fence::Floor;
 use crate::hub::{Change, Events, Hub};
-use crate::keys::range_end;
+use crate::keys::{Keys, range_end};
 
 /// How long a line outlives its last waiter (the watch lingers too).
 const LINGER: Duration = Duration::from_secs(5);
@@ -62,6 +63,7 @@ pub(crate) struct Lines {
     hub: Arc<Hub>,
     client: Client,
     timeout: Duration,
+    floor: Arc<Floor>,
     lines: Mutex<HashMap<Vec<u8>, Arc<Line>>>,
 }
 
@@ -102,11 +104,12 @@ struct State {
 }
 
 impl Lines {
-    pub(crate) fn new(hub: Arc<Hub>, client: Client, timeout: Duration) -> Self {
+    pub(crate) fn new(hub: Arc<Hub>, client: Client, timeout: Duration, floor: Arc<Floor>) -> Self {
         Lines {
             hub,
             client,
             timeout,
+            floor,
             lines: Mutex::default(),
         }
     }
@@ -166,7 +169,7 @@ impl Lines {
     }
 
     /// One read of the queue: entries created from `min_create` on (all
-    /// with 0), and the revision read at.
+    /// with 0, and the fence floor with them), and the revision read at.
     async fn read(&self, queue: &[u8], min_create: i64) -> Result<(Vec<KeyValue>, i64), LockError> {
         let mut options = GetOptions::new()
             .with_range(range_end(queue))
@@ -174,14 +177,27 @@ impl Lines {
         if min_create > 0 {
             options = options.with_min_create_revision(min_create);
         }
-        let mut reply = timed(
+        let mut reads = vec![TxnOp::get(queue.to_vec(), Some(options))];
+        if min_create == 0 {
+            // A view built from scratch may have missed a raise's marker.
+            reads.push(self.floor.get());
+        }
+        let reply = timed(
             self.timeout,
             "queue read",
-            self.client.kv_client().get(queue.to_vec(), Some(options)),
+            self.client.kv_client().txn(Txn::new().and_then(reads)),
         )
         .await?;
         let at = reply.header().map_or(0, |h| h.revision());
-        Ok((reply.take_kvs(), at))
+        let mut ranges = reply.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+            _ => None,
+        });
+        let kvs = ranges.next().unwrap_or_default();
+        if let Some(floor) = ranges.next() {
+            self.floor.learn(&floor)?;
+        }
+        Ok((kvs, at))
     }
 }
 
@@ -426,7 +442,14 @@ async fn serve(lines: &Lines, line: &Line) -> Result<(), LockError> {
     loop {
         tokio::select! {
             change = changes.next() => match change {
-                Some(change) => line.lock().delete(&change),
+                Some(change) => match Keys::floor_raised(&line.queue, &change.key) {
+                    // A raise of the fence floor: waiters look at their offset.
+                    Some(offset) => {
+                        lines.floor.raised(offset);
+                        line.lock().wake_all();
+                    }
+                    None => line.lock().delete(&change),
+                },
                 None => return Err(LockError::unavailable(crate::error::BACKEND, "the watch ended")),
             },
             () = line.work.notified() => {

@@ -72,7 +72,7 @@ impl Inner {
             };
             let (session, refreshed) = self.sessions.for_entry(ttl).await?;
             let key = Keys::slot(&slots, slot);
-            let record = Record::new(OwnerToken::new(), 0, request.label());
+            let record = Record::new(OwnerToken::new(), self.floor.offset(), request.label());
             let value: Arc<[u8]> = record.encode().into();
             let put = TxnOp::put(
                 key.clone(),
@@ -86,6 +86,7 @@ impl Inner {
                     .when([
                         Compare::value(count_key.clone(), CompareOp::Equal, count),
                         free,
+                        self.floor.compare(),
                     ])
                     .and_then([put])
             } else {
@@ -99,7 +100,7 @@ impl Inner {
                 let empty = Compare::create_revision(slots.clone(), CompareOp::Equal, 0)
                     .with_range(range_end(&slots));
                 Txn::new()
-                    .when([unchanged, empty, free])
+                    .when([unchanged, empty, free, self.floor.compare()])
                     .and_then([TxnOp::put(count_key.clone(), count, None), put])
             }
             .or_else([
@@ -112,6 +113,7 @@ impl Inner {
                             .with_keys_only(),
                     ),
                 ),
+                self.floor.get(),
             ]);
             let reply = tokio::time::timeout(self.timeout, self.client.kv_client().txn(txn)).await;
             let Some(reply) = self.written(reply, session.id, "permit acquire")? else {
@@ -138,6 +140,7 @@ impl Inner {
                     .lease(request, &record, key, revision, value, refreshed, lost)
                     .map(|lease| Attempt::Acquired(lease.with_slot(slot)));
             }
+            self.floor.learn_from(&reply)?;
             seen = Seen::of(&reply.op_responses(), &slots);
         }
         // The slots kept changing under us: a busy semaphore.

@@ -424,6 +424,14 @@ impl Sessions {
         Some((refreshed, entry.lost.clone()))
     }
 
+    /// The entry created at `revision` now holds `value`.
+    pub(crate) fn rewritten(&self, key: &[u8], revision: i64, value: Arc<[u8]>) {
+        let mut book = self.book();
+        if let Some(entry) = book.entries.get_mut(key).filter(|e| e.revision == revision) {
+            entry.value = value;
+        }
+    }
+
     /// A renewal of the grant created at `revision` was answered for a
     /// keep-alive sent at `sent`; `false` if the book no longer holds it.
     pub(crate) fn renewed(&self, key: &[u8], revision: i64, session: i64, sent: Instant) -> bool {

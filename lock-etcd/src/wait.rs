@@ -83,7 +83,11 @@ impl LineWaiter {
         let (session, _) = inner.sessions.for_entry(ttl).await?;
         let n = inner.sessions.reserve(session.id, &self.queue);
         let key = Keys::entry(&self.queue, session.id, n);
-        let record = Record::new(OwnerToken::new(), 0, self.request.label());
+        let record = Record::new(
+            OwnerToken::new(),
+            inner.floor.offset(),
+            self.request.label(),
+        );
         let value: Arc<[u8]> = record.encode().into();
         let read = self.line.begin_enqueue();
         let mut ops = vec![TxnOp::put(
@@ -105,15 +109,30 @@ impl LineWaiter {
         // Our key is new (its number was free), so its create revision is
         // the revision of this transaction.
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then(ops);
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                inner.floor.compare(),
+            ])
+            .and_then(ops)
+            .or_else([inner.floor.get()]);
         let reply = tokio::time::timeout(inner.timeout, inner.client.kv_client().txn(txn)).await;
         let reply = match inner.written(reply, session.id, "enqueue") {
             Ok(Some(reply)) if reply.succeeded() => reply,
             other => {
                 self.line.enqueued(read, None, &[]);
                 return match other {
-                    Ok(Some(_)) => Err(protocol("a free entry name was taken")),
+                    Ok(Some(reply)) => {
+                        inner.sessions.unreserve(session.id, &self.queue, n);
+                        if inner.floor.learn_from(&reply)? {
+                            // The floor moved: queue with the new offset.
+                            Err(LockError::unavailable(
+                                BACKEND,
+                                "the fence floor moved; queueing again",
+                            ))
+                        } else {
+                            Err(protocol("a free entry name was taken"))
+                        }
+                    }
                     Ok(None) => {
                         inner.sessions.unreserve(session.id, &self.queue, n);
                         Err(LockError::unavailable(
@@ -164,6 +183,49 @@ impl LineWaiter {
         Ok(None)
     }
 
+    /// Our entry is the oldest. Written under an older fence floor, it is
+    /// first rewritten with the current offset (same key, same create
+    /// revision): every grant after a raise has a fence above the floor.
+    async fn take(&mut self) -> Result<Attempt, LockError> {
+        let inner = self.inner.clone();
+        let Some(place) = self.place.as_mut() else {
+            return Err(protocol("a grant without an entry"));
+        };
+        while place.record.offset < inner.floor.offset() {
+            let record = Record {
+                offset: inner.floor.offset(),
+                ..place.record.clone()
+            };
+            let value: Arc<[u8]> = record.encode().into();
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(place.key.clone(), CompareOp::Equal, place.revision),
+                    inner.floor.compare(),
+                ])
+                .and_then([TxnOp::put(
+                    place.key.clone(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_ignore_lease()),
+                )])
+                .or_else([
+                    TxnOp::get(place.key.clone(), Some(GetOptions::new().with_keys_only())),
+                    inner.floor.get(),
+                ]);
+            let reply = inner.txn("rewrite under the new floor", txn).await?;
+            if reply.succeeded() {
+                inner
+                    .sessions
+                    .rewritten(&place.key, place.revision, value.clone());
+                place.record = record;
+                place.value = value;
+            } else if !inner.floor.learn_from(&reply)? {
+                // Not the floor: our entry is gone.
+                return Ok(Attempt::Held { expires_in: None });
+            }
+        }
+        self.grant().map(Attempt::Acquired)
+    }
+
     /// The lock is ours: our entry becomes a grant, whose lease counts from
     /// its session's last refresh.
     fn grant(&mut self) -> Result<Lease, LockError> {
@@ -211,7 +273,7 @@ impl Waiter for LineWaiter {
             return Err(protocol("no entry after queueing"));
         };
         match self.line.turn(&place.key, place.revision) {
-            Turn::Mine => self.grant().map(Attempt::Acquired),
+            Turn::Mine => self.take().await,
             Turn::Gone => {
                 // Our entry died (session expired, cleared): queue again.
                 let place = self.place.take().expect("checked above");

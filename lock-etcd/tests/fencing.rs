@@ -136,3 +136,48 @@ async fn compare_and_evict_evicts_only_the_fence_it_names() {
     assert!(value.kvs().is_empty(), "the evicted grant's key is gone");
     waiter.release(&next).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_write_refuses_a_token_older_than_the_last_one_applied() {
+    let url = etcd::shared().url();
+    let (old_holder, new_holder) = (connect(&url).await, connect(&url).await);
+    let lock = name("fenced-write");
+    let resource = format!("etcd-test/orders/{:08x}", rand_u32());
+    let fence_key = format!("{resource}/fence");
+    let write = |backend: &EtcdBackend, token, value: &'static str| {
+        let (backend, fence_key, resource) = (backend.clone(), fence_key.clone(), resource.clone());
+        async move {
+            backend
+                .fenced_write(fence_key, token, [TxnOp::put(resource, value, None)])
+                .await
+                .unwrap()
+        }
+    };
+    let old = acquire(&old_holder, &lock, Duration::from_secs(10)).await;
+    assert!(
+        write(&old_holder, old.fence(), "first").await.is_ok(),
+        "the first write applies"
+    );
+    assert!(
+        write(&old_holder, old.fence(), "again").await.is_ok(),
+        "the same holder writes again"
+    );
+    // The old holder is paused past its lease; a new holder takes over and writes.
+    old_holder.evict(&lock, Some(old.fence())).await.unwrap();
+    let new = acquire(&new_holder, &lock, Duration::from_secs(10)).await;
+    assert!(write(&new_holder, new.fence(), "second").await.is_ok());
+    let refused = write(&old_holder, old.fence(), "zombie").await.unwrap_err();
+    assert_eq!((refused.token, refused.highest), (old.fence(), new.fence()));
+    let mut client = raw(&url).await;
+    let value = client.get(resource.clone(), None).await.unwrap();
+    assert_eq!(
+        value.kvs()[0].value_str().unwrap(),
+        "second",
+        "the refused write wrote nothing"
+    );
+    // Fences above 10^19 compare as numbers too (fixed-width digits).
+    let huge = lockcore::FencingToken::new(u64::MAX).unwrap();
+    assert!(write(&new_holder, huge, "huge").await.is_ok());
+    assert!(write(&new_holder, new.fence(), "late").await.is_err());
+    new_holder.release(&new).await.unwrap();
+}
