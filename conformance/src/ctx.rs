@@ -192,8 +192,8 @@ impl Ctx {
 
     /// Extra time the store may take beyond a TTL (its declared slack plus
     /// 1 s scaled for scheduling on a loaded machine).
-    pub fn slack(&self) -> Duration {
-        self.caps.expiry_slack + self.scaled(Duration::from_secs(1))
+    pub fn slack(&self, ttl: Duration) -> Duration {
+        self.caps.slack_for(ttl) + self.scaled(Duration::from_secs(1))
     }
 
     /// An allowance for one store round trip on this machine: four times the
@@ -201,6 +201,16 @@ impl Ctx {
     /// 100 ms, scaled. For bounds such as "within one round trip".
     pub fn round_trip(&self) -> Duration {
         self.scaled(self.round_trip * 4 + Duration::from_millis(100))
+    }
+
+    /// How soon after the last store-side extension of a `ttl` lease (its
+    /// grant or its last renewal to reach the store) another client gets the
+    /// lock once the holder falls silent: the TTL, the backend's declared
+    /// expiry slack, and one [round trip](Self::round_trip) to hear of it.
+    /// No scheduling cushion beyond that: a waiter that needs more waits
+    /// longer than the backend declares.
+    pub fn freed_within(&self, ttl: Duration) -> Duration {
+        ttl + self.caps.slack_for(ttl) + self.round_trip()
     }
 
     /// Whether leases have their own TTL (vs. living as long as a session).

@@ -42,7 +42,8 @@ impl History {
         Self::default()
     }
 
-    /// Records a grant and returns its index, for [`end`](Self::end).
+    /// Records a grant that arrived just now and returns its index, for
+    /// [`end`](Self::end).
     pub fn granted(
         &self,
         client: usize,
@@ -50,13 +51,26 @@ impl History {
         fence: FencingToken,
         invoked: Instant,
     ) -> usize {
+        self.granted_at(client, name, fence, invoked, Instant::now())
+    }
+
+    /// Records a grant whose reply arrived at `granted` (a task that noted
+    /// the time) and returns its index.
+    pub fn granted_at(
+        &self,
+        client: usize,
+        name: &LockName,
+        fence: FencingToken,
+        invoked: Instant,
+        granted: Instant,
+    ) -> usize {
         let mut grants = self.grants.lock().unwrap();
         grants.push(Grant {
             client,
             name: name.clone(),
             fence,
             invoked,
-            granted: Instant::now(),
+            granted,
             ended: None,
         });
         grants.len() - 1

@@ -17,6 +17,14 @@
 //! by its [`Capabilities`](lockcore::Capabilities) and print why; cases you
 //! want to leave out on purpose go in `suite!(factory, skip = [case, ...])`.
 //!
+//! Skips are part of what a backend declares: every case that skips on it
+//! is listed once, in `suite!(factory, expect_skips = [case, ...])`. A case
+//! that skips without being listed fails its test (so skips cannot grow
+//! silently), and so does a listed case that ran and passed (so the list
+//! stays exact). An environment that rules out more cases, such as CI
+//! against stores the suite did not start and may not kill, names them in
+//! [`EXPECT_SKIPS_ENV`].
+//!
 //! [`run_all`] runs every case in one call and returns a [`Report`], for
 //! custom harnesses (without lock-taker processes: the cross-process cases
 //! skip there).
@@ -62,6 +70,9 @@
 
 #![warn(missing_docs, missing_debug_implementations)]
 
+#[cfg(feature = "stores")]
+#[doc(hidden)]
+pub mod broken;
 mod case;
 pub mod cases;
 mod control;
@@ -107,27 +118,41 @@ pub static CASES: &[Case] = __for_each_case!(__case_table());
 /// Generates one `#[test]` per conformance case, each running against the
 /// factory `$factory` (an expression evaluated inside the test's runtime;
 /// `.await` allowed). Cases listed in `skip = [..]` are left out, loudly.
+/// Cases listed in `expect_skips = [..]` are the ones this backend cannot
+/// run (each still prints its `SKIP name: why` line); any other skip fails
+/// its test, and so does a listed case that passes.
 ///
 /// ```ignore
 /// lock_conformance::suite!(lock_conformance::shared(lockcore::MemoryBackend::new()));
 /// lock_conformance::suite!(my_store::factory().await, skip = [every_waiter_is_served]);
+/// lock_conformance::suite!(my_store::factory().await, expect_skips = [server_clock_steps_are_judged_on_the_server]);
 /// ```
 #[macro_export]
 macro_rules! suite {
-    ($factory:expr $(, skip = [$($skip:ident),* $(,)?])? $(,)?) => {
-        $crate::__for_each_case! { __suite_tests ($factory; [$($($skip),*)?]) }
+    ($factory:expr
+        $(, skip = [$($skip:ident),* $(,)?])?
+        $(, expect_skips = [$($expected:ident),* $(,)?])?
+        $(,)?) => {
+        $crate::__for_each_case! { __suite_tests ($factory; [$($($skip),*)?]; [$($($expected),*)?]) }
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite_tests {
-    (($factory:expr; [$($skip:ident),*]) $($group:ident :: $case:ident),* $(,)?) => {
+    (($factory:expr; [$($skip:ident),*]; [$($expected:ident),*]) $($group:ident :: $case:ident),* $(,)?) => {
         const __LOCK_CONFORMANCE_SKIP: &[&str] = &[$(stringify!($skip)),*];
+        const __LOCK_CONFORMANCE_EXPECT_SKIPS: &[&str] = &[$(stringify!($expected)),*];
         $(
             #[test]
             fn $case() {
-                $crate::__private::run_test(stringify!($case), __LOCK_CONFORMANCE_SKIP, module_path!(), || async { $factory });
+                $crate::__private::run_test(
+                    stringify!($case),
+                    __LOCK_CONFORMANCE_SKIP,
+                    __LOCK_CONFORMANCE_EXPECT_SKIPS,
+                    module_path!(),
+                    || async { $factory },
+                );
             }
         )*
 
@@ -140,6 +165,13 @@ macro_rules! __suite_tests {
         }
     };
 }
+
+/// The variable naming cases expected to skip in this environment, on top of
+/// a `suite!` invocation's `expect_skips` (comma- or space-separated case
+/// names). CI sets it when the suite runs against stores it did not start:
+/// the cases that kill, pause, restart or step the clock of a store of their
+/// own ([`cases::PRIVATE_STORE_CASES`]) skip there.
+pub const EXPECT_SKIPS_ENV: &str = "LOCK_TEST_EXPECT_SKIPS";
 
 /// How one case went.
 #[derive(Debug)]
@@ -274,11 +306,28 @@ pub mod __private {
 
     /// The body of every test `suite!` generates. `module` is the
     /// `module_path!()` of the invocation, to name the taker test.
-    pub fn run_test<F, Fut>(name: &str, skip: &[&str], module: &str, make: impl FnOnce() -> Fut)
-    where
+    pub fn run_test<F, Fut>(
+        name: &str,
+        skip: &[&str],
+        expect_skips: &[&str],
+        module: &str,
+        make: impl FnOnce() -> Fut,
+    ) where
         F: Factory,
         Fut: Future<Output = F>,
     {
+        let from_env = std::env::var(crate::EXPECT_SKIPS_ENV).unwrap_or_default();
+        let from_env: Vec<&str> = from_env
+            .split([',', ' ', '\n', '\t'])
+            .filter(|s| !s.is_empty())
+            .collect();
+        for listed in skip.iter().chain(expect_skips).chain(&from_env) {
+            assert!(
+                CASES.iter().any(|c| c.name == *listed),
+                "`{listed}` (in suite!'s skip or expect_skips, or {}) is not a conformance case",
+                crate::EXPECT_SKIPS_ENV
+            );
+        }
         if skip.contains(&name) {
             say(&format!("SKIP {name}: left out by the suite! invocation"));
             return;
@@ -298,11 +347,37 @@ pub mod __private {
         });
         let report = runtime.block_on(async {
             let factory = make().await;
-            run_case_with(case, Arc::new(factory), taker).await
+            // A store missing in an explicitly partial local run: every case
+            // skips, loudly, whatever the lists say.
+            if let Some(why) = factory.skip_all() {
+                return Err(why);
+            }
+            Ok(run_case_with(case, Arc::new(factory), taker).await)
         });
+        let report = match report {
+            Ok(report) => report,
+            Err(why) => return say(&format!("SKIP {name}: {why}")),
+        };
+        let expected = expect_skips.contains(&name) || from_env.contains(&name);
         match report.result {
+            Ok(Outcome::Passed) if expected => panic!(
+                "{}::{name} was expected to skip but ran and passed: take it off suite!'s \
+                 expect_skips (or {}) so the list of skips stays exact",
+                case.group,
+                crate::EXPECT_SKIPS_ENV
+            ),
             Ok(Outcome::Passed) => {}
-            Ok(Outcome::Skipped(why)) => say(&format!("SKIP {name}: {why}")),
+            Ok(Outcome::Skipped(why)) => {
+                say(&format!("SKIP {name}: {why}"));
+                assert!(
+                    expected,
+                    "{}::{name} skipped, and this backend does not expect it to: {why}\n\
+                     If it cannot run here, declare it once: suite!(factory, expect_skips = [{name}, ..]) \
+                     (or, for this environment only, {}={name})",
+                    case.group,
+                    crate::EXPECT_SKIPS_ENV
+                );
+            }
             Err(failure) => panic!(
                 "{}::{name} failed after {:.1?}: {failure}",
                 case.group, report.elapsed

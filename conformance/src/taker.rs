@@ -17,7 +17,7 @@
 //! | command | replies |
 //! |---|---|
 //! | `acquire TTL_MS WAIT_MS NAME` | `acquired FENCE` / `timeout` / `error MSG` |
-//! | `status` | `held FENCE` / `lost FENCE REASON` / `none` |
+//! | `status` | `held FENCE REMAINING_MS` (time left before the guard's local deadline) / `lost FENCE REASON` / `none` |
 //! | `write REGISTER VALUE DELAY_MS` | `writing FENCE` (checked held), then after DELAY_MS `written FENCE` / `refused FENCE HIGHEST` / `error MSG`; or `not-held` |
 //! | `renew` | `renewed FENCE` / `error MSG` |
 //! | `release` | `released` / `not-held` / `error MSG` |
@@ -99,7 +99,11 @@ pub async fn serve(backend: Arc<dyn LockBackend>) {
             }
             Some("status") => match &guard {
                 None => say("none"),
-                Some(g) if g.is_held() => say(&format!("held {}", g.fencing_token())),
+                Some(g) if g.is_held() => say(&format!(
+                    "held {} {}",
+                    g.fencing_token(),
+                    g.lease().remaining().as_millis()
+                )),
                 Some(g) => say(&format!(
                     "lost {} {}",
                     g.fencing_token(),

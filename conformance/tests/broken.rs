@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_conformance::{Outcome, from_fn, run_cases, shared};
-use lockcore::backend::{LockBackendExt, LockRequest, Polling, WaitPolicy, Wakeup, async_trait};
+use lockcore::backend::{
+    LockBackendExt, LockRequest, Moment, Polling, Ttl, WaitPolicy, Wakeup, async_trait,
+};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     MemoryBackend, OwnerToken, ReleaseOutcome,
@@ -39,13 +41,36 @@ enum Flaw {
     LeaksCancelledWaiters,
     /// Panics on a lease it did not hand out.
     PanicsOnForgedLease,
+    /// A slow store (`LAG` each way), and lease deadlines counted from the
+    /// reply instead of the send time.
+    StampsTheReply,
+    /// No drift margin: leases are stamped `sent + drift`.
+    NoDriftMargin,
+    /// Renew's first attempt renews on the store but "loses its reply"; the
+    /// backend retries after the caller's deadline and returns a lease
+    /// stamped with that late retry's send time.
+    RenewAdoptedLate,
+    /// The store enforces the TTL, but leases report TTL + TTL/3: the holder
+    /// counts on its lock one renew interval past the store's expiry.
+    LossOneIntervalLate,
 }
+
+/// `d` as a TTL the in-memory store accepts.
+fn checked(d: Duration) -> Ttl {
+    MemoryBackend::new()
+        .capabilities()
+        .effective_ttl(d)
+        .expect("a valid TTL")
+}
+
+/// How slow the store of `Flaw::StampsTheReply` is, each way.
+const LAG: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone)]
 struct Broken {
     store: MemoryBackend,
     flaw: Flaw,
-    /// For FenceRepeats: the real lease behind each owner's doctored one.
+    /// The real lease behind each owner's doctored one.
     real: Arc<Mutex<HashMap<OwnerToken, Lease>>>,
 }
 
@@ -67,31 +92,36 @@ impl Broken {
             .unwrap_or_else(|| lease.clone())
     }
 
-    fn doctor(&self, lease: Lease) -> Lease {
-        if self.flaw != Flaw::FenceRepeats {
-            return lease;
-        }
-        let fake = Lease::new(
-            lease.name().clone(),
-            lease.owner(),
-            FencingToken::new(1).unwrap(),
-            lease.checked_ttl(),
-            lease.issued_at(),
-        );
+    /// What the flawed backend hands out for the store's `lease`, granted or
+    /// renewed by a call sent at `sent`.
+    fn doctor(&self, lease: Lease, sent: Moment) -> Lease {
+        let ttl = lease.ttl();
+        let fake = match self.flaw {
+            Flaw::FenceRepeats => Lease::new(
+                lease.name().clone(),
+                lease.owner(),
+                FencingToken::new(1).unwrap(),
+                lease.checked_ttl(),
+                lease.issued_at(),
+            ),
+            Flaw::LossOneIntervalLate => lease.clone().with_ttl(checked(ttl + ttl / 3)),
+            Flaw::StampsTheReply => return lease.renewed(Moment::now()),
+            Flaw::NoDriftMargin => return lease.renewed(sent.after(Lease::drift(ttl))),
+            _ => return lease,
+        };
         self.real.lock().unwrap().insert(lease.owner(), lease);
         fake
     }
-}
 
-#[async_trait]
-impl LockBackend for Broken {
-    fn capabilities(&self) -> Capabilities {
-        self.store.capabilities()
+    /// One way of the slow store's round trip.
+    async fn lag(&self) {
+        if self.flaw == Flaw::StampsTheReply {
+            tokio::time::sleep(LAG).await;
+        }
     }
 
-    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        let name = request.name();
-        let asked = request.ttl();
+    async fn flawed_try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let (name, asked) = (request.name(), request.ttl());
         let ttl = match self.flaw {
             Flaw::ExpiresEarly => asked.get() / 2,
             Flaw::RaisesTtl => asked.get().max(Duration::from_secs(120)),
@@ -101,13 +131,7 @@ impl LockBackend for Broken {
             Attempt::Acquired(lease)
                 if matches!(self.flaw, Flaw::ExpiresEarly | Flaw::RaisesTtl) =>
             {
-                Attempt::Acquired(Lease::new(
-                    name.clone(),
-                    lease.owner(),
-                    lease.fence(),
-                    asked,
-                    lease.issued_at(),
-                ))
+                Attempt::Acquired(lease.with_ttl(asked))
             }
             Attempt::Acquired(lease) if self.flaw == Flaw::SilentEviction => {
                 // The same grant without the store's loss signal.
@@ -119,12 +143,11 @@ impl LockBackend for Broken {
                     lease.issued(),
                 ))
             }
-            Attempt::Acquired(lease) => Attempt::Acquired(self.doctor(lease)),
-            held => held,
+            attempt => attempt,
         })
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+    async fn flawed_renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let real = self.real(lease);
         match self.flaw {
             Flaw::PanicsOnForgedLease if self.store.inspect(lease.name()).await?.is_none() => {
@@ -140,30 +163,65 @@ impl LockBackend for Broken {
                     .unwrap_or_else(|| lease.clone())),
                 other => other,
             },
-            Flaw::FenceRepeats => {
+            Flaw::RenewAdoptedLate => {
+                // The first attempt renews; its reply "is lost". The retry
+                // comes after the caller's deadline and is stamped with its
+                // own send time.
+                self.store.renew(&real).await?;
+                tokio::time::sleep_until(lease.deadline() + Duration::from_millis(1)).await;
+                let retried = Moment::now();
                 let renewed = self.store.renew(&real).await?;
-                self.real
-                    .lock()
-                    .unwrap()
-                    .insert(lease.owner(), renewed.clone());
-                Ok(lease.renewed(renewed.issued_at()))
+                Ok(renewed.renewed(retried))
             }
             _ => self.store.renew(&real).await,
         }
     }
+}
+
+#[async_trait]
+impl LockBackend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+
+    async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let sent = Moment::now();
+        self.lag().await;
+        let attempt = self.flawed_try_acquire(request).await;
+        self.lag().await;
+        Ok(match attempt? {
+            Attempt::Acquired(lease) => Attempt::Acquired(self.doctor(lease, sent)),
+            held => held,
+        })
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let sent = Moment::now();
+        self.lag().await;
+        let renewed = self.flawed_renew(lease).await;
+        self.lag().await;
+        Ok(self.doctor(renewed?, sent))
+    }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        match self.flaw {
-            Flaw::ReleaseIgnoresOwner => Ok(match self.store.evict(lease.name(), None).await? {
-                Some(_) => ReleaseOutcome::Released,
-                None => ReleaseOutcome::NotHeld,
-            }),
+        self.lag().await;
+        let outcome = match self.flaw {
+            Flaw::ReleaseIgnoresOwner => match self.store.evict(lease.name(), None).await {
+                Ok(Some(_)) => Ok(ReleaseOutcome::Released),
+                Ok(None) => Ok(ReleaseOutcome::NotHeld),
+                Err(e) => Err(e),
+            },
             _ => self.store.release(&self.real(lease)).await,
-        }
+        };
+        self.lag().await;
+        outcome
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        self.store.inspect(name).await
+        self.lag().await;
+        let holder = self.store.inspect(name).await;
+        self.lag().await;
+        holder
     }
 
     async fn evict(
@@ -219,6 +277,34 @@ async fn must_fail(flaw: Flaw, cases: &[&str]) {
         assert!(
             case.result.is_err(),
             "{flaw:?}: case {} should fail but {:?}",
+            case.name,
+            case.result
+        );
+    }
+    println!("{flaw:?}:\n{report}\n");
+}
+
+/// Runs the cases of `expected` against the flawed backend and checks each
+/// one fails, for the reason given: its failure message contains the text
+/// paired with it.
+async fn must_fail_saying(flaw: Flaw, expected: &[(&str, &str)]) {
+    let report = run_cases(shared(Broken::new(flaw)), |c| {
+        expected.iter().any(|(name, _)| *name == c.name)
+    })
+    .await;
+    assert_eq!(
+        report.cases.len(),
+        expected.len(),
+        "unknown case name in {expected:?}"
+    );
+    for case in &report.cases {
+        let (_, why) = expected
+            .iter()
+            .find(|(name, _)| *name == case.name)
+            .unwrap();
+        assert!(
+            matches!(&case.result, Err(failure) if failure.0.contains(why)),
+            "{flaw:?}: case {} should fail saying `{why}`, but {:?}",
             case.name,
             case.result
         );
@@ -319,6 +405,58 @@ async fn leaked_waiters_are_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panics_are_caught() {
     must_fail(Flaw::PanicsOnForgedLease, &["forged_leases_are_refused"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_counted_from_the_reply_are_caught() {
+    must_fail_saying(
+        Flaw::StampsTheReply,
+        &[
+            ("effective_ttl_is_truthful", "past send time + TTL - drift"),
+            ("renew_extends_and_keeps_fence", "send time"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_drift_margin_is_caught() {
+    must_fail_saying(
+        Flaw::NoDriftMargin,
+        &[("effective_ttl_is_truthful", "past send time + TTL - drift")],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_adopted_after_the_deadline_are_caught() {
+    must_fail_saying(
+        Flaw::RenewAdoptedLate,
+        &[(
+            "renew_extends_and_keeps_fence",
+            "past the renew call's send time + TTL",
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_one_interval_late_is_caught() {
+    must_fail_saying(
+        Flaw::LossOneIntervalLate,
+        &[
+            ("effective_ttl_is_truthful", "capabilities predict"),
+            (
+                "expiry_frees_the_name",
+                "before the holder's local deadline",
+            ),
+            (
+                "waiter_wakes_on_expiry",
+                "before the holder's local deadline",
+            ),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

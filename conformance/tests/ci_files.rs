@@ -1,8 +1,11 @@
 //! The container files users' CI runs the suite with: they must parse and
 //! agree with each other and with the launcher's settings.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use lock_conformance::cases::PRIVATE_STORE_CASES;
+use lock_conformance::{CASES, EXPECT_SKIPS_ENV};
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn load(relative: &str) -> Yaml {
@@ -84,20 +87,67 @@ fn workflow_runs_the_suite_against_the_containers() {
     ] {
         assert_eq!(words(&env[var]), want, "{var}");
     }
+    assert!(
+        env[EXPECT_SKIPS_ENV].is_badvalue(),
+        "{EXPECT_SKIPS_ENV} is set per backend step, not for the whole job"
+    );
     let steps = job["steps"].as_vec().expect("steps");
     let runs: Vec<String> = steps.iter().map(|s| words(&s["run"])).collect();
     let up = runs
         .iter()
         .position(|r| r.contains("docker compose -f ci/docker-compose.yml up -d --wait"));
-    let test = runs
-        .iter()
-        .position(|r| r.contains("cargo test --workspace --all-features"));
+    let first_test = runs.iter().position(|r| r.contains("cargo test"));
     assert!(
-        matches!((up, test), (Some(u), Some(t)) if u < t),
+        matches!((up, first_test), (Some(u), Some(t)) if u < t),
         "stores start before the tests: {runs:?}"
     );
     assert!(
         runs.iter().any(|r| r.contains("protobuf-compiler")),
         "protoc for etcd-client"
     );
+    assert!(
+        runs.iter()
+            .any(|r| r.contains("--test broken ") && r.contains("--test broken_over_redis")),
+        "the suite's own tests run against the containers too: {runs:?}"
+    );
+    for adapter in ["lock-redis", "lock-postgres", "lock-etcd", "lock-zookeeper"] {
+        let command = format!("cargo test -p {adapter} --all-features --test conformance");
+        let step = steps
+            .iter()
+            .find(|s| words(&s["run"]).contains(&command))
+            .unwrap_or_else(|| panic!("no step runs `{command}`: {runs:?}"));
+        let listed = words(&step["env"][EXPECT_SKIPS_ENV]);
+        let listed: BTreeSet<&str> = listed.split(',').map(str::trim).collect();
+        for name in &listed {
+            assert!(
+                CASES.iter().any(|c| c.name == *name),
+                "{adapter}: {EXPECT_SKIPS_ENV} names `{name}`, which is not a case"
+            );
+        }
+        let private: BTreeSet<&str> = PRIVATE_STORE_CASES.iter().copied().collect();
+        assert_eq!(
+            listed, private,
+            "{adapter}: against external stores exactly the cases that need a store of their \
+             own skip beyond the adapter's declared ones; {EXPECT_SKIPS_ENV} must list them"
+        );
+    }
+}
+
+/// `PRIVATE_STORE_CASES` is what the cases' code says: exactly the cases
+/// that ask for a private store.
+#[test]
+fn private_store_cases_are_the_ones_that_ask_for_one() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cases");
+    let mut asking = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).expect("src/cases") {
+        let text = std::fs::read_to_string(entry.expect("an entry").path()).expect("a case file");
+        for body in text.split("pub async fn ").skip(1) {
+            let name = body.split('(').next().unwrap_or_default().to_owned();
+            if body.contains(".private_store(") || body.contains(".private_factory(") {
+                asking.insert(name);
+            }
+        }
+    }
+    let declared: BTreeSet<String> = PRIVATE_STORE_CASES.iter().map(|s| s.to_string()).collect();
+    assert_eq!(asking, declared);
 }

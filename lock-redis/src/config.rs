@@ -312,18 +312,13 @@ fn query_flag(url: &str, name: &str) -> Result<Option<bool>, LockError> {
 
 /// The URL with its password replaced, for error messages.
 fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return format!("{:?}", url.chars().take(64).collect::<String>());
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let shown = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{path}")
-        }
-        None => url.to_string(),
-    };
-    format!("{:?}", shown.chars().take(200).collect::<String>())
+    format!(
+        "{:?}",
+        lockcore::backend::redact_url(url)
+            .chars()
+            .take(200)
+            .collect::<String>()
+    )
 }
 
 #[cfg(test)]

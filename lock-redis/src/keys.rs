@@ -3,20 +3,28 @@
 //! wake-up channel.
 //!
 //! ```text
-//! <prefix>{<name>}          lock key: "<owner>:<fence>", PX = TTL
-//! <prefix>{<name>}:fence    fence counter (never expires)
-//! <prefix>{<name>}:queue    waiters in line (zset), expires when nobody refreshes it
-//! <prefix>{<name>}:next     the waiter a free lock is reserved for, PX = its claim window
-//! <prefix>wake:<instance>   pub/sub channel of one backend instance (not a key)
-//! <prefix>evict             pub/sub channel announcing forced releases to holders
+//! <prefix>{<name>}                   lock key: "<owner>:<fence> <label>", PX = TTL
+//! <prefix>{<name>}:fence             fence counter (never expires)
+//! <prefix>{<name>}:queue             waiters in line (zset), expires when nobody refreshes it
+//! <prefix>{<name>}:next              the waiter a free lock is reserved for, PX = its claim window
+//! <prefix>{<name>}:watchers          instances watching the lock (set), one-shot
+//! <prefix>{<name>}:permits           semaphore: taken slot -> expiry in server ms (zset)
+//! <prefix>{<name>}:permits:holders   semaphore: slot -> "<owner>:<fence> <label>", permits -> N
+//! <prefix>{<name>}:permits:fence     semaphore fence counter (never expires)
+//! <prefix>{<name>}:permits:watchers  instances watching the semaphore (set), one-shot
+//! <prefix>fence-floor:{<t>}          the fence floor of one Cluster slot (16384 of them, once raised)
+//! <prefix>wake:<instance>            pub/sub channel of one backend instance (not a key)
+//! <prefix>evict                      pub/sub channel announcing forced releases to holders
 //! ```
 //!
 //! In the name, `%`, `{` and `}` are percent-encoded (`%25`, `%7B`, `%7D`)
 //! and nothing else is touched. That encoding is injective, and it keeps
 //! braces out of the hash tag, so the tag is exactly the encoded name: all
 //! keys of a name always land in the same Redis Cluster slot, and two names
-//! never share a key. Glob characters (`* ? [ ] \`) are plain data: the
-//! adapter never uses `KEYS` or `SCAN MATCH`.
+//! never share a key. The fence floor is kept per slot, under a tag chosen
+//! to land in that slot, so each name's scripts read it without leaving
+//! their slot. Glob characters (`* ? [ ] \`) are plain data: the adapter
+//! never uses `KEYS` or `SCAN MATCH`.
 
 use lockcore::{LockError, LockName};
 
@@ -58,7 +66,7 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
 /// The store keys of one lock name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
-    /// Holds `"<owner>:<fence>"` with the lease's TTL.
+    /// Holds `"<owner>:<fence> <label>"` with the lease's TTL.
     pub(crate) lock: String,
     /// The name's fence counter.
     pub(crate) fence: String,
@@ -66,31 +74,26 @@ pub(crate) struct Keys {
     pub(crate) queue: String,
     /// The waiter a free lock is reserved for.
     pub(crate) next: String,
+    /// The instances watching the lock (`LockBackend::watch`).
+    pub(crate) watchers: String,
+    /// The fence floor of the name's Cluster slot.
+    pub(crate) floor: String,
 }
 
 impl Keys {
     pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
-        let mut lock = String::with_capacity(prefix.len() + name.as_str().len() + 8);
-        lock.push_str(prefix);
-        lock.push('{');
-        for c in name.as_str().chars() {
-            match c {
-                '%' => lock.push_str("%25"),
-                '{' => lock.push_str("%7B"),
-                '}' => lock.push_str("%7D"),
-                c => lock.push(c),
-            }
-        }
-        lock.push('}');
-        Self::of_lock(lock)
+        Self::of_lock(prefix, format!("{prefix}{{{}}}", tag(name)))
     }
 
     /// The keys that go with lock key `lock`.
-    fn of_lock(lock: String) -> Self {
+    fn of_lock(prefix: &str, lock: String) -> Self {
+        let tag = &lock[prefix.len() + 1..lock.len() - 1];
         Keys {
             fence: format!("{lock}:fence"),
             queue: format!("{lock}:queue"),
             next: format!("{lock}:next"),
+            watchers: format!("{lock}:watchers"),
+            floor: floor_key(prefix, slot_of(tag)),
             lock,
         }
     }
@@ -102,8 +105,89 @@ impl Keys {
             .strip_prefix(prefix)?
             .strip_prefix('{')?
             .strip_suffix('}')?;
-        (!tag.is_empty() && !tag.contains(['{', '}'])).then(|| Self::of_lock(lock.to_owned()))
+        (!tag.is_empty() && !tag.contains(['{', '}']))
+            .then(|| Self::of_lock(prefix, lock.to_owned()))
     }
+}
+
+/// The store keys of one semaphore: a namespace apart from the lock of the
+/// same name, in the same hash tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PermitKeys {
+    /// Sorted set: taken slot -> expiry (server time, ms).
+    pub(crate) slots: String,
+    /// Hash: slot -> `"<owner>:<fence> <label>"`, and `permits` -> N.
+    pub(crate) holders: String,
+    /// The semaphore's fence counter (one for all its slots).
+    pub(crate) fence: String,
+    /// The instances watching the semaphore (`watch_permits`).
+    pub(crate) watchers: String,
+    /// The fence floor of the name's Cluster slot.
+    pub(crate) floor: String,
+}
+
+impl PermitKeys {
+    pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
+        let tag = tag(name);
+        let base = format!("{prefix}{{{tag}}}:permits");
+        PermitKeys {
+            holders: format!("{base}:holders"),
+            fence: format!("{base}:fence"),
+            watchers: format!("{base}:watchers"),
+            floor: floor_key(prefix, slot_of(&tag)),
+            slots: base,
+        }
+    }
+}
+
+/// The hash tag of `name`: the name with `%`, `{` and `}` percent-encoded.
+fn tag(name: &LockName) -> String {
+    name.escaped(|c| c == '{' || c == '}')
+}
+
+/// Redis Cluster's slot count.
+pub(crate) const SLOTS: u16 = 16384;
+
+/// The Cluster slot of hash tag `tag` (CRC16/XMODEM of its bytes, mod 16384).
+fn slot_of(tag: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in tag.bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS
+}
+
+/// The fence floor key of Cluster slot `slot`: `<prefix>fence-floor:{<t>}`
+/// where `<t>` is the first lowercase-hex number whose slot is `slot`, so
+/// each name's scripts read the floor from their own slot.
+pub(crate) fn floor_key(prefix: &str, slot: u16) -> String {
+    static TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        let mut tags = vec![String::new(); usize::from(SLOTS)];
+        let mut missing = tags.len();
+        for i in 0_u32.. {
+            let tag = format!("{i:x}");
+            let found = &mut tags[usize::from(slot_of(&tag))];
+            if found.is_empty() {
+                *found = tag;
+                missing -= 1;
+                if missing == 0 {
+                    break;
+                }
+            }
+        }
+        tags
+    });
+    format!(
+        "{prefix}fence-floor:{{{}}}",
+        TAGS[usize::from(slot % SLOTS)]
+    )
 }
 
 /// The channel forced releases announce evictions on, for the holders.
@@ -151,7 +235,17 @@ mod tests {
             "ünï🔒",
         ] {
             let k = keys(name);
-            for other in [&k.fence, &k.queue, &k.next] {
+            let p = PermitKeys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap());
+            for other in [
+                &k.fence,
+                &k.queue,
+                &k.next,
+                &k.watchers,
+                &p.slots,
+                &p.holders,
+                &p.fence,
+                &p.watchers,
+            ] {
                 assert_eq!(hash_tag(&k.lock), hash_tag(other), "{name:?}");
             }
             assert!(!hash_tag(&k.lock).is_empty(), "{name:?}");
@@ -172,7 +266,18 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for name in names {
             let k = keys(name);
-            for key in [&k.lock, &k.fence, &k.queue, &k.next] {
+            let p = PermitKeys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap());
+            for key in [
+                &k.lock,
+                &k.fence,
+                &k.queue,
+                &k.next,
+                &k.watchers,
+                &p.slots,
+                &p.holders,
+                &p.fence,
+                &p.watchers,
+            ] {
                 assert!(seen.insert(key.clone()), "{name:?}: {key} collides");
             }
         }
@@ -185,6 +290,8 @@ mod tests {
         assert_eq!(k.fence, "distlock:{orders/%7B42%7D}:fence");
         assert_eq!(k.queue, "distlock:{orders/%7B42%7D}:queue");
         assert_eq!(k.next, "distlock:{orders/%7B42%7D}:next");
+        assert_eq!(k.watchers, "distlock:{orders/%7B42%7D}:watchers");
+        assert!(k.floor.starts_with("distlock:fence-floor:{"));
         assert_eq!(
             Keys::from_lock_key(DEFAULT_PREFIX, &k.lock),
             Some(k.clone())
@@ -206,6 +313,28 @@ mod tests {
         let channel = wake_channel(DEFAULT_PREFIX);
         assert!(channel.starts_with("distlock:wake:") && !channel.contains(' '));
         assert_ne!(channel, wake_channel(DEFAULT_PREFIX));
+    }
+
+    #[test]
+    fn slots_match_redis_cluster_and_each_floor_key_lands_in_its_slot() {
+        // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+        assert_eq!(slot_of("123456789"), 0x31C3);
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("user1000"), 3443);
+        let mut floors = std::collections::HashSet::new();
+        for slot in 0..SLOTS {
+            let key = floor_key("p:", slot);
+            assert_eq!(slot_of(hash_tag(&key)), slot, "{key}");
+            assert!(floors.insert(key));
+        }
+        for name in ["a", "orders/{42}", "ünï🔒"] {
+            let k = keys(name);
+            assert_eq!(
+                slot_of(hash_tag(&k.floor)),
+                slot_of(hash_tag(&k.lock)),
+                "{name}"
+            );
+        }
     }
 
     #[test]

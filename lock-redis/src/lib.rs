@@ -7,23 +7,25 @@
 )]
 
 mod backend;
+mod client;
 mod config;
 mod connection;
-mod durability;
 mod error;
-mod fenced;
+mod fence;
 mod keys;
 mod notify;
+mod probe;
 mod scripts;
 #[cfg(feature = "tls")]
 mod tls;
+mod wait;
 
 pub use backend::{MAX_TTL, RedisBackend};
 pub use config::RedisConfig;
-pub use durability::{Eviction, FENCE_ASSUMPTION, Persistence};
-pub use fenced::{Fenced, fenced_apply};
+pub use fence::fenced_write;
+pub use probe::{Eviction, FENCE_ASSUMPTION, Persistence};
 
 /// The Redis client crate this adapter is built on, for
 /// [`RedisConfig::from_client`], [`RedisConfig::connection`] and
-/// [`fenced_apply`] commands.
+/// [`fenced_write`] commands.
 pub use redis;

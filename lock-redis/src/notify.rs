@@ -25,6 +25,12 @@
 //! has already ended is handed back to the backend ([`Orphan`]), which
 //! passes the hand-off on to the next waiter.
 //!
+//! **Watches.** `LockBackend::watch` (and `watch_permits`) registers the
+//! instance's channel in the key's watcher set; the next release (or forced
+//! release) of that key publishes `changed <key>` there once, and the
+//! instance wakes every local watch of that key: one message per instance,
+//! whatever the number of its watches.
+//!
 //! When the subscription connection drops, releases meanwhile find no
 //! subscriber and skip this instance's waiters; once it is back, every local
 //! wait is woken to re-check (and rejoin the line). Until then new waits
@@ -38,14 +44,18 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lockcore::{FencingToken, LockError, OwnerToken};
+use lockcore::{Backoff, FencingToken, LockError, OwnerToken};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{self, BACKEND};
 
-/// Longest pause between reconnection attempts.
-const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+mod holds;
+
+/// Pauses between reconnection attempts: jittered, 50 ms doubling to 1 s.
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1))
+}
 
 /// The subscription connection's state, as waits see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +93,23 @@ pub(crate) struct Checks {
     pub(crate) leases: Vec<(String, String, CancellationToken)>,
 }
 
+/// The leases this instance holds (or is acquiring), by owner token.
+#[derive(Default)]
+struct Holds {
+    leases: HashMap<OwnerToken, Held>,
+    /// The current subscription's number, while subscribed. Numbers grow
+    /// with every new subscription, so an unchanged number means "subscribed
+    /// all along".
+    subscription: Option<u64>,
+}
+
+struct Held {
+    lock_key: String,
+    /// Known once the grant's reply is in.
+    fence: Option<FencingToken>,
+    lost: CancellationToken,
+}
+
 /// A wake-up that reached this instance for a wait that has ended: the
 /// hand-off it announces must be passed on.
 #[derive(Debug)]
@@ -104,6 +131,8 @@ pub(crate) struct Notifier {
     /// The prefix's eviction channel: `<prefix>evict`.
     evictions: String,
     waits: Mutex<HashMap<u64, Arc<Notify>>>,
+    /// Local watches by store key; one sender per watched key.
+    watches: Mutex<Watches>,
     holds: Mutex<Holds>,
     next_id: AtomicU64,
     link: watch::Sender<Link>,
@@ -115,21 +144,13 @@ pub(crate) struct Notifier {
     shutdown: CancellationToken,
 }
 
-/// The leases this instance holds (or is acquiring), by owner token.
+/// Local watches: a change channel per watched key, forgotten once nobody
+/// listens.
 #[derive(Default)]
-struct Holds {
-    leases: HashMap<OwnerToken, Held>,
-    /// The current subscription's number, while subscribed. Numbers grow
-    /// with every new subscription, so an unchanged number means "subscribed
-    /// all along".
-    subscription: Option<u64>,
-}
-
-struct Held {
-    lock_key: String,
-    /// Known once the grant's reply is in.
-    fence: Option<FencingToken>,
-    lost: CancellationToken,
+struct Watches {
+    keys: HashMap<String, watch::Sender<()>>,
+    /// Sweep keys nobody listens to once the map reaches this size.
+    sweep_at: usize,
 }
 
 impl fmt::Debug for Notifier {
@@ -137,6 +158,7 @@ impl fmt::Debug for Notifier {
         f.debug_struct("Notifier")
             .field("link", &*self.link.borrow())
             .field("waits", &self.lock().len())
+            .field("watched_keys", &self.watches().keys.len())
             .field("leases", &self.holds().leases.len())
             .finish()
     }
@@ -160,57 +182,15 @@ impl Wait {
 
     /// Completes when this wait is woken; a wake-up that came while nobody
     /// awaited is kept, so none is lost between two attempts.
-    pub(crate) async fn woken(&self) {
-        self.notify.notified().await;
+    pub(crate) fn wakeup(&self) -> lockcore::backend::Wakeup {
+        let notify = self.notify.clone();
+        Box::pin(async move { notify.notified().await })
     }
 }
 
 impl Drop for Wait {
     fn drop(&mut self) {
         self.notifier.lock().remove(&self.id);
-    }
-}
-
-/// One lease (or acquire attempt) listening for its eviction. Registered
-/// before the acquire is sent; kept in the granted lease (as its
-/// extension) and unregistered when the last copy of the lease is dropped.
-pub(crate) struct HoldWatch {
-    notifier: Arc<Notifier>,
-    owner: OwnerToken,
-    /// The subscription at registration, if any.
-    since: Option<u64>,
-    lost: CancellationToken,
-}
-
-impl HoldWatch {
-    /// The acquire was granted `fence`: the lease's loss signal. If the
-    /// instance was not subscribed all along since registration, an
-    /// eviction may have gone unheard: the lease is checked at once.
-    pub(crate) fn granted(&self, fence: FencingToken) -> CancellationToken {
-        let notifier = &self.notifier;
-        let mut holds = notifier.holds();
-        let subscription = holds.subscription;
-        if let Some(held) = holds.leases.get_mut(&self.owner) {
-            held.fence = Some(fence);
-            if let Some(subscription) = subscription
-                && self.since != Some(subscription)
-            {
-                let lease = (
-                    held.lock_key.clone(),
-                    format!("{}:{fence}", self.owner.encode()),
-                    self.lost.clone(),
-                );
-                drop(holds);
-                notifier.check(subscription, vec![lease]);
-            }
-        }
-        self.lost.clone()
-    }
-}
-
-impl Drop for HoldWatch {
-    fn drop(&mut self) {
-        self.notifier.holds().leases.remove(&self.owner);
     }
 }
 
@@ -234,6 +214,7 @@ impl Notifier {
             channel,
             evictions,
             waits: Mutex::new(HashMap::new()),
+            watches: Mutex::new(Watches::default()),
             holds: Mutex::new(Holds::default()),
             next_id: AtomicU64::new(1),
             link: watch::channel(Link::Starting).0,
@@ -257,6 +238,11 @@ impl Notifier {
         self.waits.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn watches(&self) -> MutexGuard<'_, Watches> {
+        // As for `lock`.
+        self.watches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn holds(&self) -> MutexGuard<'_, Holds> {
         // As for `lock`: single inserts, removals and field updates.
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
@@ -269,40 +255,32 @@ impl Notifier {
         }
     }
 
-    /// Registers an acquire attempt by `owner` on `lock_key`, before it is
-    /// sent, so that an eviction of its grant is heard (see [`HoldWatch`]).
-    pub(crate) fn watch_hold(self: &Arc<Self>, lock_key: &str, owner: OwnerToken) -> HoldWatch {
-        self.start();
-        let lost = CancellationToken::new();
-        let mut holds = self.holds();
-        holds.leases.insert(
-            owner,
-            Held {
-                lock_key: lock_key.to_owned(),
-                fence: None,
-                lost: lost.clone(),
-            },
-        );
-        HoldWatch {
-            notifier: self.clone(),
-            owner,
-            since: holds.subscription,
-            lost,
-        }
+    /// This instance's wake-up channel.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
     }
 
-    /// The current subscription's number, while subscribed.
-    pub(crate) fn subscription(&self) -> Option<u64> {
-        self.holds().subscription
-    }
-
-    fn check(&self, subscription: u64, leases: Vec<(String, String, CancellationToken)>) {
-        if !leases.is_empty() {
-            let _ = self.events.send(Event::Check(Checks {
-                subscription,
-                leases,
-            }));
+    /// Registers a local watch of store key `key`, once the wake-up channel
+    /// is subscribed: the receiver sees the next `changed <key>` message (or
+    /// a resubscription, after which messages may have been missed).
+    ///
+    /// # Errors
+    /// As [`join`](Self::join).
+    pub(crate) async fn watch_key(
+        self: &Arc<Self>,
+        key: &str,
+    ) -> Result<watch::Receiver<()>, LockError> {
+        self.subscribed_to_wakeups().await?;
+        let mut watches = self.watches();
+        if watches.keys.len() >= watches.sweep_at {
+            watches.keys.retain(|_, tx| tx.receiver_count() > 0);
+            watches.sweep_at = (watches.keys.len() * 2).max(64);
         }
+        Ok(watches
+            .keys
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(()).0)
+            .subscribe())
     }
 
     /// Registers a wait once the wake-up channel is subscribed (connecting
@@ -312,6 +290,19 @@ impl Notifier {
     /// # Errors
     /// A retryable error while the subscription connection is down.
     pub(crate) async fn join(self: &Arc<Self>) -> Result<Wait, LockError> {
+        self.subscribed_to_wakeups().await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        self.lock().insert(id, notify.clone());
+        Ok(Wait {
+            notifier: self.clone(),
+            id,
+            notify,
+        })
+    }
+
+    /// Waits until the wake-up channel is subscribed, connecting on first use.
+    async fn subscribed_to_wakeups(self: &Arc<Self>) -> Result<(), LockError> {
         if !self.wants_wake.swap(true, Ordering::SeqCst) {
             self.wake_wanted.notify_one();
         }
@@ -327,19 +318,24 @@ impl Notifier {
             Ok(_) => return Err(link_down()),
             Err(_) => return Err(error::timed_out("pub/sub connect", self.timeout)),
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
-        self.lock().insert(id, notify.clone());
-        Ok(Wait {
-            notifier: self.clone(),
-            id,
-            notify,
-        })
+        Ok(())
     }
 
-    /// Handles one message on the wake-up channel, `<member> <lock key>`:
-    /// wakes the wait it names, or hands it back if that wait has ended.
+    /// Handles one message on the wake-up channel: `changed <key>` wakes the
+    /// local watches of that key; `<member> <lock key>` wakes the wait it
+    /// names, or hands it back if that wait has ended.
     fn dispatch(&self, payload: &str) {
+        if let Some(key) = payload.strip_prefix("changed ") {
+            let mut watches = self.watches();
+            if let Some(tx) = watches.keys.get(key) {
+                if tx.receiver_count() > 0 {
+                    tx.send_replace(());
+                } else {
+                    watches.keys.remove(key);
+                }
+            }
+            return;
+        }
         let Some((member, lock_key)) = payload.split_once(' ') else {
             return;
         };
@@ -363,58 +359,26 @@ impl Notifier {
         }
     }
 
-    /// Handles one message on the eviction channel, `<lock key>
-    /// <owner>:<fence>`: fires the loss signal of the lease it names, if
-    /// this instance holds it. (Names may contain spaces; the value cannot.)
-    fn evicted(&self, payload: &str) {
-        let Some((lock_key, value)) = payload.rsplit_once(' ') else {
-            return;
-        };
-        let Some((owner, fence)) = value.split_once(':') else {
-            return;
-        };
-        let (Some(owner), Ok(fence)) = (OwnerToken::decode(owner), fence.parse::<u64>()) else {
-            return;
-        };
-        let holds = self.holds();
-        let Some(held) = holds.leases.get(&owner) else {
-            return; // another instance's lease
-        };
-        if held.lock_key == lock_key && held.fence.is_none_or(|f| f.get() == fence) {
-            tracing::debug!(key = lock_key, fence, "lease evicted by a forced release");
-            held.lost.cancel();
-        }
-    }
-
-    /// Wakes every wait: after a reconnect, wake-ups may have been missed.
+    /// Wakes every wait and watch: after a reconnect, wake-ups may have
+    /// been missed.
     fn wake_all(&self) {
         for notify in self.lock().values() {
             notify.notify_one();
+        }
+        for tx in self.watches().keys.values() {
+            tx.send_replace(());
         }
     }
 
     /// Whether anything listens: then the subscription is watched with `PING`.
     fn in_use(&self) -> bool {
-        !self.holds().leases.is_empty() || !self.lock().is_empty()
-    }
-
-    /// Subscription `number` is up: every lease granted so far may have
-    /// missed its eviction message, so each is checked against the store.
-    fn subscribed(&self, number: u64, wake: bool) {
-        let mut holds = self.holds();
-        holds.subscription = Some(number);
-        let leases = holds
-            .leases
-            .iter()
-            .filter(|(_, held)| !held.lost.is_cancelled())
-            .filter_map(|(owner, held)| {
-                let value = format!("{}:{}", owner.encode(), held.fence?);
-                Some((held.lock_key.clone(), value, held.lost.clone()))
-            })
-            .collect();
-        drop(holds);
-        self.check(number, leases);
-        self.link.send_replace(Link::Up { wake });
+        !self.holds().leases.is_empty()
+            || !self.lock().is_empty()
+            || self
+                .watches()
+                .keys
+                .values()
+                .any(|tx| tx.receiver_count() > 0)
     }
 
     async fn connect(&self, wake: bool) -> redis::RedisResult<redis::aio::PubSub> {
@@ -431,6 +395,7 @@ impl Notifier {
     async fn run(self: Arc<Self>) {
         let mut subscriptions: u64 = 0;
         let mut failures: u32 = 0;
+        let backoff = reconnect_backoff();
         loop {
             let mut wake = self.wants_wake.load(Ordering::SeqCst);
             let connected = tokio::select! {
@@ -441,12 +406,12 @@ impl Notifier {
                 Ok(Ok(pubsub)) => pubsub,
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "redis pub/sub subscribe failed");
-                    self.link_down(&mut failures).await;
+                    self.link_down(&backoff, &mut failures).await;
                     continue;
                 }
                 Err(_) => {
                     tracing::debug!("redis pub/sub subscribe timed out");
-                    self.link_down(&mut failures).await;
+                    self.link_down(&backoff, &mut failures).await;
                     continue;
                 }
             };
@@ -495,7 +460,7 @@ impl Notifier {
                 }
             }
             tracing::debug!("redis pub/sub connection lost; reconnecting");
-            self.link_down(&mut failures).await;
+            self.link_down(&backoff, &mut failures).await;
         }
     }
 
@@ -503,12 +468,10 @@ impl Notifier {
     /// waits keep sleeping (bounded by their re-check) and are all woken
     /// once the link is back; new ones poll until then. Leases are checked
     /// once the link is back.
-    async fn link_down(&self, failures: &mut u32) {
+    async fn link_down(&self, backoff: &Backoff, failures: &mut u32) {
         self.holds().subscription = None;
         self.link.send_replace(Link::Down);
-        let delay = Duration::from_millis(50)
-            .saturating_mul(1 << (*failures).min(5))
-            .min(MAX_RECONNECT_DELAY);
+        let delay = backoff.delay(*failures);
         *failures = failures.saturating_add(1);
         tokio::select! {
             _ = self.shutdown.cancelled() => {}

@@ -7,6 +7,8 @@
 use lock_conformance::stores::redis;
 use lock_redis::RedisBackend;
 
-lock_conformance::suite!(redis::factory(|url| async move {
-    RedisBackend::connect(&url).await
-}));
+lock_conformance::suite!(
+    redis::factory(|url| async move { RedisBackend::connect(&url).await }),
+    // redis-server hangs under libfaketime: its clock cannot be stepped here.
+    expect_skips = [server_clock_steps_are_judged_on_the_server],
+);

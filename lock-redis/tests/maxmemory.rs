@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use lock_conformance::stores::redis::{Options, Persistence};
 use lock_redis::redis::{self, AsyncCommands};
-use lock_redis::{Eviction, FENCE_ASSUMPTION, Fenced, RedisBackend, RedisConfig};
+use lock_redis::{Eviction, FENCE_ASSUMPTION, RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, FenceDurability, LockBackend, LockError, Locker};
+use lockcore::{Fenced, StaleToken};
 use support::{private, raw, unique};
 
 const LIMIT: &str = "2mb";
@@ -333,19 +334,20 @@ async fn expected_violation_an_evicted_lock_key_gives_two_holders() {
     // Fencing is what still protects a resource: the older holder's write is refused.
     let write = |v: &str| redis::cmd("SET").arg("{order:1}").arg(v).clone();
     let applied: Fenced<String> = second
-        .fenced_apply("{order:1}:fence", lease.fence(), &write("second"))
+        .fenced_write("{order:1}:fence", lease.fence(), &write("second"))
         .await
         .unwrap();
-    assert!(matches!(applied, Fenced::Applied(_)));
+    assert!(applied.is_ok());
     let stale: Fenced<String> = second
-        .fenced_apply("{order:1}:fence", guard.fencing_token(), &write("first"))
+        .fenced_write("{order:1}:fence", guard.fencing_token(), &write("first"))
         .await
         .unwrap();
     assert_eq!(
         stale,
-        Fenced::Stale {
-            last: lease.fence().get()
-        }
+        Err(StaleToken {
+            token: guard.fencing_token(),
+            highest: lease.fence()
+        })
     );
     // And the first holder's next renewal is refused.
     assert!(matches!(

@@ -42,3 +42,26 @@ pub async fn force_release(
     }));
     outcome
 }
+
+/// Raises the fence floor (see
+/// [`LockBackend::raise_fence_floor`](crate::LockBackend::raise_fence_floor)):
+/// every fence handed out from now on is larger than `floor`. The step after
+/// restoring a store from a backup, recorded as a WARN event on target
+/// `distlock::audit`.
+///
+/// # Errors
+/// [`LockError::Unsupported`] where the backend has no floor; a store error.
+pub async fn raise_fence_floor(
+    backend: &dyn LockBackend,
+    floor: FencingToken,
+) -> Result<(), LockError> {
+    let outcome = backend.raise_fence_floor(floor).await;
+    tracing::warn!(
+        target: "distlock::audit",
+        backend = backend.capabilities().backend,
+        floor = floor.get(),
+        ok = outcome.is_ok(),
+        "fence floor raised"
+    );
+    outcome
+}

@@ -111,6 +111,7 @@ pub fn emit(event: ForcedRelease) {
         expected_fence = event.expected_fence.map(FencingToken::get),
         evicted_fence = evicted.map(|h| h.fence.get()),
         evicted_owner = evicted.and_then(|h| h.owner).map(|o| o.to_string()),
+        evicted_label = evicted.and_then(|h| h.label.as_ref()).map(|l| l.as_str()),
         error = match &event.stage { Stage::Unknown(e) => Some(e.as_str()), _ => None },
         reason = %event.reason,
         "forced release {stage}"

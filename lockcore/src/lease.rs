@@ -72,6 +72,13 @@ impl Lease {
         self
     }
 
+    /// The same grant with another TTL (the one the store really enforces,
+    /// when it differs from what was asked).
+    pub fn with_ttl(mut self, ttl: Ttl) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
     /// Marks this lease as a semaphore permit holding `slot`.
     pub fn with_slot(mut self, slot: u32) -> Self {
         self.slot = Some(slot);

@@ -3,8 +3,8 @@
 
 mod exit;
 mod run;
+mod store;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use distlock::{FencingToken, Holder, HolderLabel, LockError, LockName, Locker, ReleaseOutcome};
 
 use exit::Failure;
+use store::{default_path, default_url};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -126,6 +127,13 @@ enum Command {
         #[arg(long)]
         fence: Option<u64>,
     },
+    /// After restoring the store from a backup: make every fence handed out
+    /// from now on, for every name, larger than FLOOR (take the largest fence
+    /// any resource has seen, plus a margin). Never lowers anything.
+    RaiseFenceFloor {
+        /// The new floor.
+        floor: u64,
+    },
     /// List the URL schemes this build supports, and the default lock file.
     Schemes,
 }
@@ -179,65 +187,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
             reason,
             fence,
         } => force_release(&locker, &name, &reason, fence).await,
+        Command::RaiseFenceFloor { floor } => {
+            let floor = FencingToken::new(floor)
+                .ok_or_else(|| Failure::Code(exit::USAGE, "the floor must be at least 1".into()))?;
+            distlock::admin::raise_fence_floor(&**locker.backend(), floor).await?;
+            println!("every fence from now on is above {floor}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Schemes => unreachable!("handled above"),
     }
-}
-
-/// The SQLite lock file in the user's state directory, its directory
-/// created private (0700).
-fn default_url() -> Result<String, Failure> {
-    let path = default_path().map_err(|why| Failure::Code(exit::USAGE, why))?;
-    let dir = path.parent().unwrap_or(&path);
-    private_dir(dir).map_err(|e| {
-        Failure::Code(
-            exit::USAGE,
-            format!(
-                "cannot create {} for the default lock file: {e} (or pass --url)",
-                dir.display()
-            ),
-        )
-    })?;
-    Ok(format!("sqlite://{}", path.display()))
-}
-
-/// `$XDG_STATE_HOME/distlock/locks.db`, else `~/.local/state/distlock/locks.db`,
-/// else `<temp dir>/distlock-<uid>/locks.db`.
-fn default_path() -> Result<PathBuf, String> {
-    let absolute = |var: &str| {
-        std::env::var_os(var)
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-    };
-    if let Some(state) = absolute("XDG_STATE_HOME") {
-        return Ok(state.join("distlock/locks.db"));
-    }
-    if let Some(home) = absolute("HOME") {
-        return Ok(home.join(".local/state/distlock/locks.db"));
-    }
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    Ok(std::env::temp_dir().join(format!("distlock-{uid}/locks.db")))
-}
-
-/// Creates `dir` (and missing parents) with mode 0700, and refuses one that
-/// another user owns or others can write: a lock file there could be
-/// replaced under us.
-fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let meta = std::fs::symlink_metadata(dir)?;
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o022 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} is not a private directory of this user",
-            dir.display()
-        )));
-    }
-    Ok(())
 }
 
 fn label(locker: Locker, label: Option<String>) -> Result<Locker, LockError> {

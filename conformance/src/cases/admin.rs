@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use lockcore::audit::{self, Stage};
-use lockcore::{FencedResource, FencingToken, LeaseKind, LockError, Locker, ReleaseOutcome};
+use lockcore::{FencedResource, FencingToken, Lease, LeaseKind, LockError, Locker, ReleaseOutcome};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
+use super::deadline_overshoot;
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure};
 
 /// `inspect` shows nobody on a free name and the holder's fence and remaining
@@ -159,10 +160,28 @@ pub async fn force_release_fences_out_the_holder(cx: &Ctx) -> CaseResult {
 
 /// The lease reports the TTL the store enforces: what `Capabilities`
 /// predicts, never less than asked (per-lock leases), and a local deadline
-/// counted from the send time.
+/// counted from the send time, minus the drift margin: with a long TTL the
+/// margin is large, so a deadline counted from the reply or without the
+/// margin stands out (best of three grants, against scheduling noise).
 pub async fn effective_ttl_is_truthful(cx: &Ctx) -> CaseResult {
     let a = cx.client().await?;
     let caps = cx.caps().clone();
+    let long = cx.long_ttl();
+    let mut best = Duration::MAX;
+    for i in 0..3 {
+        let name = cx.name(&format!("ttl-long-{i}"));
+        let sent = Instant::now();
+        let lease = cx.must_acquire(&a, &name, long).await?;
+        best = best.min(deadline_overshoot(cx, &lease, sent, Instant::now()));
+        a.release(&lease).await?;
+    }
+    ensure!(
+        best.is_zero(),
+        "the local deadline of a {long:?} lease lies {best:?} past send time + TTL - drift \
+         ({:?}) + half the call, in the best of 3 grants: it must count from the request's \
+         send time, with the drift margin",
+        Lease::drift(long)
+    );
     let base = cx.short_ttl();
     let asks = [
         base,

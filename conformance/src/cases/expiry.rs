@@ -23,7 +23,7 @@ pub async fn expiry_frees_the_name(cx: &Ctx) -> CaseResult {
             .await?;
     }
     let next = cx
-        .eventually(ttl + cx.slack(), "acquisition after expiry", || async {
+        .eventually(ttl + cx.slack(ttl), "acquisition after expiry", || async {
             Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease())
         })
         .await?;
@@ -51,7 +51,7 @@ pub async fn waiter_wakes_on_expiry(cx: &Ctx) -> CaseResult {
     let ttl = cx.short_ttl();
     let lease = cx.must_acquire(&a, &name, ttl).await?;
     let waiter = cx.locker(&b, cx.long_ttl());
-    let guard = waiter.acquire_timeout(&name, ttl + cx.slack()).await?;
+    let guard = waiter.acquire_timeout(&name, ttl + cx.slack(ttl)).await?;
     ensure!(
         guard.fencing_token() > lease.fence(),
         "fence must grow across expiry"

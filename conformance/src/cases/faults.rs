@@ -55,7 +55,11 @@ mod imp {
     use std::time::Duration;
 
     use lockcore::backend::LockBackendExt;
-    use lockcore::{Attempt, FenceDurability, FencedResource, LockBackend, ReleaseOutcome};
+    use lockcore::{
+        Attempt, FenceDurability, FencedResource, Lease, LockBackend, LockError, LockGuard,
+        LockName, Locker, ReleaseOutcome,
+    };
+    use tokio::task::JoinHandle;
     use tokio::time::Instant;
 
     use crate::history::History;
@@ -124,60 +128,215 @@ mod imp {
         Ok(())
     }
 
+    /// What a contender got: its grant (a lease or a guard), when it sent
+    /// the winning request and when the reply came.
+    pub(crate) struct Taken<G> {
+        pub(crate) grant: G,
+        pub(crate) invoked: Instant,
+        pub(crate) at: Instant,
+    }
+
+    /// A contender running in its own task: `None` when it gave up.
+    pub(crate) type Contender<G> = JoinHandle<Result<Option<Taken<G>>, LockError>>;
+
+    /// Contends for `name` from now until `give_up` by polling `try_acquire`
+    /// every `every`.
+    pub(crate) fn poll_for(
+        client: Arc<dyn LockBackend>,
+        name: LockName,
+        ttl: Duration,
+        every: Duration,
+        give_up: Instant,
+    ) -> Contender<Lease> {
+        tokio::spawn(async move {
+            loop {
+                let invoked = Instant::now();
+                match client.try_acquire_for(&name, ttl).await {
+                    Ok(Attempt::Acquired(grant)) => {
+                        let at = Instant::now();
+                        return Ok(Some(Taken { grant, invoked, at }));
+                    }
+                    Ok(Attempt::Held { .. }) => {}
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => return Err(e),
+                }
+                if Instant::now() >= give_up {
+                    return Ok(None);
+                }
+                tokio::time::sleep(every).await;
+            }
+        })
+    }
+
+    /// Contends for `name` from now until `give_up` with one waiting
+    /// `acquire` through `locker`.
+    pub(crate) fn wait_for(
+        locker: Locker,
+        name: LockName,
+        give_up: Instant,
+    ) -> Contender<LockGuard> {
+        tokio::spawn(async move {
+            let invoked = Instant::now();
+            let wait = give_up.saturating_duration_since(invoked);
+            match locker.acquire_timeout(&name, wait).await {
+                Ok(grant) => {
+                    let at = Instant::now();
+                    Ok(Some(Taken { grant, invoked, at }))
+                }
+                Err(LockError::Timeout { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// The contender's outcome, once its task ends.
+    pub(crate) async fn joined<G>(
+        who: &str,
+        task: Contender<G>,
+    ) -> Result<Option<Taken<G>>, Failure> {
+        task.await
+            .map_err(|e| Failure::new(format!("{who}'s task failed: {e}")))?
+            .map_err(|e| Failure::new(format!("{who}: unexpected error: {e} ({e:?})")))
+    }
+
+    /// A contender's grant against the silent holder's: never before the
+    /// holder's local `deadline` (S1) and, with `bound`, within `bound` of
+    /// `since` (L1), the last moment the store could have extended the
+    /// holder's lease.
+    pub(crate) fn check_takeover(
+        who: &str,
+        name: &LockName,
+        granted: Option<Instant>,
+        deadline: Instant,
+        since: (Instant, &str),
+        bound: Option<Duration>,
+    ) -> Result<(), Failure> {
+        let (from, what) = since;
+        match (granted, bound) {
+            (Some(at), _) if at < deadline => Err(Failure::new(format!(
+                "S1: {who} was granted {name} {:?} before the silent holder's local deadline",
+                deadline - at
+            ))),
+            (Some(at), Some(bound)) if at > from + bound => Err(Failure::new(format!(
+                "L1: {who} got {name} {:?} after {what}, later than TTL + the declared expiry \
+                 slack + a round trip ({bound:?})",
+                at - from
+            ))),
+            (None, Some(bound)) => Err(Failure::new(format!(
+                "L1: {who} never got {name}, not even {:?} after {what} (bound {bound:?})",
+                from.elapsed()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits for a silent holder's guard to count the lease lost, by its
+    /// local deadline; returns when that was and the deadline.
+    async fn lost_by_deadline(
+        cx: &Ctx,
+        guard: &LockGuard,
+        ttl: Duration,
+        what: &str,
+    ) -> Result<(Instant, Instant), Failure> {
+        let reason = tokio::time::timeout(ttl + cx.slack(ttl), guard.lost())
+            .await
+            .map_err(|_| {
+                Failure::new(format!(
+                    "C6: the holder's lost() did not fire within TTL + slack of {what}"
+                ))
+            })?;
+        let fired = Instant::now();
+        let deadline = guard.lease().deadline();
+        ensure!(
+            fired <= deadline + timer_slack(cx),
+            "C6: the holder's lost() ({reason}) fired {:?} after its deadline",
+            fired - deadline
+        );
+        ensure!(!guard.is_held(), "is_held() must be false once lost");
+        Ok((fired, deadline))
+    }
+
     /// T3.1: the holder is partitioned (blackhole, no RST) for longer than
-    /// its TTL. Its `lost()` fires by its local deadline; another client gets
-    /// the lock within TTL + slack, never before that deadline; after the
-    /// partition heals, the old holder's fenced write is refused and its
-    /// guard stays lost.
+    /// its TTL, holding two names. From the moment the partition starts, one
+    /// client polls `try_acquire` on the first and another waits in
+    /// `acquire` on the second. The holder's `lost()` fires by its local
+    /// deadline; neither contender is granted before that deadline, and each
+    /// gets its name within TTL + declared slack + a round trip of the
+    /// partition; after the partition heals, the old holder's fenced write
+    /// is refused and its guards stay lost.
     pub async fn partitioned_holder_is_fenced_out(cx: &Ctx) -> CaseResult {
         let (proxy, a) = match proxied(cx).await? {
             Ok(p) => p,
             Err(why) => skip!("{why}"),
         };
-        let (b, observer) = (cx.client().await?, cx.client().await?);
-        let name = cx.name("partitioned");
+        let (b, c, observer) = (cx.client().await?, cx.client().await?, cx.client().await?);
+        let polled = cx.name("partitioned");
+        let waited = cx.name("partitioned-waited");
         let ttl = fault_ttl(cx);
         let history = History::new();
         let resource = FencedResource::new(Vec::new());
 
+        let locker = cx.locker(&a, ttl);
         let invoked = Instant::now();
-        let guard = cx.locker(&a, ttl).acquire(&name).await?;
+        let guard = locker.acquire(&polled).await?;
         let fence_a = guard.fencing_token();
-        let grant_a = history.granted(0, &name, fence_a, invoked);
+        let grant_a = history.granted(0, &polled, fence_a, invoked);
+        let guard_w = locker.acquire(&waited).await?;
         resource
             .write(fence_a, |v| v.push("a"))
             .map_err(|e| Failure::new(format!("A's first write refused: {e}")))?;
 
         proxy.set(Mode::Blackhole);
         let partitioned = Instant::now();
-        let reason = tokio::time::timeout(ttl + cx.slack(), guard.lost())
-            .await
-            .map_err(|_| {
-                Failure::new("C6: A's lost() did not fire within TTL + slack of the partition")
-            })?;
-        let fired = Instant::now();
-        let deadline = guard.lease().deadline();
-        history.end(grant_a, fired.min(deadline));
-        ensure!(
-            fired <= deadline + timer_slack(cx),
-            "C6: A's lost() ({reason}) fired {:?} after its deadline",
-            fired - deadline
+        let bound = cx.freed_within(ttl);
+        let give_up = partitioned + bound * 2 + ttl;
+        let poller = poll_for(
+            b.clone(),
+            polled.clone(),
+            cx.long_ttl(),
+            cx.scaled(Duration::from_millis(10)),
+            give_up,
         );
-        ensure!(!guard.is_held(), "is_held() must be false once lost");
+        let waiter = wait_for(cx.locker(&c, cx.long_ttl()), waited.clone(), give_up);
 
-        let invoked = Instant::now();
-        let lease_b = cx
-            .eventually(
-                (partitioned + ttl + cx.slack()).saturating_duration_since(Instant::now()),
-                "B's acquisition while A is partitioned",
-                || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
-            )
-            .await?;
-        let grant_b = history.granted(1, &name, lease_b.fence(), invoked);
+        let (fired, deadline) = lost_by_deadline(cx, &guard, ttl, "the partition").await?;
+        history.end(grant_a, fired.min(deadline));
+        let (_, deadline_w) = lost_by_deadline(cx, &guard_w, ttl, "the partition").await?;
+
+        let since = (partitioned, "the partition began");
+        let taken_b = joined("B", poller).await?;
+        let taken_c = joined("C", waiter).await?;
+        check_takeover(
+            "B (polling try_acquire)",
+            &polled,
+            taken_b.as_ref().map(|t| t.at),
+            deadline,
+            since,
+            Some(bound),
+        )?;
+        check_takeover(
+            "C (waiting in acquire)",
+            &waited,
+            taken_c.as_ref().map(|t| t.at),
+            deadline_w,
+            since,
+            Some(bound),
+        )?;
+        let (Some(b_took), Some(c_took)) = (taken_b, taken_c) else {
+            return Err(Failure::new("a contender got nothing (checked above)"));
+        };
+        let lease_b = b_took.grant;
+        let grant_b = history.granted_at(1, &polled, lease_b.fence(), b_took.invoked, b_took.at);
         ensure!(
             lease_b.fence() > fence_a,
             "F1: B's fence {} is not above A's {fence_a}",
             lease_b.fence()
+        );
+        ensure!(
+            c_took.grant.fencing_token() > guard_w.fencing_token(),
+            "F1: C's fence {} is not above A's {}",
+            c_took.grant.fencing_token(),
+            guard_w.fencing_token()
         );
         resource
             .write(lease_b.fence(), |v| v.push("b"))
@@ -187,38 +346,49 @@ mod imp {
         stale_write_refused(&resource, fence_a, "A")?;
         tokio::time::sleep(ttl / 3 + cx.scaled(Duration::from_millis(100))).await;
         ensure!(
-            !guard.is_held(),
-            "A's guard counts the lock held again after the partition healed"
+            !guard.is_held() && !guard_w.is_held(),
+            "A's guard counts a lock held again after the partition healed"
         );
-        cx.must_be_held(&observer, &name, "B held it after the partition healed")
+        cx.must_be_held(&observer, &polled, "B held it after the partition healed")
             .await?;
-        drop(guard);
+        cx.must_be_held(&observer, &waited, "C held it after the partition healed")
+            .await?;
+        drop((guard, guard_w));
         history.end(grant_b, Instant::now());
         b.release(&lease_b).await?;
+        c_took.grant.release().await?;
         check_history(&history)?;
         Ok(Outcome::Passed)
     }
 
     /// T3.4: renewal replies are delayed beyond the lease's remaining
-    /// validity (the store renews, the client hears too late). The guard
-    /// counts the lease lost at its deadline and the late reply does not
-    /// resurrect it; whoever acquires next does so after that deadline, and
-    /// the old holder's fenced write is refused.
+    /// validity (the store renews, the client hears too late) while the
+    /// holder holds two names, and from that moment one client polls
+    /// `try_acquire` on the first and another waits in `acquire` on the
+    /// second. The guards count the leases lost at their deadlines and the
+    /// late replies do not resurrect them; nobody is granted a name before
+    /// its holder's deadline, and with per-lock leases each contender gets
+    /// its name within TTL + declared slack + a round trip of the holder's
+    /// loss (no renewal reaches the store after it); the old holder's fenced
+    /// write is refused.
     pub async fn slow_renewal_counts_as_lost(cx: &Ctx) -> CaseResult {
         let (proxy, a) = match proxied(cx).await? {
             Ok(p) => p,
             Err(why) => skip!("{why}"),
         };
-        let b = cx.client().await?;
-        let name = cx.name("slow-renewal");
+        let (b, c) = (cx.client().await?, cx.client().await?);
+        let polled = cx.name("slow-renewal");
+        let waited = cx.name("slow-renewal-waited");
         let ttl = fault_ttl(cx);
         let history = History::new();
         let resource = FencedResource::new(Vec::new());
 
+        let locker = cx.locker(&a, ttl);
         let invoked = Instant::now();
-        let guard = cx.locker(&a, ttl).acquire(&name).await?;
+        let guard = locker.acquire(&polled).await?;
         let fence_a = guard.fencing_token();
-        let grant_a = history.granted(0, &name, fence_a, invoked);
+        let grant_a = history.granted(0, &polled, fence_a, invoked);
+        let guard_w = locker.acquire(&waited).await?;
         resource
             .write(fence_a, |v| v.push("a"))
             .map_err(|e| Failure::new(format!("A's first write refused: {e}")))?;
@@ -228,59 +398,76 @@ mod imp {
             jitter: Duration::ZERO,
         });
         let delayed = Instant::now();
-        let reason = tokio::time::timeout(ttl + cx.slack(), guard.lost())
-            .await
-            .map_err(|_| {
-                Failure::new(
-                    "C6: lost() did not fire although no renewal reply could arrive in time",
-                )
-            })?;
-        let fired = Instant::now();
-        let deadline = guard.lease().deadline();
-        history.end(grant_a, fired.min(deadline));
-        ensure!(
-            fired <= deadline + timer_slack(cx),
-            "C6: lost() ({reason}) fired {:?} after the deadline",
-            fired - deadline
+        let bound = cx.freed_within(ttl);
+        // A session store may keep the session (and the locks) alive while
+        // A's client stays connected: there only safety is checked, and the
+        // contenders stop after about the old bound.
+        let (bound, give_up) = if cx.per_lock_leases() {
+            (Some(bound), delayed + ttl + bound * 2 + ttl)
+        } else {
+            (None, delayed + ttl + ttl / 3 + cx.slack(ttl))
+        };
+        let poller = poll_for(
+            b.clone(),
+            polled.clone(),
+            cx.long_ttl(),
+            cx.scaled(Duration::from_millis(10)),
+            give_up,
         );
+        let waiter = wait_for(cx.locker(&c, cx.long_ttl()), waited.clone(), give_up);
+
+        let what = "renewal replies were delayed past the deadline";
+        let (fired, deadline) = lost_by_deadline(cx, &guard, ttl, what).await?;
+        history.end(grant_a, fired.min(deadline));
+        let (fired_w, deadline_w) = lost_by_deadline(cx, &guard_w, ttl, what).await?;
         // Every delayed reply sent so far has arrived by now.
         tokio::time::sleep_until(delayed + ttl + ttl / 2).await;
         ensure!(
-            !guard.is_held(),
+            !guard.is_held() && !guard_w.is_held(),
             "a renewal answered after the deadline resurrected the lease (S4)"
         );
-        // Stop A's client from renewing anything further.
-        drop(guard);
 
-        // The store renewed at most once more (up to TTL/3 after the delay
-        // started), so the lock is free by delayed + 4/3 TTL + slack.
-        let bound =
-            (delayed + ttl + ttl / 3 + cx.slack()).saturating_duration_since(Instant::now());
-        let invoked = Instant::now();
-        let acquired = cx
-            .eventually(bound, "B's acquisition after A's late renewal", || async {
-                Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease())
-            })
-            .await;
-        let lease_b = match acquired {
-            Ok(lease) => lease,
-            Err(failure) if cx.per_lock_leases() => return Err(failure),
-            Err(_) => {
-                // A session store may keep the session (and the lock) alive
-                // while A's client stays connected; only safety is checked.
-                proxy.set(Mode::Pass);
-                check_history(&history)?;
-                return Ok(Outcome::Passed);
-            }
-        };
-        let grant_b = history.granted(1, &name, lease_b.fence(), invoked);
-        resource
-            .write(lease_b.fence(), |v| v.push("b"))
-            .map_err(|e| Failure::new(format!("B's write refused: {e}")))?;
-        stale_write_refused(&resource, fence_a, "A")?;
+        // No renewal is sent after the guard counts the lease lost, so the
+        // store's lease ends by then + TTL (+ slack).
+        let taken_b = joined("B", poller).await?;
+        let taken_c = joined("C", waiter).await?;
+        check_takeover(
+            "B (polling try_acquire)",
+            &polled,
+            taken_b.as_ref().map(|t| t.at),
+            deadline,
+            (fired, "the holder counted its lease lost"),
+            bound,
+        )?;
+        check_takeover(
+            "C (waiting in acquire)",
+            &waited,
+            taken_c.as_ref().map(|t| t.at),
+            deadline_w,
+            (fired_w, "the holder counted its lease lost"),
+            bound,
+        )?;
+        if let Some(took) = taken_c {
+            ensure!(
+                took.grant.fencing_token() > guard_w.fencing_token(),
+                "F1: C's fence {} is not above A's {}",
+                took.grant.fencing_token(),
+                guard_w.fencing_token()
+            );
+            took.grant.release().await?;
+        }
+        if let Some(took) = taken_b {
+            let lease_b = took.grant;
+            let grant_b = history.granted_at(1, &polled, lease_b.fence(), took.invoked, took.at);
+            resource
+                .write(lease_b.fence(), |v| v.push("b"))
+                .map_err(|e| Failure::new(format!("B's write refused: {e}")))?;
+            stale_write_refused(&resource, fence_a, "A")?;
+            history.end(grant_b, Instant::now());
+            b.release(&lease_b).await?;
+        }
         proxy.set(Mode::Pass);
-        history.end(grant_b, Instant::now());
-        b.release(&lease_b).await?;
+        drop((guard, guard_w));
         check_history(&history)?;
         Ok(Outcome::Passed)
     }
@@ -289,7 +476,8 @@ mod imp {
     /// client reconnects and keeps the lock (the store still shows it as the
     /// holder and nobody else gets it), or it reports the loss; never both
     /// silently: nobody is granted the lock while the holder's guard still
-    /// counts on it.
+    /// counts on it (with per-lock leases, not for a moment; a session lock
+    /// dies with its connection on both sides, so there a moment is allowed).
     pub async fn reset_mid_hold_keeps_or_reports(cx: &Ctx) -> CaseResult {
         let (proxy, a) = match proxied(cx).await? {
             Ok(p) => p,
@@ -310,12 +498,14 @@ mod imp {
         };
 
         proxy.reset_existing();
-        let until = Instant::now() + ttl * 2 + cx.slack();
+        let until = Instant::now() + ttl * 2 + cx.slack(ttl);
         let mut taken = None;
         while Instant::now() < until {
             match b.try_acquire_for(&name, cx.long_ttl()).await {
                 Ok(Attempt::Acquired(lease)) => {
-                    taken = Some((lease, Instant::now()));
+                    // Whether A still counted on the lock when B heard it won.
+                    let a_held = guard.is_held();
+                    taken = Some((lease, Instant::now(), a_held));
                     break;
                 }
                 Ok(Attempt::Held { .. }) | Err(_) => {}
@@ -337,11 +527,22 @@ mod imp {
                 guard.release().await?;
                 Outcome::Passed
             }
-            Some((lease_b, granted)) => {
+            Some((lease_b, granted, a_held)) => {
+                let deadline = guard.lease().deadline();
+                if cx.per_lock_leases() {
+                    ensure!(
+                        !a_held,
+                        "S1: B was granted the lock (fence {}) while A's guard still counted on it \
+                         ({:?} before A's deadline; loss: {:?})",
+                        lease_b.fence(),
+                        deadline.saturating_duration_since(granted),
+                        guard.loss_reason()
+                    );
+                }
                 // B got it: A must have reported the loss, by its deadline and
-                // no later than a moment after B's grant (a session lock dies
-                // with its connection on both sides at about the same time).
-                let reason = tokio::time::timeout(ttl + cx.slack(), guard.lost())
+                // (a session lock dies with its connection on both sides at
+                // about the same time) no later than a moment after B's grant.
+                let reason = tokio::time::timeout(ttl + cx.slack(ttl), guard.lost())
                     .await
                     .map_err(|_| {
                         Failure::new(format!(
@@ -352,7 +553,6 @@ mod imp {
                 let _ = watcher.await;
                 let lost = (*lost_at.lock().unwrap_or_else(|p| p.into_inner()))
                     .ok_or_else(|| Failure::new("loss time not recorded"))?;
-                let deadline = guard.lease().deadline();
                 ensure!(
                     lost <= granted + cx.scaled(Duration::from_millis(250)) || deadline <= granted,
                     "A's guard counted on the lock until {:?} after B was granted it ({reason})",
@@ -388,14 +588,14 @@ mod imp {
 
         proxy.set(Mode::DropDownstream);
         let started = Instant::now();
-        let blind = tokio::time::timeout(ttl + cx.slack(), a.try_acquire_for(&name, ttl)).await;
+        let blind = tokio::time::timeout(ttl + cx.slack(ttl), a.try_acquire_for(&name, ttl)).await;
         ensure!(
             !matches!(blind, Ok(Ok(_))),
             "try_acquire returned an answer through a proxy that drops every reply: {blind:?}"
         );
         let next = cx
             .eventually(
-                (started + ttl + cx.slack()).saturating_duration_since(Instant::now()),
+                (started + ttl + cx.slack(ttl)).saturating_duration_since(Instant::now()),
                 "acquisition by another client after an acquire whose reply was lost",
                 || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
             )
@@ -466,10 +666,10 @@ mod imp {
         let started = Instant::now();
         // Whatever the answer (an error, a timeout, or Released from a retry on
         // a fresh connection), the lock must be free within TTL + slack.
-        let _ = tokio::time::timeout(ttl + cx.slack(), a.release(&lease)).await;
+        let _ = tokio::time::timeout(ttl + cx.slack(ttl), a.release(&lease)).await;
         let next = cx
             .eventually(
-                (started + ttl + cx.slack()).saturating_duration_since(Instant::now()),
+                (started + ttl + cx.slack(ttl)).saturating_duration_since(Instant::now()),
                 "acquisition after a release whose reply was lost",
                 || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
             )
@@ -528,7 +728,7 @@ mod imp {
             .map_err(|e| Failure::new(format!("cannot connect after the restart: {e}")))?;
         let first = cx
             .eventually(
-                cx.slack() * 5,
+                cx.slack(Duration::ZERO) * 5,
                 "the first grant after the restart",
                 || async {
                     match fresh.try_acquire_for(&name, cx.long_ttl()).await {
@@ -612,7 +812,7 @@ mod imp {
             .await
             .map_err(|e| Failure::new(format!("SIGSTOP failed: {e}")))?;
         let paused = Instant::now();
-        let lost = tokio::time::timeout(ttl + cx.slack(), guard.lost()).await;
+        let lost = tokio::time::timeout(ttl + cx.slack(ttl), guard.lost()).await;
         let fired = Instant::now();
         tokio::time::sleep_until(paused + ttl + ttl / 2).await;
         store
@@ -638,7 +838,7 @@ mod imp {
             fired - deadline
         );
 
-        let within = ttl + cx.slack();
+        let within = ttl + cx.slack(ttl);
         let (guard_b, grant_b, granted) = tokio::time::timeout(within, waiter)
             .await
             .map_err(|_| {

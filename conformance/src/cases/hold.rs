@@ -15,7 +15,7 @@ pub async fn max_hold_ends_the_hold(cx: &Ctx) -> CaseResult {
     let (a, b) = (cx.client().await?, cx.client().await?);
     let name = cx.name("capped");
     let ttl = cx.short_ttl();
-    let slack = cx.caps().expiry_slack;
+    let slack = cx.caps().slack_for(ttl);
     // Long enough that the lock outlives its first TTL (and the store's slack)
     // only by renewing, with a round trip to look at it in between.
     let cap = ttl * 2 + slack + cx.round_trip();

@@ -25,7 +25,10 @@ pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
             notice + cx.round_trip(),
             format!("the declared eviction notice {notice:?} + a round trip"),
         ),
-        None => (every + cx.slack(), "one renew interval + slack".to_owned()),
+        None => (
+            every + cx.slack(ttl),
+            "one renew interval + slack".to_owned(),
+        ),
     };
     Locker::from_arc(admin)
         .force_release(&name, "conformance: evict holder")
@@ -74,7 +77,7 @@ pub async fn lost_fires_at_the_deadline(cx: &Ctx) -> CaseResult {
         .acquire(&name)
         .await?;
     let deadline = guard.lease().deadline();
-    let reason = tokio::time::timeout(cx.short_ttl() + cx.slack(), guard.lost())
+    let reason = tokio::time::timeout(cx.short_ttl() + cx.slack(cx.short_ttl()), guard.lost())
         .await
         .map_err(|_| Failure::new("lost() did not fire after the deadline"))?;
     let fired = Instant::now();
@@ -128,7 +131,7 @@ pub async fn with_lock_stops_when_lost(cx: &Ctx) -> CaseResult {
         "expected Lost, got {outcome:?}"
     );
     ensure!(
-        started.elapsed() <= evict_after + every + cx.slack(),
+        started.elapsed() <= evict_after + every + cx.slack(ttl),
         "the critical section ran {:?} after the eviction",
         started.elapsed()
     );
@@ -144,7 +147,7 @@ pub async fn guard_drop_releases(cx: &Ctx) -> CaseResult {
     drop(guard);
     let next = cx
         .eventually(
-            cx.slack(),
+            cx.slack(Duration::ZERO),
             "acquisition after the guard was dropped",
             || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
         )

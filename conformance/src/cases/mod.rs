@@ -24,6 +24,37 @@ pub mod renewal;
 pub mod semaphores;
 pub mod waiting;
 
+/// How far `lease`'s local deadline lies past the latest one a request sent
+/// at `sent` and answered at `answered` can honestly claim: `sent + ttl -
+/// drift(ttl)`, plus what the backend may do before the request leaves (half
+/// the call, plus 5 ms scaled). Zero when within. A deadline counted from
+/// the reply, without the drift margin, or from a late internal retry
+/// overshoots by about the call's length, the drift, or the retry's delay.
+pub(crate) fn deadline_overshoot(
+    cx: &crate::Ctx,
+    lease: &lockcore::Lease,
+    sent: tokio::time::Instant,
+    answered: tokio::time::Instant,
+) -> std::time::Duration {
+    let ttl = lease.ttl();
+    let call = answered.saturating_duration_since(sent);
+    let latest = sent
+        + ttl.saturating_sub(lockcore::Lease::drift(ttl))
+        + call / 2
+        + cx.scaled(std::time::Duration::from_millis(5));
+    lease.deadline().saturating_duration_since(latest)
+}
+
+/// The cases that kill, pause, restart or step the clock of a store of their
+/// own ([`Ctx::private_store`](crate::Ctx::private_store)). Against a store
+/// the suite did not start (a `LOCK_TEST_*` variable), they skip: that is
+/// what CI lists in [`EXPECT_SKIPS_ENV`](crate::EXPECT_SKIPS_ENV).
+pub const PRIVATE_STORE_CASES: &[&str] = &[
+    "fences_survive_store_crash",
+    "store_pause_keeps_invariants",
+    "server_clock_steps_are_judged_on_the_server",
+];
+
 /// Calls macro `$cb` with `$args` followed by every case as `group::case`.
 /// This list is the suite: [`CASES`](crate::CASES) and [`suite!`](crate::suite)
 /// both come from it.

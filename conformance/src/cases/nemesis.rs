@@ -19,7 +19,9 @@
 //! - **liveness, once healed**: every client's task ends within its calls'
 //!   bounds (no call hangs), and each name is then acquirable by a fresh,
 //!   healthy client within TTL + slack (+ 3 s), with a fence above every
-//!   fence recorded for it; the workload made progress (at least 6 grants).
+//!   fence recorded for it; the workload made the progress the backend's
+//!   declarations promise: per name, one grant per "longest fault + twice
+//!   (TTL + declared expiry slack + a round trip)" of the run, at least one.
 //!
 //! The fault schedule and each client's choice of operations come from one
 //! seed, printed in every failure. To replay a run (same schedule, same
@@ -66,8 +68,6 @@ mod imp {
     const CLIENTS: usize = 6;
     /// Lock names they share.
     const NAMES: usize = 2;
-    /// Grants the whole run must at least make.
-    const MIN_GRANTS: usize = 6;
     /// The variable that fixes the seed, to replay a run.
     const SEED_ENV: &str = "LOCK_NEMESIS_SEED";
 
@@ -107,20 +107,38 @@ mod imp {
         }
     }
 
-    /// Every 300–1000 ms (scaled) until `until`, puts one random proxy in a
-    /// random fault for 0.2–2 × `ttl`, healing each when its time is up; then
-    /// heals them all. Returns the schedule, for failure messages.
+    /// The fewest grants a run of `run` must make, from what the backend
+    /// declares and the faults it met. After a grant a name may stay blocked
+    /// for as long as its holder is cut off (`longest_fault` of the
+    /// schedule) plus, twice, what the store takes to free a silent holder
+    /// (TTL, or the session timeout, + declared expiry slack + a round trip):
+    /// once for the holder, once for a waiter the store granted while its
+    /// link was down (its reply lost). So each name is granted at least once
+    /// per such cycle, and at least once in all: the links start healthy.
+    fn min_grants(cx: &Ctx, ttl: Duration, run: Duration, longest_fault: Duration) -> usize {
+        let cycle = longest_fault + cx.freed_within(ttl) * 2;
+        let per_name = (run.as_secs_f64() / cycle.as_secs_f64()).floor().max(1.0);
+        NAMES * per_name as usize
+    }
+
+    /// Every 0.3–1 × `ttl` until `until`, puts one random proxy in a random
+    /// fault for 0.2–2 × `ttl`, healing each when its time is up; then heals
+    /// them all. Returns the schedule, for failure messages, and the longest
+    /// fault.
     async fn nemesis(
-        cx: &Ctx,
         proxies: &[FaultProxy],
         mut rng: StdRng,
         ttl: Duration,
         until: Instant,
-    ) -> Vec<String> {
+    ) -> (Vec<String>, Duration) {
         let start = Instant::now();
+        let mut longest = Duration::ZERO;
         let mut log = Vec::new();
         let mut heal_at: Vec<Option<Instant>> = vec![None; proxies.len()];
-        let gap = |rng: &mut StdRng| cx.scaled(Duration::from_millis(rng.random_range(300..=1000)));
+        // 0.3–1 TTL apart: the same fault density whatever the backend's TTL
+        // (fault durations scale with it too).
+        let gap =
+            |rng: &mut StdRng| ttl.mul_f64(f64::from(rng.random_range(300_u32..=1000)) / 1000.0);
         let mut next = start + gap(&mut rng);
         loop {
             let wake = heal_at
@@ -143,6 +161,7 @@ mod imp {
                 let i = rng.random_range(0..proxies.len());
                 let mode = fault(&mut rng);
                 let hold = ttl.mul_f64(rng.random_range(0.2..=2.0));
+                longest = longest.max(hold.min(until.saturating_duration_since(now)));
                 proxies[i].set(mode);
                 heal_at[i] = Some(now + hold);
                 log.push(format!(
@@ -159,7 +178,7 @@ mod imp {
             "{:>8.2?} all healed",
             Instant::now().duration_since(start)
         ));
-        log
+        (log, longest)
     }
 
     /// T3.11: see the module documentation.
@@ -186,7 +205,7 @@ mod imp {
             Arc::new((0..NAMES).map(|_| FencedResource::new(0_u64)).collect());
         let history = Arc::new(History::new());
         let ttl = fault_ttl(cx);
-        let limit = ttl + cx.slack();
+        let limit = ttl + cx.slack(ttl);
         let started = Instant::now();
         let workload = Workload {
             ttl,
@@ -208,14 +227,8 @@ mod imp {
                 random_client(client, backend, &names, &resources, &history, workload, rng).await
             });
         }
-        let schedule = nemesis(
-            cx,
-            &proxies,
-            StdRng::seed_from_u64(seed),
-            ttl,
-            workload.until,
-        )
-        .await;
+        let (schedule, longest_fault) =
+            nemesis(&proxies, StdRng::seed_from_u64(seed), ttl, workload.until).await;
         let healed = Instant::now();
         let schedule = schedule.join("\n");
 
@@ -243,6 +256,14 @@ mod imp {
         let finished = Instant::now();
 
         let grants = history.grants();
+        let run = workload.until - started;
+        let least = min_grants(cx, ttl, run, longest_fault);
+        // One line per run, for soak scripts (scripts/soak-nemesis.sh).
+        eprintln!(
+            "NEMESIS backend={} seed={seed} grants={} min={least} run={run:.1?} longest_fault={longest_fault:.2?}",
+            cx.caps().backend,
+            grants.len()
+        );
         let violations = history.check();
         ensure!(
             violations.is_empty(),
@@ -251,17 +272,19 @@ mod imp {
             violations.join("\n")
         );
         ensure!(
-            grants.len() >= MIN_GRANTS,
-            "the workload made no progress: {} grants in {:?} of faults, fewer than {MIN_GRANTS} \
-             ({replay}); fault schedule:\n{schedule}",
+            grants.len() >= least,
+            "the workload made too little progress: {} grants in {run:?} of faults, fewer than \
+             {least} (per name, one per longest fault {longest_fault:?} + 2 × (TTL {ttl:?} + \
+             declared slack {:?} + a round trip {:?})) ({replay}); fault schedule:\n{schedule}",
             grants.len(),
-            workload.until - started,
+            cx.caps().slack_for(ttl),
+            cx.round_trip(),
         );
 
         // Healed: each name is free again within TTL + slack, with a fence
         // above every fence handed out during the run.
         let fresh = cx.client().await?;
-        let within = ttl + cx.slack() + cx.scaled(Duration::from_secs(3));
+        let within = ttl + cx.slack(ttl) + cx.scaled(Duration::from_secs(3));
         for (n, name) in names.iter().enumerate() {
             let highest = grants
                 .iter()

@@ -39,7 +39,7 @@ pub async fn stale_slot_holder_is_refused(cx: &Ctx) -> CaseResult {
     let fresh = cx
         .locker(&c, cx.long_ttl())
         .semaphore(&name, 2)?
-        .acquire_timeout(ttl + cx.slack())
+        .acquire_timeout(ttl + cx.slack(ttl))
         .await
         .map_err(|e| {
             Failure::new(format!(
@@ -125,7 +125,7 @@ pub async fn crashed_permit_holder_frees_its_slot(cx: &Ctx) -> CaseResult {
             "the only permit was granted twice before its holder's deadline",
         ));
     }
-    let within = (started + ttl + cx.slack()).saturating_duration_since(Instant::now());
+    let within = (started + ttl + cx.slack(ttl)).saturating_duration_since(Instant::now());
     let next = cx
         .eventually(within, "a permit after its holder died", || async {
             Ok(b.try_acquire_permit(&next_request, 1).await?.into_lease())

@@ -29,11 +29,10 @@ mod imp {
 mod imp {
     use std::time::Duration;
 
-    use lockcore::backend::LockBackendExt;
     use lockcore::{FencingToken, LockName};
     use tokio::time::Instant;
 
-    use super::super::faults::fault_ttl;
+    use super::super::faults::{check_takeover, fault_ttl, joined, poll_for, wait_for};
     use crate::taker::{FencedRegister, TakerProcess};
     use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
 
@@ -115,7 +114,7 @@ mod imp {
             .await?;
         let waiter = {
             let (locker, name) = (cx.locker(&b, cx.long_ttl()), name.clone());
-            let wait = ttl * 3 + cx.slack() * 2;
+            let wait = ttl * 3 + cx.slack(ttl) * 2;
             tokio::spawn(async move {
                 let guard = locker.acquire_timeout(&name, wait).await?;
                 Ok::<_, lockcore::LockError>((guard, Instant::now()))
@@ -136,7 +135,7 @@ mod imp {
                     "L1: the waiter did not get the lock after the holder was killed: {e}"
                 ))
             })?;
-        let within = ttl + cx.slack();
+        let within = ttl + cx.slack(ttl);
         ensure!(
             granted.saturating_duration_since(killed) <= within,
             "L1: the name stayed blocked {:?} after its holder was killed (bound {within:?})",
@@ -151,34 +150,68 @@ mod imp {
         Ok(Outcome::Passed)
     }
 
+    /// A lower bound of the taker's local deadline: the time its guard had
+    /// left (`status`), counted from when the question was sent. Renewals
+    /// after the answer only move the deadline later.
+    async fn held_until(
+        cx: &Ctx,
+        taker: &mut TakerProcess,
+        context: &str,
+    ) -> Result<Instant, Failure> {
+        let asked = Instant::now();
+        let reply = taker
+            .command("status", cx.scaled(Duration::from_secs(10)))
+            .await;
+        let words = expect(reply, "held", context)?;
+        let left = words
+            .get(2)
+            .and_then(|w| w.parse::<u64>().ok())
+            .ok_or_else(|| Failure::new(format!("{context}: no time left in {words:?}")))?;
+        Ok(asked + Duration::from_millis(left))
+    }
+
     /// T3.8, the GC pause: a holder process checks that it holds the lock,
     /// is stopped (`SIGSTOP`) before its write for 3 TTL, another client
     /// takes the lock and writes, and the holder is continued and performs
     /// its pending write. The fenced register refuses it, the holder reports
     /// the loss before its next action, and only the valid writes count.
+    ///
+    /// From the moment of the pause one client polls `try_acquire` for that
+    /// lock, and another waits in `acquire` for a second lock held by a
+    /// second holder process paused with it: neither is granted before its
+    /// holder's local deadline, and each gets its lock within TTL + declared
+    /// slack + a round trip of the pause (the holder's last renewal).
     pub async fn paused_client_is_fenced_out(cx: &Ctx) -> CaseResult {
-        let mut taker = match taker(cx).await? {
+        let mut taker_a = match taker(cx).await? {
             Ok(t) => t,
             Err(why) => skip!("{why}"),
         };
-        let b = cx.client().await?;
+        let mut taker_w = match taker(cx).await? {
+            Ok(t) => t,
+            Err(why) => skip!("{why}"),
+        };
+        let (b, c) = (cx.client().await?, cx.client().await?);
         let register = FencedRegister::start()
             .await
             .map_err(|e| Failure::new(format!("cannot start the fenced register: {e}")))?;
         let name = cx.name("paused-client");
+        let waited = cx.name("paused-client-waited");
         let ttl = fault_ttl(cx);
         let reply_within = cx.scaled(Duration::from_secs(10));
-        let fence_a = take(cx, &mut taker, &name, ttl).await?;
+        let fence_a = take(cx, &mut taker_a, &name, ttl).await?;
+        let fence_w = take(cx, &mut taker_w, &waited, ttl).await?;
 
-        let reply = taker
+        let reply = taker_a
             .command(&format!("write {} 1 0", register.addr()), reply_within)
             .await;
         expect(reply, "writing", "first write")?;
-        expect(taker.reply(reply_within).await, "written", "first write")?;
+        expect(taker_a.reply(reply_within).await, "written", "first write")?;
+        let deadline_a = held_until(cx, &mut taker_a, "status before the pause").await?;
+        let deadline_w = held_until(cx, &mut taker_w, "status before the pause").await?;
 
         // The pending write: checked held, then paused before it writes.
         let pause_before_write = cx.scaled(Duration::from_secs(1));
-        let reply = taker
+        let reply = taker_a
             .command(
                 &format!(
                     "write {} 2 {}",
@@ -189,29 +222,56 @@ mod imp {
             )
             .await;
         expect(reply, "writing", "pending write")?;
-        taker
+        taker_a
             .pause()
             .map_err(|e| Failure::new(format!("SIGSTOP of the taker failed: {e}")))?;
         let paused = Instant::now();
+        taker_w
+            .pause()
+            .map_err(|e| Failure::new(format!("SIGSTOP of the second taker failed: {e}")))?;
+        let paused_w = Instant::now();
 
-        let lease_b = cx
-            .eventually(
-                ttl + cx.slack(),
-                "B's acquisition while the holder is paused",
-                || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
-            )
-            .await;
-        let lease_b = match lease_b {
-            Ok(lease) => lease,
-            Err(failure) => {
-                let _ = taker.resume();
-                return Err(failure);
-            }
+        let bound = cx.freed_within(ttl);
+        let give_up = paused + bound * 2 + ttl;
+        let poller = poll_for(
+            b.clone(),
+            name.clone(),
+            cx.long_ttl(),
+            cx.scaled(Duration::from_millis(10)),
+            give_up,
+        );
+        let waiter = wait_for(cx.locker(&c, cx.long_ttl()), waited.clone(), give_up);
+        let taken_b = joined("B", poller).await?;
+        let taken_c = joined("C", waiter).await?;
+        check_takeover(
+            "B (polling try_acquire)",
+            &name,
+            taken_b.as_ref().map(|t| t.at),
+            deadline_a,
+            (paused, "its holder was paused"),
+            Some(bound),
+        )?;
+        check_takeover(
+            "C (waiting in acquire)",
+            &waited,
+            taken_c.as_ref().map(|t| t.at),
+            deadline_w,
+            (paused_w, "its holder was paused"),
+            Some(bound),
+        )?;
+        let (Some(b_took), Some(c_took)) = (taken_b, taken_c) else {
+            return Err(Failure::new("a contender got nothing (checked above)"));
         };
+        let lease_b = b_took.grant;
         ensure!(
             lease_b.fence() > fence_a,
             "F1: fence {} not above {fence_a}",
             lease_b.fence()
+        );
+        ensure!(
+            c_took.grant.fencing_token() > fence_w,
+            "F1: fence {} not above {fence_w}",
+            c_took.grant.fencing_token()
         );
         register
             .resource()
@@ -219,10 +279,13 @@ mod imp {
             .map_err(|e| Failure::new(format!("B's write refused: {e}")))?;
 
         tokio::time::sleep_until(paused + ttl * 3).await;
-        taker
+        taker_a
             .resume()
             .map_err(|e| Failure::new(format!("SIGCONT of the taker failed: {e}")))?;
-        let reply = taker
+        taker_w
+            .resume()
+            .map_err(|e| Failure::new(format!("SIGCONT of the second taker failed: {e}")))?;
+        let reply = taker_a
             .reply(reply_within + pause_before_write)
             .await
             .map_err(|e| Failure::new(format!("pending write: {e}")))?;
@@ -231,14 +294,16 @@ mod imp {
             "C1: the paused holder's pending write with fence {fence_a} was not refused after B wrote with {}: {reply}",
             lease_b.fence()
         );
-        let status = taker
-            .command("status", reply_within)
-            .await
-            .map_err(|e| Failure::new(format!("status: {e}")))?;
-        ensure!(
-            status.starts_with("lost"),
-            "the resumed holder must report the lock lost before its next action, it says `{status}`"
-        );
+        for (taker, which) in [(&mut taker_a, "first"), (&mut taker_w, "second")] {
+            let status = taker
+                .command("status", reply_within)
+                .await
+                .map_err(|e| Failure::new(format!("status: {e}")))?;
+            ensure!(
+                status.starts_with("lost"),
+                "the {which} resumed holder must report its lock lost before its next action, it says `{status}`"
+            );
+        }
         let values = register.resource().read();
         ensure!(
             values == vec![1, 3],
@@ -250,7 +315,9 @@ mod imp {
             register.resource().rejected()
         );
         b.release(&lease_b).await?;
-        let _ = taker.command("exit", reply_within).await;
+        c_took.grant.release().await?;
+        let _ = taker_a.command("exit", reply_within).await;
+        let _ = taker_w.command("exit", reply_within).await;
         Ok(Outcome::Passed)
     }
 }

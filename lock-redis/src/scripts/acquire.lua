@@ -1,7 +1,8 @@
--- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next.
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next, KEYS[5] floor.
 -- ARGV[1] request nonce, ARGV[2] owner token, ARGV[3] TTL in ms,
 -- ARGV[4] the caller's wait member ('' when it will not wait),
--- ARGV[5] how long the line is kept without a refresh, in ms.
+-- ARGV[5] how long the line is kept without a refresh, in ms,
+-- ARGV[6] the holder's label.
 -- Grants a free lock to the waiter it is reserved for, else to the head of
 -- the line, else (empty line) to the caller: nobody barges past a waiter.
 -- When the lock is free, unreserved and someone else heads the line, that
@@ -10,7 +11,11 @@
 -- Returns {nonce, 1, fence} when granted,
 --         {nonce, 0, ms until the holder or reservation expires (-1: never)}.
 local lock, queue, next_key, me = KEYS[1], KEYS[3], KEYS[4], ARGV[4]
-local wait_ms = redis.call('PTTL', lock)
+local wait_ms
+if redis.call('EXISTS', lock, next_key, queue) > 0 then
+  wait_ms = redis.call('PTTL', lock)
+end
+-- Free, nobody waits and nothing is reserved (the common case): wait_ms is nil.
 if wait_ms == -2 then
   local reserved = redis.call('GET', next_key)
   if reserved == me then
@@ -26,8 +31,8 @@ if not wait_ms then
   if me ~= '' then
     line_call('ZREM', queue, me)
   end
-  local fence, decimal = next_fence(KEYS[2])
-  redis.call('SET', lock, ARGV[2] .. ':' .. decimal, 'PX', ARGV[3])
+  local fence, decimal = next_fence(KEYS[2], KEYS[5])
+  redis.call('SET', lock, ARGV[2] .. ':' .. decimal .. ' ' .. ARGV[6], 'PX', ARGV[3])
   return {ARGV[1], 1, fence}
 end
 if me ~= '' then

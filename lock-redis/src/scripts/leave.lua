@@ -1,4 +1,4 @@
--- KEYS[1] lock, KEYS[2] queue, KEYS[3] next.
+-- KEYS[1] lock, KEYS[2] queue, KEYS[3] next, KEYS[4] watchers.
 -- ARGV[1] request nonce, ARGV[2] wait member ('' for none),
 -- ARGV[3] owner token of an attempt whose outcome is unknown ('' for none).
 -- A wait that ends without the lock (timeout, cancellation, error), or a
@@ -6,7 +6,7 @@
 -- reservation made for it on to the next waiter, and frees the lock if the
 -- unknown attempt got it (its owner token is unique, whatever the fence).
 -- Returns {nonce, 1} when it freed the lock, {nonce, 0} otherwise.
-local freed = 0
+local freed_lock = 0
 if ARGV[2] ~= '' then
   line_call('ZREM', KEYS[2], ARGV[2])
   if redis.call('GET', KEYS[3]) == ARGV[2] then
@@ -17,10 +17,11 @@ if ARGV[3] ~= '' then
   local value = redis.call('GET', KEYS[1])
   if value and string.sub(value, 1, #ARGV[3] + 1) == ARGV[3] .. ':' then
     redis.call('DEL', KEYS[1])
-    freed = 1
+    freed_lock = 1
+    wake_watchers(KEYS[1], KEYS[4])
   end
 end
 if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
   wake_next(KEYS[1], KEYS[2], KEYS[3], '')
 end
-return {ARGV[1], freed}
+return {ARGV[1], freed_lock}

@@ -1,9 +1,10 @@
--- The wait line, shared by acquire, release, leave and force_release
+-- The wait line and the watchers, shared by the scripts that grant or free
 -- (prepended to each). All keys share the name's hash tag:
---   lock  "<owner>:<fence>", PX = TTL
+--   lock  "<owner>:<fence> <label>", PX = TTL
 --   queue zset of waiters; member "<wait id>:<claim window ms>:<channel>",
 --         score = arrival order (tail + 1)
 --   next  the member a free lock is reserved for, PX = its claim window
+--   watchers  set of instance channels that asked for one "changed" message
 -- A channel is one backend instance's own pub/sub channel; the instance
 -- wakes the one local wait the member names.
 --
@@ -52,4 +53,28 @@ local function wake_next(lock_key, queue_key, next_key, me)
     end
   end
   return 'none'
+end
+
+-- Tells every instance watching `key` (a lock key or a semaphore's slots)
+-- that it may have become free: one "changed <key>" message per instance,
+-- which wakes its local watches of that key. Registrations are one-shot.
+local function wake_watchers(key, watchers_key)
+  local channels = redis.call('SMEMBERS', watchers_key)
+  if #channels == 0 then
+    return
+  end
+  line_call('DEL', watchers_key)
+  for _, channel in ipairs(channels) do
+    redis.call('PUBLISH', channel, 'changed ' .. key)
+  end
+end
+
+-- The lock `lock_key` was just freed: wakes the watchers and the first
+-- waiter in line. One read when nobody waits or watches.
+local function freed(lock_key, queue_key, next_key, watchers_key)
+  if redis.call('EXISTS', queue_key, watchers_key) == 0 then
+    return
+  end
+  wake_watchers(lock_key, watchers_key)
+  wake_next(lock_key, queue_key, next_key, '')
 end

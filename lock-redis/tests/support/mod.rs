@@ -6,13 +6,16 @@
 
 use std::time::Duration;
 
-use lock_conformance::stores::Store;
 use lock_conformance::stores::redis::{self as launcher, Options};
+use lock_conformance::stores::{Store, until};
 use lock_redis::RedisBackend;
-use lock_redis::redis;
+use lock_redis::redis::{self, AsyncCommands};
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, Lease, LockBackend, LockName};
+use lockcore::{Attempt, Backoff, Lease, LockBackend, LockName, Locker};
 use tokio::time::Instant;
+
+/// A TTL no test outlives.
+pub const LONG: Duration = Duration::from_secs(60);
 
 /// `LOCK_TEST_TIME_SCALE` (default 1.0), which stretches every timing.
 pub fn time_scale() -> f64 {
@@ -94,4 +97,75 @@ pub async fn clients_of_type(con: &redis::aio::MultiplexedConnection, kind: &str
         .await
         .unwrap();
     clients.lines().count()
+}
+
+/// A random number, to keep reruns against one server apart.
+pub fn rand_u64() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32)
+}
+
+/// How many times the server ran `command` (INFO commandstats), e.g.
+/// `evalsha`.
+pub async fn command_calls(con: &redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con.clone())
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|stats| stats.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+pub fn queue_key(lock: &LockName) -> String {
+    format!("distlock:{{{}}}:queue", lock.as_str())
+}
+
+pub async fn queue_len(con: &redis::aio::MultiplexedConnection, lock: &LockName) -> usize {
+    con.clone().zcard(queue_key(lock)).await.unwrap()
+}
+
+/// The waits in `lock`'s line: at least `n`, within 10 s.
+pub async fn in_line(con: &redis::aio::MultiplexedConnection, lock: &LockName, n: usize) {
+    until(Duration::from_secs(10), &format!("{n} in line"), || async {
+        queue_len(con, lock).await >= n
+    })
+    .await;
+}
+
+pub async fn pubsub_clients(con: &redis::aio::MultiplexedConnection) -> usize {
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut con.clone())
+        .await
+        .unwrap();
+    clients.lines().count()
+}
+
+pub async fn wake_channels(con: &redis::aio::MultiplexedConnection) -> Vec<String> {
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("distlock:wake:*")
+        .query_async(&mut con.clone())
+        .await
+        .unwrap()
+}
+
+/// A waiter that only the store can wake: re-checks and backoff are a minute.
+pub fn patient(backend: RedisBackend) -> Locker {
+    Locker::new(backend)
+        .ttl(LONG)
+        .max_wait(Duration::from_secs(60))
+        .recheck(Duration::from_secs(60))
+        .backoff(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ))
 }

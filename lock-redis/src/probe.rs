@@ -1,9 +1,68 @@
 //! What a Redis restart keeps, and what Redis drops when memory runs
-//! short: so what fencing and exclusion survive.
+//! short: so what fencing and exclusion survive. Read at connect, where a
+//! server that breaks a guarantee is refused or warned about.
 
 use std::fmt;
 
+use lockcore::LockError;
 use redis::aio::ConnectionManager;
+
+use crate::RedisConfig;
+
+/// Reads the server's persistence and eviction settings through `con`,
+/// each within `limit`: refuses non-durable persistence when the config
+/// requires durable fences, and a server that may evict lock keys unless
+/// the config accepts it; warns about the rest. Settings that cannot be
+/// read (an ACL denies `CONFIG`) are warned about, never refused.
+pub(crate) async fn check(
+    config: &RedisConfig,
+    endpoint: &str,
+    con: &mut ConnectionManager,
+    limit: std::time::Duration,
+) -> Result<(Persistence, Eviction), LockError> {
+    let persistence = tokio::time::timeout(limit, Persistence::probe(con))
+        .await
+        .unwrap_or_else(|_| Persistence::Unknown("CONFIG GET timed out".into()));
+    if !persistence.is_durable() {
+        if config.require_durable_fences {
+            return Err(LockError::config(format!(
+                "{endpoint} persists with {persistence}; durable fences need \
+                 `appendonly yes` and `appendfsync always`"
+            )));
+        }
+        tracing::warn!(
+            endpoint = %endpoint,
+            persistence = %persistence,
+            "redis without `appendfsync always`: after a crash, fencing tokens stay \
+             monotonic only if the server clock does not step back, and held locks may be forgotten"
+        );
+    }
+    let eviction = tokio::time::timeout(limit, Eviction::probe(con))
+        .await
+        .unwrap_or_else(|_| Eviction::Unknown("CONFIG GET timed out".into()));
+    match &eviction {
+        Eviction::Evicts { .. } if !config.allow_maxmemory_eviction => {
+            return Err(LockError::config(
+                eviction.refusal(endpoint).unwrap_or_default(),
+            ));
+        }
+        Eviction::Evicts { .. } => tracing::warn!(
+            endpoint = %endpoint,
+            eviction = %eviction,
+            "redis may evict lock keys when memory runs short (accepted with \
+             allow_maxmemory_eviction): a second client can then be granted a lock that is \
+             still held; only fencing tells the holders apart"
+        ),
+        Eviction::Unknown(why) => tracing::warn!(
+            endpoint = %endpoint,
+            why = %why,
+            "could not read maxmemory / maxmemory-policy: make sure the server runs with \
+             `maxmemory-policy noeviction` or no maxmemory, or it may evict held locks"
+        ),
+        Eviction::Unlimited | Eviction::Refuses { .. } => {}
+    }
+    Ok((persistence, eviction))
+}
 
 /// The text of [`FENCE_ASSUMPTION`], for `concat!`.
 macro_rules! fence_assumption {

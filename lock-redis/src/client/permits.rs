@@ -1,0 +1,67 @@
+//! The semaphore round trips: one script each.
+
+use lockcore::backend::{LockRequest, Moment};
+use lockcore::{Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken};
+
+use super::{Client, parse_value, prepare, remaining};
+use crate::{error, scripts};
+
+impl Client {
+    /// One attempt at a permit of the semaphore `request.name()`.
+    pub(crate) async fn acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        let keys = self.permit_keys(request.name());
+        let owner = OwnerToken::new();
+        let ttl = request.ttl();
+        let mut call = prepare(&scripts::PERMIT_ACQUIRE);
+        call.0.key(&keys.slots).key(&keys.holders);
+        call.0.key(&keys.fence).key(&keys.floor);
+        call.0
+            .arg(owner.encode())
+            .arg(ttl.as_millis_ceil())
+            .arg(permits)
+            .arg(request.label().as_str());
+        let sent_at = Moment::now();
+        // A lost reply leaves a permit that expires after its TTL.
+        let reply: Vec<i64> = self.invoke("acquire permit", &call).await?;
+        match reply[..] {
+            [1, fence, slot] => {
+                let fence = FencingToken::from_store(error::BACKEND, fence)?;
+                let slot = u32::try_from(slot)
+                    .map_err(|_| error::unexpected(format!("permit slot {slot}")))?;
+                tracing::debug!(name = %request.name(), %fence, slot, "permit acquired");
+                Ok(Attempt::Acquired(
+                    Lease::new(request.name().clone(), owner, fence, ttl, sent_at).with_slot(slot),
+                ))
+            }
+            [0, expires_in] => Ok(Attempt::Held {
+                expires_in: remaining(expires_in),
+            }),
+            [-1, existing] => Err(LockError::PermitsMismatch {
+                name: request.name().clone(),
+                requested: permits,
+                existing: u32::try_from(existing).unwrap_or(u32::MAX),
+            }),
+            _ => Err(error::unexpected(format!(
+                "acquire permit answered {reply:?}"
+            ))),
+        }
+    }
+
+    pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        let keys = self.permit_keys(name);
+        let mut call = prepare(&scripts::PERMIT_INSPECT);
+        call.0.key(&keys.slots).key(&keys.holders);
+        let live: Vec<(u32, i64, Option<String>)> = self.invoke("inspect permits", &call).await?;
+        live.into_iter()
+            .filter_map(|(slot, left, value)| Some((slot, left, value?)))
+            .map(|(slot, left, value)| {
+                let stored = parse_value(&keys.holders, &value)?;
+                Ok(stored.holder(remaining(left)).with_slot(slot))
+            })
+            .collect()
+    }
+}

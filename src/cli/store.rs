@@ -1,0 +1,62 @@
+//! The default lock store: a SQLite file in the user's state directory.
+
+use std::path::PathBuf;
+
+use super::exit::{self, Failure};
+
+/// The SQLite lock file in the user's state directory, its directory
+/// created private (0700).
+pub(super) fn default_url() -> Result<String, Failure> {
+    let path = default_path().map_err(|why| Failure::Code(exit::USAGE, why))?;
+    let dir = path.parent().unwrap_or(&path);
+    private_dir(dir).map_err(|e| {
+        Failure::Code(
+            exit::USAGE,
+            format!(
+                "cannot create {} for the default lock file: {e} (or pass --url)",
+                dir.display()
+            ),
+        )
+    })?;
+    Ok(format!("sqlite://{}", path.display()))
+}
+
+/// `$XDG_STATE_HOME/distlock/locks.db`, else `~/.local/state/distlock/locks.db`,
+/// else `<temp dir>/distlock-<uid>/locks.db`.
+pub(super) fn default_path() -> Result<PathBuf, String> {
+    let absolute = |var: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    if let Some(state) = absolute("XDG_STATE_HOME") {
+        return Ok(state.join("distlock/locks.db"));
+    }
+    if let Some(home) = absolute("HOME") {
+        return Ok(home.join(".local/state/distlock/locks.db"));
+    }
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    Ok(std::env::temp_dir().join(format!("distlock-{uid}/locks.db")))
+}
+
+/// Creates `dir` (and missing parents) with mode 0700, and refuses one that
+/// another user owns or others can write: a lock file there could be
+/// replaced under us.
+fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of this user",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
