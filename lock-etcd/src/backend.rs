@@ -174,12 +174,25 @@ impl EtcdBackend {
             )
         });
         let floor = Arc::new(Floor::new(&keys));
+        // The first read under the prefix: a user without permission on it
+        // is told so now, not at its first lock.
         let known = timed(
             timeout,
             "fence floor",
             client.kv_client().get(keys.fence_floor(), None),
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            LockError::Store { .. } => LockError::store(
+                BACKEND,
+                format!(
+                    "cannot read under the key prefix {:?} ({e}): the etcd user needs read-write on it \
+                     (etcdctl role grant-permission --prefix <role> readwrite {:?})",
+                    config.prefix, config.prefix
+                ),
+            ),
+            other => other,
+        })?;
         floor.learn(known.kvs())?;
         let inner = Inner {
             lines: Arc::new(Lines::new(

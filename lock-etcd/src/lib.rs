@@ -17,6 +17,7 @@ mod line;
 mod notify;
 mod permits;
 mod record;
+mod renew;
 mod session;
 mod wait;
 

@@ -70,7 +70,8 @@ impl Inner {
             let Some(slot) = (0..permits).find(|i| !seen.taken.contains(i)) else {
                 return Ok(Attempt::Held { expires_in: None });
             };
-            let (session, refreshed) = self.sessions.for_entry(ttl).await?;
+            let using = self.sessions.for_entry(ttl).await?;
+            let (session, refreshed) = (&using.session, using.refreshed);
             let key = Keys::slot(&slots, slot);
             let record = Record::new(OwnerToken::new(), self.floor.offset(), request.label());
             let value: Arc<[u8]> = record.encode().into();

@@ -49,6 +49,23 @@ pub(crate) fn fresh_enough(ttl: Duration) -> Duration {
     ttl / 4
 }
 
+/// A session a new key is being written to: the keeper keeps it (and does
+/// not revoke it) until this is dropped.
+pub(crate) struct Use {
+    pub(crate) session: Arc<Session>,
+    /// When its lease was last refreshed (a new entry's lease counts from then).
+    pub(crate) refreshed: Instant,
+    sessions: Arc<Sessions>,
+}
+
+impl Drop for Use {
+    fn drop(&mut self) {
+        if let Some(state) = self.sessions.book().sessions.get_mut(&self.session.id) {
+            state.users = state.users.saturating_sub(1);
+        }
+    }
+}
+
 /// One session lease.
 pub(crate) struct Session {
     pub(crate) id: i64,
@@ -111,6 +128,8 @@ struct SessionState {
     busy: bool,
     /// Since when it carries no key.
     empty_since: Option<Instant>,
+    /// Writes of new keys on their way to it (see [`Use`]).
+    users: usize,
 }
 
 #[derive(Default)]
@@ -159,21 +178,20 @@ impl Sessions {
 
     /// The live session for new entries of `ttl`, refreshed first if it is
     /// not fresh enough, and when it was last refreshed (a new entry's lease
-    /// counts from then).
-    pub(crate) async fn for_entry(
-        self: &Arc<Self>,
-        ttl: Duration,
-    ) -> Result<(Arc<Session>, Instant), LockError> {
+    /// counts from then). The keeper keeps it while the [`Use`] lives: hold
+    /// it until the write's outcome is in the book.
+    pub(crate) async fn for_entry(self: &Arc<Self>, ttl: Duration) -> Result<Use, LockError> {
         for _ in 0..3 {
             let session = self.current(ttl).await?;
-            let Some(refreshed) = self.refreshed(session.id) else {
+            let Some(mut using) = self.claim(&session) else {
                 continue;
             };
-            if refreshed.elapsed() <= fresh_enough(ttl) {
-                return Ok((session, refreshed));
+            if using.refreshed.elapsed() <= fresh_enough(ttl) {
+                return Ok(using);
             }
             if let Some(sent) = self.refresh(&session).await? {
-                return Ok((session, sent));
+                using.refreshed = sent;
+                return Ok(using);
             }
         }
         Err(LockError::unavailable(
@@ -246,6 +264,7 @@ impl Sessions {
                 numbers: HashMap::new(),
                 busy: false,
                 empty_since: None,
+                users: 0,
             },
         );
         book.current.insert(ttl, session.id);
@@ -261,10 +280,19 @@ impl Sessions {
         (state.status == Status::Live).then(|| state.handle.clone())
     }
 
-    fn refreshed(&self, id: i64) -> Option<Instant> {
-        let book = self.book();
-        let state = book.sessions.get(&id)?;
-        (state.status == Status::Live).then_some(state.refreshed)
+    /// Marks `session` in use (if it is live), with its last refresh.
+    fn claim(self: &Arc<Self>, session: &Arc<Session>) -> Option<Use> {
+        let mut book = self.book();
+        let state = book.sessions.get_mut(&session.id)?;
+        if state.status != Status::Live {
+            return None;
+        }
+        state.users += 1;
+        Some(Use {
+            session: session.clone(),
+            refreshed: state.refreshed,
+            sessions: self.clone(),
+        })
     }
 
     /// Restarts the session's TTL: one keep-alive on its stream, shared by
@@ -696,6 +724,7 @@ impl Sessions {
         } = &mut *book;
         sessions.retain(|id, state| {
             let (count, waiting) = used.get(id).copied().unwrap_or_default();
+            let count = count + state.users;
             state.empty_since = match (count, state.empty_since) {
                 (0, None) => Some(now),
                 (0, since) => since,
@@ -750,12 +779,12 @@ impl Sessions {
                 .status(from)
                 .map(|(_, ttl)| ttl)
                 .ok_or_else(|| LockError::unavailable(BACKEND, "session gone"))?;
-            let (target, _) = self.for_entry(ttl).await?;
-            let moved = self.move_to(target.id, &keys).await?;
+            let target = self.for_entry(ttl).await?;
+            let moved = self.move_to(target.session.id, &keys).await?;
             let mut book = self.book();
             for key in &moved {
                 if let Some(entry) = book.entries.get_mut(key) {
-                    entry.session = target.id;
+                    entry.session = target.session.id;
                     if let Some((queue, n)) = entry.number.take() {
                         free_number(&mut book, from, &queue, n);
                         // Named after the old session: the number stays out

@@ -80,7 +80,8 @@ impl LineWaiter {
     async fn enqueue(&mut self) -> Result<Option<Lease>, LockError> {
         let inner = self.inner.clone();
         let ttl = self.request.ttl().get();
-        let (session, _) = inner.sessions.for_entry(ttl).await?;
+        let using = inner.sessions.for_entry(ttl).await?;
+        let session = &using.session;
         let n = inner.sessions.reserve(session.id, &self.queue);
         let key = Keys::entry(&self.queue, session.id, n);
         let record = Record::new(

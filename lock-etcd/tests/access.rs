@@ -47,34 +47,29 @@ async fn users_and_roles_are_enforced_and_secrets_never_printed() {
     );
     backend.release(&lease).await.unwrap();
 
-    // Outside its prefix the same user is refused, permanently (no retry storm).
-    let outside = EtcdBackend::connect_with(config.clone().prefix("other/"))
-        .await
-        .unwrap();
-    let refused = outside.try_acquire_for(&lock, Duration::from_secs(5)).await;
+    // Outside its prefix the same user is refused at connect, permanently
+    // (no retry storm), told what to grant.
+    let outside = EtcdBackend::connect_with(config.clone().prefix("other/")).await;
+    let refused = outside.unwrap_err();
+    assert!(matches!(refused, LockError::Store { .. }), "{refused:?}");
+    assert!(!refused.is_retryable());
+    let text = refused.to_string();
     assert!(
-        matches!(refused, Err(LockError::Store { .. })),
-        "{refused:?}"
+        text.contains("permission denied") && text.contains("readwrite \"other/\""),
+        "{text}"
     );
-    assert!(!refused.unwrap_err().is_retryable());
 
     // Wrong password and no credentials: typed errors, secrets not echoed.
     let wrong = EtcdBackend::connect_with(config.clone().user("locker", "not-the-pw")).await;
     let err = wrong.unwrap_err();
     assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     assert!(!err.to_string().contains("not-the-pw"));
-    // etcd 3.4 lets anyone grant leases, so an anonymous client connects,
-    // but cannot write a single key.
-    let anonymous = EtcdBackend::connect_with(EtcdConfig::new([url.as_str()]).prefix("app/"))
-        .await
-        .unwrap();
-    let refused = anonymous
-        .try_acquire_for(&lock, Duration::from_secs(5))
-        .await;
-    assert!(
-        matches!(refused, Err(LockError::Store { .. })),
-        "{refused:?}"
-    );
+    // etcd 3.4 lets anyone grant leases, but an anonymous client cannot
+    // read a single key: refused at connect.
+    let anonymous = EtcdBackend::connect_with(EtcdConfig::new([url.as_str()]).prefix("app/")).await;
+    let refused = anonymous.unwrap_err();
+    assert!(matches!(refused, LockError::Store { .. }), "{refused:?}");
+    assert!(!refused.is_retryable());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -122,10 +122,11 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
     let after = metrics(&store).await;
     let spent = |method| handled(&after, method) - handled(&before, method);
     let clients = WAITERS + 1;
-    // Markers, the holder's acquire and release, each waiter's enqueue and release.
-    let txns = clients + 2 + 2 * WAITERS;
-    // Notice reads, each waiter's first read of the queue (and this test's).
-    let ranges = clients + WAITERS + our_reads;
+    // Markers, the holder's acquire and release, each waiter's enqueue,
+    // its first read of the queue (with the fence floor) and its release.
+    let txns = clients + 2 + 3 * WAITERS;
+    // Notice reads (and this test's own).
+    let ranges = clients + our_reads;
     assert_eq!(
         (spent("Txn"), spent("Range")),
         (txns as f64, ranges as f64),

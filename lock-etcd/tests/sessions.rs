@@ -101,3 +101,44 @@ async fn the_end_of_a_session_reaches_every_guard_on_it_at_once() {
     assert_ne!(etcd_lease_of(&mut raw, &key).await, session);
     next.release().await.unwrap();
 }
+
+/// The keeper drops a session nothing is attached to after a few idle
+/// seconds, revoking its lease. A lock being written to it at that moment
+/// must keep it alive: here the put is on its way (a slow link) when the
+/// session turns idle, and lands before the revoke would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_not_dropped_while_a_lock_is_on_its_way_to_it() {
+    use lock_conformance::proxy::{FaultProxy, Mode};
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = connect(&store.url_via(proxy.addr())).await;
+    let observer = connect(&store.url()).await;
+    let ttl = Duration::from_secs(30);
+    let lock = name("on-its-way");
+    let first = acquire(&client, &lock, ttl).await;
+    client.release(&first).await.unwrap();
+    let released = Instant::now();
+    // Idle from now; the keeper drops the session 5 s later. The next put
+    // leaves before that and lands after it.
+    proxy.set(Mode::Delay {
+        base: Duration::from_secs(1),
+        jitter: Duration::ZERO,
+    });
+    tokio::time::sleep_until(released + Duration::from_millis(4_500)).await;
+    let held = acquire(&client, &lock, ttl).await;
+    proxy.set(Mode::Pass);
+    // Whatever the keeper did meanwhile, the lock is the client's.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = observer.inspect(&lock).await.unwrap();
+    assert_eq!(
+        seen.map(|h| h.fence),
+        Some(held.fence()),
+        "S1: the lock the client holds is gone from etcd"
+    );
+    assert!(matches!(
+        observer.try_acquire_for(&lock, ttl).await.unwrap(),
+        lockcore::Attempt::Held { .. }
+    ));
+    client.renew(&held).await.expect("still held");
+    client.release(&held).await.unwrap();
+}

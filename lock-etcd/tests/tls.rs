@@ -279,13 +279,9 @@ async fn users_and_passwords_over_tls() {
     );
     assert_refused("a wrong password", wrong, started, "authentication failed");
 
-    // A user without permission on the prefix connects (etcd 3.4 lets
-    // anyone grant leases) but is refused the lock, permanently.
-    let nobody = connect(config.clone().user("nobody", password))
-        .await
-        .unwrap();
-    let err = nobody
-        .try_acquire_for(&name("nobody"), Duration::from_secs(5))
+    // A user without permission on the prefix is refused at connect,
+    // permanently, told what to grant.
+    let err = connect(config.clone().user("nobody", password))
         .await
         .unwrap_err();
     assert!(
@@ -293,4 +289,5 @@ async fn users_and_passwords_over_tls() {
         "{err:?}"
     );
     assert!(err.to_string().contains("permission denied"), "{err}");
+    assert!(err.to_string().contains("readwrite"), "{err}");
 }
