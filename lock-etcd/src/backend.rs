@@ -14,7 +14,7 @@ use lockcore::{
 use crate::client::Inner;
 use crate::config::EtcdConfig;
 use crate::error::{BACKEND, timed};
-use crate::fence::Floor;
+use crate::floor::Floor;
 use crate::hub::Hub;
 use crate::keys::Keys;
 use crate::line::Lines;

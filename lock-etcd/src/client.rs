@@ -17,7 +17,7 @@ use lockcore::{
 use tokio::time::Instant;
 
 use crate::error::{self, BACKEND, lease_not_found, timed};
-use crate::fence::Floor;
+use crate::floor::Floor;
 use crate::hub::{Events, Hub};
 use crate::keys::{Keys, range_end};
 use crate::line::Lines;

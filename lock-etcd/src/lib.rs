@@ -11,6 +11,7 @@ mod client;
 mod config;
 mod error;
 mod fence;
+mod floor;
 mod hub;
 mod keys;
 mod line;

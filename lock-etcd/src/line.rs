@@ -26,7 +26,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::error::timed;
-use crate::fence::Floor;
+use crate::floor::Floor;
 use crate::hub::{Change, Events, Hub};
 use crate::keys::{Keys, range_end};
 
