@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{FencingToken, LockGuard, LockName, Locker};
+use lockcore::{FencingToken, LockBackend, LockGuard, LockName, Locker};
 use support::*;
 use tokio::time::Instant;
 
@@ -177,5 +177,58 @@ async fn two_thousand_waiters_in_one_process_share_one_view_and_are_all_served()
         spent("Range") <= (WAITERS / 10) as f64,
         "{} Ranges for {WAITERS} waiters: the line is read per waiter",
         spent("Range")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquire_and_release_cost_etcd_two_txns() {
+    const CYCLES: u32 = 3_000;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let store = private_etcd().await;
+    let backend = connect(&store.url()).await;
+    let lock = name("uncontended");
+    let ttl = Duration::from_secs(10);
+    for _ in 0..200 {
+        let lease = acquire(&backend, &lock, ttl).await;
+        backend.release(&lease).await.unwrap();
+    }
+    let (before, etcd_before, own_before, started) = (
+        metrics(&store).await,
+        store_cpu(&store),
+        own_cpu(),
+        Instant::now(),
+    );
+    for _ in 0..CYCLES {
+        let lease = acquire(&backend, &lock, ttl).await;
+        backend.release(&lease).await.unwrap();
+    }
+    let took = started.elapsed();
+    let (after, etcd_cpu, own) = (
+        metrics(&store).await,
+        store_cpu(&store) - etcd_before,
+        own_cpu() - own_before,
+    );
+    let spent = |method| handled(&after, method) - handled(&before, method);
+    let keep_alives = received(&after, "LeaseKeepAlive") - received(&before, "LeaseKeepAlive");
+    eprintln!(
+        "uncontended: {CYCLES} acquire+release in {took:?} ({:.0}/s); etcd CPU {:?} per cycle, \
+         client CPU {:?} per cycle; {} Txns, {} Ranges, {keep_alives} keep-alives",
+        f64::from(CYCLES) / took.as_secs_f64(),
+        etcd_cpu / CYCLES,
+        own / CYCLES,
+        spent("Txn"),
+        spent("Range"),
+    );
+    assert_eq!(
+        spent("Txn"),
+        f64::from(2 * CYCLES),
+        "one Txn to acquire, one to release"
+    );
+    assert_eq!(spent("Range"), 0.0, "no read");
+    // The session is refreshed once a quarter of its TTL: a few keep-alives.
+    let quarters = took.as_secs_f64() / (ttl / 4).as_secs_f64();
+    assert!(
+        keep_alives <= quarters.ceil() + 1.0,
+        "{keep_alives} keep-alives in {took:?}"
     );
 }
