@@ -26,6 +26,11 @@ impl Floor {
         }
     }
 
+    /// Its key.
+    pub(crate) fn key(&self) -> Vec<u8> {
+        self.key.clone()
+    }
+
     fn known(&self) -> Option<Vec<u8>> {
         self.known.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -422,8 +422,17 @@ async fn follow(lines: Weak<Lines>, line: Arc<Line>) {
             Err(e) => {
                 tracing::debug!(error = %e, "following an etcd queue failed; starting over");
                 {
+                    let mut all = owner.lines.lock().unwrap_or_else(|p| p.into_inner());
                     let mut state = line.lock();
                     state.live = false;
+                    if state.waiters.is_empty() {
+                        // Nobody left to follow it for.
+                        state.task = false;
+                        if all.get(&line.queue).is_some_and(|l| Arc::ptr_eq(l, &line)) {
+                            all.remove(&line.queue);
+                        }
+                        return;
+                    }
                     state.wake_all();
                 }
                 drop(owner);
