@@ -8,8 +8,6 @@ use std::time::Duration;
 use lockcore::LockError;
 use percent_encoding::percent_decode_str;
 
-use crate::backend::MAX_TTL;
-
 /// The longest key prefix accepted, in bytes.
 pub const MAX_PREFIX_BYTES: usize = 128;
 
@@ -38,7 +36,6 @@ pub struct EtcdConfig {
     pub(crate) tls: Option<TlsConfig>,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
-    pub(crate) max_ttl: Duration,
 }
 
 /// TLS settings: the CA that signed the servers' certificates, an optional
@@ -91,12 +88,9 @@ impl EtcdConfig {
     /// The default key prefix.
     pub const DEFAULT_PREFIX: &'static str = "distlock/";
 
-    /// The default longest TTL: etcd's own default session TTL.
-    pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(60);
-
     /// A config for these endpoints (`http://host:port`, `https://host:port`
     /// or `host:port`), prefix `distlock/`, no auth, no TLS, 5 s request
-    /// timeout, TTLs up to 60 s.
+    /// timeout.
     pub fn new<I, S>(endpoints: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -109,7 +103,6 @@ impl EtcdConfig {
             tls: None,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
-            max_ttl: Self::DEFAULT_MAX_TTL,
         }
     }
 
@@ -118,7 +111,7 @@ impl EtcdConfig {
     /// percent-decoded; an empty path keeps the default prefix.
     ///
     /// Options: `ca=PATH` (PEM CA, implies TLS), `cert=PATH` and `key=PATH`
-    /// (client identity), `domain=NAME`, `timeout=SECONDS`, `max_ttl=SECONDS`.
+    /// (client identity), `domain=NAME`, `timeout=SECONDS`.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] saying what is wrong (the password is
@@ -191,17 +184,9 @@ impl EtcdConfig {
                         })?;
                     config = config.request_timeout(Duration::from_secs_f64(secs));
                 }
-                "max_ttl" => {
-                    let secs: u64 = value.parse().map_err(|_| {
-                        LockError::config(format!(
-                            "max_ttl={value:?} is not a whole number of seconds"
-                        ))
-                    })?;
-                    config = config.max_ttl(Duration::from_secs(secs));
-                }
                 other => {
                     return Err(LockError::config(format!(
-                        "unknown etcd URL option {other:?} (known: ca, cert, key, domain, timeout, max_ttl)"
+                        "unknown etcd URL option {other:?} (known: ca, cert, key, domain, timeout)"
                     )));
                 }
             }
@@ -250,17 +235,6 @@ impl EtcdConfig {
     /// Gives up connecting to an endpoint after this long (default 3 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
-        self
-    }
-
-    /// The longest TTL this client grants (default 60 s, whole seconds, at
-    /// most [`MAX_TTL`]). It bounds
-    /// [`expiry_slack`](lockcore::Capabilities::expiry_slack): after a
-    /// leader change or restart, etcd 3.4 restarts every lease at its full
-    /// TTL, so an abandoned lock can outlive its TTL by up to one more TTL.
-    /// Keep it as short as your longest TTL allows.
-    pub fn max_ttl(mut self, ttl: Duration) -> Self {
-        self.max_ttl = ttl;
         self
     }
 
@@ -346,15 +320,6 @@ impl EtcdConfig {
                 )));
             }
         }
-        if self.max_ttl < Duration::from_secs(1)
-            || self.max_ttl > MAX_TTL
-            || self.max_ttl.subsec_nanos() != 0
-        {
-            return Err(LockError::config(format!(
-                "max_ttl must be whole seconds from 1 s to {MAX_TTL:?}, got {:?}",
-                self.max_ttl
-            )));
-        }
         Ok(())
     }
 }
@@ -369,7 +334,6 @@ impl fmt::Debug for EtcdConfig {
             .field("tls", &self.tls)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("max_ttl", &self.max_ttl)
             .finish()
     }
 }
@@ -403,9 +367,8 @@ mod tests {
         assert_eq!(c.user, Some(("u@x".into(), "p:w".into())));
         assert_eq!(c.request_timeout, Duration::from_millis(1500));
 
-        assert_eq!(c.max_ttl, EtcdConfig::DEFAULT_MAX_TTL);
-        let c = EtcdConfig::from_url("etcd://h:1?max_ttl=3600").unwrap();
-        assert_eq!(c.max_ttl, Duration::from_secs(3600));
+        // The option that bounded TTLs is gone: etcd's own maximum applies.
+        assert!(EtcdConfig::from_url("etcd://h:1?max_ttl=3600").is_err());
 
         let c = EtcdConfig::from_url("etcds://h:2379?domain=etcd.local").unwrap();
         assert_eq!(c.endpoints(), ["https://h:2379"]);
@@ -423,9 +386,6 @@ mod tests {
             "etcd://h:99999",
             "etcd://h:1?nope=1",
             "etcd://h:1?timeout=-1",
-            "etcd://h:1?max_ttl=0",
-            "etcd://h:1?max_ttl=1.5",
-            "etcd://h:1?max_ttl=9000000001",
             "etcd://h:1?cert=/nonexistent",
             "etcd://u:topsecret@h:1?timeout=x",
             "etcd://h:1/%FF",
@@ -453,8 +413,6 @@ mod tests {
             ok.clone().prefix("a\nb"),
             ok.clone().prefix("x".repeat(MAX_PREFIX_BYTES + 1)),
             ok.clone().request_timeout(Duration::ZERO),
-            ok.clone().max_ttl(Duration::from_millis(1500)),
-            ok.clone().max_ttl(MAX_TTL + Duration::from_secs(1)),
             ok.clone().user("", "pw"),
             EtcdConfig::new(["ftp://h:1"]),
             EtcdConfig::new(["http://h:1"]).tls(TlsConfig::new()),

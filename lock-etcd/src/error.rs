@@ -104,19 +104,14 @@ fn tls_verdict(e: &etcd_client::Error) -> Option<String> {
     None
 }
 
-/// Runs one request with a time limit; running out is retryable.
+/// Runs one etcd request for at most `limit` ([`lockcore::backend::timed`]),
+/// its error mapped: running out is retryable.
 pub(crate) async fn timed<T>(
     limit: Duration,
     what: &'static str,
     request: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, LockError> {
-    match tokio::time::timeout(limit, request).await {
-        Ok(result) => result.map_err(map),
-        Err(_) => Err(LockError::unavailable(
-            BACKEND,
-            format!("{what} got no answer within {limit:?}"),
-        )),
-    }
+    lockcore::backend::timed(BACKEND, what, limit, async { request.await.map_err(map) }).await
 }
 
 /// A reply that does not have the shape etcd promises.

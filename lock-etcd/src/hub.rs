@@ -1,10 +1,12 @@
 //! One etcd watch stream per backend instance, shared by everything that
-//! needs etcd's notifications: waiters in a queue, loss signals of held
-//! locks, and [`LockBackend::watch`](lockcore::LockBackend::watch).
+//! needs etcd's notifications: each name's line of waiters, eviction
+//! notices, [`LockBackend::watch`](lockcore::LockBackend::watch) and
+//! [`watch_permits`](lockcore::LockBackend::watch_permits).
 //!
-//! On that stream, each lock name this instance cares about has one watch on
-//! the name's whole queue (its key prefix), deletes only. Every subscriber to
-//! a name gets every delete under it, in revision order.
+//! On that stream, each key prefix this instance cares about (a lock's
+//! queue, a semaphore's slots, a session's notices) has one watch, on
+//! deletes only or puts only. Every subscriber to a prefix gets every such
+//! change under it, in revision order.
 //!
 //! Watches are created rarely and kept: a name's watch outlives its last
 //! subscriber by [`LINGER`]. That is what keeps hand-offs on etcd's fast
@@ -30,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::error::{self, BACKEND, timed};
-use crate::keys::Keys;
+use crate::keys::range_end;
 
 /// How long a name's watch outlives its last subscriber.
 pub(crate) const LINGER: Duration = Duration::from_secs(5);
@@ -39,18 +41,29 @@ const MAX_IDLE: usize = 64;
 /// How often idle watches are looked at.
 const SWEEP: Duration = Duration::from_secs(1);
 
-/// A key deleted under a watched queue, at `revision`.
+/// Which changes a prefix's watch reports (each prefix is only ever
+/// watched one way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Events {
+    Deletes,
+    All,
+}
+
+/// A key deleted or put under a watched prefix, at `revision` (a put's
+/// value with it).
 #[derive(Debug, Clone)]
-pub(crate) struct Deleted {
+pub(crate) struct Change {
     pub(crate) key: Vec<u8>,
     pub(crate) revision: i64,
+    pub(crate) deleted: bool,
+    pub(crate) value: Vec<u8>,
 }
 
 #[derive(Debug)]
 enum Note {
     /// etcd confirmed the watch.
     Ready,
-    Deleted(Deleted),
+    Changed(Change),
     /// etcd refused the watch (e.g. no permission).
     Refused(String),
 }
@@ -79,8 +92,8 @@ pub(crate) struct Hub {
 
 #[derive(Debug, Default)]
 struct State {
-    /// The stream task's inbox (queues to watch), while it runs.
-    task: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// The stream task's inbox (prefixes to watch), while it runs.
+    task: Option<mpsc::UnboundedSender<(Vec<u8>, Events)>>,
     /// Which stream task is current; an older one only exits.
     generation: u64,
     /// Watched queues.
@@ -111,13 +124,13 @@ pub(crate) struct Subscription {
 }
 
 impl Subscription {
-    /// The next delete under the queue. `None`: the watch is gone (stream
-    /// failure, etcd cancelled it, backend dropped); deletes may have been
+    /// The next change under the prefix. `None`: the watch is gone (stream
+    /// failure, etcd cancelled it, backend dropped); changes may have been
     /// missed, so subscribe again and look where things stand.
-    pub(crate) async fn next(&mut self) -> Option<Deleted> {
+    pub(crate) async fn next(&mut self) -> Option<Change> {
         loop {
             match self.notes.recv().await? {
-                Note::Deleted(deleted) => return Some(deleted),
+                Note::Changed(change) => return Some(change),
                 Note::Ready => {}
                 Note::Refused(_) => return None,
             }
@@ -154,17 +167,9 @@ impl Hub {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A subscription to `queue` if this instance already watches it: no I/O,
-    /// and every delete etcd commits from now on reaches it.
-    pub(crate) fn existing(self: &Arc<Self>, queue: &[u8]) -> Option<Subscription> {
-        let mut state = self.lock();
-        state.names.get(queue)?.id?;
-        Some(self.register(&mut state, queue))
-    }
-
-    /// A subscription to `queue`, creating its watch if needed; returns once
-    /// etcd confirmed the watch, so every delete committed after this returns
-    /// reaches it.
+    /// A subscription to the `events` under `queue` (a prefix ending in
+    /// `/`), creating its watch if needed; returns once etcd confirmed the
+    /// watch, so every change committed after this returns reaches it.
     ///
     /// # Errors
     /// Retryable when the stream fails or etcd does not answer in time;
@@ -172,26 +177,33 @@ impl Hub {
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         queue: &[u8],
+        events: Events,
     ) -> Result<Subscription, LockError> {
-        match self.try_subscribe(queue).await {
+        match self.try_subscribe(queue, events).await {
             // With auth, a stream keeps the token it was opened with, and etcd
             // refuses new watches on it once that token expired: one more
             // try on a new stream before calling it a refusal.
             Err(Failed::Refused(_)) => {
                 self.restart();
-                self.try_subscribe(queue).await.map_err(Failed::into_error)
+                self.try_subscribe(queue, events)
+                    .await
+                    .map_err(Failed::into_error)
             }
             other => other.map_err(Failed::into_error),
         }
     }
 
-    async fn try_subscribe(self: &Arc<Self>, queue: &[u8]) -> Result<Subscription, Failed> {
+    async fn try_subscribe(
+        self: &Arc<Self>,
+        queue: &[u8],
+        events: Events,
+    ) -> Result<Subscription, Failed> {
         let mut subscription = {
             let mut state = self.lock();
             let confirmed = match state.names.get(queue) {
                 Some(name) => name.id.is_some(),
                 None => {
-                    self.create(&mut state, queue);
+                    self.create(&mut state, queue, events);
                     false
                 }
             };
@@ -209,7 +221,7 @@ impl Hub {
                 format!("etcd refused to watch the lock's keys: {reason}"),
             ))),
             // etcd holds events back until it confirmed the watch.
-            Ok(Some(Note::Deleted(_))) => {
+            Ok(Some(Note::Changed(_))) => {
                 failed(error::protocol("a watch event before its creation"))
             }
             Ok(None) => failed(LockError::unavailable(BACKEND, "the watch stream failed")),
@@ -241,7 +253,7 @@ impl Hub {
     }
 
     /// Asks the stream task (started if needed) to create the watch of `queue`.
-    fn create(self: &Arc<Self>, state: &mut State, queue: &[u8]) {
+    fn create(self: &Arc<Self>, state: &mut State, queue: &[u8], events: Events) {
         state.names.insert(queue.to_vec(), Name::default());
         state.creating.push_back(queue.to_vec());
         if state.task.is_none() {
@@ -263,7 +275,7 @@ impl Hub {
         let sent = state
             .task
             .as_ref()
-            .is_some_and(|task| task.send(queue.to_vec()).is_ok());
+            .is_some_and(|task| task.send((queue.to_vec(), events)).is_ok());
         if !sent {
             // The task is gone: fail everything, the subscribers start over.
             Self::clear(state);
@@ -337,18 +349,17 @@ impl Hub {
             return true;
         };
         for event in reply.events() {
-            if event.event_type() != EventType::Delete {
-                continue;
-            }
             let Some(kv) = event.kv() else {
                 continue;
             };
-            let deleted = Deleted {
+            let change = Change {
                 key: kv.key().to_vec(),
                 revision: kv.mod_revision(),
+                deleted: event.event_type() == EventType::Delete,
+                value: kv.value().to_vec(),
             };
             for subscriber in name.subscribers.values() {
-                let _ = subscriber.send(Note::Deleted(deleted.clone()));
+                let _ = subscriber.send(Note::Changed(change.clone()));
             }
         }
         true
@@ -392,10 +403,12 @@ impl Hub {
     }
 }
 
-fn options(queue: &[u8]) -> WatchOptions {
-    WatchOptions::new()
-        .with_range(Keys::queue_end(queue))
-        .with_filters([WatchFilterType::NoPut])
+fn options(prefix: &[u8], events: Events) -> WatchOptions {
+    let options = WatchOptions::new().with_range(range_end(prefix));
+    match events {
+        Events::Deletes => options.with_filters([WatchFilterType::NoPut]),
+        Events::All => options,
+    }
 }
 
 /// The stream task: sends creates and cancels, dispatches replies, sweeps
@@ -404,7 +417,7 @@ async fn run(
     hub: Weak<Hub>,
     client: Client,
     timeout: Duration,
-    mut inbox: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut inbox: mpsc::UnboundedReceiver<(Vec<u8>, Events)>,
     generation: u64,
 ) {
     if let Err(e) = serve(&hub, client, timeout, &mut inbox, generation).await {
@@ -419,17 +432,17 @@ async fn serve(
     hub: &Weak<Hub>,
     mut client: Client,
     timeout: Duration,
-    inbox: &mut mpsc::UnboundedReceiver<Vec<u8>>,
+    inbox: &mut mpsc::UnboundedReceiver<(Vec<u8>, Events)>,
     generation: u64,
 ) -> Result<(), LockError> {
     // The stream opens with its first watch.
-    let Some(first) = inbox.recv().await else {
+    let Some((first, events)) = inbox.recv().await else {
         return Ok(());
     };
     let stream = timed(
         timeout,
         "watch",
-        client.watch(first.clone(), Some(options(&first))),
+        client.watch(first.clone(), Some(options(&first, events))),
     )
     .await?;
     let (mut requests, mut replies) = stream.split();
@@ -438,8 +451,8 @@ async fn serve(
     loop {
         tokio::select! {
             request = inbox.recv() => match request {
-                Some(queue) => requests
-                    .watch(queue.clone(), Some(options(&queue)))
+                Some((prefix, events)) => requests
+                    .watch(prefix.clone(), Some(options(&prefix, events)))
                     .await
                     .map_err(error::map)?,
                 None => return Ok(()), // replaced or backend dropped

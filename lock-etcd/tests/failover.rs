@@ -1,12 +1,14 @@
 //! A dead holder's lock across a leader loss and a restart: etcd 3.4
 //! restarts every lease at its full TTL when a new leader takes over, so the
 //! lock outlives its TTL by up to one more TTL and a few election timeouts.
-//! The declared `expiry_slack` must cover that: with `max_ttl` = the TTL, a
-//! waiting contender is granted within TTL + slack of the holder's last
-//! renewal (a restart's downtime excluded).
+//! The declared slack (`Capabilities::slack_for`, which grows with the TTL)
+//! must cover that: a waiting contender is granted within TTL + the slack
+//! for that TTL of the holder's last renewal (a restart's downtime excluded).
 //!
 //! `ETCD_FAILOVER_RUNS` (default 3) sets the kills per test; each prints
 //! min/median/max.
+
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,20 +16,12 @@ use std::time::Duration;
 use lock_conformance::stores::{Store, etcd};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
-use lockcore::{Lease, LockBackend, LockName, OwnerToken};
+use lockcore::{Lease, LockBackend, LockName};
+use support::{name, scaled};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(1);
-
-fn scaled(d: Duration) -> Duration {
-    let scale = std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0);
-    d.mul_f64(scale)
-}
 
 fn runs() -> usize {
     std::env::var("ETCD_FAILOVER_RUNS")
@@ -37,17 +31,9 @@ fn runs() -> usize {
         .max(1)
 }
 
-fn name(test: &str) -> LockName {
-    let tag = OwnerToken::new().as_uuid().as_u128() as u32;
-    LockName::new(format!("failover-test/{test}/{tag:08x}")).unwrap()
-}
-
-/// A client whose declared slack is for 1 s leases.
 async fn connect(endpoints: &[String]) -> EtcdBackend {
     EtcdBackend::connect_with(
-        EtcdConfig::new(endpoints.to_vec())
-            .max_ttl(TTL)
-            .request_timeout(scaled(Duration::from_secs(1))),
+        EtcdConfig::new(endpoints.to_vec()).request_timeout(scaled(Duration::from_secs(1))),
     )
     .await
     .expect("connect")
@@ -120,7 +106,7 @@ async fn a_dead_holders_lock_is_free_within_ttl_plus_slack_after_leader_loss() {
     );
     let endpoints = cluster.endpoints();
     let contender_client = connect(&endpoints).await;
-    let slack = contender_client.capabilities().expiry_slack;
+    let slack = contender_client.capabilities().slack_for(TTL);
     // The contender's own reaction: a watch event, or its re-check when its
     // stream was on the killed member.
     let bound = TTL + slack + scaled(Duration::from_millis(500));
@@ -178,7 +164,7 @@ async fn a_dead_holders_lock_is_free_within_ttl_plus_slack_after_a_restart() {
     );
     let endpoints = vec![store.url()];
     let contender_client = connect(&endpoints).await;
-    let slack = contender_client.capabilities().expiry_slack;
+    let slack = contender_client.capabilities().slack_for(TTL);
     let bound = TTL + slack + scaled(Duration::from_millis(500));
     let runs = runs();
     let (mut blocked, mut after_serving) = (Vec::new(), Vec::new());

@@ -2,13 +2,16 @@
 //! acquire whose put lands after the client gave up on it (a phantom entry
 //! must not outlive its TTL, however busy the client keeps its other leases).
 
+mod support;
+
 use std::time::Duration;
 
 use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{etcd, until};
+use lock_conformance::stores::{etcd, eventually, until};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{CancellationToken, LockBackendExt};
-use lockcore::{Attempt, Lease, LockBackend, LockName, OwnerToken};
+use lockcore::{Attempt, Lease, LockBackend, LockName};
+use support::{scale, scaled};
 use tokio::time::Instant;
 
 /// Long next to the request timeout, as in production: a lease that gave
@@ -19,17 +22,8 @@ const ROUNDS: usize = 8;
 
 const TTL: Duration = Duration::from_secs(4);
 
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
 fn name(test: &str, i: usize) -> LockName {
-    let tag = OwnerToken::new().as_uuid().as_u128() as u32;
-    LockName::new(format!("faults-test/{test}/{tag:08x}/{i}")).unwrap()
+    LockName::new(format!("{}/{i}", support::name(test))).unwrap()
 }
 
 /// etcd-client spreads requests over its endpoints at random. With two
@@ -61,7 +55,7 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
     let observer = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
         .await
         .unwrap();
-    let slack = client.capabilities().expiry_slack + Duration::from_secs(1).mul_f64(scale());
+    let slack = client.capabilities().slack_for(TTL) + Duration::from_secs(1).mul_f64(scale());
 
     // Both connections up before one of them turns slow.
     until(
@@ -104,24 +98,20 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
         let busy = CancellationToken::new();
         let churn = tokio::spawn(churn(client.clone(), granted, busy.clone()));
         let bound = sent + late + TTL + slack;
-        loop {
-            match observer.try_acquire_for(&lock, TTL).await {
-                Ok(Attempt::Acquired(lease)) => {
-                    observer.release(&lease).await.unwrap();
-                    break;
-                }
-                Ok(Attempt::Held { .. }) | Err(_) => {}
-            }
-            assert!(
-                Instant::now() < bound,
-                "L1: round {round}: {lock} still blocked {:?} after its acquire was sent, \
-                 beyond the put's delay + TTL + slack ({:?}); holder: {:?}",
-                sent.elapsed(),
-                late + TTL + slack,
-                observer.inspect(&lock).await,
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let within = bound.saturating_duration_since(Instant::now());
+        let what = format!(
+            "L1: round {round}: {lock} free within the put's delay + TTL + slack ({:?}) of its acquire",
+            late + TTL + slack
+        );
+        let lease = eventually(within, &what, || async {
+            observer
+                .try_acquire_for(&lock, TTL)
+                .await
+                .ok()?
+                .into_lease()
+        })
+        .await;
+        observer.release(&lease).await.unwrap();
         busy.cancel();
         churn.await.unwrap();
     }
@@ -212,4 +202,83 @@ async fn a_garbled_connection_is_a_retryable_error_and_heals() {
         .into_lease()
         .expect("free");
     client.release(&lease).await.unwrap();
+}
+
+/// An acquire whose reply comes too late (the put landed, the client gave
+/// up on it) retires the client's session: never refreshed again, so the
+/// unseen entry goes with it. A lock held on that session meanwhile is not
+/// lost: its next renewal moves it to a new session, keeping its key and
+/// fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = Duration::from_millis(500).mul_f64(scale());
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.url_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
+        .await
+        .unwrap();
+    let mut raw = support::raw(&store.url()).await;
+    let locker = lockcore::Locker::new(client.clone())
+        .ttl(TTL)
+        .renew_every(TTL / 4);
+    let kept = locker.acquire(name("kept", 0)).await.unwrap();
+    let session = support::etcd_lease_of(&mut raw, &client.key_of(&kept.lease()).unwrap()).await;
+
+    // Replies come late: the put lands, the client hears nothing in time.
+    let late = timeout * 2;
+    proxy.set(Mode::DelayDownstream {
+        base: late,
+        jitter: Duration::ZERO,
+    });
+    let phantom = name("phantom", 0);
+    let sent = Instant::now();
+    let err = client.try_acquire_for(&phantom, TTL).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    proxy.set(Mode::Pass);
+    until(Duration::from_secs(5), "the landed put's entry", || async {
+        observer.inspect(&phantom).await.unwrap().is_some()
+    })
+    .await;
+
+    // The phantom goes with the retired session, within its TTL + slack.
+    let slack = client.capabilities().slack_for(TTL) + scaled(Duration::from_secs(1));
+    let within = (sent + late + TTL + slack).saturating_duration_since(Instant::now());
+    let lease = eventually(within, "the phantom's name free again", || async {
+        observer
+            .try_acquire_for(&phantom, TTL)
+            .await
+            .ok()?
+            .into_lease()
+    })
+    .await;
+    observer.release(&lease).await.unwrap();
+
+    // The held lock moved on with its fence, and was never lost.
+    let key = client.key_of(&kept.lease()).unwrap();
+    let moved = eventually(
+        scaled(Duration::from_secs(5)),
+        "the kept lock on a new session",
+        || {
+            let (mut raw, key) = (raw.clone(), key.clone());
+            async move {
+                let now = raw.get(key, None).await.ok()?.kvs().first()?.lease();
+                (now != session).then_some(now)
+            }
+        },
+    )
+    .await;
+    assert_ne!(moved, session);
+    assert!(kept.is_held(), "the lock on the retired session was lost");
+    let view = observer
+        .inspect(kept.lease().name())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.fence, kept.fencing_token(), "same grant, same fence");
+    kept.release().await.unwrap();
 }

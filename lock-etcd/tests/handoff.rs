@@ -6,49 +6,25 @@
 //! Waiters here re-check only every 60 s, so only etcd's notifications can
 //! move them on time.
 
-use std::collections::HashMap;
+mod support;
+
 use std::time::Duration;
 
 use lock_conformance::proxy::FaultProxy;
-use lock_conformance::stores::{self, etcd};
+use lock_conformance::stores::{etcd, eventually, until};
+use lock_etcd::EtcdBackend;
 use lock_etcd::etcd_client::{Client, GetOptions};
-use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
-use lockcore::{Attempt, Lease, LockBackend, LockName, OwnerToken, ReleaseOutcome};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use lockcore::{Lease, LockBackend, LockName, ReleaseOutcome};
+use support::*;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn name(prefix: &str) -> LockName {
-    let salt = OwnerToken::new().as_uuid().as_u128() as u32;
-    LockName::new(format!("handoff-test/{prefix}/{salt:08x}")).unwrap()
-}
-
-async fn connect(url: &str) -> EtcdBackend {
-    EtcdBackend::connect_with(EtcdConfig::new([url]))
-        .await
-        .expect("connect to the harness etcd")
-}
-
-async fn private_etcd() -> stores::Store {
-    tokio::task::spawn_blocking(|| etcd::start(etcd::Options::default()))
-        .await
-        .unwrap()
-        .expect("a private etcd")
-}
-
 async fn hold(backend: &EtcdBackend, name: &LockName) -> Lease {
-    match backend
-        .try_acquire_for(name, TTL)
-        .await
-        .expect("try_acquire")
-    {
-        Attempt::Acquired(lease) => lease,
-        Attempt::Held { .. } => panic!("{name} should be free"),
-    }
+    acquire(backend, name, TTL).await
 }
 
 fn patient() -> WaitPolicy {
@@ -74,71 +50,36 @@ fn wait_for(
     })
 }
 
-/// Waits until the queue of the lock whose grant is `lease` has `len` entries.
-async fn queue_reaches(client: &mut Client, backend: &EtcdBackend, lease: &Lease, len: usize) {
-    let key = backend.key_of(lease).unwrap();
-    let queue = key[..key.len() - 16].to_vec();
-    let options = GetOptions::new().with_prefix().with_count_only();
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let count = client
-            .get(queue.clone(), Some(options.clone()))
-            .await
-            .unwrap()
-            .count();
-        if count as usize == len {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "the queue has {count} entries, not {len}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// etcd's Prometheus metrics (served on the client port), unlabelled sums.
-async fn metrics(store: &stores::Store) -> HashMap<String, f64> {
-    let mut conn = tokio::net::TcpStream::connect(store.addr()).await.unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).await.unwrap();
-    let mut values = HashMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        *values.entry(series.to_owned()).or_default() += value;
-    }
-    values
-}
-
-fn txns(metrics: &HashMap<String, f64>) -> f64 {
-    metrics
-        .iter()
-        .filter(|(series, _)| {
-            series.starts_with("grpc_server_handled_total{")
-                && series.contains("grpc_method=\"Txn\"")
-        })
-        .map(|(_, v)| v)
-        .sum()
-}
-
-fn gauge(metrics: &HashMap<String, f64>, name: &str) -> f64 {
-    metrics.get(name).copied().unwrap_or(0.0)
+/// Waits until the queue of the lock whose grant is `lease` has `len`
+/// entries; returns how many reads that took.
+async fn queue_reaches(
+    client: &mut Client,
+    backend: &EtcdBackend,
+    lease: &Lease,
+    len: usize,
+) -> usize {
+    let queue = queue_of(backend, lease);
+    let reads = std::sync::atomic::AtomicUsize::new(0);
+    until(
+        Duration::from_secs(20),
+        &format!("a queue of {len}"),
+        || {
+            let (mut client, queue) = (client.clone(), queue.clone());
+            reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { queue_len(&mut client, queue).await == len }
+        },
+    )
+    .await;
+    reads.into_inner()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
-    // Every etcd Txn of the run is counted on a private server: each waiter
-    // pays its enqueue, one read when it starts following the queue, and its
-    // release. Moving up the line and taking the lock cost nothing: no read,
-    // no write, no new watch.
+    // Every etcd Txn and Range of the run is counted on a private server:
+    // each client pays its session's marker and one read of its notices,
+    // each waiter its enqueue, one read when it starts following the queue,
+    // and its release. Moving up the line and taking the lock cost nothing:
+    // no read, no write, no new watch.
     const WAITERS: usize = 6;
     let store = private_etcd().await;
     let url = store.url();
@@ -149,13 +90,14 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
     for _ in 0..WAITERS {
         waiters.push(connect(&url).await);
     }
-    let before = txns(&metrics(&store).await);
+    let before = metrics(&store).await;
 
     let first = hold(&holder, &lock).await;
     let (tx, mut grants) = mpsc::unbounded_channel();
+    let mut our_reads = 0;
     for (i, waiter) in waiters.into_iter().enumerate() {
         wait_for(waiter, &lock, i, &tx);
-        queue_reaches(&mut raw, &holder, &first, i + 2).await; // arrival order
+        our_reads += queue_reaches(&mut raw, &holder, &first, i + 2).await; // arrival order
     }
     let mut fence = first.fence();
     assert_eq!(
@@ -177,11 +119,18 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
         );
     }
 
-    let spent = txns(&metrics(&store).await) - before;
-    let expected = 2 + 3 * WAITERS; // the holder's acquire and release, 3 per waiter
+    let after = metrics(&store).await;
+    let spent = |method| handled(&after, method) - handled(&before, method);
+    let clients = WAITERS + 1;
+    // Markers, the holder's acquire and release, each waiter's enqueue,
+    // its first read of the queue (with the fence floor) and its release.
+    let txns = clients + 2 + 3 * WAITERS;
+    // Notice reads (and this test's own).
+    let ranges = clients + our_reads;
     assert_eq!(
-        spent, expected as f64,
-        "etcd handled {spent} Txns for {WAITERS} hand-offs, expected {expected}"
+        (spent("Txn"), spent("Range")),
+        (txns as f64, ranges as f64),
+        "(Txns, Ranges) etcd handled for {WAITERS} hand-offs"
     );
 }
 
@@ -240,30 +189,25 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
         held.push(lease);
     }
     // The waiting client follows its names on one stream, whatever their
-    // number; the holder's loss signals (its locks are held past a tenth
-    // of their TTL by now) share another.
-    let expected = (2.0, 2.0 * NAMES as f64);
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = metrics(&store).await;
-        let open = (
-            gauge(&m, "etcd_debugging_mvcc_watch_stream_total"),
-            gauge(&m, "etcd_debugging_mvcc_watcher_total"),
-        );
-        if open == expected {
-            break;
-        }
-        assert!(open.0 <= expected.0, "more streams than clients: {open:?}");
-        assert!(
-            Instant::now() < until,
-            "(streams, watches) {open:?}, expected {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        (waiter.watched_names(), holder.watched_names()),
-        (NAMES, NAMES)
-    );
+    // number, and its session's notices on the same; the holder follows
+    // only its session's notices, however many locks it holds.
+    let expected = (2.0, NAMES as f64 + 2.0);
+    let open = eventually(
+        Duration::from_secs(10),
+        "one stream per client and one watch per name",
+        || async {
+            let m = metrics(&store).await;
+            let open = (
+                gauge(&m, "etcd_debugging_mvcc_watch_stream_total"),
+                gauge(&m, "etcd_debugging_mvcc_watcher_total"),
+            );
+            assert!(open.0 <= expected.0, "more streams than clients: {open:?}");
+            (open == expected).then_some(open)
+        },
+    )
+    .await;
+    assert_eq!(open, expected);
+    assert_eq!((waiter.watched(), holder.watched()), (NAMES + 1, 1));
 
     for lease in &held {
         holder.release(lease).await.unwrap();
@@ -276,23 +220,20 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
         waiter.release(&lease).await.unwrap();
     }
     // Unused watches linger a few seconds (a busy name keeps its watch),
-    // then go, and with the last one the stream.
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = metrics(&store).await;
-        let open = (
-            gauge(&m, "etcd_debugging_mvcc_watch_stream_total"),
-            gauge(&m, "etcd_debugging_mvcc_watcher_total"),
-        );
-        if open == (0.0, 0.0) && waiter.watched_names() == 0 && holder.watched_names() == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "still open (streams, watches): {open:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // unused sessions too, then they go, and with the last one the stream.
+    until(
+        Duration::from_secs(20),
+        "every watch and stream closed",
+        || async {
+            let m = metrics(&store).await;
+            let open = (
+                gauge(&m, "etcd_debugging_mvcc_watch_stream_total"),
+                gauge(&m, "etcd_debugging_mvcc_watcher_total"),
+            );
+            open == (0.0, 0.0) && waiter.watched() == 0 && holder.watched() == 0
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,11 +248,10 @@ async fn a_waiter_whose_watch_stream_is_cut_rejoins_the_line() {
     let (tx, mut grants) = mpsc::unbounded_channel();
     let _waiting = wait_for(waiter.clone(), &lock, 0, &tx);
     queue_reaches(&mut raw, &holder, &held, 2).await;
-    let until = Instant::now() + Duration::from_secs(10);
-    while waiter.watched_names() == 0 {
-        assert!(Instant::now() < until, "the waiter never watched");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until(Duration::from_secs(10), "the waiter watching", || async {
+        waiter.watched() > 1
+    })
+    .await;
 
     // Every connection of the waiter is reset: its stream dies, and so may
     // any request in flight. The release happens while it reconnects.
@@ -350,4 +290,80 @@ async fn backend_watch_wakes_on_release_and_at_once_when_free() {
         .await
         .expect("the release wakes the watcher")
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_dies_in_line_never_takes_the_lock_with_it() {
+    // etcd #11456: a waiter whose lease expired was granted the lock. Here
+    // the waiter's lease is revoked while it waits: its entry is gone, and it
+    // must queue again, not claim the lock on the dead entry's revision.
+    let url = etcd::shared().url();
+    let (holder, waiter) = (connect(&url).await, connect(&url).await);
+    let mut client = raw(&url).await;
+    let lock = name("dead-waiter");
+    let held = acquire(&holder, &lock, Duration::from_secs(10)).await;
+    let waiting = {
+        let (waiter, lock) = (waiter.clone(), lock.clone());
+        tokio::spawn(async move {
+            let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(20));
+            waiter
+                .acquire_for(&lock, Duration::from_secs(10), &wait)
+                .await
+        })
+    };
+    // Find the waiter's entry: the newer of the two queue entries.
+    let queue_prefix = queue_of(&holder, &held);
+    let entries = |client: &Client| {
+        let (mut client, prefix) = (client.clone(), queue_prefix.clone());
+        async move {
+            client
+                .get(prefix, Some(GetOptions::new().with_prefix()))
+                .await
+                .unwrap()
+                .kvs()
+                .to_vec()
+        }
+    };
+    let entry = eventually(
+        Duration::from_secs(10),
+        "the waiter's queue entry",
+        || async {
+            entries(&client)
+                .await
+                .into_iter()
+                .find(|kv| kv.create_revision() as u64 != held.fence().get())
+        },
+    )
+    .await;
+    client.lease_revoke(entry.lease()).await.unwrap();
+    // The waiter sees its entry gone and queues again, with a new entry.
+    eventually(
+        Duration::from_secs(10),
+        "the waiter queueing again",
+        || async {
+            entries(&client)
+                .await
+                .iter()
+                .any(|kv| kv.create_revision() > entry.create_revision())
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(!waiting.is_finished(), "the waiter must still be waiting");
+    holder.release(&held).await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the waiter gets the lock after queueing again")
+        .unwrap()
+        .unwrap()
+        .expect("granted before its deadline");
+    assert!(
+        lease.fence().get() > entry.create_revision() as u64,
+        "granted on a new entry (fence {}), not the revoked one (revision {})",
+        lease.fence(),
+        entry.create_revision()
+    );
+    let holder_view = holder.inspect(&lock).await.unwrap().expect("held");
+    assert_eq!(holder_view.fence, lease.fence());
+    waiter.release(&lease).await.unwrap();
 }

@@ -3,6 +3,8 @@
 //! `etcds://` URL and the builder, a client that does not trust the CA,
 //! `--client-cert-auth`, and users and roles over TLS.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -12,7 +14,8 @@ use lock_conformance::stores::pki::{Identity, TestCa};
 use lock_etcd::etcd_client::{Certificate, Client, ConnectOptions, Permission, TlsOptions};
 use lock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome};
+use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
+use support::name;
 use tokio::time::Instant;
 
 /// Long enough for any refusal here; a hang fails the test instead of
@@ -73,11 +76,6 @@ fn write_pair(dir: &Path, stem: &str, cert: &str, key: &str) -> (PathBuf, PathBu
     std::fs::write(&cert_file, cert).unwrap();
     std::fs::write(&key_file, key).unwrap();
     (cert_file, key_file)
-}
-
-fn name(test: &str) -> LockName {
-    let tag = OwnerToken::new().as_uuid().as_u128() as u32;
-    LockName::new(format!("tls-test/{test}/{tag:08x}")).unwrap()
 }
 
 /// Connects with `config`, giving up after [`BOUND`].
@@ -281,13 +279,9 @@ async fn users_and_passwords_over_tls() {
     );
     assert_refused("a wrong password", wrong, started, "authentication failed");
 
-    // A user without permission on the prefix connects (etcd 3.4 lets
-    // anyone grant leases) but is refused the lock, permanently.
-    let nobody = connect(config.clone().user("nobody", password))
-        .await
-        .unwrap();
-    let err = nobody
-        .try_acquire_for(&name("nobody"), Duration::from_secs(5))
+    // A user without permission on the prefix is refused at connect,
+    // permanently, told what to grant.
+    let err = connect(config.clone().user("nobody", password))
         .await
         .unwrap_err();
     assert!(
@@ -295,4 +289,5 @@ async fn users_and_passwords_over_tls() {
         "{err:?}"
     );
     assert!(err.to_string().contains("permission denied"), "{err}");
+    assert!(err.to_string().contains("readwrite"), "{err}");
 }

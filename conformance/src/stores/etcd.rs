@@ -390,6 +390,78 @@ fn json_string(text: &str, key: &str) -> Option<String> {
     Some(text[at..at + end].to_owned())
 }
 
+/// Saves a snapshot of a launched plaintext `store` to `to` (`etcdctl
+/// snapshot save`), for restore tests.
+pub fn snapshot(store: &Store, to: &Path) -> io::Result<()> {
+    let mut cmd = etcdctl()?;
+    cmd.arg("--endpoints")
+        .arg(store.url())
+        .args(["snapshot", "save"])
+        .arg(to);
+    run(cmd, "etcdctl snapshot save")
+}
+
+/// Restores a launched single-member `store` from `snapshot`: stops it,
+/// restores the snapshot into a new data dir in place of its own (`etcdctl
+/// snapshot restore`, same member name and peer URL) and starts it again on
+/// the same ports: what an operator does after losing a cluster.
+pub fn restore(store: &Store, snapshot: &Path) -> io::Result<()> {
+    let pid = store
+        .pid()
+        .ok_or_else(|| io::Error::other("the store to restore is not running"))?;
+    // Its own command line says where its data lives and who it is.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+            .ok_or_else(|| {
+                io::Error::other(format!("{name} missing from the store's command line"))
+            })
+    };
+    let (name, data, peer) = (
+        flag("--name")?,
+        PathBuf::from(flag("--data-dir")?),
+        flag("--initial-advertise-peer-urls")?,
+    );
+    store.stop_now()?;
+    std::fs::remove_dir_all(&data)?;
+    let mut cmd = etcdctl()?;
+    cmd.args(["snapshot", "restore"])
+        .arg(snapshot)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--name", &name])
+        .args(["--initial-cluster", &format!("{name}={peer}")])
+        .args(["--initial-advertise-peer-urls", &peer]);
+    run(cmd, "etcdctl snapshot restore")?;
+    store.restart_now()
+}
+
+fn etcdctl() -> io::Result<Command> {
+    let program = super::which("etcdctl").ok_or_else(|| super::missing(Kind::Etcd, "etcdctl"))?;
+    let mut cmd = Command::new(program);
+    cmd.env("ETCDCTL_API", "3");
+    Ok(cmd)
+}
+
+fn run(mut cmd: Command, what: &str) -> io::Result<()> {
+    let out = cmd.output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
 static SHARED: SharedSlot = SharedSlot::new();
 
 /// The etcd of this test binary, or the server named by

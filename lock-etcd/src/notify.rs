@@ -1,0 +1,134 @@
+//! Store-pushed loss: a forced release of one of this client's locks, or
+//! the end of a session (expired, revoked), reaches the guards at once, not
+//! at their next renewal.
+//!
+//! `evict` deletes the holder's key and, in the same transaction, puts a
+//! notice under the holder's session (`<prefix>/sessions/<session>/evicted/
+//! <create revision>`, value: the evicted key, attached to the session
+//! lease). Each session also has a marker (`.../alive`) attached to it,
+//! deleted by etcd with the lease. Each client follows these keys of each of
+//! its sessions on its shared watch stream, one watch per session however
+//! many locks it holds, and reads what is there after subscribing (so
+//! nothing is missed). A notice fires the loss signal of the grant it names
+//! and is then deleted; the marker's delete (or absence) fires every loss
+//! signal of the session.
+//!
+//! A watch that lives on is synced: etcd sends its events as it commits
+//! them. A watch created while a write races it starts unsynced and is
+//! caught up by a loop that runs every 100 ms ([`NOTICE`]).
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions};
+use lockcore::{Backoff, LockError};
+
+use crate::error::timed;
+use crate::hub::{Events, Hub};
+use crate::keys::{Keys, range_end};
+use crate::session::{Session, Sessions};
+
+/// etcd serves a watch that is behind (created while a write raced it, or
+/// whose client was slow to read) from loops that run every 100 ms.
+const UNSYNCED_LOOP: Duration = Duration::from_millis(100);
+
+/// How soon a connected holder's loss signal fires after a forced release,
+/// round trips aside.
+pub(crate) const NOTICE: Duration = UNSYNCED_LOOP;
+
+/// What following notices needs.
+#[derive(Clone)]
+pub(crate) struct Notices {
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) client: Client,
+    pub(crate) keys: Keys,
+    pub(crate) timeout: Duration,
+}
+
+impl Notices {
+    /// Follows the notices of `session` until it ends.
+    pub(crate) fn follow(&self, sessions: Weak<Sessions>, session: &Arc<Session>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: evictions are noticed at the next renewal
+        };
+        let (this, session) = (self.clone(), session.clone());
+        runtime.spawn(async move {
+            let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+            let mut failures = 0;
+            loop {
+                tokio::select! {
+                    () = session.ended.cancelled() => return,
+                    outcome = this.serve(&sessions, session.id) => match outcome {
+                        Ok(()) => return, // the session is gone
+                        Err(e) => {
+                            tracing::debug!(error = %e, "following eviction notices failed; starting over");
+                        }
+                    }
+                }
+                tokio::select! {
+                    () = session.ended.cancelled() => return,
+                    () = tokio::time::sleep(backoff.delay(failures)) => failures += 1,
+                }
+            }
+        });
+    }
+
+    async fn serve(&self, sessions: &Weak<Sessions>, session: i64) -> Result<(), LockError> {
+        let prefix = self.keys.session(session);
+        let alive = self.keys.alive(session);
+        let mut changes = self.hub.subscribe(&prefix, Events::All).await?;
+        // Subscribed: a change from now on arrives as an event, one before
+        // shows in this read.
+        let options = GetOptions::new().with_range(range_end(&prefix));
+        let there = timed(
+            self.timeout,
+            "notice read",
+            self.client.kv_client().get(prefix.clone(), Some(options)),
+        )
+        .await?;
+        if !there.kvs().iter().any(|kv| kv.key() == alive.as_slice()) {
+            return self.gone(sessions, session);
+        }
+        for kv in there.kvs() {
+            self.handle(sessions, &prefix, kv.key(), kv.value());
+        }
+        while let Some(change) = changes.next().await {
+            if change.key == alive && change.deleted {
+                return self.gone(sessions, session);
+            }
+            if !change.deleted {
+                self.handle(sessions, &prefix, &change.key, &change.value);
+            }
+        }
+        Err(LockError::unavailable(
+            crate::error::BACKEND,
+            "the watch ended",
+        ))
+    }
+
+    /// The session's marker is gone, and with it the session.
+    fn gone(&self, sessions: &Weak<Sessions>, session: i64) -> Result<(), LockError> {
+        if let Some(sessions) = sessions.upgrade() {
+            tracing::debug!(session, "etcd session gone: its locks are lost");
+            sessions.gone(session);
+        }
+        Ok(())
+    }
+
+    /// Fires the loss signal of the grant a notice names, then deletes it.
+    fn handle(&self, sessions: &Weak<Sessions>, prefix: &[u8], notice: &[u8], evicted: &[u8]) {
+        let Some(revision) = Keys::noticed(prefix, notice) else {
+            return;
+        };
+        if let Some(sessions) = sessions.upgrade()
+            && let Some(entry) = sessions.forget(evicted, revision)
+        {
+            tracing::debug!(revision, "held lock evicted in etcd: lease lost");
+            entry.lost.cancel();
+        }
+        let (mut kv, key, limit) = (self.client.kv_client(), notice.to_vec(), self.timeout);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(limit, kv.delete(key, None)).await;
+        });
+    }
+}

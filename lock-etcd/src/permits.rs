@@ -1,0 +1,219 @@
+//! Semaphores: `permits` slots under `<prefix>/permits/<name>/`, each a key
+//! `slot/<i>` taken by one `Txn` that puts it only if it does not exist
+//! (attached to the holder's session, like a lock entry; its create
+//! revision is the slot's fence), and only if the semaphore's agreed number
+//! of permits (`count`, written once, by the first holder) is the one asked
+//! for. With no slot taken, a request with another number rewrites it.
+//! Waiters follow the slots' deletes on the shared watch.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use lockcore::backend::{CancellationToken, LockRequest, Wakeup};
+use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
+
+use crate::client::Inner;
+use crate::error::timed;
+use crate::hub::Events;
+use crate::keys::{Keys, range_end};
+use crate::record::Record;
+use crate::session::{Entry, Kind};
+
+/// Tries per attempt: each miss shows which slots are taken.
+const TRIES: usize = 8;
+
+/// What a miss showed of the semaphore.
+struct Seen {
+    /// The agreed number of permits (`None`: none agreed yet).
+    count: Option<u32>,
+    taken: BTreeSet<u32>,
+}
+
+impl Inner {
+    pub(crate) async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        if permits == 0 {
+            return Err(LockError::config(format!(
+                "semaphore \"{}\" needs at least one permit",
+                request.name()
+            )));
+        }
+        let semaphore = self.keys.semaphore(request.name());
+        let (count_key, slots) = (Keys::permit_count(&semaphore), Keys::slots(&semaphore));
+        let ttl = request.ttl().get();
+        // Expect the common case: the count agreed, slot 0 free.
+        let mut seen = Seen {
+            count: Some(permits),
+            taken: BTreeSet::new(),
+        };
+        for _ in 0..TRIES {
+            let agreed = match seen.count {
+                Some(count) if count == permits => true,
+                // No slot taken: the count may change.
+                _ if seen.taken.is_empty() => false,
+                Some(existing) => {
+                    return Err(LockError::PermitsMismatch {
+                        name: request.name().clone(),
+                        requested: permits,
+                        existing,
+                    });
+                }
+                // Slots without a count (an operator's doing): adopt ours.
+                None => false,
+            };
+            let Some(slot) = (0..permits).find(|i| !seen.taken.contains(i)) else {
+                return Ok(Attempt::Held { expires_in: None });
+            };
+            let using = self.sessions.for_entry(ttl).await?;
+            let (session, refreshed) = (&using.session, using.refreshed);
+            let key = Keys::slot(&slots, slot);
+            let record = Record::new(OwnerToken::new(), self.floor.offset(), request.label());
+            let value: Arc<[u8]> = record.encode().into();
+            let put = TxnOp::put(
+                key.clone(),
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(session.id)),
+            );
+            let free = Compare::create_revision(key.clone(), CompareOp::Equal, 0);
+            let count = permits.to_string();
+            let txn = if agreed {
+                Txn::new()
+                    .when([
+                        Compare::value(count_key.clone(), CompareOp::Equal, count),
+                        free,
+                        self.floor.compare(),
+                    ])
+                    .and_then([put])
+            } else {
+                // Agree on the count: only while nobody holds a slot.
+                let unchanged = match seen.count {
+                    Some(old) => {
+                        Compare::value(count_key.clone(), CompareOp::Equal, old.to_string())
+                    }
+                    None => Compare::version(count_key.clone(), CompareOp::Equal, 0),
+                };
+                let empty = Compare::create_revision(slots.clone(), CompareOp::Equal, 0)
+                    .with_range(range_end(&slots));
+                Txn::new()
+                    .when([unchanged, empty, free, self.floor.compare()])
+                    .and_then([TxnOp::put(count_key.clone(), count, None), put])
+            }
+            .or_else([
+                TxnOp::get(count_key.clone(), None),
+                TxnOp::get(
+                    slots.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_range(range_end(&slots))
+                            .with_keys_only(),
+                    ),
+                ),
+                self.floor.get(),
+            ]);
+            let reply = tokio::time::timeout(self.timeout, self.client.kv_client().txn(txn)).await;
+            let Some(reply) = self.written(reply, session.id, "permit acquire")? else {
+                continue; // the session was gone: a new one
+            };
+            if reply.succeeded() {
+                let revision = reply.header().map_or(0, |h| h.revision());
+                let lost = CancellationToken::new();
+                self.sessions.record(
+                    key.clone(),
+                    Entry {
+                        session: session.id,
+                        revision,
+                        value: value.clone(),
+                        kind: Kind::Held {
+                            paid_until: refreshed + ttl,
+                        },
+                        lost: lost.clone(),
+                        number: None,
+                    },
+                );
+                tracing::debug!(name = %request.name(), slot, revision, "permit acquired");
+                return self
+                    .lease(request, &record, key, revision, value, refreshed, lost)
+                    .map(|lease| Attempt::Acquired(lease.with_slot(slot)));
+            }
+            self.floor.learn_from(&reply)?;
+            seen = Seen::of(&reply.op_responses(), &slots);
+        }
+        // The slots kept changing under us: a busy semaphore.
+        Ok(Attempt::Held { expires_in: None })
+    }
+
+    pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        let slots = Keys::slots(&self.keys.semaphore(name));
+        let options = GetOptions::new().with_range(range_end(&slots));
+        let reply = timed(
+            self.timeout,
+            "inspect permits",
+            self.client.kv_client().get(slots.clone(), Some(options)),
+        )
+        .await?;
+        // One look at each session's lease for the time left.
+        let mut left = HashMap::new();
+        for lease in reply
+            .kvs()
+            .iter()
+            .map(KeyValue::lease)
+            .collect::<BTreeSet<_>>()
+        {
+            if lease != 0 {
+                left.insert(lease, self.time_left(lease).await?);
+            }
+        }
+        let mut holders = Vec::new();
+        for kv in reply.kvs() {
+            let Some(slot) = Keys::slot_of(&slots, kv.key()) else {
+                continue;
+            };
+            let expires_in = left.get(&kv.lease()).copied();
+            holders.push(
+                Record::holder(kv.value(), kv.create_revision(), expires_in)?.with_slot(slot),
+            );
+        }
+        holders.sort_by_key(|h| h.slot);
+        Ok(holders)
+    }
+
+    pub(crate) async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        // Subscribed before the caller's next attempt: any slot freed after
+        // it wakes the waiter; a slot free right now, the attempt takes.
+        let slots = Keys::slots(&self.keys.semaphore(name));
+        let mut deletes = self.hub.subscribe(&slots, Events::Deletes).await?;
+        Ok(Some(Box::pin(async move {
+            // Also wakes when the watch is gone: the caller looks again.
+            let _ = deletes.next().await;
+        })))
+    }
+}
+
+impl Seen {
+    /// The count and the taken slots from a miss's reads.
+    fn of(responses: &[TxnOpResponse], slots: &[u8]) -> Seen {
+        let mut ranges = responses.iter().filter_map(|r| match r {
+            TxnOpResponse::Get(get) => Some(get.kvs()),
+            _ => None,
+        });
+        let count = ranges
+            .next()
+            .and_then(|kvs| kvs.first())
+            .and_then(|kv| kv.value_str().ok()?.parse().ok());
+        let taken = ranges
+            .next()
+            .map(|kvs| {
+                kvs.iter()
+                    .filter_map(|kv| Keys::slot_of(slots, kv.key()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Seen { count, taken }
+    }
+}

@@ -1,0 +1,278 @@
+//! A session's lease: granted once per TTL (with its marker), kept alive
+//! on one keep-alive stream, revoked when dropped; and keys moved onto it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lockcore::LockError;
+use tokio::time::Instant;
+
+use lockcore::backend::CancellationToken;
+
+use super::{
+    Attached, MOVE_BATCH, Session, SessionState, Sessions, Status, Use, fresh_enough, keeper,
+};
+use crate::error::{self, BACKEND, lease_not_found, timed};
+
+impl Sessions {
+    /// The live session for new entries of `ttl`, refreshed first if it is
+    /// not fresh enough, and when it was last refreshed (a new entry's lease
+    /// counts from then). The keeper keeps it while the [`Use`] lives: hold
+    /// it until the write's outcome is in the book.
+    pub(crate) async fn for_entry(self: &Arc<Self>, ttl: Duration) -> Result<Use, LockError> {
+        for _ in 0..3 {
+            let session = self.current(ttl).await?;
+            let Some(mut using) = self.claim(&session) else {
+                continue;
+            };
+            if using.refreshed.elapsed() <= fresh_enough(ttl) {
+                return Ok(using);
+            }
+            if let Some(sent) = self.refresh(&session).await? {
+                using.refreshed = sent;
+                return Ok(using);
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            "every new etcd session was gone at once",
+        ))
+    }
+
+    async fn current(self: &Arc<Self>, ttl: Duration) -> Result<Arc<Session>, LockError> {
+        if let Some(session) = self.live_current(ttl) {
+            return Ok(session);
+        }
+        let _granting = self.granting.lock().await;
+        if let Some(session) = self.live_current(ttl) {
+            return Ok(session);
+        }
+        let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        let sent = Instant::now();
+        let granted = timed(
+            self.timeout,
+            "lease grant",
+            self.client.lease_client().grant(secs, None),
+        )
+        .await?;
+        if !granted.error().is_empty() {
+            return Err(LockError::store(BACKEND, granted.error().to_owned()));
+        }
+        if granted.ttl() != secs {
+            // The cluster's minimum changed under us: never hand out a lease
+            // whose real TTL differs from what we report.
+            self.spawn_revoke(granted.id());
+            return Err(LockError::InvalidTtl {
+                ttl,
+                reason: format!(
+                    "etcd granted {} s instead of {secs} s (its minimum lease TTL is larger)",
+                    granted.ttl()
+                ),
+            });
+        }
+        // The marker goes with the lease: its delete tells this client at
+        // once that the session (and every lock on it) is gone.
+        let marker = TxnOp::put(
+            self.keys.alive(granted.id()),
+            Vec::new(),
+            Some(PutOptions::new().with_lease(granted.id())),
+        );
+        if let Err(e) = timed(
+            self.timeout,
+            "session marker",
+            self.client.kv_client().txn(Txn::new().and_then([marker])),
+        )
+        .await
+        {
+            self.spawn_revoke(granted.id());
+            return Err(e);
+        }
+        let session = Arc::new(Session {
+            id: granted.id(),
+            ttl,
+            stream: tokio::sync::Mutex::new(None),
+            ended: CancellationToken::new(),
+        });
+        let mut book = self.book();
+        book.sessions.insert(
+            session.id,
+            SessionState {
+                handle: session.clone(),
+                refreshed: sent,
+                status: Status::Live,
+                numbers: HashMap::new(),
+                busy: false,
+                empty_since: None,
+                users: 0,
+            },
+        );
+        book.current.insert(ttl, session.id);
+        drop(book);
+        (self.on_session)(&session);
+        self.start_keeper();
+        Ok(session)
+    }
+
+    fn live_current(&self, ttl: Duration) -> Option<Arc<Session>> {
+        let book = self.book();
+        let state = book.sessions.get(book.current.get(&ttl)?)?;
+        (state.status == Status::Live).then(|| state.handle.clone())
+    }
+
+    /// Marks `session` in use (if it is live), with its last refresh.
+    fn claim(self: &Arc<Self>, session: &Arc<Session>) -> Option<Use> {
+        let mut book = self.book();
+        let state = book.sessions.get_mut(&session.id)?;
+        if state.status != Status::Live {
+            return None;
+        }
+        state.users += 1;
+        Some(Use {
+            session: session.clone(),
+            refreshed: state.refreshed,
+            sessions: self.clone(),
+        })
+    }
+
+    /// Restarts the session's TTL: one keep-alive on its stream, shared by
+    /// every caller waiting meanwhile. `Some(sent)`: the lease lives at least
+    /// until `sent` + TTL, `sent` taken after this call began. `None`: etcd
+    /// says it is gone (or it was retired: it may not be refreshed).
+    pub(crate) async fn refresh(&self, session: &Session) -> Result<Option<Instant>, LockError> {
+        let asked = Instant::now();
+        let mut stream = session.stream.lock().await;
+        {
+            let book = self.book();
+            match book.sessions.get(&session.id) {
+                Some(state) if state.status == Status::Live => {
+                    if state.refreshed >= asked {
+                        return Ok(Some(state.refreshed));
+                    }
+                }
+                _ => return Ok(None),
+            }
+        }
+        let sent = Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, async {
+            match stream.as_mut() {
+                Some((keeper, replies)) => {
+                    keeper.keep_alive().await?;
+                    match replies.message().await? {
+                        Some(reply) => Ok(reply.ttl() > 0),
+                        None => Err(etcd_client::Error::WatchError(
+                            "keep-alive stream closed".into(),
+                        )),
+                    }
+                }
+                None => match self.client.lease_client().keep_alive(session.id).await {
+                    Ok(opened) => {
+                        *stream = Some(opened);
+                        Ok(true)
+                    }
+                    Err(e) if lease_not_found(&e) => Ok(false),
+                    Err(e) => Err(e),
+                },
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Ok(true)) => {
+                let mut book = self.book();
+                if let Some(state) = book.sessions.get_mut(&session.id) {
+                    state.refreshed = state.refreshed.max(sent);
+                }
+                Ok(Some(sent))
+            }
+            Ok(Ok(false)) => {
+                *stream = None;
+                self.gone(session.id);
+                Ok(None)
+            }
+            Ok(Err(e)) => {
+                *stream = None;
+                Err(error::map(e))
+            }
+            Err(_) => {
+                *stream = None;
+                Err(LockError::unavailable(
+                    BACKEND,
+                    format!("lease keep-alive got no answer within {:?}", self.timeout),
+                ))
+            }
+        }
+    }
+
+    /// Moves `keys` (with their create revisions and values) onto `target`,
+    /// keeping each key's create revision; returns the keys moved (the
+    /// others are gone).
+    pub(crate) async fn move_to(
+        &self,
+        target: i64,
+        keys: &[Attached],
+    ) -> Result<Vec<Vec<u8>>, LockError> {
+        let mut moved = Vec::new();
+        for batch in keys.chunks(MOVE_BATCH) {
+            let ops: Vec<TxnOp> = batch
+                .iter()
+                .map(
+                    |Attached {
+                         key,
+                         revision,
+                         value,
+                     }| {
+                        TxnOp::txn(
+                            Txn::new()
+                                .when([Compare::create_revision(
+                                    key.clone(),
+                                    CompareOp::Equal,
+                                    *revision,
+                                )])
+                                .and_then([TxnOp::put(
+                                    key.clone(),
+                                    value.to_vec(),
+                                    Some(PutOptions::new().with_lease(target)),
+                                )]),
+                        )
+                    },
+                )
+                .collect();
+            let reply = timed(
+                self.timeout,
+                "move to a new session",
+                self.client.kv_client().txn(Txn::new().and_then(ops)),
+            )
+            .await?;
+            for (Attached { key, .. }, op) in batch.iter().zip(reply.op_responses()) {
+                if let etcd_client::TxnOpResponse::Txn(nested) = op
+                    && nested.succeeded()
+                {
+                    moved.push(key.clone());
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    pub(super) fn spawn_revoke(&self, id: i64) {
+        let mut leases = self.client.lease_client();
+        let limit = self.timeout;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
+            });
+        }
+    }
+
+    pub(super) fn start_keeper(self: &Arc<Self>) {
+        let mut running = self.keeper.lock().unwrap_or_else(|p| p.into_inner());
+        if *running {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            *running = true;
+            runtime.spawn(keeper::keep(Arc::downgrade(self)));
+        }
+    }
+}
