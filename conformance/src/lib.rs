@@ -80,10 +80,9 @@ mod ctx;
 mod factory;
 mod harness;
 pub mod history;
+pub mod kit;
 mod macros;
 mod outcome;
-#[cfg(feature = "stores")]
-pub mod proxy;
 mod report;
 mod runner;
 #[cfg(feature = "stores")]
@@ -98,6 +97,10 @@ pub use factory::{Factory, FnFactory, SharedFactory, from_fn, shared};
 pub use outcome::{CaseResult, Failure, Outcome};
 pub use report::{CaseReport, Report};
 pub use runner::{CASES, run_all, run_case, run_case_with, run_cases};
+
+/// The fault proxy ([`kit::proxy`]), at its older path.
+#[cfg(feature = "stores")]
+pub use kit::proxy;
 
 /// The variable naming cases expected to skip in this environment, on top of
 /// a `suite!` invocation's `expect_skips` (comma- or space-separated case

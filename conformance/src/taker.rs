@@ -43,7 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::TakerCommand;
-use crate::stores::process;
+use crate::kit::process;
 
 /// Set to `1` in the environment of a taker process.
 pub const TAKER_ENV: &str = "LOCK_CONFORMANCE_TAKER";

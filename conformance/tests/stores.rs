@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lock_conformance::StoreControl;
 use lock_conformance::stores::{Kind, Store, etcd, postgres, redis, zookeeper};
 
 fn run(program: &str, args: &[&str]) -> (bool, String) {

@@ -1,12 +1,10 @@
-//! Child processes that die with the test binary, signals, free ports and
-//! readiness polling: the plumbing under every store and the lock-taker.
+//! Child processes that die with the test binary, signals to them and their
+//! descendants, and waiting for them to start serving or to exit: the
+//! plumbing under every store and the lock-taker.
 
-use std::collections::HashSet;
 use std::fs;
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
@@ -212,120 +210,6 @@ pub(crate) fn wait_all_gone(pids: &[u32], within: Duration) -> bool {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// The range ports are handed out from: below Linux's ephemeral range, so an
-/// outgoing connection never takes a store's port while the store is down
-/// for a restart.
-const PORTS: std::ops::Range<u16> = 20000..32000;
-
-/// A loopback port nothing listens on and this process has not handed out
-/// before. Another process may still take it before the server binds it;
-/// launchers retry on "address in use".
-pub(crate) fn free_port() -> io::Result<u16> {
-    static TAKEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
-    let taken = TAKEN.get_or_init(Default::default);
-    for _ in 0..200 {
-        let port = rand::random_range(PORTS);
-        let mut taken = taken.lock().unwrap_or_else(|p| p.into_inner());
-        if taken.contains(&port) {
-            continue;
-        }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-            taken.insert(port);
-            return Ok(port);
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AddrInUse,
-        format!("no free loopback port in {PORTS:?} after 200 tries"),
-    ))
-}
-
-/// `127.0.0.1:port`.
-pub(crate) fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
-}
-
-/// Connects, writes `request`, and reads until `done` says the reply is
-/// complete, EOF, or the timeout. Returns what was read.
-pub(crate) fn exchange(
-    addr: SocketAddr,
-    request: &[u8],
-    timeout: Duration,
-    done: impl Fn(&[u8]) -> bool,
-) -> io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(request)?;
-    let mut reply = Vec::new();
-    let mut buf = [0_u8; 4096];
-    let give_up = Instant::now() + timeout;
-    while !done(&reply) {
-        if Instant::now() >= give_up {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no complete reply in time",
-            ));
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => reply.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(reply)
-}
-
-/// The last `max` bytes of a log file, for error messages.
-pub(crate) fn tail(path: &Path, max: usize) -> String {
-    match fs::read(path) {
-        Ok(bytes) => {
-            let start = bytes.len().saturating_sub(max);
-            let text = String::from_utf8_lossy(&bytes[start..]).into_owned();
-            if start > 0 {
-                format!("…{text}")
-            } else {
-                text
-            }
-        }
-        Err(e) => format!("(no log at {}: {e})", path.display()),
-    }
-}
-
-/// Where store data dirs go: `LOCK_TEST_TMPDIR`, else the system temp dir.
-/// It must be traversable by the unprivileged PostgreSQL user, so not /root.
-pub(crate) fn temp_root() -> PathBuf {
-    std::env::var_os("LOCK_TEST_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir)
-}
-
-/// Removes data dirs left by test binaries that died without cleaning up
-/// (named `distlock-<kind>-<pid>-*`), once per process.
-pub(crate) fn sweep_stale_dirs() {
-    static SWEPT: OnceLock<()> = OnceLock::new();
-    SWEPT.get_or_init(|| {
-        let Ok(entries) = fs::read_dir(temp_root()) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let Some(rest) = name.strip_prefix("distlock-") else {
-                continue;
-            };
-            let pid = rest.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
-            if let Some(pid) = pid
-                && pid != std::process::id()
-                && !alive(pid)
-            {
-                let _ = fs::remove_dir_all(entry.path());
-            }
-        }
-    });
 }
 
 /// Polls `ready` until it returns `Ok(true)`, the process exits, or `within`

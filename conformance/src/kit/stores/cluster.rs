@@ -1,0 +1,86 @@
+//! A multi-member etcd cluster or ZooKeeper ensemble on loopback.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use super::{Kind, Store, etcd, zookeeper};
+
+/// A multi-member etcd cluster or ZooKeeper ensemble on loopback.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The members, in member-id order.
+    pub members: Vec<Store>,
+}
+
+impl Cluster {
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Store::url).collect()
+    }
+
+    /// The ZooKeeper connect string (`host:port,host:port,...`), or the etcd
+    /// endpoints joined with commas.
+    pub fn connect_string(&self) -> String {
+        self.endpoints().join(",")
+    }
+
+    /// The index of the current leader, if a live member reports one.
+    pub fn leader(&self) -> io::Result<usize> {
+        let kind = self
+            .members
+            .first()
+            .map(Store::kind)
+            .ok_or_else(|| io::Error::other("empty cluster"))?;
+        for (i, member) in self.members.iter().enumerate() {
+            if !member.is_running() {
+                continue;
+            }
+            let leads = match kind {
+                Kind::Etcd => etcd::is_leader(member.addr()),
+                Kind::ZooKeeper => zookeeper::is_leader(member.addr()),
+                _ => Ok(false),
+            };
+            if leads.unwrap_or(false) {
+                return Ok(i);
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no live member reports itself leader",
+        ))
+    }
+
+    /// Waits up to `within` for a leader among the live members.
+    pub fn wait_leader(&self, within: Duration) -> io::Result<usize> {
+        let give_up = Instant::now() + within;
+        loop {
+            match self.leader() {
+                Ok(i) => return Ok(i),
+                Err(e) if Instant::now() >= give_up => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no leader within {within:?}: {e}"),
+                    ));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// `kill -9` of the current leader; returns its index.
+    pub fn kill_leader(&self) -> io::Result<usize> {
+        let leader = self.wait_leader(Duration::from_secs(10))?;
+        self.members[leader].kill_now()?;
+        Ok(leader)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // A leader stopping cleanly while its peers are gone first tries to hand
+        // over leadership (etcd: ~5 s); kill them all at once instead.
+        for member in &self.members {
+            let _ = member.kill_now();
+        }
+    }
+}
