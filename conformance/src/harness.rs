@@ -20,11 +20,8 @@ pub fn run_test<F, Fut>(
     F: Factory,
     Fut: Future<Output = F>,
 {
-    let from_env = std::env::var(crate::EXPECT_SKIPS_ENV).unwrap_or_default();
-    let from_env: Vec<&str> = from_env
-        .split([',', ' ', '\n', '\t'])
-        .filter(|s| !s.is_empty())
-        .collect();
+    let from_env = crate::kit::env::expect_skips();
+    let from_env: Vec<&str> = from_env.iter().map(String::as_str).collect();
     for listed in skip.iter().chain(expect_skips).chain(&from_env) {
         assert!(
             CASES.iter().any(|c| c.name == *listed),

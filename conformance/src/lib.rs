@@ -107,7 +107,7 @@ pub use kit::proxy;
 /// names). CI sets it when the suite runs against stores it did not start:
 /// the cases that kill, pause, restart or step the clock of a store of their
 /// own ([`cases::PRIVATE_STORE_CASES`]) skip there.
-pub const EXPECT_SKIPS_ENV: &str = "LOCK_TEST_EXPECT_SKIPS";
+pub const EXPECT_SKIPS_ENV: &str = kit::env::EXPECT_SKIPS.name();
 
 
 /// What the tests `suite!` generates call; not an API.

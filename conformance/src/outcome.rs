@@ -5,6 +5,8 @@ use std::fmt;
 
 use lockcore::LockError;
 
+use crate::kit::poll::TimedOut;
+
 /// A case that ran to the end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -34,6 +36,12 @@ impl fmt::Display for Failure {
 impl From<LockError> for Failure {
     fn from(e: LockError) -> Self {
         Failure(format!("unexpected error: {e} ({e:?})"))
+    }
+}
+
+impl From<TimedOut> for Failure {
+    fn from(e: TimedOut) -> Self {
+        Failure(e.to_string())
     }
 }
 

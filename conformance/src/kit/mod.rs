@@ -2,6 +2,8 @@
 //! against real stores. It never imports the suite (everything outside
 //! `kit/`); the suite builds on it.
 //!
+//! - [`env`]: every variable the tests read (`LOCK_TEST_*`), in one place,
+//!   and the time scale.
 //! - [`poll`]: waiting for a condition instead of sleeping on a guess.
 //!
 //! With the `stores` feature (process control; off by default, so running
@@ -13,6 +15,7 @@
 //! - [`proxy`]: the TCP fault proxy.
 //! - [`pki`]: throwaway CAs and certificates for TLS tests.
 
+pub mod env;
 #[cfg(feature = "stores")]
 pub(crate) mod net;
 #[cfg(feature = "stores")]
@@ -24,3 +27,6 @@ pub(crate) mod process;
 pub mod proxy;
 #[cfg(feature = "stores")]
 pub mod stores;
+
+pub use env::{scaled, time_scale};
+pub use poll::{eventually, until};

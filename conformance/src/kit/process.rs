@@ -8,10 +8,12 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
+
+use super::poll::{self, TimedOut};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -112,17 +114,13 @@ pub(crate) fn signal(pid: u32, sig: Signal) -> io::Result<()> {
 
 /// Waits up to `grace` for `child` to exit (reaping it), returning whether it did.
 pub(crate) fn wait_exit(child: &mut Child, grace: Duration) -> bool {
-    let give_up = Instant::now() + grace;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) | Err(_) => return true,
-            Ok(None) => {}
-        }
-        if Instant::now() >= give_up {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll::blocking(grace, "the process's exit", || {
+        Ok::<_, TimedOut>(match child.try_wait() {
+            Ok(Some(_)) | Err(_) => Some(()),
+            Ok(None) => None,
+        })
+    })
+    .is_ok()
 }
 
 /// `pid` and all its descendants (by parent pid, from /proc).
@@ -200,16 +198,10 @@ pub(crate) fn signal_tree(root: u32, sig: Signal) -> io::Result<Vec<u32>> {
 
 /// Waits until none of `pids` runs any more (zombies count as gone).
 pub(crate) fn wait_all_gone(pids: &[u32], within: Duration) -> bool {
-    let give_up = Instant::now() + within;
-    loop {
-        if !pids.iter().any(|&p| alive(p)) {
-            return true;
-        }
-        if Instant::now() >= give_up {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll::blocking(within, "the processes' exit", || {
+        Ok::<_, TimedOut>((!pids.iter().any(|&p| alive(p))).then_some(()))
+    })
+    .is_ok()
 }
 
 /// Polls `ready` until it returns `Ok(true)`, the process exits, or `within`
@@ -220,24 +212,25 @@ pub(crate) fn wait_ready(
     mut exited: impl FnMut() -> Option<String>,
     mut ready: impl FnMut() -> io::Result<bool>,
 ) -> io::Result<()> {
-    let give_up = Instant::now() + within;
-    loop {
-        let last = match ready() {
-            Ok(true) => return Ok(()),
+    let mut last = String::new();
+    poll::blocking(within, what, || {
+        last = match ready() {
+            Ok(true) => return Ok(Some(())),
             Ok(false) => "not serving yet".to_owned(),
             Err(e) => e.to_string(),
         };
-        if let Some(status) = exited() {
-            return Err(io::Error::other(format!(
+        match exited() {
+            Some(status) => Err(io::Error::other(format!(
                 "{what} exited during start-up ({status})"
-            )));
+            ))),
+            None => Ok(None),
         }
-        if Instant::now() >= give_up {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("{what} not serving after {within:?} (last probe: {last})"),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    })
+    .map_err(|e| match e.kind() {
+        io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what} not serving after {within:?} (last probe: {last})"),
+        ),
+        _ => e,
+    })
 }

@@ -1,9 +1,10 @@
 //! A multi-member etcd cluster or ZooKeeper ensemble on loopback.
 
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Kind, Store, etcd, zookeeper};
+use crate::kit::poll::{self, TimedOut};
 
 /// A multi-member etcd cluster or ZooKeeper ensemble on loopback.
 #[derive(Debug)]
@@ -52,19 +53,23 @@ impl Cluster {
 
     /// Waits up to `within` for a leader among the live members.
     pub fn wait_leader(&self, within: Duration) -> io::Result<usize> {
-        let give_up = Instant::now() + within;
-        loop {
-            match self.leader() {
-                Ok(i) => return Ok(i),
-                Err(e) if Instant::now() >= give_up => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("no leader within {within:?}: {e}"),
-                    ));
+        let mut last = None;
+        poll::blocking(within, "a leader", || {
+            Ok::<_, TimedOut>(match self.leader() {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    last = Some(e);
+                    None
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
+            })
+        })
+        .map_err(|_| {
+            let why = last.map_or_else(String::new, |e| format!(": {e}"));
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no leader within {within:?}{why}"),
+            )
+        })
     }
 
     /// `kill -9` of the current leader; returns its index.

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use super::{Kind, process};
+use crate::kit::env;
 
-/// A fresh data dir `distlock-<kind>-<pid>-XXXX` under [`process::temp_root`],
+/// A fresh data dir `distlock-<kind>-<pid>-XXXX` under [`temp_root`],
 /// world-traversable (the PostgreSQL user must enter it).
 pub(crate) fn data_dir(kind: Kind) -> io::Result<tempfile::TempDir> {
     sweep_stale_dirs();
@@ -67,7 +68,8 @@ pub(crate) fn tail(path: &Path, max: usize) -> String {
 /// Where store data dirs go: `LOCK_TEST_TMPDIR`, else the system temp dir.
 /// It must be traversable by the unprivileged PostgreSQL user, so not /root.
 pub(crate) fn temp_root() -> PathBuf {
-    std::env::var_os("LOCK_TEST_TMPDIR")
+    env::TMPDIR
+        .get()
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)
 }

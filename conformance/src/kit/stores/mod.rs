@@ -48,7 +48,7 @@ pub mod zookeeper;
 
 pub use cluster::Cluster;
 pub use kind::Kind;
-pub use shared::partial_run_allowed;
+pub use crate::kit::env::partial_run_allowed;
 pub use store::Store;
 
 use crate::kit::{net, process};

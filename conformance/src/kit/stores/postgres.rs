@@ -72,7 +72,7 @@ impl Options {
 /// The PostgreSQL server binaries: `LOCK_TEST_PG_BIN`, else the newest
 /// `/usr/lib/postgresql/*/bin`, else `pg_config --bindir`.
 pub fn bin_dir() -> io::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("LOCK_TEST_PG_BIN") {
+    if let Some(dir) = crate::kit::env::PG_BIN.get() {
         return Ok(PathBuf::from(dir));
     }
     let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use nix::sys::signal::Signal;
 
 use super::{Kind, Store, process};
+use crate::kit::env::partial_run_allowed;
 
 pub(crate) type SharedSlot = OnceLock<Result<Arc<Store>, (io::ErrorKind, String)>>;
 
@@ -40,13 +41,6 @@ pub(crate) fn shared_store(
         Ok(store) => Ok(store.clone()),
         Err((kind, message)) => Err(io::Error::new(*kind, message.clone())),
     }
-}
-
-/// Whether a missing store may be skipped: `LOCK_TEST_PARTIAL=1`, and not CI.
-pub fn partial_run_allowed() -> bool {
-    let partial = std::env::var("LOCK_TEST_PARTIAL").is_ok_and(|v| v == "1");
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
-    partial && !ci
 }
 
 /// `shared()` for local partial runs: `None` (after a loud SKIP line) when the
