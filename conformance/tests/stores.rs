@@ -93,7 +93,7 @@ fn zk_cli(addr: SocketAddr, args: &[&str]) -> (bool, String) {
 /// store binaries may be absent: those tests skip, saying so.
 fn launcher_run(kinds: &[Kind]) -> bool {
     for kind in kinds {
-        if std::env::var(kind.env_var()).is_ok_and(|v| !v.trim().is_empty()) {
+        if kind.external_url().is_some() {
             eprintln!(
                 "SKIP: launcher test: {} is set, this run uses an external {kind} server",
                 kind.env_var()
@@ -124,7 +124,7 @@ fn every_store_starts_fast_and_serves() {
     let (z, t_zk) = timed(|| zookeeper::start(zookeeper::Options::default()));
     assert_eq!(redis_cli(&r, &["PING"]), "PONG");
     assert_eq!(psql(&p, "select 40 + 2"), "42");
-    let (ok, out) = etcdctl(&e.url(), &["endpoint", "health"]);
+    let (ok, out) = etcdctl(&e.endpoint(), &["endpoint", "health"]);
     assert!(
         ok && out.contains("is healthy"),
         "etcdctl endpoint health: {out}"
@@ -280,11 +280,14 @@ fn etcd_keeps_keys_across_kill9() {
         return;
     }
     let store = etcd::start(etcd::Options::default()).unwrap();
-    let (ok, out) = etcdctl(&store.url(), &["put", "/distlock/k", "v1"]);
+    let (ok, out) = etcdctl(&store.endpoint(), &["put", "/distlock/k", "v1"]);
     assert!(ok, "{out}");
     store.kill_now().unwrap();
     store.restart_now().unwrap();
-    let (ok, out) = etcdctl(&store.url(), &["get", "--print-value-only", "/distlock/k"]);
+    let (ok, out) = etcdctl(
+        &store.endpoint(),
+        &["get", "--print-value-only", "/distlock/k"],
+    );
     assert!(ok && out.trim() == "v1", "after restart: {out}");
 }
 
@@ -295,7 +298,7 @@ fn etcd_allows_one_second_leases() {
         eprintln!("SKIP: external etcd");
         return;
     }
-    let (ok, out) = etcdctl(&store.url(), &["lease", "grant", "1"]);
+    let (ok, out) = etcdctl(&store.endpoint(), &["lease", "grant", "1"]);
     assert!(
         ok && out.contains("TTL(1s)"),
         "1 s lease refused or clamped: {out}"
@@ -381,7 +384,7 @@ fn etcd_cluster_survives_leader_kill() {
         .iter()
         .enumerate()
         .filter(|(i, _)| *i != killed)
-        .map(|(_, m)| m.url())
+        .map(|(_, m)| m.endpoint())
         .collect();
     let others = others.join(",");
     loop {
@@ -402,7 +405,7 @@ fn etcd_cluster_survives_leader_kill() {
         started.elapsed()
     );
     cluster.members[killed].restart_now().unwrap();
-    let member = cluster.members[killed].url();
+    let member = cluster.members[killed].endpoint();
     let started = Instant::now();
     loop {
         let (ok, out) = etcdctl(
@@ -479,7 +482,7 @@ fn external_stores_are_used_as_given_and_never_hurt() {
         (Kind::ZooKeeper, zookeeper::try_shared()),
     ] {
         let store = store.unwrap_or_else(|e| panic!("{kind}: {e}"));
-        let external = std::env::var(kind.env_var()).is_ok_and(|v| !v.trim().is_empty());
+        let external = kind.external_url().is_some();
         assert_eq!(store.is_external(), external, "{kind}");
         assert!(store.serves(), "{kind} at {} does not serve", store.addr());
         if external {

@@ -32,7 +32,8 @@ pub mod redis {
     use super::*;
 
     /// A conformance [`Factory`](crate::Factory) over the shared Redis, with
-    /// a private durable Redis for the crash cases. `connect` gets a URL.
+    /// a private durable Redis for the crash cases. `connect` gets a URL
+    /// (`redis://127.0.0.1:P`, or the same through a fault proxy).
     pub fn factory<F, Fut, B>(connect: F) -> StoreFactory
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,
@@ -56,7 +57,8 @@ pub mod postgres {
 
     /// A conformance [`Factory`](crate::Factory) over the shared PostgreSQL,
     /// with a private one for the crash, pause and clock-step cases (started
-    /// under libfaketime, so its clock can be stepped). `connect` gets a URL.
+    /// under libfaketime, so its clock can be stepped). `connect` gets a URL
+    /// (`postgres://postgres@127.0.0.1:P/postgres`).
     pub fn factory<F, Fut, B>(connect: F) -> StoreFactory
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,
@@ -105,7 +107,8 @@ pub mod etcd {
     use super::*;
 
     /// A conformance [`Factory`](crate::Factory) over the shared etcd, with
-    /// a private one for the crash cases. `connect` gets an endpoint URL.
+    /// a private one for the crash cases. `connect` gets a URL
+    /// (`etcd://127.0.0.1:P`: `EtcdBackend::connect` takes it).
     pub fn factory<F, Fut, B>(connect: F) -> StoreFactory
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,
@@ -128,8 +131,8 @@ pub mod zookeeper {
     use super::*;
 
     /// A conformance [`Factory`](crate::Factory) over the shared ZooKeeper,
-    /// with a private one for the crash cases. `connect` gets a connect
-    /// string.
+    /// with a private one for the crash cases. `connect` gets a URL
+    /// (`zk://127.0.0.1:P`: `ZooKeeperBackend::connect` takes it).
     pub fn factory<F, Fut, B>(connect: F) -> StoreFactory
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,

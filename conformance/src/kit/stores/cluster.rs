@@ -14,13 +14,23 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Every member's client URL.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().map(Store::url).collect()
+    /// One URL naming every member, the form `connect` takes:
+    /// `etcd://127.0.0.1:P1,127.0.0.1:P2,...`, `zk://127.0.0.1:P1,...`.
+    pub fn url(&self) -> String {
+        let scheme = self.members.first().map_or("", |m| m.kind().schemes()[0]);
+        let hosts: Vec<String> = self.members.iter().map(|m| m.addr().to_string()).collect();
+        format!("{scheme}://{}", hosts.join(","))
     }
 
-    /// The ZooKeeper connect string (`host:port,host:port,...`), or the etcd
-    /// endpoints joined with commas.
+    /// Every member's endpoint for the store's own client
+    /// ([`Store::endpoint`]): `http://127.0.0.1:P` (etcd), `127.0.0.1:P`
+    /// (ZooKeeper).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Store::endpoint).collect()
+    }
+
+    /// The endpoints joined with commas: the ZooKeeper connect string, or
+    /// `etcdctl --endpoints`.
     pub fn connect_string(&self) -> String {
         self.endpoints().join(",")
     }

@@ -47,7 +47,8 @@ impl Options {
         self
     }
 
-    /// Serves clients over TLS: the store's URL is then `https://127.0.0.1:P`.
+    /// Serves clients over TLS: the store's URL is then `etcds://127.0.0.1:P`
+    /// (its endpoint `https://127.0.0.1:P`).
     pub fn tls(mut self, tls: ClientTls) -> Self {
         self.tls = Some(tls);
         self
@@ -297,10 +298,7 @@ pub fn start(options: Options) -> io::Result<Store> {
             Signal::SIGTERM,
         )?;
         let launched = match &options.tls {
-            Some(tls) => {
-                let url = format!("https://{}", spec.addr);
-                Store::launch_with(spec, url, Some(tls.probe()?))
-            }
+            Some(tls) => Store::launch_tls(spec, tls.probe()?),
             None => Store::launch(spec),
         };
         match launched {
@@ -393,7 +391,8 @@ fn json_string(text: &str, key: &str) -> Option<String> {
 static SHARED: SharedSlot = SharedSlot::new();
 
 /// The etcd of this test binary, or the server named by
-/// `LOCK_TEST_ETCD_ENDPOINTS` (first endpoint).
+/// `LOCK_TEST_ETCD_URL` (`etcd://host:port[,host:port]`; the first one is
+/// proxied and probed).
 ///
 /// # Panics
 /// When it cannot be started, with what to install.

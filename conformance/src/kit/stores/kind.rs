@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::url::StoreUrl;
 use super::{etcd, net, postgres};
+use crate::kit::env;
 
 /// Which store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,13 +35,55 @@ impl Kind {
         }
     }
 
-    /// The variable naming an external server to use instead of launching one.
-    pub fn env_var(self) -> &'static str {
+    /// The variable naming an external server to use instead of launching
+    /// one (`LOCK_TEST_<STORE>_URL`), with its older name.
+    pub fn url_var(self) -> env::Var {
         match self {
-            Kind::Redis => "LOCK_TEST_REDIS_URL",
-            Kind::Postgres => "LOCK_TEST_POSTGRES_URL",
-            Kind::Etcd => "LOCK_TEST_ETCD_ENDPOINTS",
-            Kind::ZooKeeper => "LOCK_TEST_ZOOKEEPER",
+            Kind::Redis => env::REDIS_URL,
+            Kind::Postgres => env::POSTGRES_URL,
+            Kind::Etcd => env::ETCD_URL,
+            Kind::ZooKeeper => env::ZOOKEEPER_URL,
+        }
+    }
+
+    /// [`url_var`](Self::url_var)'s name.
+    pub fn env_var(self) -> &'static str {
+        self.url_var().name()
+    }
+
+    /// The external server's URL, if [`url_var`](Self::url_var) names one.
+    pub fn external_url(self) -> Option<String> {
+        self.url_var().get()
+    }
+
+    /// The URL schemes its adapter's `connect` (and `distlock::connect`)
+    /// accept, plaintext first.
+    pub fn schemes(self) -> &'static [&'static str] {
+        match self {
+            Kind::Redis => &["redis", "rediss"],
+            Kind::Postgres => &["postgres", "postgresql"],
+            Kind::Etcd => &["etcd", "etcds"],
+            Kind::ZooKeeper => &["zk", "zookeeper"],
+        }
+    }
+
+    /// The URL form, for error messages.
+    pub fn url_form(self) -> &'static str {
+        match self {
+            Kind::Redis => "redis://[user[:password]@]host[:port][/db] (rediss:// for TLS)",
+            Kind::Postgres => "postgres://user[:password]@host[:port]/database",
+            Kind::Etcd => "etcd://host:port[,host:port...] (etcds:// for TLS)",
+            Kind::ZooKeeper => "zk://host:port[,host:port...][/root]",
+        }
+    }
+
+    /// The port a URL without one means.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Kind::Redis => 6379,
+            Kind::Postgres => 5432,
+            Kind::Etcd => 2379,
+            Kind::ZooKeeper => 2181,
         }
     }
 
@@ -53,14 +97,12 @@ impl Kind {
         }
     }
 
-    /// The URL clients use to reach a server of this kind at `addr`.
+    /// The URL clients connect to a launched server of this kind at `addr`
+    /// with (plaintext): `redis://127.0.0.1:P`,
+    /// `postgres://postgres@127.0.0.1:P/postgres`, `etcd://127.0.0.1:P`,
+    /// `zk://127.0.0.1:P`.
     pub fn url_for(self, addr: SocketAddr) -> String {
-        match self {
-            Kind::Redis => format!("redis://{addr}"),
-            Kind::Postgres => format!("postgres://postgres@{addr}/postgres"),
-            Kind::Etcd => format!("http://{addr}"),
-            Kind::ZooKeeper => addr.to_string(),
-        }
+        StoreUrl::local(self, addr, false).url()
     }
 
     /// One readiness probe over the store's own protocol: `Ok(true)` once it

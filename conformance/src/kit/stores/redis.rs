@@ -211,7 +211,7 @@ pub fn start(options: Options) -> io::Result<Store> {
             let ready: super::Probe = Box::new(move |addr| {
                 ready_per_log(addr, &ready_log, log_start.load(Ordering::SeqCst))
             });
-            Store::launch_with(spec, format!("rediss://127.0.0.1:{port}"), Some(ready))
+            Store::launch_tls(spec, ready)
         } else {
             Store::launch(spec)
         };

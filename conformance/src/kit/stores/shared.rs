@@ -23,9 +23,9 @@ pub(crate) fn shared_store(
     start: impl FnOnce() -> io::Result<Store>,
 ) -> io::Result<Arc<Store>> {
     let result = slot.get_or_init(|| {
-        let store = match std::env::var(kind.env_var()) {
-            Ok(url) if !url.trim().is_empty() => Store::external(kind, url.trim().to_owned()),
-            _ => start(),
+        let store = match kind.external_url() {
+            Some(url) => Store::external(kind, &url),
+            None => start(),
         };
         match store {
             Ok(store) => {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::url::{first_authority, replace_authority, resolve};
+use super::url::StoreUrl;
 use super::{Kind, dirs, process};
 
 /// How to (re)start a launched store.
@@ -41,7 +41,7 @@ struct Running {
 pub struct Store {
     kind: Kind,
     addr: SocketAddr,
-    url: String,
+    url: StoreUrl,
     durable: bool,
     /// `Some(why)` for an external server.
     external: Option<String>,
@@ -60,7 +60,7 @@ impl fmt::Debug for Store {
         f.debug_struct("Store")
             .field("kind", &self.kind)
             .field("label", &self.label)
-            .field("url", &self.url)
+            .field("url", &self.url.url())
             .field("external", &self.external.is_some())
             .field("pid", &self.pid())
             .finish()
@@ -82,17 +82,21 @@ pub(crate) struct Spec {
 impl Store {
     /// Spawns the server described by `spec` and waits until it serves.
     pub(crate) fn launch(spec: Spec) -> io::Result<Store> {
-        let url = spec.kind.url_for(spec.addr);
-        Self::launch_with(spec, url, None)
+        Self::launch_with(spec, None)
     }
 
-    /// [`launch`](Self::launch) for a server whose clients use `url` and
-    /// whose readiness `probe` replaces `Kind::probe` (a TLS listener).
-    pub(crate) fn launch_with(spec: Spec, url: String, probe: Option<Probe>) -> io::Result<Store> {
+    /// [`launch`](Self::launch) for a TLS listener, whose readiness `probe`
+    /// replaces `Kind::probe` (which speaks plaintext); the URL's scheme is
+    /// then the TLS one (`rediss://`, `etcds://`).
+    pub(crate) fn launch_tls(spec: Spec, probe: Probe) -> io::Result<Store> {
+        Self::launch_with(spec, Some(probe))
+    }
+
+    fn launch_with(spec: Spec, probe: Option<Probe>) -> io::Result<Store> {
         let store = Store {
             kind: spec.kind,
             addr: spec.addr,
-            url,
+            url: StoreUrl::local(spec.kind, spec.addr, probe.is_some()),
             durable: spec.durable,
             external: None,
             launch: Some(spec.launch),
@@ -110,15 +114,16 @@ impl Store {
         Ok(store)
     }
 
-    /// A store the suite only connects to: `url` from `Kind::env_var`.
-    pub(crate) fn external(kind: Kind, url: String) -> io::Result<Store> {
-        let addr = resolve(&first_authority(kind, &url)).map_err(|e| {
+    /// A store the suite only connects to: `url` from `Kind::url_var`.
+    pub(crate) fn external(kind: Kind, url: &str) -> io::Result<Store> {
+        let var = kind.env_var();
+        let url = StoreUrl::parse(kind, url).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{var}={url:?}: {e}"))
+        })?;
+        let addr = url.first_addr().map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!(
-                    "{}={url:?}: cannot resolve its address: {e}",
-                    kind.env_var()
-                ),
+                format!("{var}={:?}: cannot resolve its address: {e}", url.url()),
             )
         })?;
         Ok(Store {
@@ -148,19 +153,32 @@ impl Store {
         self.kind
     }
 
-    /// The URL clients connect to: `redis://127.0.0.1:P`,
-    /// `postgres://postgres@127.0.0.1:P/postgres` (trust auth),
-    /// `http://127.0.0.1:P` (etcd; `https://` when started with TLS),
-    /// `127.0.0.1:P` (ZooKeeper); for an external store, the variable's
-    /// value as given.
+    /// The URL clients connect with, in the form the adapter's `connect` and
+    /// `distlock::connect` accept: `redis://127.0.0.1:P` (`rediss://` with
+    /// TLS), `postgres://postgres@127.0.0.1:P/postgres` (trust auth),
+    /// `etcd://127.0.0.1:P` (`etcds://`), `zk://127.0.0.1:P`; for an
+    /// external store, the variable's value (default ports filled in).
     pub fn url(&self) -> String {
-        self.url.clone()
+        self.url.url()
     }
 
     /// The same URL with the host and port replaced by `addr` (a fault proxy
-    /// in front of this store); credentials, database and chroot are kept.
+    /// in front of this store); credentials, database, root and query stay.
     pub fn url_via(&self, addr: SocketAddr) -> String {
-        replace_authority(self.kind, &self.url, addr)
+        self.url.via(addr).url()
+    }
+
+    /// What the store's own client and CLI take: the [`url`](Self::url)
+    /// for Redis and PostgreSQL, `http://127.0.0.1:P` (`https://`) for
+    /// etcd (`etcd-client`, `etcdctl --endpoints`), the connect string
+    /// `127.0.0.1:P[/root]` for ZooKeeper (`zookeeper-client`, `zkCli`).
+    pub fn endpoint(&self) -> String {
+        self.url.endpoint()
+    }
+
+    /// [`endpoint`](Self::endpoint) through `addr` (a fault proxy).
+    pub fn endpoint_via(&self, addr: SocketAddr) -> String {
+        self.url.via(addr).endpoint()
     }
 
     /// Where the server listens for clients.
@@ -391,12 +409,13 @@ mod tests {
 
     #[test]
     fn external_stores_refuse_to_be_hurt_and_say_why() {
-        let store = Store::external(
-            Kind::Etcd,
-            "http://127.0.0.1:2379,http://127.0.0.1:2380".into(),
-        )
-        .unwrap();
+        let store = Store::external(Kind::Etcd, "etcd://127.0.0.1:2379,127.0.0.1:2380").unwrap();
         assert!(store.is_external());
+        assert_eq!(store.url(), "etcd://127.0.0.1:2379,127.0.0.1:2380");
+        assert_eq!(
+            store.endpoint(),
+            "http://127.0.0.1:2379,http://127.0.0.1:2380"
+        );
         assert_eq!(
             store.addr(),
             "127.0.0.1:2379".parse::<SocketAddr>().unwrap()
@@ -405,10 +424,21 @@ mod tests {
             let err = result.unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::Unsupported);
             assert!(
-                err.to_string().contains("LOCK_TEST_ETCD_ENDPOINTS"),
+                err.to_string().contains("LOCK_TEST_ETCD_URL"),
                 "{err}"
             );
         }
         assert!(store.data_dir().is_none());
+    }
+
+    #[test]
+    fn an_external_url_of_another_form_is_refused_naming_the_variable() {
+        let err = Store::external(Kind::ZooKeeper, "127.0.0.1:2181").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let text = err.to_string();
+        assert!(
+            text.contains("LOCK_TEST_ZOOKEEPER_URL") && text.contains("zk://host:port"),
+            "{text}"
+        );
     }
 }

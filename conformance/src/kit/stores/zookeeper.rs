@@ -262,7 +262,8 @@ pub fn mode(addr: SocketAddr) -> io::Result<Option<String>> {
 static SHARED: SharedSlot = SharedSlot::new();
 
 /// The ZooKeeper of this test binary, or the server named by
-/// `LOCK_TEST_ZOOKEEPER` (a connect string; first host).
+/// `LOCK_TEST_ZOOKEEPER_URL` (`zk://host:port[,host:port][/root]`; the first
+/// host is proxied and probed).
 ///
 /// # Panics
 /// When it cannot be started, with what to install.
