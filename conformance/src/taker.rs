@@ -418,9 +418,11 @@ impl TakerProcess {
         Ok(())
     }
 
-    /// `SIGSTOP`: every thread stops, its renewal task included.
+    /// `SIGSTOP`: every thread stops, its renewal task included (returns
+    /// once they have).
     pub fn pause(&self) -> io::Result<()> {
-        process::signal(self.child.id(), Signal::SIGSTOP)
+        process::signal(self.child.id(), Signal::SIGSTOP)?;
+        process::wait_stopped(&[self.child.id()], Duration::from_secs(5))
     }
 
     /// `SIGCONT`.

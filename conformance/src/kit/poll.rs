@@ -3,7 +3,8 @@
 //! the time is up. One loop, [`try_eventually`], under every front-end:
 //! [`eventually`] and [`until`] (panic when the time is up: adapter tests),
 //! [`Ctx::eventually`](crate::Ctx::eventually) (fails the case), and
-//! [`blocking`] for plain threads (the launcher waiting for a server).
+//! [`blocking`] / [`blocking_until`] for plain threads (the launcher
+//! waiting for a server).
 //!
 //! `within` is taken as given: it is the bound being checked, so derive it
 //! from what the backend declares and scale it where it is a guess.
@@ -133,6 +134,15 @@ where
         }
         std::thread::sleep(interval());
     }
+}
+
+/// [`until`] on a plain thread.
+///
+/// # Panics
+/// After `within`, saying `what` did not happen.
+pub fn blocking_until(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    blocking(within, what, || Ok::<_, TimedOut>(check().then_some(())))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[cfg(test)]

@@ -196,6 +196,31 @@ pub(crate) fn signal_tree(root: u32, sig: Signal) -> io::Result<Vec<u32>> {
     Ok(hit)
 }
 
+/// Whether every thread of `pid` is stopped (state `T`), or it is gone.
+fn stopped(pid: u32) -> bool {
+    let Ok(threads) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    threads.flatten().all(|thread| {
+        // Fields after the ")" closing the command name: state ppid ...
+        fs::read_to_string(thread.path().join("stat")).map_or(true, |stat| {
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            matches!(state, Some("T" | "Z" | "X") | None)
+        })
+    })
+}
+
+/// Waits until every thread of each of `pids` is stopped: `SIGSTOP` takes
+/// effect after `kill()` returns, when each thread next enters the kernel,
+/// and a thread on another CPU may still answer a request meanwhile.
+pub(crate) fn wait_stopped(pids: &[u32], within: Duration) -> io::Result<()> {
+    poll::blocking(within, "the processes' stop", || {
+        Ok::<_, io::Error>(pids.iter().all(|&p| stopped(p)).then_some(()))
+    })
+}
+
 /// Waits until none of `pids` runs any more (zombies count as gone).
 pub(crate) fn wait_all_gone(pids: &[u32], within: Duration) -> bool {
     poll::blocking(within, "the processes' exit", || {

@@ -364,13 +364,14 @@ impl Store {
     }
 
     /// `SIGSTOP` to the server and every descendant (PostgreSQL backends
-    /// included, which live in their own sessions).
+    /// included, which live in their own sessions); returns once every
+    /// thread has stopped.
     pub fn pause_now(&self) -> io::Result<()> {
         self.controllable()?;
         let pid = self.running_pid()?;
-        process::signal_tree(pid, Signal::SIGSTOP)?;
+        let stopped = process::signal_tree(pid, Signal::SIGSTOP)?;
         self.lock().paused = true;
-        Ok(())
+        process::wait_stopped(&stopped, Duration::from_secs(5))
     }
 
     /// `SIGCONT` to the server and every descendant.
