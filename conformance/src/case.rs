@@ -23,4 +23,3 @@ impl fmt::Debug for Case {
         write!(f, "Case({}::{})", self.group, self.name)
     }
 }
-

@@ -147,8 +147,6 @@ where
     #[cfg(not(feature = "stores"))]
     {
         let _ = make;
-        eprintln!(
-            "lock_taker_process: needs lock-conformance's `stores` feature; nothing to do"
-        );
+        eprintln!("lock_taker_process: needs lock-conformance's `stores` feature; nothing to do");
     }
 }

@@ -109,7 +109,6 @@ pub use kit::proxy;
 /// own ([`cases::PRIVATE_STORE_CASES`]) skip there.
 pub const EXPECT_SKIPS_ENV: &str = kit::env::EXPECT_SKIPS.name();
 
-
 /// What the tests `suite!` generates call; not an API.
 #[doc(hidden)]
 pub mod __private {

@@ -159,7 +159,12 @@ fn ci_files_use_the_current_variable_names() {
                 assert_eq!(mentions, 0, "{relative} still uses {old}: use {var}");
             }
         }
-        for var in [env::REDIS_URL, env::POSTGRES_URL, env::ETCD_URL, env::ZOOKEEPER_URL] {
+        for var in [
+            env::REDIS_URL,
+            env::POSTGRES_URL,
+            env::ETCD_URL,
+            env::ZOOKEEPER_URL,
+        ] {
             assert!(text.contains(var.name()), "{relative} does not name {var}");
         }
     }
@@ -169,10 +174,18 @@ fn ci_files_use_the_current_variable_names() {
 /// that ask for a private store.
 #[test]
 fn private_store_cases_are_the_ones_that_ask_for_one() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cases");
+    let mut files = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cases")];
     let mut asking = BTreeSet::new();
-    for entry in std::fs::read_dir(&dir).expect("src/cases") {
-        let text = std::fs::read_to_string(entry.expect("an entry").path()).expect("a case file");
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(
+                std::fs::read_dir(&path)
+                    .expect("a case dir")
+                    .map(|e| e.expect("an entry").path()),
+            );
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a case file");
         for body in text.split("pub async fn ").skip(1) {
             let name = body.split('(').next().unwrap_or_default().to_owned();
             if body.contains(".private_store(") || body.contains(".private_factory(") {

@@ -125,9 +125,11 @@ async fn delay_downstream_lets_the_store_act_before_the_client_hears() {
     send(&mut c, &format!("INCR {k}")).await;
     // Well before the reply is let through (400 ms).
     let get = format!("GET {k}");
-    until(Duration::from_millis(300), "the store applying it", || async {
-        ask(&mut connect(store.addr()).await, &get).await == "$1"
-    })
+    until(
+        Duration::from_millis(300),
+        "the store applying it",
+        || async { ask(&mut connect(store.addr()).await, &get).await == "$1" },
+    )
     .await;
     let answer = reply(&mut c, Duration::from_secs(5))
         .await

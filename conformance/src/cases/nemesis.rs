@@ -61,7 +61,7 @@ mod imp {
     use super::super::concurrency::{Workload, client_rng, random_client};
     use super::super::faults::{fault_ttl, proxied};
     use crate::history::History;
-    use crate::proxy::{FaultProxy, Mode};
+    use crate::kit::proxy::{FaultProxy, Mode};
     use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
 
     /// Clients, each behind its own proxy.

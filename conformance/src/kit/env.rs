@@ -136,7 +136,10 @@ fn read(name: &str) -> Option<String> {
 fn warn_once(key: &str, line: &str) {
     static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
-    if warned.get_or_insert_with(HashSet::new).insert(key.to_owned()) {
+    if warned
+        .get_or_insert_with(HashSet::new)
+        .insert(key.to_owned())
+    {
         let _ = writeln!(std::io::stderr(), "warning: {line}");
     }
 }
@@ -204,11 +207,8 @@ pub const EXPECT_SKIPS: Var = Var::new("LOCK_TEST_EXPECT_SKIPS");
 /// partial runs only; never with `CI=true`).
 pub const PARTIAL: Var = Var::new("LOCK_TEST_PARTIAL");
 /// The seed of a nemesis run to replay.
-pub const NEMESIS_SEED: Var = Var::renamed(
-    "LOCK_TEST_NEMESIS_SEED",
-    "LOCK_NEMESIS_SEED",
-    unchanged,
-);
+pub const NEMESIS_SEED: Var =
+    Var::renamed("LOCK_TEST_NEMESIS_SEED", "LOCK_NEMESIS_SEED", unchanged);
 /// Rounds of lock-zookeeper's ensemble tests.
 pub const ZK_TRIALS: Var = Var::renamed("LOCK_TEST_ZK_TRIALS", "LOCK_ZK_TRIALS", unchanged);
 /// Leader kills per lock-etcd failover test.

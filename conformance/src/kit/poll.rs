@@ -56,7 +56,11 @@ pub fn interval() -> Duration {
 /// Checks `check` until it yields `Ok(Some(value))` and returns the value.
 /// An `Err` ends the wait at once; after `within`, `TimedOut` (converted
 /// into `E`). `check` runs at least once, even with `within` zero.
-pub async fn try_eventually<T, E, F, Fut>(within: Duration, what: &str, mut check: F) -> Result<T, E>
+pub async fn try_eventually<T, E, F, Fut>(
+    within: Duration,
+    what: &str,
+    mut check: F,
+) -> Result<T, E>
 where
     E: From<TimedOut>,
     F: FnMut() -> Fut,
@@ -152,12 +156,13 @@ mod tests {
     #[tokio::test]
     async fn returns_the_first_value_and_stops_on_errors() {
         let mut calls = 0;
-        let got: Result<u32, TimedOut> = try_eventually(Duration::from_secs(5), "three calls", || {
-            calls += 1;
-            let n = calls;
-            async move { Ok((n == 3).then_some(n)) }
-        })
-        .await;
+        let got: Result<u32, TimedOut> =
+            try_eventually(Duration::from_secs(5), "three calls", || {
+                calls += 1;
+                let n = calls;
+                async move { Ok((n == 3).then_some(n)) }
+            })
+            .await;
         assert_eq!(got, Ok(3));
         let failed: Result<(), std::io::Error> =
             try_eventually(Duration::from_secs(5), "never", || async {
@@ -171,11 +176,10 @@ mod tests {
     async fn gives_up_after_within_and_says_what() {
         let started = tokio::time::Instant::now();
         let within = Duration::from_millis(50);
-        let err = try_eventually::<(), TimedOut, _, _>(within, "the impossible", || async {
-            Ok(None)
-        })
-        .await
-        .unwrap_err();
+        let err =
+            try_eventually::<(), TimedOut, _, _>(within, "the impossible", || async { Ok(None) })
+                .await
+                .unwrap_err();
         assert!(started.elapsed() >= within);
         assert_eq!(err.to_string(), "the impossible did not happen within 50ms");
         let err: std::io::Error = blocking(within, "nothing", || Ok::<Option<()>, TimedOut>(None))

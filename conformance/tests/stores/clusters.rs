@@ -29,11 +29,15 @@ fn etcd_cluster_survives_leader_kill() {
         .collect();
     let others = others.join(",");
     let mut last = String::new();
-    poll::blocking(Duration::from_secs(20), "a write after the leader kill", || {
-        let (ok, out) = etcdctl(&others, &["put", "/distlock/after", "2"]);
-        last = out;
-        Ok::<_, TimedOut>(ok.then_some(()))
-    })
+    poll::blocking(
+        Duration::from_secs(20),
+        "a write after the leader kill",
+        || {
+            let (ok, out) = etcdctl(&others, &["put", "/distlock/after", "2"]);
+            last = out;
+            Ok::<_, TimedOut>(ok.then_some(()))
+        },
+    )
     .unwrap_or_else(|e| panic!("{e}: {last}"));
     let new_leader = cluster.wait_leader(Duration::from_secs(10)).unwrap();
     assert_ne!(new_leader, killed);

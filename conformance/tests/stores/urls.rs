@@ -12,7 +12,11 @@ use super::*;
 /// What each adapter's README documents: the scheme its `connect` takes
 /// (with the TLS one where there is one).
 const DOCUMENTED: &[(Kind, &str, &[&str])] = &[
-    (Kind::Redis, "lock-redis/README.md", &["redis://", "rediss://"]),
+    (
+        Kind::Redis,
+        "lock-redis/README.md",
+        &["redis://", "rediss://"],
+    ),
     (Kind::Postgres, "lock-postgres/README.md", &["postgres://"]),
     (Kind::Etcd, "lock-etcd/README.md", &["etcd://", "etcds://"]),
     (Kind::ZooKeeper, "lock-zookeeper/README.md", &["zk://"]),
@@ -167,15 +171,24 @@ fn old_variable_names_still_work_with_a_warning() {
 
     // Old names, old value forms: converted, one warning line each.
     let (stdout, stderr) = run(&[
-        ("LOCK_TEST_ETCD_ENDPOINTS", format!("http://{}", etcd.addr())),
+        (
+            "LOCK_TEST_ETCD_ENDPOINTS",
+            format!("http://{}", etcd.addr()),
+        ),
         ("LOCK_TEST_ZOOKEEPER", zk.addr().to_string()),
     ]);
     for line in &want {
         assert!(stdout.contains(line.as_str()), "{line}: {stdout}");
     }
     for (old, new) in [
-        ("LOCK_TEST_ETCD_ENDPOINTS", format!("LOCK_TEST_ETCD_URL={etcd_url}")),
-        ("LOCK_TEST_ZOOKEEPER", format!("LOCK_TEST_ZOOKEEPER_URL={zk_url}")),
+        (
+            "LOCK_TEST_ETCD_ENDPOINTS",
+            format!("LOCK_TEST_ETCD_URL={etcd_url}"),
+        ),
+        (
+            "LOCK_TEST_ZOOKEEPER",
+            format!("LOCK_TEST_ZOOKEEPER_URL={zk_url}"),
+        ),
     ] {
         let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains(old)).collect();
         assert_eq!(warnings.len(), 1, "one warning for {old}: {stderr}");

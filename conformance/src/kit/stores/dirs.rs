@@ -19,10 +19,7 @@ pub(crate) fn data_dir(kind: Kind) -> io::Result<tempfile::TempDir> {
         .map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!(
-                    "cannot create a data dir in {}: {e}",
-                    temp_root().display()
-                ),
+                format!("cannot create a data dir in {}: {e}", temp_root().display()),
             )
         })?;
     set_mode(dir.path(), 0o755)?;

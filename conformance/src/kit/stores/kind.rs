@@ -111,8 +111,7 @@ impl Kind {
         let timeout = Duration::from_millis(500);
         match self {
             Kind::Redis => {
-                let reply =
-                    net::exchange(addr, b"PING\r\n", timeout, |r| r.ends_with(b"\r\n"))?;
+                let reply = net::exchange(addr, b"PING\r\n", timeout, |r| r.ends_with(b"\r\n"))?;
                 Ok(reply.starts_with(b"+PONG"))
             }
             Kind::Postgres => postgres::probe(addr, timeout),

@@ -46,9 +46,9 @@ mod store;
 mod url;
 pub mod zookeeper;
 
+pub use crate::kit::env::partial_run_allowed;
 pub use cluster::Cluster;
 pub use kind::Kind;
-pub use crate::kit::env::partial_run_allowed;
 pub use store::Store;
 
 use crate::kit::{net, process};

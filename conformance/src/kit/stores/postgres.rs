@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::{Kind, Launch, SharedSlot, Spec, Store, process, net};
+use super::{Kind, Launch, SharedSlot, Spec, Store, net, process};
 
 /// Launch options.
 #[derive(Debug, Clone)]

@@ -255,7 +255,6 @@ pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::Redis, try_shared)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

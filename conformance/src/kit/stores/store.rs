@@ -424,10 +424,7 @@ mod tests {
         for result in [store.kill_now(), store.pause_now(), store.restart_now()] {
             let err = result.unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::Unsupported);
-            assert!(
-                err.to_string().contains("LOCK_TEST_ETCD_URL"),
-                "{err}"
-            );
+            assert!(err.to_string().contains("LOCK_TEST_ETCD_URL"), "{err}");
         }
         assert!(store.data_dir().is_none());
     }

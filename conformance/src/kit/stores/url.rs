@@ -187,10 +187,7 @@ mod tests {
             parse(Kind::ZooKeeper, "zk://zk1,zk2:2182/x").url(),
             "zk://zk1:2181,zk2:2182/x"
         );
-        assert_eq!(
-            parse(Kind::Etcd, "etcd://[::1]").url(),
-            "etcd://[::1]:2379"
-        );
+        assert_eq!(parse(Kind::Etcd, "etcd://[::1]").url(), "etcd://[::1]:2379");
         assert_eq!(
             parse(Kind::Postgres, "postgresql://u@db/x").url(),
             "postgresql://u@db:5432/x"

@@ -171,13 +171,7 @@ impl EnsemblePlan {
     /// Free loopback ports for `size` members.
     pub fn new(size: usize) -> io::Result<EnsemblePlan> {
         let ports = (0..size)
-            .map(|_| {
-                Ok((
-                    net::free_port()?,
-                    net::free_port()?,
-                    net::free_port()?,
-                ))
-            })
+            .map(|_| Ok((net::free_port()?, net::free_port()?, net::free_port()?)))
             .collect::<io::Result<Vec<_>>>()?;
         Ok(EnsemblePlan {
             ports,
@@ -197,11 +191,7 @@ impl EnsemblePlan {
     /// If `via` is not on 127.0.0.1 or a member does not exist.
     pub fn route(&mut self, from: usize, to: usize, via: SocketAddr) -> &mut Self {
         assert!(from < self.ports.len() && to < self.ports.len() && from != to);
-        assert_eq!(
-            via.ip(),
-            net::loopback(0).ip(),
-            "routes are on loopback"
-        );
+        assert_eq!(via.ip(), net::loopback(0).ip(), "routes are on loopback");
         self.routes.insert((from, to), via.port());
         self
     }
