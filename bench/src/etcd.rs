@@ -1,23 +1,29 @@
-//! etcd: lock cycles next to the raw put+delete floor (same client library,
-//! same kind of connection), interleaved in slices within one run; then
-//! N-way contention two ways, also interleaved: the adapter's FIFO queue
-//! (waiters follow the queue's deletes on one long-lived watch stream per
-//! client) and etcd's own Lock RPC (v3lock, the server-side
-//! `concurrency.Mutex`).
+//! etcd: lock cycles next to etcd's floor, the two compare-and-set `Txn`s
+//! a lock cycle cannot do without (put a key attached to a lease if the
+//! queue is empty; delete it if its revision and value still match), sent
+//! with the raw client; a bare put + delete; and etcd's own Lock RPC (v3lock,
+//! the server-side `concurrency.Mutex`), uncontended and contended. Scale
+//! scenarios count the gRPC messages the server received (its `/metrics`)
+//! and its TCP connections.
+//!
+//! Built only with the `etcd` feature (the adapter's migration to the new
+//! lockcore API lands separately).
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use futures::FutureExt;
 use lock_etcd::etcd_client::{self, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::{
-    Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    OwnerToken, ReleaseOutcome, WaitPolicy, async_trait,
-};
+use lockcore::LockBackend;
+use lockcore::backend::async_trait;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::Settings;
-use crate::harness::{self, Contended, Row, Stats};
+use crate::harness::{self, Client, Held, Shared, op};
+use crate::lineup::{self, Lineup};
+use crate::report::Report;
+use crate::scale::{self, Pool, Probe};
 
 const BACKEND: &str = "etcd";
 const FLOOR_KEY: &str = "bench/etcd-floor";
@@ -26,7 +32,7 @@ const TXN_QUEUE: &str = "bench/etcd-txn-floor/";
 const TXN_VALUE: &str = "0123456789abcdef0123456789abcdef";
 
 /// One put and one delete of one key, back to back.
-async fn floor_cycle(raw: &etcd_client::Client) {
+async fn put_delete(raw: etcd_client::Client) {
     let mut kv = raw.kv_client();
     kv.put(FLOOR_KEY, "x", None).await.expect("put");
     kv.delete(FLOOR_KEY, None).await.expect("delete");
@@ -34,9 +40,8 @@ async fn floor_cycle(raw: &etcd_client::Client) {
 
 /// What an uncontended lock cycle sends, without the library: a `Txn` that
 /// puts a key attached to a lease if its queue is empty, and a `Txn` that
-/// deletes it if its create revision and value still match. etcd cannot do
-/// either atomically with a plain put or delete.
-async fn txn_cycle(raw: &etcd_client::Client, lease: i64) {
+/// deletes it if its create revision and value still match.
+async fn txn_cycle(raw: etcd_client::Client, lease: i64) {
     let mut kv = raw.kv_client();
     let key = format!("{TXN_QUEUE}k");
     let end = "bench/etcd-txn-floor0"; // the queue's range: '/' + 1 == '0'
@@ -59,259 +64,188 @@ async fn txn_cycle(raw: &etcd_client::Client, lease: i64) {
     assert!(kv.txn(delete).await.expect("delete txn").succeeded());
 }
 
-fn add(total: &mut Stats, part: Stats) {
-    total.elapsed += part.elapsed;
-    total.samples.extend(part.samples);
+async fn connect(url: &str) -> Arc<dyn LockBackend> {
+    Arc::new(
+        EtcdBackend::connect_with(EtcdConfig::new([url]))
+            .await
+            .expect("connect"),
+    )
 }
 
-/// The two floors and the adapter's cycles in alternating slices, so load
-/// from other processes drifting during the run hits all alike.
-async fn interleaved(
-    raw: &etcd_client::Client,
-    backend: &EtcdBackend,
-    name: &LockName,
-    settings: &Settings,
-) -> [Stats; 3] {
-    const SLICES: u32 = 10;
-    let slice = settings.run / SLICES;
-    let warmup = settings.warmup / SLICES;
-    let lock: Arc<dyn LockBackend> = Arc::new(backend.clone());
+pub async fn run(settings: Settings) -> Report {
+    let store = lock_conformance::stores::etcd::shared();
+    let url = store.url();
+    let raw = etcd_client::Client::connect([url.as_str()], None)
+        .await
+        .expect("connect floor");
+    let version = raw
+        .clone()
+        .status()
+        .await
+        .map(|s| s.version().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let rtt = {
+        let raw = raw.clone();
+        op(move || {
+            let mut kv = raw.kv_client();
+            async move {
+                kv.get(FLOOR_KEY, None).await.expect("get");
+            }
+        })
+    };
+    let round_trip = harness::timed(&rtt, settings.warmup, settings.run / 2).await;
     let lease = raw
         .lease_client()
         .grant(600, None)
         .await
         .expect("lease for the txn floor")
         .id();
-    let mut totals: [Stats; 3] = Default::default();
-    for _ in 0..SLICES {
-        add(
-            &mut totals[0],
-            harness::timed(warmup, slice, || floor_cycle(raw)).await,
-        );
-        add(
-            &mut totals[1],
-            harness::timed(warmup, slice, || txn_cycle(raw, lease)).await,
-        );
-        add(
-            &mut totals[2],
-            harness::uncontended(lock.clone(), name, settings.ttl, warmup, slice).await,
-        );
-    }
-    let _ = raw.lease_client().revoke(lease).await;
-    totals
-}
-
-/// The adapter and the Lock RPC, each with its own `n` clients, contending
-/// in alternating slices so both see the same machine load.
-async fn contended_interleaved(
-    url: &str,
-    name: &LockName,
-    settings: &Settings,
-) -> (Contended, Contended) {
-    const SLICES: u32 = 6;
-    let mut ours = Vec::new();
+    let txns = {
+        let raw = raw.clone();
+        op(move || txn_cycle(raw.clone(), lease))
+    };
+    let plain = {
+        let raw = raw.clone();
+        op(move || put_delete(raw.clone()))
+    };
+    let mut contenders = Vec::new();
     let mut rpc = Vec::new();
     for _ in 0..settings.contenders {
-        let backend = EtcdBackend::connect_with(EtcdConfig::new([url]))
-            .await
-            .expect("connect contender");
-        ours.push(Arc::new(backend) as Arc<dyn LockBackend>);
-        rpc.push(Arc::new(LockRpc::connect(url).await) as Arc<dyn LockBackend>);
+        contenders.push(connect(&url).await);
+        rpc.push(LockRpc::connect(&url, "bench/etcd-lock-rpc-contended").await);
     }
-    let rpc_name = LockName::new("bench/etcd-lock-rpc").unwrap();
-    let slice = settings.run / SLICES;
-    let (mut a, mut b) = (Contended::default(), Contended::default());
-    for _ in 0..SLICES {
-        let x = harness::contended(ours.clone(), name, settings.ttl, slice).await;
-        let y = harness::contended(rpc.clone(), &rpc_name, settings.ttl, slice).await;
-        for (total, part) in [(&mut a, x), (&mut b, y)] {
-            let (before, added) = (total.handoffs.samples.len(), part.handoffs.samples.len());
-            let weight = |n: usize| n as f64 / (before + added).max(1) as f64;
-            total.fifo_share = total.fifo_share * weight(before) + part.fifo_share * weight(added);
-            add(&mut total.handoffs, part.handoffs);
-        }
-    }
-    (a, b)
-}
-
-pub async fn run(settings: &Settings) -> Vec<Row> {
-    let store = lock_conformance::stores::etcd::shared();
-    let url = store.url();
-    let note = if store.is_external() {
-        format!("server {}", store.addr())
-    } else {
-        "launched single member, default fsync".to_string()
+    let lineup = Lineup {
+        backend: BACKEND.into(),
+        round_trip: Some(("get (one key)".into(), round_trip)),
+        floor: Some((
+            "the cycle's two compare-and-set Txns, raw client".into(),
+            txns,
+        )),
+        other_floors: vec![("put + delete (one key)".into(), plain)],
+        peers: vec![(
+            "Lock RPC + Unlock RPC".into(),
+            harness::cycle(LockRpc::connect(&url, "bench/etcd-lock-rpc").await),
+        )],
+        contended_peers: vec![("etcd Lock RPC".into(), rpc)],
+        backend_instance: connect(&url).await,
+        contenders,
+        floor_target: Some(0.9),
     };
-    let raw = etcd_client::Client::connect([url.as_str()], None)
-        .await
-        .expect("connect floor");
-    let backend = EtcdBackend::connect_with(EtcdConfig::new([url.clone()]))
-        .await
-        .expect("connect");
-    let name = LockName::new("bench/etcd").unwrap();
-    let mut rows = Vec::new();
-
-    // Warm up connections, leases and etcd itself with every kind of
-    // request measured below.
-    let warm = Settings {
-        warmup: Duration::ZERO,
-        run: settings.warmup.max(Duration::from_secs(1)),
-        ..settings.clone()
+    let mut report = lineup::measure(lineup, &settings).await;
+    let _ = raw.lease_client().revoke(lease).await;
+    report.store(
+        BACKEND,
+        format!("etcd {version}"),
+        "single member launched by the bench; WAL fsync on every commit (etcd's default)",
+    );
+    let probe = Server {
+        addr: store.addr(),
+        metrics: !url.starts_with("https"),
+        pid: (!store.is_external()).then(|| store.pid()).flatten(),
     };
-    let _ = interleaved(&raw, &backend, &name, &warm).await;
-
-    let [floor, txn_floor, cycles] = interleaved(&raw, &backend, &name, settings).await;
-    rows.push(
-        Row::new(BACKEND, "floor: put + delete (one key)", &floor)
-            .note(format!("{note}; interleaved with the next two rows")),
-    );
-    rows.push(
-        Row::new(
+    report.extend(
+        scale::run(
             BACKEND,
-            "floor: the cycle's two Txns, raw client",
-            &txn_floor,
+            || {
+                let url = url.clone();
+                async move { connect(&url).await }.boxed()
+            },
+            &probe,
+            Pool {
+                size: 1,
+                what: "one gRPC channel (HTTP/2)".into(),
+            },
+            &settings,
         )
-        .note(format!(
-            "{:.2}x the put+delete floor: etcd's price of compare-and-set",
-            txn_floor.per_sec() / floor.per_sec()
-        )),
+        .await,
     );
-    rows.push(
-        Row::new(BACKEND, "uncontended try_acquire+release", &cycles).note(format!(
-            "{:.2}x the put+delete floor (target >= 0.9x), {:.2}x the raw Txns",
-            cycles.per_sec() / floor.per_sec(),
-            cycles.per_sec() / txn_floor.per_sec()
-        )),
-    );
-
-    let _ = contended_interleaved(&url, &name, &warm).await;
-    let (queued, server) = contended_interleaved(&url, &name, settings).await;
-    let n = settings.contenders;
-    let speedup = queued.handoffs.per_sec() / server.handoffs.per_sec().max(1e-9);
-    let p99_ok = queued
-        .handoffs
-        .percentile(0.99)
-        .is_some_and(|p| p < Duration::from_millis(5));
-    rows.push(
-        Row::new(
-            BACKEND,
-            format!("{n}-way contended, FIFO queue"),
-            &queued.handoffs,
-        )
-        .note(format!(
-            "FIFO share {:.0}%, {speedup:.1}x the Lock RPC (target >= 5x), p99 {} 5 ms",
-            queued.fifo_share * 100.0,
-            if p99_ok { "<" } else { ">=" }
-        )),
-    );
-    rows.push(
-        Row::new(
-            BACKEND,
-            format!("{n}-way contended, etcd Lock RPC"),
-            &server.handoffs,
-        )
-        .note(format!(
-            "FIFO share {:.0}%; interleaved with the row above",
-            server.fifo_share * 100.0
-        )),
-    );
-    rows
+    report
 }
 
-/// etcd's built-in Lock RPC as a backend, for the contended comparison only:
-/// one client with its own lease (kept alive for the run by its 60 s TTL).
-struct LockRpc {
-    client: etcd_client::Client,
-    lease: i64,
+/// An etcd server's own counters: `/metrics` over plain HTTP, and the
+/// kernel's count of its established client connections.
+struct Server {
+    addr: std::net::SocketAddr,
+    metrics: bool,
+    pid: Option<u32>,
 }
 
-impl std::fmt::Debug for LockRpc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockRpc")
-            .field("lease", &self.lease)
-            .finish()
-    }
-}
-
-impl LockRpc {
-    async fn connect(url: &str) -> Self {
-        let mut client = etcd_client::Client::connect([url], None)
+impl Server {
+    async fn metrics_text(&self) -> Option<String> {
+        let mut stream = tokio::net::TcpStream::connect(self.addr).await.ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
             .await
-            .expect("connect lock rpc contender");
-        let lease = client.lease_grant(60, None).await.expect("lease").id();
-        LockRpc { client, lease }
-    }
-}
-
-fn unsupported(operation: &'static str) -> LockError {
-    LockError::Unsupported {
-        backend: "etcd-lock-rpc",
-        operation,
+            .ok()?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.ok()?;
+        Some(body)
     }
 }
 
 #[async_trait]
-impl LockBackend for LockRpc {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new("etcd-lock-rpc").notifications(true)
+impl Probe for Server {
+    fn unit(&self) -> &'static str {
+        "gRPC messages received (/metrics)"
     }
-
-    async fn try_acquire(&self, _: &LockName, _: Duration) -> Result<Attempt, LockError> {
-        Err(unsupported("try_acquire"))
+    async fn requests(&self) -> Option<u64> {
+        if !self.metrics {
+            return None;
+        }
+        let text = self.metrics_text().await?;
+        let total: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        Some(total as u64)
     }
-
-    async fn renew(&self, _: &Lease) -> Result<Lease, LockError> {
-        Err(unsupported("renew"))
+    async fn connections(&self) -> Option<u64> {
+        crate::sys::tcp_connections_to(self.addr.port())
     }
+    fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+}
 
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let key = lease
-            .extension::<Vec<u8>>()
-            .cloned()
-            .ok_or(LockError::NotHeld {
-                name: lease.name().clone(),
-            })?;
-        let mut client = self.client.clone();
-        client
-            .unlock(key)
+/// etcd's built-in Lock RPC: one client with its own lease (kept alive for
+/// the run by its 60 s TTL); `Lock` waits in the server until the key of
+/// the previous waiter is deleted.
+struct LockRpc {
+    client: etcd_client::Client,
+    lease: i64,
+    name: String,
+}
+
+impl LockRpc {
+    async fn connect(url: &str, name: &str) -> Shared {
+        let mut client = etcd_client::Client::connect([url], None)
             .await
-            .map_err(|e| LockError::unavailable("etcd-lock-rpc", e))?;
-        Ok(ReleaseOutcome::Released)
+            .expect("connect lock rpc client");
+        let lease = client.lease_grant(60, None).await.expect("lease").id();
+        Arc::new(LockRpc {
+            client,
+            lease,
+            name: name.to_string(),
+        })
     }
+}
 
-    async fn inspect(&self, _: &LockName) -> Result<Option<Holder>, LockError> {
-        Err(unsupported("inspect"))
-    }
-
-    async fn evict(
-        &self,
-        _: &LockName,
-        _: Option<FencingToken>,
-    ) -> Result<Option<Holder>, LockError> {
-        Err(unsupported("evict"))
-    }
-
-    async fn acquire(
-        &self,
-        name: &LockName,
-        ttl: Duration,
-        wait: &WaitPolicy,
-    ) -> Result<Option<Lease>, LockError> {
+#[async_trait]
+impl Client for LockRpc {
+    async fn acquire(&self, deadline: Instant) -> Option<Held> {
         let mut client = self.client.clone();
-        let sent = Instant::now();
         let options = LockOptions::new().with_lease(self.lease);
         let reply =
-            match tokio::time::timeout_at(wait.deadline, client.lock(name.as_str(), Some(options)))
+            tokio::time::timeout_at(deadline, client.lock(self.name.as_str(), Some(options)))
                 .await
-            {
-                Ok(reply) => reply.map_err(|e| LockError::unavailable("etcd-lock-rpc", e))?,
-                Err(_) => return Ok(None),
-            };
-        let revision = reply.header().map_or(1, |h| h.revision());
-        let fence = FencingToken::new(u64::try_from(revision).unwrap_or(1).max(1)).unwrap();
-        Ok(Some(
-            Lease::new(name.clone(), OwnerToken::new(), fence, ttl, sent)
-                .with_extension(reply.key().to_vec()),
-        ))
+                .ok()?
+                .expect("Lock RPC");
+        Some(Box::new(reply.key().to_vec()))
+    }
+
+    async fn release(&self, held: Held) {
+        let key = held.downcast::<Vec<u8>>().expect("a lock key");
+        self.client.clone().unlock(*key).await.expect("Unlock RPC");
     }
 }

@@ -1,41 +1,20 @@
-//! Backend-independent measurements: uncontended cycles, a raw floor, and
-//! contended hand-off. Every backend module feeds these the same way.
+//! Backend-independent measurements: timed operations taking turns in
+//! slices, lock clients (the trait, `Locker`, a peer) and N-way contention
+//! with hand-off times and fairness. Every backend module feeds these the
+//! same way.
 
+use std::any::Any;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::{LockBackend, LockName, WaitPolicy};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use lockcore::backend::{LockRequest, WaitPolicy, async_trait};
+use lockcore::{Lease, LockBackend, LockError, LockGuard, LockName, Locker};
 use tokio::time::Instant;
 
-/// One line of the results table.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub backend: &'static str,
-    pub scenario: String,
-    pub per_sec: f64,
-    pub p50: Option<Duration>,
-    pub p99: Option<Duration>,
-    pub note: String,
-}
-
-impl Row {
-    pub fn new(backend: &'static str, scenario: impl Into<String>, stats: &Stats) -> Self {
-        Row {
-            backend,
-            scenario: scenario.into(),
-            per_sec: stats.per_sec(),
-            p50: stats.percentile(0.50),
-            p99: stats.percentile(0.99),
-            note: String::new(),
-        }
-    }
-
-    pub fn note(mut self, note: impl Into<String>) -> Self {
-        self.note = note.into();
-        self
-    }
-}
+use crate::Settings;
 
 /// Completed operations and their latencies over a run.
 #[derive(Debug, Default, Clone)]
@@ -58,21 +37,39 @@ impl Stats {
         let at = ((sorted.len() - 1) as f64 * q).round() as usize;
         Some(sorted[at])
     }
+
+    pub fn p50(&self) -> Option<Duration> {
+        self.percentile(0.50)
+    }
+
+    pub fn merge(&mut self, part: Stats) {
+        self.elapsed += part.elapsed;
+        self.samples.extend(part.samples);
+    }
+}
+
+/// One measured operation (a floor's round trips, a lock cycle...).
+pub type Op = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// An [`Op`] from a closure that makes the operation's future.
+pub fn op<F, Fut>(f: F) -> Op
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Box::new(move || f().boxed())
 }
 
 /// Runs `op` back to back for `run` (after `warmup`), timing each call.
-pub async fn timed<F, Fut>(warmup: Duration, run: Duration, mut op: F) -> Stats
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
+pub async fn timed(op: &Op, warmup: Duration, run: Duration) -> Stats {
     let warm_until = Instant::now() + warmup;
     while Instant::now() < warm_until {
         op().await;
     }
     let started = Instant::now();
     let mut samples = Vec::new();
-    while started.elapsed() < run {
+    // At least one sample: a smoke run must show every row ran.
+    while samples.is_empty() || started.elapsed() < run {
         let t = Instant::now();
         op().await;
         samples.push(t.elapsed());
@@ -83,127 +80,294 @@ where
     }
 }
 
-/// Uncontended `try_acquire` + `release` cycles on one name.
-pub async fn uncontended(
+/// Every op for `settings.run` in total, taking turns in slices (the order
+/// flipped every round), so load from other processes drifting during the
+/// run hits all of them alike: their ratios are what the table compares.
+pub async fn interleaved(ops: &[Op], settings: &Settings) -> Vec<Stats> {
+    let slices = settings.slices.max(1);
+    let slice = settings.run / slices;
+    let warmup = settings.warmup / ops.len().max(1) as u32;
+    for op in ops {
+        timed(op, Duration::ZERO, warmup).await;
+    }
+    let mut totals = vec![Stats::default(); ops.len()];
+    for round in 0..slices {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..ops.len()).collect()
+        } else {
+            (0..ops.len()).rev().collect()
+        };
+        for i in order {
+            totals[i].merge(timed(&ops[i], Duration::ZERO, slice).await);
+        }
+    }
+    totals
+}
+
+/// Whatever a client holds between acquire and release.
+pub type Held = Box<dyn Any + Send>;
+
+/// One lock client: the trait, a `Locker`, or a peer library.
+#[async_trait]
+pub trait Client: Send + Sync {
+    /// Takes the lock, waiting until `deadline` at most (`None`: not by then).
+    async fn acquire(&self, deadline: Instant) -> Option<Held>;
+    async fn release(&self, held: Held);
+}
+
+/// A shared client.
+pub type Shared = Arc<dyn Client>;
+
+/// How a client asks: one attempt (the lock must be free), or waiting.
+#[derive(Debug, Clone, Copy)]
+pub enum Ask {
+    Try,
+    Wait,
+}
+
+/// `LockBackend` called directly: no guard, no renewer, no tracing span.
+pub struct Raw {
     backend: Arc<dyn LockBackend>,
-    name: &LockName,
-    ttl: Duration,
-    warmup: Duration,
-    run: Duration,
-) -> Stats {
-    timed(warmup, run, || {
-        let backend = backend.clone();
-        async move {
-            let lease = backend
-                .try_acquire(name, ttl)
+    request: LockRequest,
+    ask: Ask,
+}
+
+impl Raw {
+    pub fn shared(backend: Arc<dyn LockBackend>, name: &str, ttl: Duration, ask: Ask) -> Shared {
+        let ttl = backend
+            .capabilities()
+            .effective_ttl(ttl)
+            .expect("the bench TTL is valid for every backend");
+        let request = LockRequest::new(LockName::new(name).expect("a valid name"), ttl);
+        Arc::new(Raw {
+            backend,
+            request,
+            ask,
+        })
+    }
+}
+
+#[async_trait]
+impl Client for Raw {
+    async fn acquire(&self, deadline: Instant) -> Option<Held> {
+        let lease = match self.ask {
+            Ask::Try => Some(
+                self.backend
+                    .try_acquire(&self.request)
+                    .await
+                    .expect("try_acquire")
+                    .into_lease()
+                    .expect("an uncontended lock must be free"),
+            ),
+            Ask::Wait => self
+                .backend
+                .acquire(&self.request, &WaitPolicy::new(deadline))
                 .await
-                .expect("acquire")
-                .into_lease()
-                .expect("uncontended lock must be free");
-            backend.release(&lease).await.expect("release");
+                .expect("acquire"),
+        };
+        lease.map(|l| Box::new(l) as Held)
+    }
+
+    async fn release(&self, held: Held) {
+        let lease = held.downcast::<Lease>().expect("a lease");
+        self.backend.release(&lease).await.expect("release");
+    }
+}
+
+/// What applications call: `Locker::acquire` / `try_acquire`, then
+/// `LockGuard::release` (the renewer keeps each guard meanwhile).
+pub struct User {
+    locker: Locker,
+    name: LockName,
+    ask: Ask,
+}
+
+impl User {
+    pub fn shared(locker: Locker, name: &str, ask: Ask) -> Shared {
+        let name = LockName::new(name).expect("a valid name");
+        Arc::new(User { locker, name, ask })
+    }
+}
+
+/// The `Locker` every row and scenario uses: defaults, but the bench's TTL.
+pub fn locker(backend: Arc<dyn LockBackend>, ttl: Duration) -> Locker {
+    Locker::from_arc(backend).ttl(ttl)
+}
+
+#[async_trait]
+impl Client for User {
+    async fn acquire(&self, deadline: Instant) -> Option<Held> {
+        let guard = match self.ask {
+            Ask::Try => Some(
+                self.locker
+                    .try_acquire(&self.name)
+                    .await
+                    .expect("Locker::try_acquire")
+                    .expect("an uncontended lock must be free"),
+            ),
+            Ask::Wait => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                match self.locker.acquire_timeout(&self.name, wait).await {
+                    Ok(guard) => Some(guard),
+                    Err(LockError::Timeout { .. }) => None,
+                    Err(e) => panic!("Locker::acquire: {e}"),
+                }
+            }
+        };
+        guard.map(|g| Box::new(g) as Held)
+    }
+
+    async fn release(&self, held: Held) {
+        let guard = held.downcast::<LockGuard>().expect("a guard");
+        guard.release().await.expect("LockGuard::release");
+    }
+}
+
+/// One uncontended cycle of `client`: acquire (it must be free) and release.
+pub fn cycle(client: Shared) -> Op {
+    op(move || {
+        let client = client.clone();
+        async move {
+            let far = Instant::now() + Duration::from_secs(60);
+            let held = client
+                .acquire(far)
+                .await
+                .expect("an uncontended lock must be granted");
+            client.release(held).await;
         }
     })
-    .await
 }
 
-/// Result of a contended run.
+/// What a contended run measured.
 #[derive(Debug, Default, Clone)]
 pub struct Contended {
-    /// Acquisitions and, as samples, their hand-off times: from the previous
-    /// holder sending its release to the next holder having the grant.
+    /// Hand-off times: from the previous holder starting its release to
+    /// the next holder having the grant.
     pub handoffs: Stats,
-    /// Share of grants that went to the client that had waited longest.
-    pub fifo_share: f64,
+    /// Grants during the run, per client.
+    pub per_client: Vec<usize>,
+    /// Grants that went straight back to the client that had just released.
+    pub regrants: usize,
 }
 
-/// `clients.len()` clients loop acquire (waiting) / release on one name for `run`.
-pub async fn contended(
-    clients: Vec<Arc<dyn LockBackend>>,
-    name: &LockName,
-    ttl: Duration,
-    run: Duration,
-) -> Contended {
-    struct Shared {
-        released_at: Option<Instant>,
-        handoffs: Vec<Duration>,
-        waiting_since: Vec<Option<Instant>>,
-        fifo_grants: usize,
-        grants: usize,
+impl Contended {
+    pub fn grants(&self) -> usize {
+        self.per_client.iter().sum()
     }
-    let n = clients.len();
-    let shared = Arc::new(Mutex::new(Shared {
+
+    pub fn per_sec(&self) -> f64 {
+        self.grants() as f64 / self.handoffs.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Share of grants that went straight back to the client that had just
+    /// released: 0 in a strict FIFO line of N > 1, 1/N at random.
+    pub fn regrant_share(&self) -> f64 {
+        self.regrants as f64 / self.grants().max(1) as f64
+    }
+
+    fn merge(&mut self, part: Contended) {
+        self.handoffs.merge(part.handoffs);
+        self.per_client
+            .resize(self.per_client.len().max(part.per_client.len()), 0);
+        for (total, n) in self.per_client.iter_mut().zip(part.per_client) {
+            *total += n;
+        }
+        self.regrants += part.regrants;
+    }
+
+    /// "re-grants 3%, per client 40..61".
+    pub fn fairness(&self) -> String {
+        let min = self.per_client.iter().min().copied().unwrap_or(0);
+        let max = self.per_client.iter().max().copied().unwrap_or(0);
+        format!(
+            "re-grants to the releaser {:.0}%, per client {min}..{max}",
+            self.regrant_share() * 100.0
+        )
+    }
+}
+
+/// How long waiters may still take to drain after a contended run ends.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// `clients` loop acquire (waiting) / release on one name for `run`.
+pub async fn contended(clients: &[Shared], run: Duration) -> Contended {
+    struct Line {
+        released_at: Option<Instant>,
+        last: Option<usize>,
+        result: Contended,
+    }
+    let line = Arc::new(Mutex::new(Line {
         released_at: None,
-        handoffs: Vec::new(),
-        waiting_since: vec![None; n],
-        fifo_grants: 0,
-        grants: 0,
+        last: None,
+        result: Contended {
+            per_client: vec![0; clients.len()],
+            ..Contended::default()
+        },
     }));
     let started = Instant::now();
     let stop_at = started + run;
     let mut tasks = Vec::new();
-    for (i, backend) in clients.into_iter().enumerate() {
-        let (shared, name) = (shared.clone(), name.clone());
+    for (i, client) in clients.iter().cloned().enumerate() {
+        let line = line.clone();
         tasks.push(tokio::spawn(async move {
             while Instant::now() < stop_at {
-                shared.lock().unwrap().waiting_since[i] = Some(Instant::now());
-                let policy = WaitPolicy::new(stop_at + Duration::from_secs(5));
-                let Some(lease) = backend.acquire(&name, ttl, &policy).await.expect("acquire")
-                else {
+                let Some(held) = client.acquire(stop_at + DRAIN).await else {
                     break;
                 };
                 let granted = Instant::now();
                 {
-                    let mut s = shared.lock().unwrap();
-                    let mine = s.waiting_since[i].take();
-                    let oldest = s.waiting_since.iter().flatten().min().copied();
-                    if oldest.is_none_or(|o| mine.is_some_and(|m| m <= o)) {
-                        s.fifo_grants += 1;
+                    let mut line = line.lock().unwrap();
+                    if granted < stop_at {
+                        if let Some(released) = line.released_at {
+                            line.result.handoffs.samples.push(granted - released);
+                        }
+                        if line.last == Some(i) {
+                            line.result.regrants += 1;
+                        }
+                        line.result.per_client[i] += 1;
                     }
-                    s.grants += 1;
-                    if let Some(released) = s.released_at.take()
-                        && granted < stop_at
-                    {
-                        s.handoffs.push(granted - released);
-                    }
-                    s.released_at = Some(Instant::now());
+                    line.last = Some(i);
+                    line.released_at = Some(Instant::now());
                 }
-                backend.release(&lease).await.expect("release");
+                client.release(held).await;
             }
         }));
     }
     for task in tasks {
-        task.await.expect("client task");
+        if let Err(e) = task.await {
+            std::panic::resume_unwind(e.into_panic());
+        }
     }
-    let s = shared.lock().unwrap();
-    Contended {
-        handoffs: Stats {
-            elapsed: run,
-            samples: s.handoffs.clone(),
-        },
-        fifo_share: s.fifo_grants as f64 / s.grants.max(1) as f64,
-    }
+    let mut result = std::mem::take(&mut line.lock().unwrap().result);
+    result.handoffs.elapsed = run;
+    result
 }
 
-/// Prints the table.
-pub fn print(rows: &[Row]) {
-    let fmt = |d: Option<Duration>| {
-        d.map_or("-".to_string(), |d| {
-            format!("{:.3} ms", d.as_secs_f64() * 1e3)
-        })
-    };
-    println!(
-        "{:<10} {:<44} {:>12} {:>11} {:>11}  note",
-        "backend", "scenario", "ops/s", "p50", "p99"
-    );
-    for r in rows {
-        println!(
-            "{:<10} {:<44} {:>12.0} {:>11} {:>11}  {}",
-            r.backend,
-            r.scenario,
-            r.per_sec,
-            fmt(r.p50),
-            fmt(r.p99),
-            r.note
-        );
+/// Each kind's clients contend in turn, in slices, for `settings.run` in
+/// total each, after a warm-up: the kinds see the same machine load.
+pub async fn contended_interleaved(kinds: &[Vec<Shared>], settings: &Settings) -> Vec<Contended> {
+    let slices = settings.slices.max(1);
+    let warmup = settings.warmup / kinds.len().max(1) as u32;
+    if !warmup.is_zero() {
+        for kind in kinds {
+            contended(kind, warmup).await;
+        }
     }
+    let mut totals = vec![Contended::default(); kinds.len()];
+    for round in 0..slices {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..kinds.len()).collect()
+        } else {
+            (0..kinds.len()).rev().collect()
+        };
+        for i in order {
+            totals[i].merge(contended(&kinds[i], settings.run / slices).await);
+        }
+    }
+    totals
+}
+
+/// Milliseconds, for ratios.
+pub fn ms(d: Option<Duration>) -> f64 {
+    d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }

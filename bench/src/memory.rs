@@ -1,29 +1,54 @@
-//! MemoryBackend: the client layer's own cost, no store round trip.
+//! MemoryBackend: the client layer's own cost (`Locker`, the renewer, the
+//! wait loop) with no store round trip at all.
 
 use std::sync::Arc;
 
-use lockcore::{LockBackend, LockName, MemoryBackend};
+use futures::FutureExt;
+use lockcore::{LockBackend, MemoryBackend};
 
 use crate::Settings;
-use crate::harness::{self, Row};
+use crate::lineup::{self, Lineup};
+use crate::report::Report;
+use crate::scale::{self, InProcess, Pool};
 
-pub async fn run(settings: &Settings) -> Vec<Row> {
+const BACKEND: &str = "memory";
+
+pub async fn run(settings: Settings) -> Report {
+    // Clones share one store: each contender is a client of it.
     let store = MemoryBackend::new();
-    let name = LockName::new("bench/memory").unwrap();
-    let backend: Arc<dyn LockBackend> = Arc::new(store.clone());
-    let cycles =
-        harness::uncontended(backend, &name, settings.ttl, settings.warmup, settings.run).await;
-    let clients: Vec<Arc<dyn LockBackend>> = (0..settings.contenders)
-        .map(|_| Arc::new(store.clone()) as Arc<dyn LockBackend>)
-        .collect();
-    let contended = harness::contended(clients, &name, settings.ttl, settings.run).await;
-    vec![
-        Row::new("memory", "uncontended acquire+release", &cycles),
-        Row::new(
-            "memory",
-            format!("{}-way contended (hand-off)", settings.contenders),
-            &contended.handoffs,
+    let instance = || Arc::new(store.clone()) as Arc<dyn LockBackend>;
+    let lineup = Lineup {
+        backend: BACKEND.into(),
+        round_trip: None,
+        floor: None,
+        other_floors: Vec::new(),
+        peers: Vec::new(),
+        contended_peers: Vec::new(),
+        backend_instance: instance(),
+        contenders: (0..settings.contenders).map(|_| instance()).collect(),
+        floor_target: None,
+    };
+    let mut report = lineup::measure(lineup, &settings).await;
+    report.store(
+        BACKEND,
+        "lockcore MemoryBackend",
+        "in process, nothing durable",
+    );
+    report.extend(
+        scale::run(
+            BACKEND,
+            || {
+                let store = store.clone();
+                async move { Arc::new(store) as Arc<dyn LockBackend> }.boxed()
+            },
+            &InProcess,
+            Pool {
+                size: 0,
+                what: "none (in process)".into(),
+            },
+            &settings,
         )
-        .note(format!("FIFO share {:.0}%", contended.fifo_share * 100.0)),
-    ]
+        .await,
+    );
+    report
 }

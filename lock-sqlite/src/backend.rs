@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Wakeup, async_trait};
+use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, async_trait};
+use lockcore::wait::{LocalLine, PermitPolling, Polling};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
     LockBackend, LockError, LockName, ReleaseOutcome,
@@ -42,6 +43,10 @@ const EVICTION_NOTICE: Duration = Duration::from_millis(100);
 pub struct SqliteBackend {
     client: Arc<Client>,
     path: Arc<PathBuf>,
+    /// One waiter per name (and per semaphore) of this instance waits on the
+    /// file at a time: a release wakes one task, not every waiter.
+    locks_line: LocalLine,
+    permits_line: LocalLine,
 }
 
 impl SqliteBackend {
@@ -85,6 +90,8 @@ impl SqliteBackend {
         let client = Client::new(writer, reader, clock, presence, bells, timeout);
         client.sweep().await?;
         Ok(SqliteBackend {
+            locks_line: LocalLine::new(),
+            permits_line: LocalLine::new(),
             client,
             path: Arc::new(path),
         })
@@ -189,6 +196,32 @@ impl LockBackend for SqliteBackend {
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         self.client.watch(Kind::Lock, name).await
+    }
+
+    /// The one wait loop, behind this instance's earlier waiters of `name`.
+    async fn acquire(
+        &self,
+        request: &LockRequest,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        let turn = self.locks_line.turn(request.name());
+        let Ok(_turn) = tokio::time::timeout_at(wait.deadline, turn).await else {
+            return Ok(None);
+        };
+        lockcore::wait::wait(wait, &mut Polling::new(self, request)).await
+    }
+
+    async fn acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        let turn = self.permits_line.turn(request.name());
+        let Ok(_turn) = tokio::time::timeout_at(wait.deadline, turn).await else {
+            return Ok(None);
+        };
+        lockcore::wait::wait(wait, &mut PermitPolling::new(self, request, permits)).await
     }
 
     async fn try_acquire_permit(

@@ -82,6 +82,7 @@ mod fenced;
 mod guard;
 mod label;
 mod lease;
+mod local_line;
 mod locker;
 mod memory;
 pub mod metrics;

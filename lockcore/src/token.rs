@@ -13,10 +13,12 @@ use uuid::Uuid;
 pub struct OwnerToken(Uuid);
 
 impl OwnerToken {
-    /// A fresh random (UUID v4) token.
+    /// A fresh random (UUID v4) token, from the thread's cryptographically
+    /// secure generator (seeded from the OS once, not a system call per
+    /// token).
     #[allow(clippy::new_without_default)] // a default token would be a shared secret
     pub fn new() -> Self {
-        OwnerToken(Uuid::new_v4())
+        OwnerToken(uuid::Builder::from_random_bytes(rand::random()).into_uuid())
     }
 
     /// Wraps an existing UUID (for backends decoding stored values).
@@ -116,6 +118,7 @@ mod tests {
     #[test]
     fn owner_token_round_trips_and_never_prints_whole() {
         let t = OwnerToken::new();
+        assert_eq!(t.as_uuid().get_version_num(), 4);
         let full = t.encode();
         assert_eq!(full.len(), 32);
         assert_eq!(OwnerToken::decode(&full), Some(t));

@@ -18,6 +18,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+pub use crate::local_line::{LocalLine, LocalTurn};
+
 use crate::backend::LockRequest;
 use crate::{Attempt, Backoff, Lease, LockBackend, LockError};
 

@@ -1,0 +1,196 @@
+//! The rows every backend gets, measured the same way: uncontended cycles
+//! through the trait and through `Locker` next to the store's floor and the
+//! peers (all taking turns in slices), then N-way contention the same way,
+//! and where each stands against its targets.
+
+use std::sync::Arc;
+
+use lockcore::LockBackend;
+
+use crate::Settings;
+use crate::harness::{self, Ask, Op, Raw, Shared, Stats, User, cycle, ms};
+use crate::report::{Kind, Report, Row, Verdict};
+
+/// What one backend brings to the common measurements.
+pub struct Lineup {
+    /// The row label, e.g. "redis" or "redis, no persistence".
+    pub backend: String,
+    /// The store's own round trip, already measured, and what it was.
+    pub round_trip: Option<(String, Stats)>,
+    /// The store's two-round-trip floor with the same durability, and what it is.
+    pub floor: Option<(String, Op)>,
+    /// More floors, measured in the same turns (shown, not targeted).
+    pub other_floors: Vec<(String, Op)>,
+    /// Uncontended peer cycles (another library on the same store).
+    pub peers: Vec<(String, Op)>,
+    /// Contended peers: one client per contender each.
+    pub contended_peers: Vec<(String, Vec<Shared>)>,
+    /// The backend for the uncontended rows.
+    pub backend_instance: Arc<dyn LockBackend>,
+    /// One independent instance per contender (like N processes).
+    pub contenders: Vec<Arc<dyn LockBackend>>,
+    /// Uncontended `Locker` cycles must reach this share of the floor.
+    pub floor_target: Option<f64>,
+}
+
+/// Measures the lineup; rows and verdicts go into the report.
+pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
+    let mut report = Report::default();
+    let b = lineup.backend.as_str();
+    let ttl = settings.ttl;
+    let name = format!("bench/{}", b.replace([' ', ','], "-"));
+    let backend = lineup.backend_instance.clone();
+    let notifies = backend.capabilities().notifications;
+
+    let rtt_p50 = lineup.round_trip.as_ref().and_then(|(_, s)| s.p50());
+    let rtt_label = lineup
+        .round_trip
+        .as_ref()
+        .map_or(String::new(), |(l, _)| l.clone());
+    if let Some((label, stats)) = &lineup.round_trip {
+        report.row(Row::new(b, Kind::RoundTrip, label.clone(), stats));
+    }
+    // Uncontended: floors, trait, Locker (try / waiting), peers, in turns.
+    let mut labels: Vec<(Kind, String)> = Vec::new();
+    let mut ops: Vec<Op> = Vec::new();
+    let has_floor = lineup.floor.is_some();
+    for (label, op) in lineup.floor.into_iter().chain(lineup.other_floors) {
+        labels.push((Kind::Floor, label));
+        ops.push(op);
+    }
+    let first_own = ops.len();
+    labels.push((Kind::Trait, "uncontended try_acquire + release".into()));
+    ops.push(cycle(Raw::shared(backend.clone(), &name, ttl, Ask::Try)));
+    labels.push((Kind::Locker, "uncontended try_acquire + release".into()));
+    ops.push(cycle(User::shared(
+        harness::locker(backend.clone(), ttl),
+        &name,
+        Ask::Try,
+    )));
+    labels.push((Kind::Locker, "uncontended acquire + release".into()));
+    ops.push(cycle(User::shared(
+        harness::locker(backend.clone(), ttl),
+        &name,
+        Ask::Wait,
+    )));
+    for (label, op) in lineup.peers {
+        labels.push((Kind::Peer, format!("uncontended {label}")));
+        ops.push(op);
+    }
+    let stats = harness::interleaved(&ops, settings).await;
+    let floor = has_floor.then(|| stats[0].clone());
+    for (i, ((kind, label), s)) in labels.iter().zip(&stats).enumerate() {
+        let mut row = Row::new(b, *kind, label.clone(), s);
+        if i > 0 && has_floor {
+            let ratio = s.per_sec() / floor.as_ref().map_or(f64::NAN, Stats::per_sec);
+            row = row.note(format!("{ratio:.2}x the floor"));
+        } else if i == 0 && has_floor {
+            row = row.note("interleaved with the rows below");
+        }
+        report.row(row);
+    }
+    let locker_wait = &stats[first_own + 2];
+    let locker_try = &stats[first_own + 1];
+    if let (Some(target), Some(floor)) = (lineup.floor_target, &floor) {
+        let ratio = locker_wait.per_sec() / floor.per_sec();
+        report.verdict(Verdict::new(
+            b,
+            format!("uncontended acquire+release through Locker ≥ {target:.2}x the floor"),
+            format!(
+                "{ratio:.2}x (acquire; try_acquire {:.2}x): {:.0}/s vs {:.0}/s",
+                locker_try.per_sec() / floor.per_sec(),
+                locker_wait.per_sec(),
+                floor.per_sec()
+            ),
+            Some(ratio >= target),
+        ));
+    }
+
+    // Contended: trait, Locker, peers, in turns.
+    let n = lineup.contenders.len();
+    let mut kinds: Vec<(Kind, String, Vec<Shared>)> = vec![
+        (
+            Kind::Trait,
+            format!("{n}-way contended acquire"),
+            lineup
+                .contenders
+                .iter()
+                .map(|c| Raw::shared(c.clone(), &name, ttl, Ask::Wait))
+                .collect(),
+        ),
+        (
+            Kind::Locker,
+            format!("{n}-way contended acquire"),
+            lineup
+                .contenders
+                .iter()
+                .map(|c| User::shared(harness::locker(c.clone(), ttl), &name, Ask::Wait))
+                .collect(),
+        ),
+    ];
+    for (label, clients) in lineup.contended_peers {
+        kinds.push((Kind::Peer, format!("{n}-way contended {label}"), clients));
+    }
+    let clients: Vec<Vec<Shared>> = kinds.iter().map(|(_, _, c)| c.clone()).collect();
+    let results = harness::contended_interleaved(&clients, settings).await;
+    let vs_rtt = |p99| {
+        if rtt_p50.is_some() {
+            format!("p99 = {:.1}x the round trip p50", ms(p99) / ms(rtt_p50))
+        } else {
+            String::new()
+        }
+    };
+    for ((kind, label, _), c) in kinds.iter().zip(&results) {
+        let row = Row::contended(b, *kind, label.clone(), c);
+        let p99 = row.p99;
+        report.row(row.note(vs_rtt(p99)));
+    }
+    let ours = &results[1];
+    let best_peer = kinds
+        .iter()
+        .zip(&results)
+        .skip(2)
+        .max_by(|a, b| a.1.per_sec().total_cmp(&b.1.per_sec()));
+    match best_peer {
+        Some(((_, label, _), peer)) => report.verdict(Verdict::new(
+            b,
+            format!("{n}-way contended acquisitions/s through Locker ≥ the best peer"),
+            format!(
+                "{:.0}/s vs {:.0}/s ({label}): {:.2}x; the peer gives no fencing token",
+                ours.per_sec(),
+                peer.per_sec(),
+                ours.per_sec() / peer.per_sec().max(1e-9)
+            ),
+            Some(ours.per_sec() >= peer.per_sec()),
+        )),
+        None => report.verdict(Verdict::new(
+            b,
+            format!("{n}-way contended acquisitions/s through Locker ≥ the best peer"),
+            format!("{:.0}/s; no peer on this store", ours.per_sec()),
+            None,
+        )),
+    }
+    let p99 = ours.handoffs.percentile(0.99);
+    report.verdict(Verdict::new(
+        b,
+        "hand-off p99 through Locker ≤ 5x the store's round trip (where it notifies)",
+        if rtt_p50.is_some() {
+            format!(
+                "{:.2} ms = {:.1}x {rtt_label} p50 ({:.3} ms); {:.1}x the floor's p50 (two writes as durable as a lock's){}",
+                ms(p99),
+                ms(p99) / ms(rtt_p50),
+                ms(rtt_p50),
+                ms(p99) / ms(floor.as_ref().and_then(Stats::p50)),
+                if notifies {
+                    ""
+                } else {
+                    "; this backend does not notify waiters"
+                }
+            )
+        } else {
+            format!("{:.2} ms; no round trip to compare", ms(p99))
+        },
+        (notifies && rtt_p50.is_some()).then(|| ms(p99) <= 5.0 * ms(rtt_p50)),
+    ));
+    report
+}

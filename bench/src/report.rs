@@ -1,0 +1,371 @@
+//! The results: rows, scale scenarios, targets, the stores and the machine,
+//! rendered as one Markdown document.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::harness::{Contended, Stats};
+use crate::sys;
+
+/// What a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// One request to the store and its reply.
+    RoundTrip,
+    /// The store's own floor for the operation: the same round trips and
+    /// the same durability, no lock logic.
+    Floor,
+    /// `LockBackend` called directly.
+    Trait,
+    /// `Locker` / `LockGuard`: what applications call.
+    Locker,
+    /// Another library's lock on the same store.
+    Peer,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::RoundTrip => "round trip",
+            Kind::Floor => "floor",
+            Kind::Trait => "trait",
+            Kind::Locker => "**Locker**",
+            Kind::Peer => "peer",
+        }
+    }
+}
+
+/// One line of the main table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub backend: String,
+    pub kind: Kind,
+    pub what: String,
+    pub ops: usize,
+    pub per_sec: f64,
+    pub p50: Option<Duration>,
+    pub p99: Option<Duration>,
+    pub note: String,
+}
+
+impl Row {
+    pub fn new(backend: &str, kind: Kind, what: impl Into<String>, stats: &Stats) -> Self {
+        Row {
+            backend: backend.to_string(),
+            kind,
+            what: what.into(),
+            ops: stats.samples.len(),
+            per_sec: stats.per_sec(),
+            p50: stats.p50(),
+            p99: stats.percentile(0.99),
+            note: String::new(),
+        }
+    }
+
+    /// A contended row: acquisitions/s, hand-off p50/p99, fairness.
+    pub fn contended(backend: &str, kind: Kind, what: impl Into<String>, c: &Contended) -> Self {
+        Row {
+            backend: backend.to_string(),
+            kind,
+            what: what.into(),
+            ops: c.grants(),
+            per_sec: c.per_sec(),
+            p50: c.handoffs.p50(),
+            p99: c.handoffs.percentile(0.99),
+            note: c.fairness(),
+        }
+    }
+
+    pub fn note(mut self, note: impl AsRef<str>) -> Self {
+        let note = note.as_ref();
+        if !note.is_empty() {
+            if !self.note.is_empty() {
+                self.note.push_str("; ");
+            }
+            self.note.push_str(note);
+        }
+        self
+    }
+}
+
+/// One line of the scale table.
+#[derive(Debug, Clone, Default)]
+pub struct ScaleRow {
+    pub backend: String,
+    pub scenario: String,
+    /// Something happened (a lock held, a waiter served): the smoke check.
+    pub ran: bool,
+    pub result: String,
+    pub round_trips: String,
+    pub connections: String,
+    pub client_cpu: String,
+    pub store_cpu: String,
+    pub rss: String,
+}
+
+/// One target and where a backend stands.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub backend: String,
+    pub target: String,
+    pub measured: String,
+    /// `None`: not applicable or not measurable here.
+    pub met: Option<bool>,
+}
+
+impl Verdict {
+    pub fn new(
+        backend: &str,
+        target: impl Into<String>,
+        measured: impl Into<String>,
+        met: Option<bool>,
+    ) -> Self {
+        Verdict {
+            backend: backend.to_string(),
+            target: target.into(),
+            measured: measured.into(),
+            met,
+        }
+    }
+}
+
+/// A store's version and durability settings, as read from it.
+#[derive(Debug, Clone)]
+pub struct StoreInfo {
+    pub backend: String,
+    pub version: String,
+    pub settings: String,
+}
+
+/// Everything one backend (or the whole run) measured.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub scale: Vec<ScaleRow>,
+    pub verdicts: Vec<Verdict>,
+    pub stores: Vec<StoreInfo>,
+    /// Sections that failed, with why.
+    pub failures: Vec<String>,
+}
+
+impl Report {
+    pub fn row(&mut self, row: Row) {
+        self.rows.push(row);
+    }
+
+    pub fn verdict(&mut self, v: Verdict) {
+        self.verdicts.push(v);
+    }
+
+    pub fn store(
+        &mut self,
+        backend: &str,
+        version: impl Into<String>,
+        settings: impl Into<String>,
+    ) {
+        self.stores.push(StoreInfo {
+            backend: backend.to_string(),
+            version: version.into(),
+            settings: settings.into(),
+        });
+    }
+
+    pub fn extend(&mut self, other: Report) {
+        self.rows.extend(other.rows);
+        self.scale.extend(other.scale);
+        self.verdicts.extend(other.verdicts);
+        self.stores.extend(other.stores);
+        self.failures.extend(other.failures);
+    }
+
+    /// What a smoke run checks: every section finished, every row has at
+    /// least one sample, every scenario did something.
+    pub fn incomplete(&self) -> Vec<String> {
+        let mut missing = self.failures.clone();
+        for r in &self.rows {
+            if r.ops == 0 {
+                missing.push(format!("{} / {}: no sample", r.backend, r.what));
+            }
+        }
+        for s in &self.scale {
+            if !s.ran {
+                missing.push(format!("{} / {}: did not run", s.backend, s.scenario));
+            }
+        }
+        missing
+    }
+
+    /// The whole document.
+    pub fn markdown(&self, run: &RunInfo) -> String {
+        self.render(run, true)
+    }
+
+    /// The run, the stores, the scale scenarios and the targets: what the
+    /// README shows (every row is in the whole document).
+    pub fn summary(&self, run: &RunInfo) -> String {
+        self.render(run, false)
+    }
+
+    fn render(&self, run: &RunInfo, all_rows: bool) -> String {
+        let mut md = String::new();
+        let _ = writeln!(md, "### Machine and run\n");
+        let _ = writeln!(md, "- Command: `{}`", run.command);
+        let _ = writeln!(md, "- Date: {}", run.date);
+        let _ = writeln!(md, "- {}", run.machine);
+        let _ = writeln!(
+            md,
+            "- Load average (1/5/15 min): {} at start, {} at the end",
+            run.load_start, run.load_end
+        );
+        let _ = writeln!(md, "- {}", run.settings);
+        if !self.stores.is_empty() {
+            let _ = writeln!(md, "\n| store | version | durability |\n|---|---|---|");
+            for s in &self.stores {
+                let _ = writeln!(md, "| {} | {} | {} |", s.backend, s.version, s.settings);
+            }
+        }
+        if all_rows {
+            self.render_rows(&mut md);
+        }
+        self.render_rest(&mut md);
+        md
+    }
+
+    fn render_rows(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "\n### Lock cycles and hand-off\n\n\
+             Uncontended rows: acquire + release cycles/s and cycle latency. \
+             Contended rows: acquisitions/s, and hand-off latency (a holder \
+             starts its release → the next holder has the grant).\n"
+        );
+        let _ = writeln!(
+            md,
+            "| backend | kind | measurement | ops/s | p50 | p99 | notes |\n|---|---|---|--:|--:|--:|---|"
+        );
+        for r in &self.rows {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                r.backend,
+                r.kind.label(),
+                r.what,
+                thousands(r.per_sec),
+                duration(r.p50),
+                duration(r.p99),
+                r.note
+            );
+        }
+    }
+
+    fn render_rest(&self, md: &mut String) {
+        if !self.scale.is_empty() {
+            let _ = writeln!(
+                md,
+                "\n### Scale\n\n\
+                 | backend | scenario | result | store round trips | server connections | client CPU | store CPU | client RSS |\n\
+                 |---|---|---|---|---|---|---|---|"
+            );
+            for s in &self.scale {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                    s.backend,
+                    s.scenario,
+                    s.result,
+                    s.round_trips,
+                    s.connections,
+                    s.client_cpu,
+                    s.store_cpu,
+                    s.rss
+                );
+            }
+        }
+        if !self.verdicts.is_empty() {
+            let _ = writeln!(
+                md,
+                "\n### Targets\n\n| backend | target | measured | met |\n|---|---|---|---|"
+            );
+            for v in &self.verdicts {
+                let met = match v.met {
+                    Some(true) => "yes",
+                    Some(false) => "**no**",
+                    None => "n/a",
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} |",
+                    v.backend, v.target, v.measured, met
+                );
+            }
+        }
+        if !self.failures.is_empty() {
+            let _ = writeln!(md, "\n### Failed sections\n");
+            for f in &self.failures {
+                let _ = writeln!(md, "- {f}");
+            }
+        }
+    }
+}
+
+/// The run and the machine it ran on.
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    pub command: String,
+    pub date: String,
+    pub machine: String,
+    pub settings: String,
+    pub load_start: String,
+    pub load_end: String,
+}
+
+impl RunInfo {
+    pub fn start(command: String, settings: String) -> Self {
+        RunInfo {
+            command,
+            date: sys::date_utc(),
+            machine: sys::machine(),
+            settings,
+            load_start: sys::loadavg(),
+            load_end: String::new(),
+        }
+    }
+}
+
+/// "12,345", "0.52" for small rates.
+pub fn thousands(x: f64) -> String {
+    if !x.is_finite() {
+        return "-".into();
+    }
+    if x < 10.0 {
+        return format!("{x:.2}");
+    }
+    let n = x.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// "0.412 ms", "12 µs", "1.20 s".
+pub fn duration(d: Option<Duration>) -> String {
+    match d {
+        None => "-".into(),
+        Some(d) if d < Duration::from_micros(100) => format!("{} µs", d.as_micros()),
+        Some(d) if d < Duration::from_secs(1) => format!("{:.3} ms", d.as_secs_f64() * 1e3),
+        Some(d) => format!("{:.2} s", d.as_secs_f64()),
+    }
+}
+
+/// "1.2 MiB".
+pub fn bytes(b: Option<u64>) -> String {
+    match b {
+        None => "n/a".into(),
+        Some(b) => format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),
+    }
+}
