@@ -96,9 +96,17 @@ async fn ttls_are_capped_and_rounded_before_any_io() {
         "rounded up to whole ms"
     );
     // A 2 ms lease may already be gone; wait for it and take the name with the longest TTL.
-    let lease = eventually(scaled(Duration::from_secs(1)), "the 2 ms lease's expiry", || async {
-        backend.try_acquire_for(&lock, MAX_TTL).await.unwrap().into_lease()
-    })
+    let lease = eventually(
+        scaled(Duration::from_secs(1)),
+        "the 2 ms lease's expiry",
+        || async {
+            backend
+                .try_acquire_for(&lock, MAX_TTL)
+                .await
+                .unwrap()
+                .into_lease()
+        },
+    )
     .await;
     let pttl: i64 = raw(&url)
         .await

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::stores::Store;
+use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis::{self, AsyncCommands};

@@ -138,9 +138,10 @@ pub(crate) fn missing(kind: Kind, what: &str) -> io::Error {
         io::ErrorKind::NotFound,
         format!(
             "{what} not found: install it with `apt-get install -y {}` (scripts/test-all.sh installs every store), \
-             or point {} at a running server; LOCK_TEST_PARTIAL=1 skips tests whose store is missing (never in CI)",
+             or point {} at a running server; {}=1 skips tests whose store is missing (never in CI)",
             kind.packages(),
-            kind.env_var()
+            kind.env_var(),
+            env::PARTIAL.name(),
         ),
     )
 }
@@ -165,7 +166,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("scripts/test-all.sh") && text.contains("LOCK_TEST_PARTIAL"),
+            text.contains("scripts/test-all.sh") && text.contains(env::PARTIAL.name()),
             "{text}"
         );
     }

@@ -407,6 +407,7 @@ impl Drop for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kit::env;
 
     #[test]
     fn external_stores_refuse_to_be_hurt_and_say_why() {
@@ -424,7 +425,7 @@ mod tests {
         for result in [store.kill_now(), store.pause_now(), store.restart_now()] {
             let err = result.unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::Unsupported);
-            assert!(err.to_string().contains("LOCK_TEST_ETCD_URL"), "{err}");
+            assert!(err.to_string().contains(env::ETCD_URL.name()), "{err}");
         }
         assert!(store.data_dir().is_none());
     }
@@ -435,7 +436,7 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         let text = err.to_string();
         assert!(
-            text.contains("LOCK_TEST_ZOOKEEPER_URL") && text.contains("zk://host:port"),
+            text.contains(env::ZOOKEEPER_URL.name()) && text.contains("zk://host:port"),
             "{text}"
         );
     }
