@@ -31,10 +31,11 @@
 //!
 //! # Real stores and faults (feature `stores`)
 //!
-//! `stores` launches Redis, PostgreSQL, etcd and ZooKeeper as child processes
-//! (or uses servers named by `LOCK_TEST_*` variables), `proxy` is a TCP fault
-//! proxy, and `taker` a lock-holding helper process. An adapter's whole suite,
-//! fault cases included, is then:
+//! The test [`kit`] launches Redis, PostgreSQL, etcd and ZooKeeper as child
+//! processes (or uses servers named by `LOCK_TEST_<STORE>_URL`), puts a TCP
+//! fault proxy in front of them, and waits for conditions; `stores` has a
+//! conformance factory per store, and `taker` a lock-holding helper process.
+//! An adapter's whole suite, fault cases included, is then:
 //!
 //! ```ignore
 //! use lock_conformance::stores::redis;

@@ -19,7 +19,7 @@ pub async fn run_case(case: &Case, factory: Arc<dyn Factory>) -> CaseReport {
 }
 
 /// [`run_case`] with a way to start lock-taker processes (what `suite!`
-/// tests pass; see [`taker`]).
+/// tests pass; see the `taker` module, feature `stores`).
 pub async fn run_case_with(
     case: &Case,
     factory: Arc<dyn Factory>,
