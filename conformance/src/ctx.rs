@@ -57,17 +57,13 @@ async fn measure_round_trip(client: &dyn LockBackend) -> Duration {
 impl Ctx {
     /// A context for `case`, with a random name prefix so cases and reruns
     /// never share a lock name. Reads `LOCK_TEST_TIME_SCALE` (default 1.0)
-    /// to stretch every timing on slow machines.
+    /// to stretch every timing on slow machines ([`kit::env`](crate::kit::env)).
     pub async fn new(factory: Arc<dyn Factory>, case: &str) -> Result<Self, Failure> {
         let probe = factory
             .client()
             .await
             .map_err(|e| Failure::new(format!("the factory could not connect a client: {e}")))?;
-        let scale = std::env::var("LOCK_TEST_TIME_SCALE")
-            .ok()
-            .and_then(|s| s.parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .unwrap_or(1.0);
+        let scale = crate::kit::env::time_scale();
         let round_trip = measure_round_trip(&*probe).await;
         Ok(Ctx {
             round_trip,
@@ -296,29 +292,19 @@ impl Ctx {
         }
     }
 
-    /// Polls `check` every 10 ms (scaled) until it returns `Some`, or fails
-    /// after `within` with `what`.
+    /// Checks `check` every 10 ms (scaled) until it returns `Some`, or fails
+    /// after `within` with `what` ([`kit::poll`](crate::kit::poll); an error
+    /// from `check` fails at once).
     pub async fn eventually<T, F, Fut>(
         &self,
         within: Duration,
         what: &str,
-        mut check: F,
+        check: F,
     ) -> Result<T, Failure>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<T>, Failure>>,
     {
-        let give_up = Instant::now() + within;
-        loop {
-            if let Some(value) = check().await? {
-                return Ok(value);
-            }
-            if Instant::now() >= give_up {
-                return Err(Failure::new(format!(
-                    "{what} did not happen within {within:?}"
-                )));
-            }
-            tokio::time::sleep(self.scaled(Duration::from_millis(10))).await;
-        }
+        crate::kit::poll::try_eventually(within, what, check).await
     }
 }

@@ -61,7 +61,8 @@ pub trait Factory: Send + Sync + 'static {
 
     /// Environment for a helper process (the lock-taker, a re-run of this
     /// test binary) so that it evaluates the same factory against the *same*
-    /// store instead of launching its own: e.g. `LOCK_TEST_REDIS_URL=...`.
+    /// store instead of launching its own: e.g. `LOCK_TEST_REDIS_URL=...`
+    /// (see [`kit::env`](crate::kit::env)).
     fn helper_env(&self) -> Vec<(String, String)> {
         Vec::new()
     }

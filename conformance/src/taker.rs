@@ -43,7 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::TakerCommand;
-use crate::stores::process;
+use crate::kit::process;
 
 /// Set to `1` in the environment of a taker process.
 pub const TAKER_ENV: &str = "LOCK_CONFORMANCE_TAKER";
@@ -418,9 +418,11 @@ impl TakerProcess {
         Ok(())
     }
 
-    /// `SIGSTOP`: every thread stops, its renewal task included.
+    /// `SIGSTOP`: every thread stops, its renewal task included (returns
+    /// once they have).
     pub fn pause(&self) -> io::Result<()> {
-        process::signal(self.child.id(), Signal::SIGSTOP)
+        process::signal(self.child.id(), Signal::SIGSTOP)?;
+        process::wait_stopped(&[self.child.id()], Duration::from_secs(5))
     }
 
     /// `SIGCONT`.

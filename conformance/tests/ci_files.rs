@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use lock_conformance::cases::PRIVATE_STORE_CASES;
+use lock_conformance::kit::env;
 use lock_conformance::{CASES, EXPECT_SKIPS_ENV};
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -76,16 +77,18 @@ fn workflow_runs_the_suite_against_the_containers() {
     let job = &workflow["jobs"]["conformance"];
     let env = &job["env"];
     assert_eq!(words(&env["CI"]), "true");
+    // One URL per store, each in the form `distlock::connect` accepts, at
+    // the port the compose file publishes.
     for (var, want) in [
-        ("LOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
+        (env::REDIS_URL, "redis://127.0.0.1:6379"),
         (
-            "LOCK_TEST_POSTGRES_URL",
+            env::POSTGRES_URL,
             "postgres://postgres@127.0.0.1:5432/postgres",
         ),
-        ("LOCK_TEST_ETCD_ENDPOINTS", "http://127.0.0.1:2379"),
-        ("LOCK_TEST_ZOOKEEPER", "127.0.0.1:2181"),
+        (env::ETCD_URL, "etcd://127.0.0.1:2379"),
+        (env::ZOOKEEPER_URL, "zk://127.0.0.1:2181"),
     ] {
-        assert_eq!(words(&env[var]), want, "{var}");
+        assert_eq!(words(&env[var.name()]), want, "{var}");
     }
     assert!(
         env[EXPECT_SKIPS_ENV].is_badvalue(),
@@ -133,14 +136,56 @@ fn workflow_runs_the_suite_against_the_containers() {
     }
 }
 
+/// The CI files, the test-all script and the testing guide use the
+/// variables' current names only, and name every store by its URL variable.
+#[test]
+fn ci_files_use_the_current_variable_names() {
+    for relative in [
+        ".github/workflows/stores.yml",
+        "ci/docker-compose.yml",
+        "docs/testing.md",
+    ] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(relative);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{relative}: {e}"));
+        for var in env::ALL {
+            if let Some(old) = var.old_name() {
+                // The guide's table of renamed variables may name old ones.
+                let mentions = text
+                    .lines()
+                    .filter(|l| l.contains(old) && !l.contains(var.name()))
+                    .count();
+                assert_eq!(mentions, 0, "{relative} still uses {old}: use {var}");
+            }
+        }
+        for var in [
+            env::REDIS_URL,
+            env::POSTGRES_URL,
+            env::ETCD_URL,
+            env::ZOOKEEPER_URL,
+        ] {
+            assert!(text.contains(var.name()), "{relative} does not name {var}");
+        }
+    }
+}
+
 /// `PRIVATE_STORE_CASES` is what the cases' code says: exactly the cases
 /// that ask for a private store.
 #[test]
 fn private_store_cases_are_the_ones_that_ask_for_one() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cases");
+    let mut files = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cases")];
     let mut asking = BTreeSet::new();
-    for entry in std::fs::read_dir(&dir).expect("src/cases") {
-        let text = std::fs::read_to_string(entry.expect("an entry").path()).expect("a case file");
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(
+                std::fs::read_dir(&path)
+                    .expect("a case dir")
+                    .map(|e| e.expect("an entry").path()),
+            );
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a case file");
         for body in text.split("pub async fn ").skip(1) {
             let name = body.split('(').next().unwrap_or_default().to_owned();
             if body.contains(".private_store(") || body.contains(".private_factory(") {

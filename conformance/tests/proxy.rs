@@ -5,8 +5,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::redis;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::{Store, redis};
+use lock_conformance::kit::{eventually, until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -59,7 +60,7 @@ fn key(test: &str) -> String {
     format!("proxy-test:{test}:{:08x}", rand::random::<u32>())
 }
 
-async fn setup() -> (std::sync::Arc<lock_conformance::stores::Store>, FaultProxy) {
+async fn setup() -> (std::sync::Arc<Store>, FaultProxy) {
     let store = redis::shared();
     let proxy = FaultProxy::start(store.addr()).await.expect("proxy");
     (store, proxy)
@@ -75,14 +76,11 @@ async fn pass_forwards_both_ways() {
     assert_eq!(ask(&mut c, &format!("STRLEN {k}")).await, ":1");
     assert_eq!(proxy.connections(), 1);
     drop(c);
-    let started = Instant::now();
-    while proxy.connections() != 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "closed connections are dropped"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let closed = "the closed connection dropped";
+    until(Duration::from_secs(5), closed, || async {
+        proxy.connections() == 0
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,7 +116,6 @@ async fn delay_downstream_lets_the_store_act_before_the_client_hears() {
     let (store, proxy) = setup().await;
     let k = key("delay-down");
     let mut c = connect(proxy.addr()).await;
-    let mut direct = connect(store.addr()).await;
     ask(&mut c, "PING").await;
     proxy.set(Mode::DelayDownstream {
         base: Duration::from_millis(400),
@@ -126,12 +123,14 @@ async fn delay_downstream_lets_the_store_act_before_the_client_hears() {
     });
     let started = Instant::now();
     send(&mut c, &format!("INCR {k}")).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(
-        ask(&mut direct, &format!("GET {k}")).await,
-        "$1",
-        "the store applied it at once"
-    );
+    // Well before the reply is let through (400 ms).
+    let get = format!("GET {k}");
+    until(
+        Duration::from_millis(300),
+        "the store applying it",
+        || async { ask(&mut connect(store.addr()).await, &get).await == "$1" },
+    )
+    .await;
     let answer = reply(&mut c, Duration::from_secs(5))
         .await
         .unwrap()
@@ -254,38 +253,23 @@ async fn refuse_closes_the_door_but_keeps_open_connections() {
     let mut c = connect(proxy.addr()).await;
     ask(&mut c, "PING").await;
     proxy.set(Mode::Refuse);
-    let started = Instant::now();
-    loop {
-        match TcpStream::connect(proxy.addr()).await {
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => break,
-            other => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(2),
-                    "still accepting: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
+    until(Duration::from_secs(2), "connections refused", || async {
+        matches!(
+            TcpStream::connect(proxy.addr()).await,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused
+        )
+    })
+    .await;
     assert_eq!(
         ask(&mut c, "PING").await,
         "+PONG",
         "open connections keep working"
     );
     proxy.set(Mode::Pass);
-    let started = Instant::now();
-    let mut fresh = loop {
-        match TcpStream::connect(proxy.addr()).await {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(2),
-                    "not re-opened: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
+    let mut fresh = eventually(Duration::from_secs(2), "the listener re-opened", || async {
+        TcpStream::connect(proxy.addr()).await.ok()
+    })
+    .await;
     assert_eq!(ask(&mut fresh, "PING").await, "+PONG");
 }
 
@@ -346,12 +330,8 @@ async fn dropping_the_proxy_closes_everything() {
         matches!(r, Some(Err(_))),
         "expected the connection closed, got {r:?}"
     );
-    let started = Instant::now();
-    while TcpStream::connect(addr).await.is_ok() {
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "listener still open"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until(Duration::from_secs(2), "the listener closed", || async {
+        TcpStream::connect(addr).await.is_err()
+    })
+    .await;
 }

@@ -5,9 +5,9 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::redis::{self as launcher, Options};
-use lock_conformance::stores::until;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::redis::{self as launcher, Options};
+use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Persistence, RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;

@@ -7,8 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::redis::{Options, Tls};
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::redis::{Options, Tls};
 use lock_redis::redis;
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::LockError;
@@ -128,7 +128,7 @@ async fn tls_to_a_plain_text_port_says_so_within_the_connect_timeout() {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_text_to_a_tls_port_says_so_at_once() {
-    let ca = lock_conformance::stores::pki::TestCa::new("connect-errors CA");
+    let ca = lock_conformance::kit::pki::TestCa::new("connect-errors CA");
     let server = ca.server();
     let tls = Tls::new(server.cert, server.key, ca.pem());
     let store = private(Options::default().tls(tls)).await;

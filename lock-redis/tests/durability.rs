@@ -5,7 +5,7 @@
 mod support;
 
 use lock_conformance::StoreControl;
-use lock_conformance::stores::redis::{self as launcher, Options, Persistence as Stored};
+use lock_conformance::kit::stores::redis::{self as launcher, Options, Persistence as Stored};
 use lock_redis::redis::AsyncCommands;
 use lock_redis::{Persistence, RedisBackend, RedisConfig};
 use lockcore::{LockBackend, LockError, ReleaseOutcome};

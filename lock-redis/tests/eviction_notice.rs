@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lock_conformance::StoreControl;
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::redis::{self as launcher, Options, Persistence};
-use lock_conformance::stores::until;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::redis::{self as launcher, Options, Persistence};
+use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::{FencingToken, LockBackend, Locker, LossReason, ReleaseOutcome};

@@ -2,7 +2,7 @@
 
 mod support;
 
-use lock_conformance::stores::redis::{self as launcher};
+use lock_conformance::kit::stores::redis::{self as launcher};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, fenced_write};
 use lockcore::{Fenced, StaleToken};
@@ -163,7 +163,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// before reopening makes the next fence larger than every one before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
-    let store = private(lock_conformance::stores::redis::Options::durable()).await;
+    let store = private(lock_conformance::kit::stores::redis::Options::durable()).await;
     let url = store.url();
     let aof = store.data_dir().unwrap().join("appendonlydir");
     let backup = store.data_dir().unwrap().join("backup");
@@ -188,7 +188,7 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
     }
     drop(backend);
 
-    let restore = |store: &lock_conformance::stores::Store| {
+    let restore = |store: &lock_conformance::kit::stores::Store| {
         store.kill_now().unwrap();
         copy_dir(&backup, &aof);
         store.restart_now().unwrap();

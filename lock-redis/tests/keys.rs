@@ -6,7 +6,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::redis::{self as launcher};
+use lock_conformance::kit::eventually;
+use lock_conformance::kit::stores::redis::{self as launcher};
 use lock_redis::redis::AsyncCommands;
 use lock_redis::{MAX_TTL, RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
@@ -94,13 +95,19 @@ async fn ttls_are_capped_and_rounded_before_any_io() {
         Duration::from_millis(2),
         "rounded up to whole ms"
     );
-    let lease = loop {
-        // A 2 ms lease may already be gone; wait for it and take the name with the longest TTL.
-        match backend.try_acquire_for(&lock, MAX_TTL).await.unwrap() {
-            Attempt::Acquired(l) => break l,
-            Attempt::Held { .. } => tokio::time::sleep(Duration::from_millis(2)).await,
-        }
-    };
+    // A 2 ms lease may already be gone; wait for it and take the name with the longest TTL.
+    let lease = eventually(
+        scaled(Duration::from_secs(1)),
+        "the 2 ms lease's expiry",
+        || async {
+            backend
+                .try_acquire_for(&lock, MAX_TTL)
+                .await
+                .unwrap()
+                .into_lease()
+        },
+    )
+    .await;
     let pttl: i64 = raw(&url)
         .await
         .pttl(format!("distlock:{{{}}}", lock.as_str()))

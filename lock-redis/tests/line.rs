@@ -7,8 +7,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::redis::{self as launcher, Options};
-use lock_conformance::stores::until;
+use lock_conformance::kit::stores::redis::{self as launcher, Options};
+use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis::{self, AsyncCommands};
 use lockcore::backend::LockBackendExt;

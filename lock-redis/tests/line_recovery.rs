@@ -6,8 +6,8 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::StoreControl;
-use lock_conformance::stores::redis::Options;
-use lock_conformance::stores::until;
+use lock_conformance::kit::stores::redis::Options;
+use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis;
 use lockcore::{Backoff, LockBackend, Locker, ReleaseOutcome};

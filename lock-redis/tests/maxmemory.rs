@@ -8,7 +8,7 @@ mod support;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use lock_conformance::stores::redis::{Options, Persistence};
+use lock_conformance::kit::stores::redis::{Options, Persistence};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Eviction, FENCE_ASSUMPTION, RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
@@ -22,7 +22,7 @@ const LONG: Duration = Duration::from_secs(120);
 
 /// A private server with a 2 MB limit and `policy`, no persistence (so
 /// that memory is data, not AOF buffers).
-async fn limited(policy: &str) -> lock_conformance::stores::Store {
+async fn limited(policy: &str) -> lock_conformance::kit::stores::Store {
     log();
     private(
         Options::default()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lock_conformance::stores::redis::{Options, Persistence};
+use lock_conformance::kit::stores::redis::{Options, Persistence};
 use lock_redis::RedisBackend;
 use lock_redis::redis;
 use lockcore::{LockGuard, LockName, Locker};

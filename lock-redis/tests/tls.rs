@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use lock_conformance::stores::Store;
-use lock_conformance::stores::pki::TestCa;
-use lock_conformance::stores::redis::{self as launcher, Options, Tls};
+use lock_conformance::kit::pki::TestCa;
+use lock_conformance::kit::stores::Store;
+use lock_conformance::kit::stores::redis::{self as launcher, Options, Tls};
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};

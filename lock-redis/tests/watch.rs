@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::redis as launcher;
+use lock_conformance::kit::stores::redis as launcher;
 use lock_redis::RedisBackend;
 use lock_redis::redis::AsyncCommands;
 use lockcore::backend::Wakeup;

@@ -1,5 +1,5 @@
 //! The whole conformance suite against a SQLite lock file in a temp dir of
-//! its own per case (the one `LOCK_TEST_SQLITE_PATH` names in the suite's
+//! its own per case (the one `LOCK_TEST_SQLITE_URL` names in the suite's
 //! lock-taker processes). "Store crash" kills every client process of the
 //! file and reopens it; "store pause" stops a process that holds the
 //! file's write lock. The cases that need a network link to cut skip: a

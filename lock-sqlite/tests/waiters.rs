@@ -10,29 +10,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use lock_conformance::kit::scaled;
 use lock_sqlite::SqliteBackend;
 use lockcore::Locker;
 use tokio::time::Instant;
 
 const WAITERS: usize = 2_000;
 
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|s: &f64| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_waiters_on_one_name_are_all_served() {
     let file = support::SqliteFactory::fresh();
-    let url = format!("sqlite://{}", file.path().display());
+    let url = support::url(file.path());
     let locker = Locker::new(SqliteBackend::connect(&url).await.unwrap())
         .ttl(Duration::from_secs(30))
         // Each waits behind up to 1,999 others: two durable transactions
         // per hand-off, a few ms each on this disk.
-        .max_wait(Duration::from_secs(300).mul_f64(scale()));
+        .max_wait(scaled(Duration::from_secs(300)));
     let served = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..WAITERS)

@@ -8,19 +8,12 @@ mod support;
 
 use std::time::Duration;
 
+use lock_conformance::kit::scaled;
 use lock_sqlite::SqliteBackend;
 use lockcore::{Backoff, Locker};
 use tokio::time::Instant;
 
 const RUNS: usize = 25;
-
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|s: &f64| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
 
 /// A waiter that only the store can wake.
 fn deaf(backend: SqliteBackend) -> Locker {
@@ -51,7 +44,7 @@ fn report(what: &str, mut lags: Vec<Duration>) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_gets_a_released_lock_at_once() {
     let factory = support::SqliteFactory::fresh();
-    let url = format!("sqlite://{}", factory.path().display());
+    let url = support::url(factory.path());
     let holder =
         Locker::new(SqliteBackend::connect(&url).await.unwrap()).ttl(Duration::from_secs(60));
     let waiter = deaf(SqliteBackend::connect(&url).await.unwrap());
@@ -76,14 +69,14 @@ async fn a_waiter_gets_a_released_lock_at_once() {
         lags.push(at - released);
     }
     let max = report("wake-up after a release", lags);
-    let bound = Duration::from_secs(1).mul_f64(scale());
+    let bound = scaled(Duration::from_secs(1));
     assert!(max < bound, "slowest hand-off {max:?} (bound {bound:?})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_gets_the_lock_of_a_killed_holder_at_once() {
     let factory = support::SqliteFactory::fresh();
-    let url = format!("sqlite://{}", factory.path().display());
+    let url = support::url(factory.path());
     let waiter = deaf(SqliteBackend::connect(&url).await.unwrap());
     let mut lags = Vec::new();
     for run in 0..20 {
@@ -108,7 +101,7 @@ async fn a_waiter_gets_the_lock_of_a_killed_holder_at_once() {
         drop(holder);
     }
     let max = report("wake-up after the holder's kill -9", lags);
-    let bound = Duration::from_secs(1).mul_f64(scale());
+    let bound = scaled(Duration::from_secs(1));
     assert!(
         max < bound,
         "slowest takeover {max:?} (bound {bound:?}), with a 60 s TTL"

@@ -1,9 +1,11 @@
 //! The guard's loss signal, `with_lock`, and release on drop.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::LockBackendExt;
 use lockcore::{LockError, Locker, LossReason, ReleaseOutcome};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure};
@@ -109,31 +111,37 @@ pub async fn with_lock_stops_when_lost(cx: &Ctx) -> CaseResult {
         .map_or(cx.short_ttl(), |t| t.get());
     let every = ttl / 4;
     let locker = cx.locker(&a, ttl).renew_every(every);
-    let evict_after = cx.scaled(Duration::from_millis(200));
+    let entered = Arc::new(Notify::new());
     let evictor = {
-        let name = name.clone();
+        let (name, entered) = (name.clone(), entered.clone());
         tokio::spawn(async move {
-            tokio::time::sleep(evict_after).await;
+            // Once the critical section runs, the lock held.
+            entered.notified().await;
+            let evicted = Instant::now();
             Locker::from_arc(admin)
                 .force_release(&name, "conformance: stop the critical section")
                 .await
+                .map(|_| evicted)
         })
     };
-    let started = Instant::now();
     let outcome = locker
-        .with_lock(&name, |_fence| std::future::pending::<()>())
+        .with_lock(&name, |_fence| {
+            entered.notify_one();
+            std::future::pending::<()>()
+        })
         .await;
-    evictor
+    let stopped = Instant::now();
+    if !matches!(outcome, Err(LockError::Lost { .. })) {
+        evictor.abort();
+        return Err(Failure::new(format!("expected Lost, got {outcome:?}")));
+    }
+    let evicted = evictor
         .await
         .map_err(|e| Failure::new(format!("evictor failed: {e}")))??;
     ensure!(
-        matches!(outcome, Err(LockError::Lost { .. })),
-        "expected Lost, got {outcome:?}"
-    );
-    ensure!(
-        started.elapsed() <= evict_after + every + cx.slack(ttl),
+        stopped <= evicted + every + cx.slack(ttl),
         "the critical section ran {:?} after the eviction",
-        started.elapsed()
+        stopped - evicted
     );
     Ok(Outcome::Passed)
 }

@@ -28,7 +28,7 @@
 //! operation choices; timing and interleaving still vary):
 //!
 //! ```sh
-//! LOCK_NEMESIS_SEED=<seed> cargo test -p lock-redis --test conformance -- nemesis
+//! LOCK_TEST_NEMESIS_SEED=<seed> cargo test -p lock-redis --test conformance -- nemesis
 //! ```
 //!
 //! Needs the `stores` feature, a factory exposing its store and able to
@@ -61,7 +61,7 @@ mod imp {
     use super::super::concurrency::{Workload, client_rng, random_client};
     use super::super::faults::{fault_ttl, proxied};
     use crate::history::History;
-    use crate::proxy::{FaultProxy, Mode};
+    use crate::kit::proxy::{FaultProxy, Mode};
     use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
 
     /// Clients, each behind its own proxy.
@@ -69,14 +69,15 @@ mod imp {
     /// Lock names they share.
     const NAMES: usize = 2;
     /// The variable that fixes the seed, to replay a run.
-    const SEED_ENV: &str = "LOCK_NEMESIS_SEED";
+    const SEED_ENV: crate::kit::env::Var = crate::kit::env::NEMESIS_SEED;
 
-    /// The seed: `LOCK_NEMESIS_SEED` (decimal or `0x` hex) if set, else random.
+    /// The seed: `LOCK_TEST_NEMESIS_SEED` (decimal or `0x` hex) if set, else
+    /// random.
     fn seed() -> Result<u64, Failure> {
-        let Ok(text) = std::env::var(SEED_ENV) else {
+        let Some(text) = SEED_ENV.get() else {
             return Ok(rand::random());
         };
-        let text = text.trim();
+        let text = text.as_str();
         let parsed = match text.strip_prefix("0x") {
             Some(hex) => u64::from_str_radix(hex, 16),
             None => text.parse(),

@@ -1,5 +1,6 @@
 //! `StoreFactory`: the conformance [`Factory`] over a launched (or external)
-//! store, for adapters' `suite!` invocations.
+//! store, for adapters' `suite!` invocations, and what the fault cases may
+//! do to such a store ([`StoreControl`]).
 
 use std::fmt;
 use std::future::Future;
@@ -11,7 +12,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use lockcore::{LockBackend, LockError};
 
-use super::{Kind, Store};
+use crate::kit::stores::{Kind, Store, partial_run_allowed};
 use crate::{Factory, StoreControl};
 
 type Connect = Arc<
@@ -61,8 +62,8 @@ where
 /// an explicitly partial run, where every case then skips, loudly.
 pub fn factory<F, Fut, B>(
     kind: Kind,
-    try_shared: fn() -> io::Result<Arc<Store>>,
-    private: fn() -> io::Result<Store>,
+    try_shared: impl FnOnce() -> io::Result<Arc<Store>>,
+    private: impl Fn() -> io::Result<Store> + Send + Sync + 'static,
     connect: F,
 ) -> StoreFactory
 where
@@ -72,7 +73,7 @@ where
 {
     let store = match try_shared() {
         Ok(store) => Ok(store),
-        Err(e) if e.kind() == io::ErrorKind::NotFound && super::partial_run_allowed() => {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && partial_run_allowed() => {
             eprintln!("SKIP: {kind} conformance cases skipped (LOCK_TEST_PARTIAL=1): {e}");
             Err(format!(
                 "{kind} is not installed and this is a partial run (LOCK_TEST_PARTIAL=1): {e}"
@@ -183,5 +184,47 @@ impl Factory for StoreFactory {
             Ok(store) => vec![(self.kind.env_var().to_owned(), store.url())],
             Err(_) => Vec::new(),
         }
+    }
+}
+
+#[async_trait]
+impl StoreControl for Store {
+    fn addr(&self) -> SocketAddr {
+        Store::addr(self)
+    }
+
+    fn durable(&self) -> bool {
+        Store::durable(self)
+    }
+
+    fn external(&self) -> Option<String> {
+        self.why_external()
+    }
+
+    async fn kill(&self) -> io::Result<()> {
+        self.kill_now()
+    }
+
+    async fn restart(&self) -> io::Result<()> {
+        // Start-up takes up to a few seconds of polling; keep the runtime's
+        // worker free meanwhile where the runtime allows it.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| self.restart_now())
+            }
+            _ => self.restart_now(),
+        }
+    }
+
+    async fn pause(&self) -> io::Result<()> {
+        self.pause_now()
+    }
+
+    async fn resume(&self) -> io::Result<()> {
+        self.resume_now()
+    }
+
+    async fn step_clock(&self, offset_secs: i64) -> io::Result<()> {
+        self.set_clock_offset(offset_secs)
     }
 }

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-use lock_conformance::stores::redis::{self as launcher, Options};
-use lock_conformance::stores::{Store, until};
+use lock_conformance::kit::stores::Store;
+use lock_conformance::kit::stores::redis::{self as launcher, Options};
+use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis::{self, AsyncCommands};
 use lockcore::backend::LockBackendExt;
@@ -17,19 +18,8 @@ use tokio::time::Instant;
 /// A TTL no test outlives.
 pub const LONG: Duration = Duration::from_secs(60);
 
-/// `LOCK_TEST_TIME_SCALE` (default 1.0), which stretches every timing.
-pub fn time_scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
-/// `d` stretched by the time scale.
-pub fn scaled(d: Duration) -> Duration {
-    d.mul_f64(time_scale())
-}
+/// `d` stretched by `LOCK_TEST_TIME_SCALE` (default 1.0).
+pub use lock_conformance::kit::scaled;
 
 /// A lock name no other test (or rerun) uses.
 pub fn unique(what: &str) -> LockName {

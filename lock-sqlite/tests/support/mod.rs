@@ -27,30 +27,45 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use lock_conformance::kit::env;
 use lock_conformance::{Factory, StoreControl};
 use lock_sqlite::SqliteBackend;
 use lockcore::backend::async_trait;
 use lockcore::{LockBackend, LockError};
 
-/// The variable naming the lock file a helper process (a lock-taker, a
-/// helper) must use instead of making its own.
-pub const PATH_ENV: &str = "LOCK_TEST_SQLITE_PATH";
+/// The variable naming the lock file (`sqlite://PATH`) a helper process (a
+/// lock-taker, a helper) must use instead of making its own.
+pub const URL_ENV: env::Var = env::SQLITE_URL;
 /// What a helper process does: `write`, `stall` or `hold NAME`.
 pub const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
 
+/// The URL of the lock file at `path`.
+pub fn url(path: &Path) -> String {
+    format!("sqlite://{}", path.display())
+}
+
+/// The lock file `LOCK_TEST_SQLITE_URL` names.
+fn file_from_env() -> Option<PathBuf> {
+    let url = URL_ENV.get()?;
+    let path = url.strip_prefix("sqlite://").unwrap_or_else(|| {
+        panic!("{URL_ENV}={url:?}: expected sqlite://PATH");
+    });
+    Some(PathBuf::from(path))
+}
+
 /// Hands out clients of one lock file (in a temp dir of its own, or the
-/// file `LOCK_TEST_SQLITE_PATH` names).
+/// file `LOCK_TEST_SQLITE_URL` names).
 pub struct SqliteFactory {
     store: Arc<FileStore>,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl SqliteFactory {
-    /// A factory over a fresh lock file, or the one `LOCK_TEST_SQLITE_PATH`
+    /// A factory over a fresh lock file, or the one `LOCK_TEST_SQLITE_URL`
     /// names (in helper processes).
     pub fn new() -> SqliteFactory {
-        match std::env::var_os(PATH_ENV) {
-            Some(path) => SqliteFactory::at(PathBuf::from(path), None),
+        match file_from_env() {
+            Some(path) => SqliteFactory::at(path, None),
             None => SqliteFactory::fresh(),
         }
     }
@@ -96,8 +111,7 @@ impl Default for SqliteFactory {
 #[async_trait]
 impl Factory for SqliteFactory {
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        let url = format!("sqlite://{}", self.store.path.display());
-        let client = SqliteBackend::connect(&url).await?;
+        let client = SqliteBackend::connect(&url(&self.store.path)).await?;
         let mut clients = self.store.clients.lock().unwrap();
         clients.retain(|c| c.strong_count() > 0);
         let client = Arc::new(client);
@@ -123,10 +137,7 @@ impl Factory for SqliteFactory {
     }
 
     fn helper_env(&self) -> Vec<(String, String)> {
-        vec![(
-            PATH_ENV.to_owned(),
-            self.store.path.to_string_lossy().into_owned(),
-        )]
+        vec![(URL_ENV.name().to_owned(), url(&self.store.path))]
     }
 }
 
@@ -169,7 +180,7 @@ impl StoreControl for FileStore {
 
     async fn restart(&self) -> io::Result<()> {
         // Reopening is what the next client does; check the file opens.
-        let url = format!("sqlite://{}", self.path.display());
+        let url = url(&self.path);
         let client = SqliteBackend::connect(&url)
             .await
             .map_err(|e| io::Error::other(format!("cannot reopen the lock file: {e}")))?;
@@ -236,7 +247,7 @@ pub fn helper(path: &Path, what: &str) -> io::Result<Helper> {
         "1",
         "-q",
     ])
-    .env(PATH_ENV, path)
+    .env(URL_ENV.name(), url(path))
     .env(HELPER_ENV, what)
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
@@ -281,10 +292,9 @@ pub fn expect_line(helper: &mut Helper, want: &str) -> io::Result<()> {
 }
 
 /// The body of the `sqlite_helper_process` test: does what
-/// `LOCK_SQLITE_HELPER` says on the file `LOCK_TEST_SQLITE_PATH` names.
+/// `LOCK_SQLITE_HELPER` says on the file `LOCK_TEST_SQLITE_URL` names.
 pub fn helper_main() {
-    let (Some(what), Some(path)) = (std::env::var_os(HELPER_ENV), std::env::var_os(PATH_ENV))
-    else {
+    let (Some(what), Some(path)) = (std::env::var_os(HELPER_ENV), file_from_env()) else {
         eprintln!("sqlite_helper_process: helper process, started by the tests; nothing to do");
         return;
     };
@@ -292,7 +302,6 @@ pub fn helper_main() {
         .enable_all()
         .build()
         .expect("a runtime");
-    let path = PathBuf::from(path);
     let result = runtime.block_on(async {
         match what.to_str() {
             Some("write") => write_forever(&path).await,
@@ -316,7 +325,7 @@ fn say(line: &str) {
 /// Grants and releases a lock in a loop, so a `kill -9` lands mid-write.
 async fn write_forever(path: &Path) -> Result<(), String> {
     use lockcore::backend::LockBackendExt;
-    let url = format!("sqlite://{}", path.display());
+    let url = url(path);
     let backend = SqliteBackend::connect(&url)
         .await
         .map_err(|e| e.to_string())?;
@@ -338,7 +347,7 @@ async fn write_forever(path: &Path) -> Result<(), String> {
 
 /// Takes lock `name` for a minute and keeps renewing it until killed.
 async fn hold_forever(path: &Path, name: &str) -> Result<(), String> {
-    let url = format!("sqlite://{}", path.display());
+    let url = url(path);
     let backend = SqliteBackend::connect(&url)
         .await
         .map_err(|e| e.to_string())?;
@@ -356,7 +365,7 @@ async fn hold_forever(path: &Path, name: &str) -> Result<(), String> {
 /// Takes the file's write lock and keeps it until killed.
 async fn stall_forever(path: &Path) -> Result<(), String> {
     use sqlx::Connection;
-    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+    let mut conn = sqlx::SqliteConnection::connect(&url(path))
         .await
         .map_err(|e| e.to_string())?;
     sqlx::raw_sql("BEGIN IMMEDIATE")

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, process};
+use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, net};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
@@ -111,7 +111,7 @@ fn spec(
     Ok(Spec {
         kind: Kind::ZooKeeper,
         label,
-        addr: process::loopback(client),
+        addr: net::loopback(client),
         durable: true,
         dir,
         log,
@@ -132,7 +132,7 @@ fn spec(
 pub fn start(options: Options) -> io::Result<Store> {
     let mut last = None;
     for _ in 0..3 {
-        let client = process::free_port()?;
+        let client = net::free_port()?;
         let spec = spec(
             "org.apache.zookeeper.server.ZooKeeperServerMain",
             &options,
@@ -142,7 +142,7 @@ pub fn start(options: Options) -> io::Result<Store> {
             Signal::SIGTERM,
         )?;
         match Store::launch(spec) {
-            Err(e) if super::port_clash(&e) => last = Some(e),
+            Err(e) if net::port_clash(&e) => last = Some(e),
             other => return other,
         }
     }
@@ -171,13 +171,7 @@ impl EnsemblePlan {
     /// Free loopback ports for `size` members.
     pub fn new(size: usize) -> io::Result<EnsemblePlan> {
         let ports = (0..size)
-            .map(|_| {
-                Ok((
-                    process::free_port()?,
-                    process::free_port()?,
-                    process::free_port()?,
-                ))
-            })
+            .map(|_| Ok((net::free_port()?, net::free_port()?, net::free_port()?)))
             .collect::<io::Result<Vec<_>>>()?;
         Ok(EnsemblePlan {
             ports,
@@ -187,7 +181,7 @@ impl EnsemblePlan {
 
     /// Where member `member` (0-based) listens for its followers.
     pub fn quorum_addr(&self, member: usize) -> SocketAddr {
-        process::loopback(self.ports[member].1)
+        net::loopback(self.ports[member].1)
     }
 
     /// Member `from` reaches member `to`'s quorum port at `via` (on
@@ -197,11 +191,7 @@ impl EnsemblePlan {
     /// If `via` is not on 127.0.0.1 or a member does not exist.
     pub fn route(&mut self, from: usize, to: usize, via: SocketAddr) -> &mut Self {
         assert!(from < self.ports.len() && to < self.ports.len() && from != to);
-        assert_eq!(
-            via.ip(),
-            process::loopback(0).ip(),
-            "routes are on loopback"
-        );
+        assert_eq!(via.ip(), net::loopback(0).ip(), "routes are on loopback");
         self.routes.insert((from, to), via.port());
         self
     }
@@ -253,7 +243,7 @@ pub fn is_leader(addr: SocketAddr) -> io::Result<bool> {
 
 /// The server's `Mode:` (`standalone`, `leader`, `follower`), if it serves.
 pub fn mode(addr: SocketAddr) -> io::Result<Option<String>> {
-    let reply = process::exchange(addr, b"srvr", Duration::from_millis(500), |_| false)?;
+    let reply = net::exchange(addr, b"srvr", Duration::from_millis(500), |_| false)?;
     Ok(String::from_utf8_lossy(&reply)
         .lines()
         .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_owned())))
@@ -262,7 +252,8 @@ pub fn mode(addr: SocketAddr) -> io::Result<Option<String>> {
 static SHARED: SharedSlot = SharedSlot::new();
 
 /// The ZooKeeper of this test binary, or the server named by
-/// `LOCK_TEST_ZOOKEEPER` (a connect string; first host).
+/// `LOCK_TEST_ZOOKEEPER_URL` (`zk://host:port[,host:port][/root]`; the first
+/// host is proxied and probed).
 ///
 /// # Panics
 /// When it cannot be started, with what to install.
@@ -279,20 +270,4 @@ pub fn try_shared() -> io::Result<Arc<Store>> {
 /// the run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
 pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::ZooKeeper, try_shared)
-}
-
-/// A conformance [`Factory`](crate::Factory) over the shared ZooKeeper, with
-/// a private one for the crash cases. `connect` gets a connect string.
-pub fn factory<F, Fut, B>(connect: F) -> super::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
-    B: lockcore::LockBackend,
-{
-    super::factory(
-        Kind::ZooKeeper,
-        try_shared,
-        || start(Options::default()),
-        connect,
-    )
 }

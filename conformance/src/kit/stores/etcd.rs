@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use super::{Cluster, Kind, Launch, Probe, SharedSlot, Spec, Store, process};
+use super::{Cluster, Kind, Launch, Probe, SharedSlot, Spec, Store, net};
 
 /// Launch options.
 #[derive(Debug, Clone)]
@@ -47,7 +47,8 @@ impl Options {
         self
     }
 
-    /// Serves clients over TLS: the store's URL is then `https://127.0.0.1:P`.
+    /// Serves clients over TLS: the store's URL is then `etcds://127.0.0.1:P`
+    /// (its endpoint `https://127.0.0.1:P`).
     pub fn tls(mut self, tls: ClientTls) -> Self {
         self.tls = Some(tls);
         self
@@ -184,7 +185,7 @@ fn healthy(reply: &[u8]) -> bool {
 
 /// One plaintext readiness probe: `/health` says true.
 pub(crate) fn probe(addr: SocketAddr, timeout: Duration) -> io::Result<bool> {
-    let reply = process::exchange(addr, HEALTH, timeout, |_| false)?;
+    let reply = net::exchange(addr, HEALTH, timeout, |_| false)?;
     Ok(healthy(&reply))
 }
 
@@ -259,7 +260,7 @@ fn spec(
     Ok(Spec {
         kind: Kind::Etcd,
         label: format!("etcd {} on 127.0.0.1:{client}", member.name),
-        addr: process::loopback(client),
+        addr: net::loopback(client),
         durable: true,
         dir,
         log,
@@ -283,8 +284,8 @@ pub fn start(options: Options) -> io::Result<Store> {
     for _ in 0..3 {
         let member = Member {
             name: "solo".into(),
-            client: process::free_port()?,
-            peer: process::free_port()?,
+            client: net::free_port()?,
+            peer: net::free_port()?,
         };
         let cluster = format!("solo=http://127.0.0.1:{}", member.peer);
         let token = format!("distlock-{}", member.client);
@@ -297,14 +298,11 @@ pub fn start(options: Options) -> io::Result<Store> {
             Signal::SIGTERM,
         )?;
         let launched = match &options.tls {
-            Some(tls) => {
-                let url = format!("https://{}", spec.addr);
-                Store::launch_with(spec, url, Some(tls.probe()?))
-            }
+            Some(tls) => Store::launch_tls(spec, tls.probe()?),
             None => Store::launch(spec),
         };
         match launched {
-            Err(e) if super::port_clash(&e) => last = Some(e),
+            Err(e) if net::port_clash(&e) => last = Some(e),
             other => return other,
         }
     }
@@ -321,8 +319,8 @@ pub fn start_cluster(size: usize) -> io::Result<Cluster> {
         .map(|i| {
             Ok(Member {
                 name: format!("m{i}"),
-                client: process::free_port()?,
-                peer: process::free_port()?,
+                client: net::free_port()?,
+                peer: net::free_port()?,
             })
         })
         .collect::<io::Result<_>>()?;
@@ -369,7 +367,7 @@ pub fn start_cluster(size: usize) -> io::Result<Cluster> {
 /// Whether the member at `addr` is the raft leader (`/v3/maintenance/status`:
 /// its own member id equals the leader id).
 pub fn is_leader(addr: SocketAddr) -> io::Result<bool> {
-    let reply = process::exchange(
+    let reply = net::exchange(
         addr,
         b"POST /v3/maintenance/status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
         Duration::from_millis(500),
@@ -465,7 +463,8 @@ fn run(mut cmd: Command, what: &str) -> io::Result<()> {
 static SHARED: SharedSlot = SharedSlot::new();
 
 /// The etcd of this test binary, or the server named by
-/// `LOCK_TEST_ETCD_ENDPOINTS` (first endpoint).
+/// `LOCK_TEST_ETCD_URL` (`etcd://host:port[,host:port]`; the first one is
+/// proxied and probed).
 ///
 /// # Panics
 /// When it cannot be started, with what to install.
@@ -482,20 +481,4 @@ pub fn try_shared() -> io::Result<Arc<Store>> {
 /// run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
 pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::Etcd, try_shared)
-}
-
-/// A conformance [`Factory`](crate::Factory) over the shared etcd, with a
-/// private one for the crash cases. `connect` gets an endpoint URL.
-pub fn factory<F, Fut, B>(connect: F) -> super::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
-    B: lockcore::LockBackend,
-{
-    super::factory(
-        Kind::Etcd,
-        try_shared,
-        || start(Options::default()),
-        connect,
-    )
 }

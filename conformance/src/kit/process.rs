@@ -1,19 +1,19 @@
-//! Child processes that die with the test binary, signals, free ports and
-//! readiness polling: the plumbing under every store and the lock-taker.
+//! Child processes that die with the test binary, signals to them and their
+//! descendants, and waiting for them to start serving or to exit: the
+//! plumbing under every store and the lock-taker.
 
-use std::collections::HashSet;
 use std::fs;
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
+
+use super::poll::{self, TimedOut};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -114,17 +114,13 @@ pub(crate) fn signal(pid: u32, sig: Signal) -> io::Result<()> {
 
 /// Waits up to `grace` for `child` to exit (reaping it), returning whether it did.
 pub(crate) fn wait_exit(child: &mut Child, grace: Duration) -> bool {
-    let give_up = Instant::now() + grace;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) | Err(_) => return true,
-            Ok(None) => {}
-        }
-        if Instant::now() >= give_up {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    poll::blocking(grace, "the process's exit", || {
+        Ok::<_, TimedOut>(match child.try_wait() {
+            Ok(Some(_)) | Err(_) => Some(()),
+            Ok(None) => None,
+        })
+    })
+    .is_ok()
 }
 
 /// `pid` and all its descendants (by parent pid, from /proc).
@@ -200,132 +196,37 @@ pub(crate) fn signal_tree(root: u32, sig: Signal) -> io::Result<Vec<u32>> {
     Ok(hit)
 }
 
+/// Whether every thread of `pid` is stopped (state `T`), or it is gone.
+fn stopped(pid: u32) -> bool {
+    let Ok(threads) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    threads.flatten().all(|thread| {
+        // Fields after the ")" closing the command name: state ppid ...
+        fs::read_to_string(thread.path().join("stat")).map_or(true, |stat| {
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            matches!(state, Some("T" | "Z" | "X") | None)
+        })
+    })
+}
+
+/// Waits until every thread of each of `pids` is stopped: `SIGSTOP` takes
+/// effect after `kill()` returns, when each thread next enters the kernel,
+/// and a thread on another CPU may still answer a request meanwhile.
+pub(crate) fn wait_stopped(pids: &[u32], within: Duration) -> io::Result<()> {
+    poll::blocking(within, "the processes' stop", || {
+        Ok::<_, io::Error>(pids.iter().all(|&p| stopped(p)).then_some(()))
+    })
+}
+
 /// Waits until none of `pids` runs any more (zombies count as gone).
 pub(crate) fn wait_all_gone(pids: &[u32], within: Duration) -> bool {
-    let give_up = Instant::now() + within;
-    loop {
-        if !pids.iter().any(|&p| alive(p)) {
-            return true;
-        }
-        if Instant::now() >= give_up {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// The range ports are handed out from: below Linux's ephemeral range, so an
-/// outgoing connection never takes a store's port while the store is down
-/// for a restart.
-const PORTS: std::ops::Range<u16> = 20000..32000;
-
-/// A loopback port nothing listens on and this process has not handed out
-/// before. Another process may still take it before the server binds it;
-/// launchers retry on "address in use".
-pub(crate) fn free_port() -> io::Result<u16> {
-    static TAKEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
-    let taken = TAKEN.get_or_init(Default::default);
-    for _ in 0..200 {
-        let port = rand::random_range(PORTS);
-        let mut taken = taken.lock().unwrap_or_else(|p| p.into_inner());
-        if taken.contains(&port) {
-            continue;
-        }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-            taken.insert(port);
-            return Ok(port);
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AddrInUse,
-        format!("no free loopback port in {PORTS:?} after 200 tries"),
-    ))
-}
-
-/// `127.0.0.1:port`.
-pub(crate) fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
-}
-
-/// Connects, writes `request`, and reads until `done` says the reply is
-/// complete, EOF, or the timeout. Returns what was read.
-pub(crate) fn exchange(
-    addr: SocketAddr,
-    request: &[u8],
-    timeout: Duration,
-    done: impl Fn(&[u8]) -> bool,
-) -> io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(request)?;
-    let mut reply = Vec::new();
-    let mut buf = [0_u8; 4096];
-    let give_up = Instant::now() + timeout;
-    while !done(&reply) {
-        if Instant::now() >= give_up {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no complete reply in time",
-            ));
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => reply.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(reply)
-}
-
-/// The last `max` bytes of a log file, for error messages.
-pub(crate) fn tail(path: &Path, max: usize) -> String {
-    match fs::read(path) {
-        Ok(bytes) => {
-            let start = bytes.len().saturating_sub(max);
-            let text = String::from_utf8_lossy(&bytes[start..]).into_owned();
-            if start > 0 {
-                format!("…{text}")
-            } else {
-                text
-            }
-        }
-        Err(e) => format!("(no log at {}: {e})", path.display()),
-    }
-}
-
-/// Where store data dirs go: `LOCK_TEST_TMPDIR`, else the system temp dir.
-/// It must be traversable by the unprivileged PostgreSQL user, so not /root.
-pub(crate) fn temp_root() -> PathBuf {
-    std::env::var_os("LOCK_TEST_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir)
-}
-
-/// Removes data dirs left by test binaries that died without cleaning up
-/// (named `distlock-<kind>-<pid>-*`), once per process.
-pub(crate) fn sweep_stale_dirs() {
-    static SWEPT: OnceLock<()> = OnceLock::new();
-    SWEPT.get_or_init(|| {
-        let Ok(entries) = fs::read_dir(temp_root()) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let Some(rest) = name.strip_prefix("distlock-") else {
-                continue;
-            };
-            let pid = rest.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
-            if let Some(pid) = pid
-                && pid != std::process::id()
-                && !alive(pid)
-            {
-                let _ = fs::remove_dir_all(entry.path());
-            }
-        }
-    });
+    poll::blocking(within, "the processes' exit", || {
+        Ok::<_, TimedOut>((!pids.iter().any(|&p| alive(p))).then_some(()))
+    })
+    .is_ok()
 }
 
 /// Polls `ready` until it returns `Ok(true)`, the process exits, or `within`
@@ -336,24 +237,25 @@ pub(crate) fn wait_ready(
     mut exited: impl FnMut() -> Option<String>,
     mut ready: impl FnMut() -> io::Result<bool>,
 ) -> io::Result<()> {
-    let give_up = Instant::now() + within;
-    loop {
-        let last = match ready() {
-            Ok(true) => return Ok(()),
+    let mut last = String::new();
+    poll::blocking(within, what, || {
+        last = match ready() {
+            Ok(true) => return Ok(Some(())),
             Ok(false) => "not serving yet".to_owned(),
             Err(e) => e.to_string(),
         };
-        if let Some(status) = exited() {
-            return Err(io::Error::other(format!(
+        match exited() {
+            Some(status) => Err(io::Error::other(format!(
                 "{what} exited during start-up ({status})"
-            )));
+            ))),
+            None => Ok(None),
         }
-        if Instant::now() >= give_up {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("{what} not serving after {within:?} (last probe: {last})"),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    })
+    .map_err(|e| match e.kind() {
+        io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what} not serving after {within:?} (last probe: {last})"),
+        ),
+        _ => e,
+    })
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::{Kind, Launch, SharedSlot, Spec, Store, process};
+use super::{Kind, Launch, SharedSlot, Spec, Store, net};
 
 /// What survives a `kill -9`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -145,7 +145,7 @@ pub fn start(options: Options) -> io::Result<Store> {
         super::which("redis-server").ok_or_else(|| super::missing(Kind::Redis, "redis-server"))?;
     let mut last = None;
     for _ in 0..3 {
-        let port = process::free_port()?;
+        let port = net::free_port()?;
         let dir = super::data_dir(Kind::Redis)?;
         let data = dir.path().to_owned();
         let log = data.join("redis.log");
@@ -194,7 +194,7 @@ pub fn start(options: Options) -> io::Result<Store> {
                 "redis{} on 127.0.0.1:{port}",
                 if tls { " (TLS)" } else { "" }
             ),
-            addr: process::loopback(port),
+            addr: net::loopback(port),
             durable: options.persistence == Persistence::AofAlways,
             dir: Arc::new(dir),
             log,
@@ -211,12 +211,12 @@ pub fn start(options: Options) -> io::Result<Store> {
             let ready: super::Probe = Box::new(move |addr| {
                 ready_per_log(addr, &ready_log, log_start.load(Ordering::SeqCst))
             });
-            Store::launch_with(spec, format!("rediss://127.0.0.1:{port}"), Some(ready))
+            Store::launch_tls(spec, ready)
         } else {
             Store::launch(spec)
         };
         match launched {
-            Err(e) if super::port_clash(&e) => last = Some(e),
+            Err(e) if net::port_clash(&e) => last = Some(e),
             other => return other,
         }
     }
@@ -253,22 +253,6 @@ pub fn try_shared() -> io::Result<Arc<Store>> {
 /// missing and the run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
 pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::Redis, try_shared)
-}
-
-/// A conformance [`Factory`](crate::Factory) over the shared Redis, with a
-/// private durable Redis for the crash cases. `connect` gets a URL.
-pub fn factory<F, Fut, B>(connect: F) -> super::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
-    B: lockcore::LockBackend,
-{
-    super::factory(
-        Kind::Redis,
-        try_shared,
-        || start(Options::durable()),
-        connect,
-    )
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::{Kind, Launch, SharedSlot, Spec, Store, process};
+use super::{Kind, Launch, SharedSlot, Spec, Store, net, process};
 
 /// Launch options.
 #[derive(Debug, Clone)]
@@ -72,7 +72,7 @@ impl Options {
 /// The PostgreSQL server binaries: `LOCK_TEST_PG_BIN`, else the newest
 /// `/usr/lib/postgresql/*/bin`, else `pg_config --bindir`.
 pub fn bin_dir() -> io::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("LOCK_TEST_PG_BIN") {
+    if let Some(dir) = crate::kit::env::PG_BIN.get() {
         return Ok(PathBuf::from(dir));
     }
     let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
@@ -241,7 +241,7 @@ pub fn start(options: Options) -> io::Result<Store> {
     }
     let mut last = None;
     for _ in 0..3 {
-        let port = process::free_port()?;
+        let port = net::free_port()?;
         let (bin, data, run, faketime, clock) = (
             bin.clone(),
             data.clone(),
@@ -286,7 +286,7 @@ pub fn start(options: Options) -> io::Result<Store> {
         let spec = Spec {
             kind: Kind::Postgres,
             label: format!("postgres on 127.0.0.1:{port}"),
-            addr: process::loopback(port),
+            addr: net::loopback(port),
             durable: options.fsync,
             dir: dir.clone(),
             log: log.clone(),
@@ -301,7 +301,7 @@ pub fn start(options: Options) -> io::Result<Store> {
             },
         };
         match Store::launch(spec) {
-            Err(e) if super::port_clash(&e) => last = Some(e),
+            Err(e) if net::port_clash(&e) => last = Some(e),
             other => return other,
         }
     }
@@ -376,62 +376,24 @@ pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::Postgres, try_shared)
 }
 
-/// A conformance [`Factory`](crate::Factory) over the shared PostgreSQL,
-/// with a private one for the crash, pause and clock-step cases (started
-/// under libfaketime, so its clock can be stepped). `connect` gets a URL.
-pub fn factory<F, Fut, B>(connect: F) -> super::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
-    B: lockcore::LockBackend,
-{
-    super::factory(
-        Kind::Postgres,
-        try_shared,
-        || start(Options::default().faketime(true)),
-        connect,
-    )
-}
-
-/// [`factory`] over servers of their own started with extra `settings`
-/// (`-c name=value`): a shared one for this test binary and private ones
-/// (under libfaketime) for the crash, pause and clock-step cases. One set
-/// of settings per test binary. `LOCK_TEST_POSTGRES_URL`, when set, still
-/// names the shared server (and the settings are then the caller's
-/// business).
+/// The PostgreSQL of this test binary started with extra server `settings`
+/// (`-c name=value`), apart from [`shared`]'s, or the server named by
+/// `LOCK_TEST_POSTGRES_URL` (whose settings are then the caller's business).
 ///
 /// # Panics
-/// When called again in the same binary with different settings.
-pub fn factory_with_settings<F, Fut, B>(
-    settings: &[(&str, &str)],
-    connect: F,
-) -> super::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<B, lockcore::LockError>> + Send + 'static,
-    B: lockcore::LockBackend,
-{
-    let wanted: Vec<(String, String)> = settings
+/// When called again in the same binary with other settings: one set per
+/// test binary.
+pub fn try_shared_with_settings(settings: &[(String, String)]) -> io::Result<Arc<Store>> {
+    let kept = CONFIGURED_SETTINGS.get_or_init(|| settings.to_vec());
+    assert_eq!(kept, settings, "one set of server settings per test binary");
+    super::shared_store(Kind::Postgres, &CONFIGURED, || {
+        start(with_settings(Options::default(), settings))
+    })
+}
+
+/// `options` with `settings` added (`-c name=value`, after the defaults).
+pub fn with_settings(options: Options, settings: &[(String, String)]) -> Options {
+    settings
         .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    let kept = CONFIGURED_SETTINGS.get_or_init(|| wanted.clone());
-    assert_eq!(kept, &wanted, "one set of server settings per test binary");
-    fn configured(options: Options) -> Options {
-        CONFIGURED_SETTINGS
-            .get()
-            .into_iter()
-            .flatten()
-            .fold(options, |o, (k, v)| o.setting(k.clone(), v.clone()))
-    }
-    super::factory(
-        Kind::Postgres,
-        || {
-            super::shared_store(Kind::Postgres, &CONFIGURED, || {
-                start(configured(Options::default()))
-            })
-        },
-        || start(configured(Options::default().faketime(true))),
-        connect,
-    )
+        .fold(options, |o, (k, v)| o.setting(k.clone(), v.clone()))
 }

@@ -32,7 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::stores::process;
+use crate::kit::net;
 
 /// What the proxy does to traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -138,7 +138,7 @@ impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> io::Result<FaultProxy> {
         let mut last = None;
         for _ in 0..10 {
-            let port = process::free_port()?;
+            let port = net::free_port()?;
             match bind(port) {
                 Ok(listener) => {
                     let addr = listener.local_addr()?;

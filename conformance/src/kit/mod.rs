@@ -1,0 +1,32 @@
+//! The test kit: what adapter tests and the suite's own cases use to test
+//! against real stores. It never imports the suite (everything outside
+//! `kit/`); the suite builds on it.
+//!
+//! - [`env`](mod@env): every variable the tests read (`LOCK_TEST_*`), in one place,
+//!   and the time scale.
+//! - [`poll`]: waiting for a condition instead of sleeping on a guess.
+//!
+//! With the `stores` feature (process control; off by default, so running
+//! only the suite pulls none of it):
+//!
+//! - `stores`: Redis, PostgreSQL, etcd and ZooKeeper launched as child
+//!   processes on loopback (or used as external servers), to kill, pause,
+//!   restart.
+//! - `proxy`: the TCP fault proxy.
+//! - `pki`: throwaway CAs and certificates for TLS tests.
+
+pub mod env;
+#[cfg(feature = "stores")]
+pub(crate) mod net;
+#[cfg(feature = "stores")]
+pub mod pki;
+pub mod poll;
+#[cfg(feature = "stores")]
+pub(crate) mod process;
+#[cfg(feature = "stores")]
+pub mod proxy;
+#[cfg(feature = "stores")]
+pub mod stores;
+
+pub use env::{scaled, time_scale};
+pub use poll::{eventually, until};
