@@ -49,10 +49,13 @@ pub async fn run(settings: Settings) -> Report {
                 .expect("floor table");
         }
     }
-    let backend = PostgresBackend::connect(&url).await.expect("connect");
     // The adapter's statements go through a sqlx pool (like any sqlx
     // user's): what the pool itself costs per round trip.
-    let pool = backend.pool().clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(PostgresConfig::DEFAULT_POOL_SIZE)
+        .connect(&url)
+        .await
+        .expect("pool");
     let pooled = op(move || {
         let pool = pool.clone();
         async move {
@@ -90,7 +93,7 @@ pub async fn run(settings: Settings) -> Report {
             harness::cycle(Advisory::connect(&url, 42).await),
         )],
         contended_peers: vec![("blocking pg_advisory_lock".into(), advisory)],
-        backend_instance: Arc::new(backend),
+        backend_instance: Arc::new(PostgresBackend::connect(&url).await.expect("connect")),
         contenders,
         floor_target: Some(0.9),
     };
@@ -155,9 +158,7 @@ async fn scenarios(settings: &Settings, shared: Arc<lock_conformance::stores::St
         statements,
         pid: (!store.is_external()).then(|| store.pid()).flatten(),
     };
-    let sized = PostgresBackend::connect(&url).await.expect("connect");
-    let pool_size = u64::from(sized.pool().options().get_max_connections());
-    drop(sized);
+    let pool_size = u64::from(PostgresConfig::DEFAULT_POOL_SIZE);
     let turnstiles = u64::from(PostgresConfig::DEFAULT_TURNSTILES);
     scale::run(
         BACKEND,

@@ -62,12 +62,15 @@ impl PostgresConfig {
     /// Default number of turnstile connections per backend instance.
     pub const DEFAULT_TURNSTILES: u32 = 8;
 
+    /// Connections in the pool `connect` builds (`lock_pool_size`).
+    pub const DEFAULT_POOL_SIZE: u32 = 10;
+
     fn with_source(source: Source) -> Self {
         PostgresConfig {
             source,
             schema: Self::DEFAULT_SCHEMA.into(),
             table: Self::DEFAULT_TABLE.into(),
-            pool_size: 10,
+            pool_size: Self::DEFAULT_POOL_SIZE,
             op_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             create_schema: true,

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::{until, zookeeper};
-use lock_zookeeper::ZooKeeperBackend;
-use lockcore::{FencingToken, LockError, Locker};
+use lockcore::{FencingToken, LockError};
 use support::{children, connect, locker, raw, round_trip, unique};
 use tokio::time::Instant;
 

@@ -9,7 +9,7 @@ use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
 use lockcore::backend::{CancellationToken, LockBackendExt, WaitPolicy};
-use lockcore::{Attempt, LockBackend, LockError, LockName, Locker, ReleaseOutcome};
+use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
 use support::{children, connect, locker, raw, take, unique};
 use tokio::time::{Instant, timeout};
 

@@ -13,7 +13,7 @@ use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::zk;
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, LeaseKind, LockBackend, LockError, Locker, LossReason, ReleaseOutcome};
+use lockcore::{Attempt, LeaseKind, LockBackend, LockError, LossReason, ReleaseOutcome};
 use support::{children, connect, connect_with, locker, raw, session_timeout, take, unique};
 use tokio::time::{Instant, timeout};
 

@@ -490,26 +490,4 @@ mod tests {
             "{\"name\":\"n\",\"held\":true,\"fence\":7,\"owner\":null,\"label\":null,\"expires_in_ms\":1500}"
         );
     }
-
-    #[test]
-    fn the_default_lock_file_follows_xdg() {
-        // One test touches the environment, so no other test races it.
-        // SAFETY: no other thread of this test binary reads these variables.
-        unsafe {
-            std::env::set_var("XDG_STATE_HOME", "/state");
-            assert_eq!(
-                default_path().unwrap(),
-                PathBuf::from("/state/distlock/locks.db")
-            );
-            std::env::set_var("XDG_STATE_HOME", "relative");
-            std::env::set_var("HOME", "/home/u");
-            assert_eq!(
-                default_path().unwrap(),
-                PathBuf::from("/home/u/.local/state/distlock/locks.db")
-            );
-            std::env::remove_var("XDG_STATE_HOME");
-            std::env::remove_var("HOME");
-            assert!(default_path().unwrap().starts_with(std::env::temp_dir()));
-        }
-    }
 }
