@@ -76,7 +76,7 @@ async fn floor_cycle(client: zk::Client, list: bool) {
 
 pub async fn run(settings: Settings) -> Report {
     let store = lock_conformance::stores::zookeeper::shared();
-    let url = store.url();
+    let url = store.endpoint();
     let backend = ZooKeeperBackend::connect_with(config(&url, SESSION))
         .await
         .expect("connect");

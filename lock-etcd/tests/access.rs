@@ -20,7 +20,7 @@ async fn users_and_roles_are_enforced_and_secrets_never_printed() {
         .await
         .unwrap()
         .expect("a private etcd for auth");
-    let url = store.url();
+    let url = store.endpoint();
     let mut root = raw(&url).await;
     root.user_add("root", "r00t-secret", None).await.unwrap();
     root.user_grant_role("root", "root").await.unwrap();
@@ -138,7 +138,7 @@ async fn connect_errors_name_their_cause_within_the_connect_timeout() {
         .await
         .unwrap()
         .expect("a private etcd for auth");
-    let url = store.url();
+    let url = store.endpoint();
     let mut root = raw(&url).await;
     root.user_add("root", "r00t-secret", None).await.unwrap();
     root.user_grant_role("root", "root").await.unwrap();

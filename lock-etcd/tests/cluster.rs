@@ -122,7 +122,7 @@ async fn fences_grow_across_leader_kill_and_member_restart() {
             .unwrap()
             .expect("restart the killed member");
     }
-    let rejoined = connect(&[cluster.members[killed].url()]).await;
+    let rejoined = connect(&[cluster.members[killed].endpoint()]).await;
     fences.extend(cycles(&[locker(&rejoined)], &resource, 5).await);
 
     // kill -9 a follower and restart it while clients keep going.

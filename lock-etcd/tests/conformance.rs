@@ -1,13 +1,11 @@
 //! The whole conformance suite against a real etcd launched by the harness
-//! (or the one named by `LOCK_TEST_ETCD_ENDPOINTS`), including the fault
+//! (or the one named by `LOCK_TEST_ETCD_URL`), including the fault
 //! cases (proxy, kill -9 + restart on a private etcd).
 
-use lock_etcd::{EtcdBackend, EtcdConfig};
+use lock_etcd::EtcdBackend;
 
 lock_conformance::suite!(
-    lock_conformance::stores::etcd::factory(|url| {
-        EtcdBackend::connect_with(EtcdConfig::new([url]))
-    }),
+    lock_conformance::stores::etcd::factory(|url| async move { EtcdBackend::connect(&url).await }),
     // etcd expires leases on its leader's monotonic lease timer, which no
     // wall-clock step moves (and libfaketime cannot step a Go binary's clock).
     expect_skips = [server_clock_steps_are_judged_on_the_server],

@@ -5,7 +5,7 @@
 //! must cover that: a waiting contender is granted within TTL + the slack
 //! for that TTL of the holder's last renewal (a restart's downtime excluded).
 //!
-//! `ETCD_FAILOVER_RUNS` (default 3) sets the kills per test; each prints
+//! `LOCK_TEST_ETCD_FAILOVER_RUNS` (default 3) sets the kills per test; each prints
 //! min/median/max.
 
 mod support;
@@ -24,11 +24,7 @@ use tokio::time::Instant;
 const TTL: Duration = Duration::from_secs(1);
 
 fn runs() -> usize {
-    std::env::var("ETCD_FAILOVER_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-        .max(1)
+    lock_conformance::kit::env::ETCD_FAILOVER_RUNS.count(3)
 }
 
 async fn connect(endpoints: &[String]) -> EtcdBackend {
@@ -162,7 +158,7 @@ async fn a_dead_holders_lock_is_free_within_ttl_plus_slack_after_a_restart() {
             .unwrap()
             .expect("a private etcd"),
     );
-    let endpoints = vec![store.url()];
+    let endpoints = vec![store.endpoint()];
     let contender_client = connect(&endpoints).await;
     let slack = contender_client.capabilities().slack_for(TTL);
     let bound = TTL + slack + scaled(Duration::from_millis(500));

@@ -47,12 +47,15 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
     // timeout) come back in time, so the connection stays up (up to scale 2).
     let late = timeout + Duration::from_millis(300);
     let client = EtcdBackend::connect_with(
-        EtcdConfig::new([store.url_via(slow.addr()), store.url_via(fast.addr())])
-            .request_timeout(timeout),
+        EtcdConfig::new([
+            store.endpoint_via(slow.addr()),
+            store.endpoint_via(fast.addr()),
+        ])
+        .request_timeout(timeout),
     )
     .await
     .unwrap();
-    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
+    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint()]))
         .await
         .unwrap();
     let slack = client.capabilities().slack_for(TTL) + Duration::from_secs(1).mul_f64(scale());
@@ -149,7 +152,7 @@ async fn a_garbled_connection_is_a_retryable_error_and_heals() {
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let timeout = Duration::from_millis(300).mul_f64(scale());
     let client = EtcdBackend::connect_with(
-        EtcdConfig::new([store.url_via(proxy.addr())]).request_timeout(timeout),
+        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
     )
     .await
     .unwrap();
@@ -215,14 +218,14 @@ async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let timeout = Duration::from_millis(500).mul_f64(scale());
     let client = EtcdBackend::connect_with(
-        EtcdConfig::new([store.url_via(proxy.addr())]).request_timeout(timeout),
+        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
     )
     .await
     .unwrap();
-    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
+    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint()]))
         .await
         .unwrap();
-    let mut raw = support::raw(&store.url()).await;
+    let mut raw = support::raw(&store.endpoint()).await;
     let locker = lockcore::Locker::new(client.clone())
         .ttl(TTL)
         .renew_every(TTL / 4);

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (holder, admin) = (connect(&url).await, connect(&url).await);
     let lock = name("fenced");
     let resource = format!("etcd-test/resource/{:08x}", rand_u32());
@@ -61,7 +61,7 @@ async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_and_evict_evicts_only_the_fence_it_names() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (holder, waiter, admin) = (
         connect(&url).await,
         connect(&url).await,
@@ -139,7 +139,7 @@ async fn compare_and_evict_evicts_only_the_fence_it_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_write_refuses_a_token_older_than_the_last_one_applied() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (old_holder, new_holder) = (connect(&url).await, connect(&url).await);
     let lock = name("fenced-write");
     let resource = format!("etcd-test/orders/{:08x}", rand_u32());

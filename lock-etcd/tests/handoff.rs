@@ -82,7 +82,7 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
     // no read, no write, no new watch.
     const WAITERS: usize = 6;
     let store = private_etcd().await;
-    let url = store.url();
+    let url = store.endpoint();
     let mut raw = Client::connect([url.as_str()], None).await.unwrap();
     let holder = connect(&url).await;
     let lock = name("one-write");
@@ -136,7 +136,7 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_waiter_passes_its_turn_on() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let mut raw = Client::connect([url.as_str()], None).await.unwrap();
     let (holder, a, b) = (
         connect(&url).await,
@@ -176,7 +176,7 @@ async fn a_cancelled_waiter_passes_its_turn_on() {
 async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
     const NAMES: usize = 10;
     let store = private_etcd().await;
-    let url = store.url();
+    let url = store.endpoint();
     let mut raw = Client::connect([url.as_str()], None).await.unwrap();
     let (holder, waiter) = (connect(&url).await, connect(&url).await);
     let mut held = Vec::new();
@@ -240,9 +240,9 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
 async fn a_waiter_whose_watch_stream_is_cut_rejoins_the_line() {
     let store = etcd::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let mut raw = Client::connect([store.url()], None).await.unwrap();
-    let holder = connect(&store.url()).await;
-    let waiter = connect(&store.url_via(proxy.addr())).await;
+    let mut raw = Client::connect([store.endpoint()], None).await.unwrap();
+    let holder = connect(&store.endpoint()).await;
+    let waiter = connect(&store.endpoint_via(proxy.addr())).await;
     let lock = name("cut");
     let held = hold(&holder, &lock).await;
     let (tx, mut grants) = mpsc::unbounded_channel();
@@ -272,7 +272,7 @@ async fn a_waiter_whose_watch_stream_is_cut_rejoins_the_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_watch_wakes_on_release_and_at_once_when_free() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (holder, watcher) = (connect(&url).await, connect(&url).await);
     let lock = name("watch");
     let free = watcher.watch(&lock).await.unwrap().expect("etcd notifies");
@@ -297,7 +297,7 @@ async fn a_waiter_whose_lease_dies_in_line_never_takes_the_lock_with_it() {
     // etcd #11456: a waiter whose lease expired was granted the lock. Here
     // the waiter's lease is revoked while it waits: its entry is gone, and it
     // must queue again, not claim the lock on the dead entry's revision.
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (holder, waiter) = (connect(&url).await, connect(&url).await);
     let mut client = raw(&url).await;
     let lock = name("dead-waiter");

@@ -23,7 +23,7 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
             .await
             .unwrap()
             .expect("a private etcd with default election settings");
-    let url = store.url();
+    let url = store.endpoint();
     let backend = connect(&url).await;
     let caps = backend.capabilities();
     assert_eq!(caps.min_ttl, Duration::from_secs(2), "{caps:?}");
@@ -71,7 +71,7 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
     assert_eq!(long.ttl(), hour);
     backend.release(&long).await.unwrap();
     // The harness's shared etcd runs a 100 ms election timeout: 1 s leases work.
-    let shared = connect(&etcd::shared().url()).await;
+    let shared = connect(&etcd::shared().endpoint()).await;
     assert_eq!(shared.capabilities().min_ttl, Duration::from_secs(1));
     let lease = acquire(&shared, &lock, Duration::from_secs(1)).await;
     assert_eq!(lease.ttl(), Duration::from_secs(1));
@@ -80,7 +80,7 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_live_under_the_prefix_share_one_session_and_are_reused() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let prefix = format!("keys-test-{:08x}/", rand_u32());
     let backend = EtcdBackend::connect_with(EtcdConfig::new([url.as_str()]).prefix(prefix.clone()))
         .await
@@ -173,7 +173,7 @@ async fn a_stale_release_never_deletes_a_newer_grant_of_the_same_key() {
     // etcd's own Unlock deletes by key name; here the same client reuses the
     // same lease, hence the same key, and the old grant's retried release
     // and renew must still miss the new grant.
-    let backend = connect(&etcd::shared().url()).await;
+    let backend = connect(&etcd::shared().endpoint()).await;
     let lock = name("stale");
     let old = acquire(&backend, &lock, Duration::from_secs(10)).await;
     assert_eq!(

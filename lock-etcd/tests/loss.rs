@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_when_etcd_drops_the_lease_not_at_the_next_renewal() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let backend = connect(&url).await;
     let mut client = raw(&url).await;
     // Renewals every 4 s: only the store-pushed signal can be fast.
@@ -61,7 +61,7 @@ async fn lost_fires_when_etcd_drops_the_lease_not_at_the_next_renewal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evictions_reach_a_connected_holder_within_the_declared_notice() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (holder, admin) = (connect(&url).await, connect(&url).await);
     let notice = holder
         .capabilities()

@@ -23,7 +23,7 @@ fn request(backend: &EtcdBackend, name: &LockName, label: &str) -> LockRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_are_keys_whose_create_revision_is_the_fence() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let prefix = format!("permits-test-{:08x}/", rand_u32());
     let config = EtcdConfig::new([url.as_str()]).prefix(prefix.clone());
     let backend = EtcdBackend::connect_with(config.clone()).await.unwrap();
@@ -132,7 +132,7 @@ async fn slots_are_keys_whose_create_revision_is_the_fence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_waiter_is_woken_by_the_release_not_its_recheck() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (holder, waiter) = (connect(&url).await, connect(&url).await);
     let pool = name("woken");
     let held = holder

@@ -34,7 +34,7 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
     let snapshot = backup.path().join("snapshot.db");
     let lock = name("restored");
     {
-        let before = connect(&store.url()).await;
+        let before = connect(&store.endpoint()).await;
         cycles(&before, &lock, 3).await;
         let (store, snapshot) = (&store, snapshot.clone());
         tokio::task::block_in_place(|| etcd::snapshot(store, &snapshot))
@@ -42,7 +42,7 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
     }
     // History the restore will lose: the resource saw these fences.
     let highest = {
-        let lost = connect(&store.url()).await;
+        let lost = connect(&store.endpoint()).await;
         cycles(&lost, &lock, 5).await
     };
     tokio::task::block_in_place(|| etcd::restore(&store, &snapshot))
@@ -50,7 +50,7 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
 
     // Without the procedure, the next fence goes back: the resource would
     // refuse it, or worse, take it for a new holder's if it forgot.
-    let client = connect(&store.url()).await;
+    let client = connect(&store.endpoint()).await;
     let back = cycles(&client, &lock, 1).await;
     assert!(
         back <= highest,
@@ -58,7 +58,7 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
     );
 
     // A waiter already in line when the floor is raised.
-    let (holder, waiter) = (connect(&store.url()).await, connect(&store.url()).await);
+    let (holder, waiter) = (connect(&store.endpoint()).await, connect(&store.endpoint()).await);
     let queued = name("queued");
     let held = acquire(&holder, &queued, TTL).await;
     let waiting = {
@@ -69,7 +69,7 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
         })
     };
     let queue = queue_of(&holder, &held);
-    let raw = raw(&store.url()).await;
+    let raw = raw(&store.endpoint()).await;
     until(
         scaled(Duration::from_secs(10)),
         "the waiter in line",

@@ -32,7 +32,7 @@ async fn ten_thousand_held_locks_cost_one_keep_alive_and_one_check_per_tick() {
     let ttl = Duration::from_secs(ttl.as_secs_f64().ceil() as u64);
     // Patient requests: 10,000 acquires share two cores with etcd.
     let backend = EtcdBackend::connect_with(
-        EtcdConfig::new([store.url()]).request_timeout(scaled(Duration::from_secs(15))),
+        EtcdConfig::new([store.endpoint()]).request_timeout(scaled(Duration::from_secs(15))),
     )
     .await
     .unwrap();
@@ -104,7 +104,7 @@ async fn two_thousand_waiters_in_one_process_share_one_view_and_are_all_served()
     const WAITERS: usize = 2_000;
     let _alone = ONE_AT_A_TIME.lock().await;
     let store = private_etcd().await;
-    let backend = EtcdBackend::connect_with(EtcdConfig::new([store.url()]))
+    let backend = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint()]))
         .await
         .unwrap();
     let locker = Locker::new(backend.clone())
@@ -128,7 +128,7 @@ async fn two_thousand_waiters_in_one_process_share_one_view_and_are_all_served()
         .collect();
     // Everyone in line, then the holder lets go.
     let queue = queue_of(&backend, &holder.lease());
-    let raw = raw(&store.url()).await;
+    let raw = raw(&store.endpoint()).await;
     lock_conformance::stores::until(
         scaled(Duration::from_secs(60)),
         "2,000 waiters in line",
@@ -185,7 +185,7 @@ async fn an_uncontended_acquire_and_release_cost_etcd_two_txns() {
     const CYCLES: u32 = 3_000;
     let _alone = ONE_AT_A_TIME.lock().await;
     let store = private_etcd().await;
-    let backend = connect(&store.url()).await;
+    let backend = connect(&store.endpoint()).await;
     let lock = name("uncontended");
     let ttl = Duration::from_secs(10);
     for _ in 0..200 {

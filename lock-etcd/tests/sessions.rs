@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unrenewed_lock_expires_on_its_own_ttl_while_its_session_lives_on() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let (client, observer) = (connect(&url).await, connect(&url).await);
     let ttl = Duration::from_secs(1);
     // One lock the client keeps renewing (refreshing the shared session)...
@@ -63,7 +63,7 @@ async fn an_unrenewed_lock_expires_on_its_own_ttl_while_its_session_lives_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_end_of_a_session_reaches_every_guard_on_it_at_once() {
-    let url = etcd::shared().url();
+    let url = etcd::shared().endpoint();
     let client = connect(&url).await;
     let mut raw = raw(&url).await;
     // Renewals every 4 s: only the store-pushed signal can be fast.
@@ -111,8 +111,8 @@ async fn a_session_is_not_dropped_while_a_lock_is_on_its_way_to_it() {
     use lock_conformance::proxy::{FaultProxy, Mode};
     let store = etcd::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let client = connect(&store.url_via(proxy.addr())).await;
-    let observer = connect(&store.url()).await;
+    let client = connect(&store.endpoint_via(proxy.addr())).await;
+    let observer = connect(&store.endpoint()).await;
     let ttl = Duration::from_secs(30);
     let lock = name("on-its-way");
     let first = acquire(&client, &lock, ttl).await;

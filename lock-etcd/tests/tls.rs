@@ -42,7 +42,11 @@ impl Tls {
             .await
             .unwrap()
             .expect("a private etcd serving TLS");
-        assert!(store.url().starts_with("https://"), "{}", store.url());
+        assert!(
+            store.endpoint().starts_with("https://"),
+            "{}",
+            store.endpoint()
+        );
         let files = tempfile::tempdir().unwrap();
         std::fs::write(files.path().join("ca.pem"), ca.pem()).unwrap();
         Tls { ca, store, files }
@@ -155,7 +159,7 @@ async fn tls_from_the_url_and_the_builder() {
     lock_cycle(&from_url, &name("url")).await;
 
     let ca_pem = std::fs::read(tls.ca_file()).unwrap();
-    let config = EtcdConfig::new([tls.store.url()]).tls(TlsConfig::new().ca_pem(ca_pem));
+    let config = EtcdConfig::new([tls.store.endpoint()]).tls(TlsConfig::new().ca_pem(ca_pem));
     lock_cycle(&connect(config).await.unwrap(), &name("builder")).await;
 
     // The name checked is `domain=`, not the endpoint's host.
@@ -172,7 +176,7 @@ async fn tls_from_the_url_and_the_builder() {
 
     // The platform's roots do not include our CA; nor does another CA.
     let started = Instant::now();
-    let system_roots = EtcdConfig::new([tls.store.url()]).tls(TlsConfig::new());
+    let system_roots = EtcdConfig::new([tls.store.endpoint()]).tls(TlsConfig::new());
     assert_refused(
         "system roots",
         connect(system_roots).await,
@@ -180,7 +184,7 @@ async fn tls_from_the_url_and_the_builder() {
         "invalid peer certificate",
     );
     let started = Instant::now();
-    let other_ca = EtcdConfig::new([tls.store.url()])
+    let other_ca = EtcdConfig::new([tls.store.endpoint()])
         .tls(TlsConfig::new().ca_pem(TestCa::new("another CA").pem()));
     assert_refused(
         "another CA",
@@ -251,7 +255,7 @@ async fn users_and_passwords_over_tls() {
     let tls_options = TlsOptions::new()
         .ca_certificate(Certificate::from_pem(std::fs::read(tls.ca_file()).unwrap()));
     let mut admin = Client::connect(
-        [tls.store.url()],
+        [tls.store.endpoint()],
         Some(ConnectOptions::new().with_tls(tls_options)),
     )
     .await

@@ -428,7 +428,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stray_of_ours_ahead_of_our_node_is_deleted() {
         let store = lock_conformance::stores::zookeeper::shared();
-        let config = ZooKeeperConfig::new(store.url());
+        let config = ZooKeeperConfig::new(store.endpoint());
         let session = Session::open(&config).await.unwrap();
         let acls = Arc::new(Acls::new(false));
         let parent = format!("/zk-unit-prune-{}", Uuid::new_v4().simple());

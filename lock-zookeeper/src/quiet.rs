@@ -224,7 +224,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn watches_stay_bounded_and_a_deleted_parent_frees_its_place() {
         let store = lock_conformance::stores::zookeeper::shared();
-        let client = zk::Client::connect(&store.url()).await.unwrap();
+        let client = zk::Client::connect(&store.endpoint()).await.unwrap();
         let quiet = QuietQueues::with_capacity(&client, Duration::from_secs(60), 2);
         let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         let base = format!("/zk-unit-quiet-{}", uuid::Uuid::new_v4().simple());

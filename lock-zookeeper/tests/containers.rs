@@ -32,14 +32,14 @@ fn empty_parents_are_deleted_by_the_server_and_fences_keep_growing() {
         .build()
         .unwrap()
         .block_on(async {
-            let a = connect(store.url()).await.unwrap();
-            let observer = raw(&store.url()).await;
+            let a = connect(store.endpoint()).await.unwrap();
+            let observer = raw(&store.endpoint()).await;
             let name = unique("container");
             let parent = a.lock_path(&name);
             let ttl = a.session_timeout();
 
             let first = take(&a, &name).await;
-            let waiter = connect(store.url()).await.unwrap();
+            let waiter = connect(store.endpoint()).await.unwrap();
             let queued = waiter.try_acquire_for(&name, ttl).await.unwrap();
             assert!(queued.into_lease().is_none());
             a.release(&first).await.unwrap();

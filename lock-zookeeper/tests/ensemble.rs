@@ -31,12 +31,9 @@ const SESSION: Duration = Duration::from_secs(4);
 /// One ensemble at a time: three JVMs each, on a small machine.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
-/// How many cut-off rounds a test runs (`LOCK_ZK_TRIALS`, default `default`).
+/// How many cut-off rounds a test runs (`LOCK_TEST_ZK_TRIALS`, default `default`).
 fn trials(default: usize) -> usize {
-    std::env::var("LOCK_ZK_TRIALS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+    lock_conformance::kit::env::ZK_TRIALS.count(default)
 }
 
 /// A client of these tests: a 4 s session, the launcher's tick.
@@ -80,7 +77,7 @@ impl Split {
     }
 
     fn url(&self, member: usize) -> String {
-        self.cluster.members[member].url()
+        self.cluster.members[member].endpoint()
     }
 
     /// Cuts `follower` off from the leader, both ways: its link to the

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_reaches_the_holder_within_the_declared_notice() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.url()).await.unwrap();
-    let admin = support::connect(store.url()).await.unwrap();
+    let holder = support::connect(store.endpoint()).await.unwrap();
+    let admin = support::connect(store.endpoint()).await.unwrap();
     let notice = holder
         .capabilities()
         .eviction_notice
@@ -59,9 +59,9 @@ async fn a_forced_release_reaches_the_holder_within_the_declared_notice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evict_with_a_fence_evicts_that_grant_only() {
     let store = zookeeper::shared();
-    let first = support::connect(store.url()).await.unwrap();
-    let next = support::connect(store.url()).await.unwrap();
-    let admin = support::connect(store.url()).await.unwrap();
+    let first = support::connect(store.endpoint()).await.unwrap();
+    let next = support::connect(store.endpoint()).await.unwrap();
+    let admin = support::connect(store.endpoint()).await.unwrap();
     let name = unique("evict-fence");
     let lease = take(&first, &name).await;
     let waiting = tokio::spawn({
@@ -73,7 +73,7 @@ async fn evict_with_a_fence_evicts_that_grant_only() {
         }
     });
     let parent = admin.lock_path(&name);
-    let observer = support::raw(&store.url()).await;
+    let observer = support::raw(&store.endpoint()).await;
     lock_conformance::stores::until(Duration::from_secs(10), "the waiter queueing", || async {
         support::children(&observer, &parent).await.len() == 2
     })
@@ -116,7 +116,7 @@ async fn evict_with_a_fence_evicts_that_grant_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_does_not_fire_the_loss_signal() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.url()).await.unwrap();
+    let holder = support::connect(store.endpoint()).await.unwrap();
     // Long after the session starts watching a grant (a sixteenth of it).
     let watched = holder.session_timeout() / 8;
     let settle = round_trip(&holder).await;
@@ -140,8 +140,8 @@ async fn a_release_does_not_fire_the_loss_signal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_renewal_refuses_the_evicted_lease_and_renews_the_rest() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.url()).await.unwrap();
-    let admin = support::connect(store.url()).await.unwrap();
+    let holder = support::connect(store.endpoint()).await.unwrap();
+    let admin = support::connect(store.endpoint()).await.unwrap();
     let notice = holder.capabilities().eviction_notice.unwrap();
     for _ in 0..8 {
         let names = [unique("batch-a"), unique("batch-b"), unique("batch-c")];
@@ -178,8 +178,8 @@ async fn a_batch_renewal_refuses_the_evicted_lease_and_renews_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_to_a_held_node_is_no_eviction() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.url()).await.unwrap();
-    let writer = support::raw(&store.url()).await;
+    let holder = support::connect(store.endpoint()).await.unwrap();
+    let writer = support::raw(&store.endpoint()).await;
     let notice = holder.capabilities().eviction_notice.unwrap();
     for _ in 0..24 {
         let name = unique("written");

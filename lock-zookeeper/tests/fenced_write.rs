@@ -18,7 +18,7 @@ fn token(n: u64) -> FencingToken {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn older_tokens_are_refused_and_failed_writes_move_no_fence() {
     let store = zookeeper::shared();
-    let client = raw(&store.url()).await;
+    let client = raw(&store.endpoint()).await;
     let base = format!("/zk-fenced-{}", uuid::Uuid::new_v4().simple());
     let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     client.create(&base, &[], &open).await.unwrap();
@@ -77,7 +77,7 @@ async fn older_tokens_are_refused_and_failed_writes_move_no_fence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_never_apply_an_older_token_after_a_newer_one() {
     let store = zookeeper::shared();
-    let client = raw(&store.url()).await;
+    let client = raw(&store.endpoint()).await;
     let base = format!("/zk-fenced-race-{}", uuid::Uuid::new_v4().simple());
     let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     client.create(&base, &[], &open).await.unwrap();
@@ -85,7 +85,7 @@ async fn racing_writers_never_apply_an_older_token_after_a_newer_one() {
     client.create(&log, &[], &open).await.unwrap();
     let writers: Vec<_> = (1..=16_u64)
         .map(|n| {
-            let (fence, log, url) = (fence.clone(), log.clone(), store.url());
+            let (fence, log, url) = (fence.clone(), log.clone(), store.endpoint());
             tokio::spawn(async move {
                 let client = raw(&url).await;
                 // Each accepted write appends its token to the log.

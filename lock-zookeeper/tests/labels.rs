@@ -15,8 +15,8 @@ use uuid::Uuid;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_label_is_the_nodes_data() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let a = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let name = unique("label-data");
     let label = HolderLabel::new("settlement worker 3").unwrap();
     let ttl = a.capabilities().effective_ttl(a.session_timeout()).unwrap();
@@ -39,8 +39,8 @@ async fn the_label_is_the_nodes_data() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_written_without_a_label_show_none() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
-    let writer = raw(&store.url()).await;
+    let a = connect(store.endpoint()).await.unwrap();
+    let writer = raw(&store.endpoint()).await;
     for (what, data) in [("no data", &b""[..]), ("not UTF-8", &[0xc3, 0x28][..])] {
         let name = unique("label-less");
         let parent = a.lock_path(&name);

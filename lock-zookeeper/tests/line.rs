@@ -20,11 +20,11 @@ use tokio::time::Instant;
 async fn waiters_of_two_sessions_are_served_in_arrival_order() {
     let store = zookeeper::shared();
     let (holder, a, b) = (
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
     );
-    let observer = raw(&store.url()).await;
+    let observer = raw(&store.endpoint()).await;
     let name = unique("two-sessions");
     let parent = holder.lock_path(&name);
     let held = locker(&holder).acquire(&name).await.unwrap();
@@ -67,11 +67,11 @@ async fn waiters_of_two_sessions_are_served_in_arrival_order() {
 async fn a_waiter_ahead_that_gives_up_lets_the_next_through() {
     let store = zookeeper::shared();
     let (holder, ahead, ours) = (
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
     );
-    let observer = raw(&store.url()).await;
+    let observer = raw(&store.endpoint()).await;
     let name = unique("gives-up");
     let parent = holder.lock_path(&name);
     let held = locker(&holder).acquire(&name).await.unwrap();
@@ -125,9 +125,9 @@ async fn a_waiter_ahead_that_gives_up_lets_the_next_through() {
 async fn a_reconnection_loses_no_turn() {
     let store = zookeeper::shared();
     let link = FaultProxy::start(store.addr()).await.unwrap();
-    let holder = connect(store.url()).await.unwrap();
+    let holder = connect(store.endpoint()).await.unwrap();
     let waiter = connect(link.addr().to_string()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let observer = raw(&store.endpoint()).await;
     let name = unique("reconnected");
     let parent = holder.lock_path(&name);
     let held = locker(&holder).acquire(&name).await.unwrap();

@@ -20,9 +20,9 @@ use tokio::time::{Instant, timeout};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_up_waiters_leave_no_queue_nodes() {
     let store = zookeeper::shared();
-    let holder = connect(store.url()).await.unwrap();
-    let waiter = connect(store.url()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let holder = connect(store.endpoint()).await.unwrap();
+    let waiter = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let name = unique("given-up");
     let parent = holder.lock_path(&name);
     let only_holder = || async { (children(&observer, &parent).await.len() == 1).then_some(()) };
@@ -103,8 +103,8 @@ async fn given_up_waiters_leave_no_queue_nodes() {
 async fn lost_create_reply_finds_its_own_node() {
     let store = zookeeper::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let a = connect(store.url_via(proxy.addr())).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let name = unique("lost-create-reply");
     let parent = a.lock_path(&name);
     // The parent exists already, so the create is the only write in flight.
@@ -161,8 +161,8 @@ async fn lost_create_reply_finds_its_own_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parent_recreation_restarts_sequences_but_never_fences() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let a = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let name = unique("recreated-parent");
     let parent = a.lock_path(&name);
 
@@ -194,8 +194,8 @@ async fn parent_recreation_restarts_sequences_but_never_fences() {
 async fn abandoned_lease_is_deleted_at_its_deadline() {
     let store = zookeeper::shared();
     let (a, b) = (
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
     );
     let name = unique("abandoned");
     let ttl = a.session_timeout();
@@ -235,13 +235,13 @@ async fn odd_names_are_single_children_of_the_root() {
     let store = zookeeper::shared();
     let root = format!("/zk-tests-names-{}", uuid::Uuid::new_v4().simple());
     let a = ZooKeeperBackend::connect_with(
-        lock_zookeeper::ZooKeeperConfig::new(store.url())
+        lock_zookeeper::ZooKeeperConfig::new(store.endpoint())
             .root(root.clone())
             .session_timeout(support::session_timeout()),
     )
     .await
     .unwrap();
-    let observer = raw(&store.url()).await;
+    let observer = raw(&store.endpoint()).await;
     let long_x = "x".repeat(255);
     let long_slash = "/".repeat(255);
     let names = [
@@ -318,11 +318,11 @@ async fn odd_names_are_single_children_of_the_root() {
 async fn force_release_evicts_the_head_and_the_queue_moves_on() {
     let store = zookeeper::shared();
     let (a, b, admin) = (
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
     );
-    let observer = raw(&store.url()).await;
+    let observer = raw(&store.endpoint()).await;
     let name = unique("forced");
     let guard = locker(&a).acquire(&name).await.unwrap();
     let waiter = tokio::spawn({

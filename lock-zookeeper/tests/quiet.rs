@@ -47,7 +47,7 @@ async fn queue_node(client: &zk::Client, parent: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_cycles_send_only_create_and_delete() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
+    let a = connect(store.endpoint()).await.unwrap();
     let name = unique("only-create-delete");
     let sid = session_id(&a);
 
@@ -81,8 +81,8 @@ async fn uncontended_cycles_send_only_create_and_delete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_node_voids_the_proof() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
-    let other = raw(&store.url()).await;
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
     let name = unique("another-node");
     let parent = a.lock_path(&name);
     cycle(&a, &name).await;
@@ -106,8 +106,8 @@ async fn another_node_voids_the_proof() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_parent_voids_the_proof() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
-    let other = raw(&store.url()).await;
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
     let name = unique("recreated-parent");
     let parent = a.lock_path(&name);
     cycle(&a, &name).await; // sequence 0; the next create would get 1
@@ -137,8 +137,8 @@ async fn a_recreated_parent_voids_the_proof() {
 async fn a_reconnection_voids_the_proof() {
     let store = zookeeper::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let a = connect(store.url_via(proxy.addr())).await.unwrap();
-    let other = raw(&store.url()).await;
+    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let other = raw(&store.endpoint()).await;
     let name = unique("reconnected");
     let parent = a.lock_path(&name);
     cycle(&a, &name).await;
@@ -168,8 +168,8 @@ async fn a_reconnection_voids_the_proof() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_longer_hold_is_watched_and_learns_of_its_eviction() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
-    let other = raw(&store.url()).await;
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
     let name = unique("kept");
     let parent = a.lock_path(&name);
     let sid = session_id(&a);
@@ -202,7 +202,7 @@ async fn a_longer_hold_is_watched_and_learns_of_its_eviction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_attempts_of_one_session_never_share_the_lock() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
+    let a = connect(store.endpoint()).await.unwrap();
     let name = unique("racing");
     for _ in 0..25 {
         cycle(&a, &name).await; // alone: vouches for the next number

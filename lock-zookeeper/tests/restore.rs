@@ -56,14 +56,14 @@ async fn a_restored_data_dir_repeats_fences_unless_the_floor_is_raised() {
     let backup = store.data_dir().unwrap().join("backup");
     let (name, fresh) = (unique("restored"), unique("restored-fresh"));
 
-    let backend = connect(store.url()).await.unwrap();
+    let backend = connect(store.endpoint()).await.unwrap();
     let in_backup = cycle(&backend, &name).await;
     drop(backend);
     // The backup: a copy of the data directory of the stopped server.
     store.stop_now().unwrap();
     copy_tree(&data, &backup);
     store.restart_now().unwrap();
-    let backend = connect(store.url()).await.unwrap();
+    let backend = connect(store.endpoint()).await.unwrap();
     let mut newest = in_backup;
     for _ in 0..5 {
         newest = cycle(&backend, &name).await;
@@ -71,7 +71,7 @@ async fn a_restored_data_dir_repeats_fences_unless_the_floor_is_raised() {
     drop(backend);
 
     restore(&store, &data, &backup);
-    let careless = connect(store.url()).await.unwrap();
+    let careless = connect(store.endpoint()).await.unwrap();
     let repeated = cycle(&careless, &name).await;
     assert!(
         repeated <= newest,
@@ -80,10 +80,10 @@ async fn a_restored_data_dir_repeats_fences_unless_the_floor_is_raised() {
     drop(careless);
 
     restore(&store, &data, &backup);
-    let operator = connect(store.url()).await.unwrap();
+    let operator = connect(store.endpoint()).await.unwrap();
     operator.raise_fence_floor(newest).await.unwrap();
     drop(operator);
-    let client = connect(store.url()).await.unwrap();
+    let client = connect(store.endpoint()).await.unwrap();
     for lock in [&name, &fresh] {
         let next = cycle(&client, lock).await;
         assert!(

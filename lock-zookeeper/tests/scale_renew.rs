@@ -14,7 +14,7 @@ const LOCKS: usize = 10_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_held_locks_cost_one_request_per_renewal_tick() {
     let store = zookeeper::shared();
-    let backend = connect(store.url()).await.unwrap();
+    let backend = connect(store.endpoint()).await.unwrap();
     let sid = session_id(&backend);
     let ttl = backend.session_timeout();
     let every = ttl / 3;

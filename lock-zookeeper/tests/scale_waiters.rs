@@ -18,8 +18,8 @@ const WAITERS: usize = 2_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_waiters_on_one_name_are_served_in_order() {
     let store = zookeeper::shared();
-    let backend = connect(store.url()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let backend = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let sid = session_id(&backend);
     let locker = Locker::new(backend.clone()).ttl(backend.session_timeout());
     let name = unique("waiters");

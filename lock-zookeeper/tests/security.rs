@@ -30,7 +30,7 @@ async fn client_as(url: &str, user: &str, password: &str) -> zk::Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
     let store = zookeeper::shared();
-    let url = store.url();
+    let url = store.endpoint();
     let root = format!("/zk-tests-acl-{}", uuid::Uuid::new_v4().simple());
     let alice = ZooKeeperBackend::connect_with(config(&url, &root).digest("alice", "s3cret"))
         .await

@@ -35,8 +35,8 @@ async fn permit(backend: &ZooKeeperBackend, name: &LockName, permits: u32) -> Op
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_is_the_head_of_its_slots_queue() {
     let store = zookeeper::shared();
-    let a = connect(store.url()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let a = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let name = unique("semaphore-layout");
     let request = request(&a, &name, "worker 7");
     let first = a
@@ -104,8 +104,8 @@ async fn a_permit_is_the_head_of_its_slots_queue() {
 async fn the_count_changes_only_when_no_permit_is_held() {
     let store = zookeeper::shared();
     let (a, b) = (
-        connect(store.url()).await.unwrap(),
-        connect(store.url()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
     );
     let name = unique("semaphore-count");
     let two = permit(&a, &name, 2).await.unwrap();
@@ -143,7 +143,7 @@ async fn a_cut_off_holders_slot_is_free_within_ttl_and_slack() {
     let store = zookeeper::shared();
     let link = FaultProxy::start(store.addr()).await.unwrap();
     let holder = connect(link.addr().to_string()).await.unwrap();
-    let other = connect(store.url()).await.unwrap();
+    let other = connect(store.endpoint()).await.unwrap();
     let name = unique("semaphore-cut");
     let held = permit(&holder, &name, 1).await.unwrap();
     link.set(Mode::Blackhole);

@@ -19,7 +19,7 @@ async fn an_uncontended_cycle_is_a_create_and_a_delete() {
         .unwrap()
         .unwrap();
     let pid = store.pid().expect("a launched server").to_string();
-    let backend = connect(store.url()).await.unwrap();
+    let backend = connect(store.endpoint()).await.unwrap();
     let sid = session_id(&backend);
     let name = unique("cycles");
     let ttl = backend.session_timeout();

@@ -26,9 +26,9 @@ use tokio::time::{Instant, timeout};
 async fn expired_holder_session_fires_loss_and_hands_over() {
     let store = zookeeper::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let a = connect(store.url_via(proxy.addr())).await.unwrap();
-    let b = connect(store.url()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let b = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let name = unique("expired-session");
     let ttl = a.session_timeout();
 
@@ -53,7 +53,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
     proxy.reset_existing();
     let killer = zk::Client::connector()
         .with_session(a.zk_client().session().clone())
-        .connect(&store.url())
+        .connect(&store.endpoint())
         .await
         .unwrap();
     drop(killer);
@@ -124,9 +124,9 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
 async fn cut_off_holder_counts_the_lease_lost_by_its_own_clock() {
     let store = zookeeper::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let a = connect(store.url_via(proxy.addr())).await.unwrap();
-    let b = connect(store.url()).await.unwrap();
-    let observer = raw(&store.url()).await;
+    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let b = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
     let name = unique("cut-off");
     let ttl = a.session_timeout();
     let history = History::new();
@@ -201,12 +201,12 @@ async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
     let ttl = session_timeout();
     // A short connection timeout: a reconnection whose reply was lost is
     // given up after a fifth of the session.
-    let a = connect_with(&store.url_via(proxy.addr()), |c| {
+    let a = connect_with(&store.endpoint_via(proxy.addr()), |c| {
         c.connection_timeout(ttl / 5)
     })
     .await
     .unwrap();
-    let observer = raw(&store.url()).await;
+    let observer = raw(&store.endpoint()).await;
     let name = unique("given-up");
     let _lease = take(&a, &name).await;
     let nodes = children(&observer, &a.lock_path(&name)).await;
@@ -255,8 +255,8 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
     }
     let store = Arc::new(zookeeper::start(zookeeper::Options::default()).unwrap());
     let long = |c: lock_zookeeper::ZooKeeperConfig| c.session_timeout(Duration::from_secs(15));
-    let a = connect_with(&store.url(), long).await.unwrap();
-    let b = connect_with(&store.url(), long).await.unwrap();
+    let a = connect_with(&store.endpoint(), long).await.unwrap();
+    let b = connect_with(&store.endpoint(), long).await.unwrap();
     let name = unique("crash");
     let ttl = a.session_timeout();
 
@@ -391,7 +391,7 @@ async fn leader_loss_in_an_ensemble_keeps_exclusion_and_fences() {
         .iter()
         .enumerate()
         .find(|(i, _)| *i != killed)
-        .map(|(_, m)| m.url())
+        .map(|(_, m)| m.endpoint())
         .unwrap();
     let c = connect_with(&survivor, long).await.unwrap();
     let lease = take(&c, &name).await;
@@ -416,7 +416,7 @@ async fn negotiated_session_timeout_is_every_lease_ttl() {
         (session_timeout(), session_timeout()),
         (Duration::from_secs(600), Duration::from_secs(60)),
     ] {
-        let backend = connect_with(&store.url(), |c| c.session_timeout(asked))
+        let backend = connect_with(&store.endpoint(), |c| c.session_timeout(asked))
             .await
             .unwrap();
         assert_eq!(backend.session_timeout(), granted, "asked {asked:?}");
@@ -442,8 +442,8 @@ async fn negotiated_session_timeout_is_every_lease_ttl() {
 async fn short_sessions_hold_while_renewed() {
     let store = zookeeper::shared();
     let short = |c: lock_zookeeper::ZooKeeperConfig| c.session_timeout(Duration::from_secs(1));
-    let a = connect_with(&store.url(), short).await.unwrap();
-    let b = connect(store.url()).await.unwrap();
+    let a = connect_with(&store.endpoint(), short).await.unwrap();
+    let b = connect(store.endpoint()).await.unwrap();
     let name = unique("short-session");
     let guard = locker(&a).acquire(&name).await.unwrap();
     let until = Instant::now() + Duration::from_secs(3);

@@ -34,7 +34,8 @@ pub fn tick() -> Duration {
 /// The configuration of a test client of `connect`: the tests' session
 /// timeout and the servers' tick.
 pub fn config(connect: impl Into<String>) -> ZooKeeperConfig {
-    ZooKeeperConfig::new(connect)
+    ZooKeeperConfig::from_url(&connect.into())
+        .expect("a zk:// URL or a connect string")
         .session_timeout(session_timeout())
         .tick_time(tick())
 }
@@ -89,17 +90,17 @@ pub async fn children(client: &lock_zookeeper::zk::Client, path: &str) -> Vec<St
 }
 
 /// Whether this test may launch ZooKeeper servers of its own. Not when
-/// `LOCK_TEST_ZOOKEEPER` names an external server (as in the container CI
+/// `LOCK_TEST_ZOOKEEPER_URL` names an external server (as in the container CI
 /// job, where no ZooKeeper is installed): like the suite's crash cases, the
 /// test then skips, saying so. Otherwise it launches them, and fails loudly
 /// if it cannot.
 pub fn may_launch_servers(test: &str) -> bool {
     // The variable itself, as the launcher reads it: no server is started
     // (and no thread) just to find out.
-    let external = std::env::var("LOCK_TEST_ZOOKEEPER").is_ok_and(|v| !v.trim().is_empty());
+    let external = lock_conformance::kit::env::ZOOKEEPER_URL.is_set();
     if external {
         eprintln!(
-            "SKIP {test}: LOCK_TEST_ZOOKEEPER names an external server; this test launches and kills its own"
+            "SKIP {test}: LOCK_TEST_ZOOKEEPER_URL names an external server; this test launches and kills its own"
         );
     }
     !external
