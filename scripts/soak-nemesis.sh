@@ -8,7 +8,7 @@
 #   scripts/soak-nemesis.sh -n 50 zookeeper  # 50 seeds on ZooKeeper only
 #
 # Replay a failing seed (same fault schedule and operation choices):
-#   LOCK_NEMESIS_SEED=<seed> cargo test -p lock-<backend> --all-features \
+#   LOCK_TEST_NEMESIS_SEED=<seed> cargo test -p lock-<backend> --all-features \
 #     --test conformance -- --exact nemesis_history_is_clean --nocapture
 #
 # LOCK_TEST_TIME_SCALE and the LOCK_TEST_* store variables apply as usual.
@@ -53,7 +53,7 @@ for backend in "${backends[@]}"; do
     for ((i = 1; i <= runs; i++)); do
         seed=$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')
         log="$logs/$backend-$seed.log"
-        if LOCK_NEMESIS_SEED=$seed cargo test -q -p "lock-$backend" --all-features --test conformance \
+        if LOCK_TEST_NEMESIS_SEED=$seed cargo test -q -p "lock-$backend" --all-features --test conformance \
             -- --exact nemesis_history_is_clean --nocapture >"$log" 2>&1; then
             result=PASS
             passed=$((passed + 1))

@@ -393,7 +393,8 @@ fn json_string(text: &str, key: &str) -> Option<String> {
 pub fn snapshot(store: &Store, to: &Path) -> io::Result<()> {
     let mut cmd = etcdctl()?;
     cmd.arg("--endpoints")
-        .arg(store.url())
+        .arg(store.endpoint())
+        .args(["--dial-timeout", "5s", "--command-timeout", "60s"])
         .args(["snapshot", "save"])
         .arg(to);
     run(cmd, "etcdctl snapshot save")
