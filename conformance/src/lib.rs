@@ -39,8 +39,14 @@
 //!
 //! ```ignore
 //! use lock_conformance::stores::redis;
-//! lock_conformance::suite!(redis::factory(|url| async move { MyBackend::connect(&url).await }));
+//! lock_conformance::suite!(
+//!     redis::factory(|url| async move { MyBackend::connect(&url).await }),
+//!     expect_skips = [server_clock_steps_are_judged_on_the_server],
+//! );
 //! ```
+//!
+//! (redis-server cannot run under libfaketime, so the clock-step case
+//! skips there and is listed.)
 //!
 //! `suite!` also generates an ignored `lock_taker_process` test: the
 //! cross-process cases re-run the test binary as that test to get a real,
@@ -59,11 +65,19 @@
 //!   and refused valid writes ([`history`]).
 //! - **bad_input** (T4): invalid names, TTLs and waits are typed errors; odd
 //!   valid names (paths, globs, SQL, unicode, 255 bytes) are distinct locks.
-//! - **processes, faults** (T2.6, T3): a holder process killed or paused
-//!   (the GC pause), the holder partitioned, slowed or reset by a fault proxy,
-//!   the store killed and restarted or paused. They need the `stores`
-//!   feature and a factory that exposes its store (the factories in
-//!   the `stores` module do); otherwise they skip, saying why.
+//! - **labels, hold caps, wake-ups, semaphores, elections, fence floor**:
+//!   labels shown by `inspect` and never deciding ownership,
+//!   `Locker::max_hold`, `watch`/`watch_permits` wake-ups, at most N permit
+//!   holders with per-slot fences, one leader at a time with increasing
+//!   terms, and every grant above a raised fence floor.
+//! - **processes, faults, clock, nemesis** (T2.6, T3): a holder process
+//!   killed or paused (the GC pause), the holder partitioned, slowed or
+//!   reset by a fault proxy, the store killed and restarted or paused, the
+//!   store's clock stepped (checked against the declared `expiry_clock`),
+//!   and a seeded nemesis over many clients' links. They need the `stores`
+//!   feature and a factory that exposes its store (the factories in the
+//!   `stores` module do); otherwise they skip, saying why: list them in
+//!   `expect_skips` (`tests/memory.rs` does, for the reference backend).
 //!
 //! Every case is a plain `async fn(&Ctx) -> CaseResult` in [`cases`]; the
 //! suite's own tests run each one against deliberately broken backends to

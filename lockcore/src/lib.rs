@@ -37,30 +37,48 @@
 //!   acquire, owner-checked renew and release, inspect, forced release,
 //!   change notifications) and [`Capabilities`], what it promises.
 //! - [`Locker`] and [`LockGuard`]: what applications hold. Waiting with
-//!   notifications or jittered [`Backoff`], background renewal, the
-//!   [`lost`](LockGuard::lost) signal, and [`with_lock`](Locker::with_lock).
+//!   notifications or jittered [`Backoff`], background renewal (one renewer
+//!   per locker, batching every due lease into one
+//!   [`renew_many`](LockBackend::renew_many)), the
+//!   [`lost`](LockGuard::lost) signal, [`with_lock`](Locker::with_lock),
+//!   hold caps ([`Locker::max_hold`]) and holder labels ([`HolderLabel`]).
+//! - [`Semaphore`] ([`Locker::semaphore`]): at most N holders, each in a slot
+//!   with its own fences; [`Election`] ([`Locker::election`]): one leader at
+//!   a time, with fenced terms, and [`Observer`]s.
 //! - [`LockError`]: one error type; [`LockError::is_retryable`] says whether to retry.
-//! - [`MemoryBackend`]: the reference backend; [`FencedResource`]: the
-//!   reference fenced resource.
-//! - [`admin`] and [`audit`]: forced release and its audit trail.
+//! - [`MemoryBackend`]: the reference backend; [`FencedResource`] and
+//!   [`FencedSlots`]: the reference fenced resources, whose writes return
+//!   [`Fenced`] like every adapter's fenced write.
+//! - [`admin`] and [`audit`]: forced release, the fence floor after a
+//!   restore, and their audit trail.
+//! - [`metrics`]: the metrics every backend emits (feature `metrics`).
+//! - [`backend`]: what a backend author needs besides [`LockBackend`]
+//!   (requests, validated TTLs, clocks, the wait loop).
 //!
 //! # Guarantees
 //!
 //! Every backend gives, and the `lock-conformance` suite checks:
 //! S1 mutual exclusion (one atomic store operation per acquire), S2
-//! owner-checked release and renew, S3 expiry on the store's clock, S4 renewal
+//! owner-checked release and renew, S3 expiry on the store's clock, never
+//! before the holder's local deadline unless that clock is the store host's
+//! wall clock and steps forward ([`Capabilities::expiry_clock`]), S4 renewal
 //! keeps the fencing token and never resurrects, F1 fencing tokens strictly
 //! increase per name, F2 they keep increasing across store restarts (or
 //! [`Capabilities::fence_durability`] names the assumption), L1 a crashed
-//! holder blocks a name for at most TTL + [`Capabilities::expiry_slack`], C1 a
-//! cancelled acquire leaves nothing behind.
+//! holder blocks a name for at most TTL +
+//! [`Capabilities::slack_for`]`(TTL)`, C1 a cancelled acquire leaves nothing
+//! behind. Between a forced release and the holder's `lost()` (at most
+//! [`Capabilities::eviction_notice`] plus a round trip for a connected
+//! holder), only fencing protects the resource.
 //!
 //! # Implementing a backend
 //!
 //! Implement [`LockBackend`], then run the whole conformance suite against
 //! your store with one line in `tests/`:
-//! `lock_conformance::suite!(lock_conformance::shared(MyBackend::new()));`
-//! (or any factory that hands out independent clients).
+//! `lock_conformance::suite!(lock_conformance::shared(MyBackend::new()), expect_skips = [..]);`
+//! (or any factory that hands out independent clients). `expect_skips`
+//! lists the cases your backend cannot run; any other skip fails its test,
+//! and so does a listed case that passes.
 
 #![warn(
     missing_docs,
