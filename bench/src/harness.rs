@@ -11,7 +11,9 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use lockcore::backend::{LockRequest, WaitPolicy, async_trait};
-use lockcore::{Lease, LockBackend, LockError, LockGuard, LockName, Locker};
+use lockcore::{
+    Election, HolderLabel, Lease, LockBackend, LockError, LockGuard, LockName, Locker, Semaphore,
+};
 use tokio::time::Instant;
 
 use crate::Settings;
@@ -221,6 +223,85 @@ impl Client for User {
         let guard = held.downcast::<LockGuard>().expect("a guard");
         guard.release().await.expect("LockGuard::release");
     }
+}
+
+/// A semaphore through `Locker::semaphore`: `Semaphore::acquire` /
+/// `try_acquire`, then `LockGuard::release`, like the lock rows.
+pub struct Permits {
+    semaphore: Semaphore,
+    ask: Ask,
+}
+
+impl Permits {
+    pub fn shared(locker: Locker, name: &str, permits: u32, ask: Ask) -> Shared {
+        let semaphore = locker.semaphore(name, permits).expect("a valid semaphore");
+        Arc::new(Permits { semaphore, ask })
+    }
+}
+
+#[async_trait]
+impl Client for Permits {
+    async fn acquire(&self, deadline: Instant) -> Option<Held> {
+        let guard = match self.ask {
+            Ask::Try => Some(
+                self.semaphore
+                    .try_acquire()
+                    .await
+                    .expect("Semaphore::try_acquire")
+                    .expect("an uncontended permit must be free"),
+            ),
+            Ask::Wait => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                match self.semaphore.acquire_timeout(wait).await {
+                    Ok(guard) => Some(guard),
+                    Err(LockError::Timeout { .. }) => None,
+                    Err(e) => panic!("Semaphore::acquire: {e}"),
+                }
+            }
+        };
+        guard.map(|g| Box::new(g) as Held)
+    }
+
+    async fn release(&self, held: Held) {
+        let guard = held.downcast::<LockGuard>().expect("a guard");
+        guard.release().await.expect("LockGuard::release");
+    }
+}
+
+/// Leader hand-overs between two candidates (each its own `Locker` on its
+/// own backend instance, like two processes) for `run`, at least one: the
+/// other candidate campaigns, waits `settle` (long enough to be in line),
+/// and the leader resigns. Each sample is from the start of `resign()` to
+/// the waiting candidate's `campaign` returning; the new leader is the next
+/// round's leader.
+pub async fn leader_handovers(candidates: [Election; 2], settle: Duration, run: Duration) -> Stats {
+    let labels =
+        ["bench-leader-0", "bench-leader-1"].map(|l| HolderLabel::new(l).expect("a valid label"));
+    let mut leader = candidates[0]
+        .campaign(labels[0].clone())
+        .await
+        .expect("Election::campaign");
+    let mut current = 0;
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while samples.is_empty() || started.elapsed() < run {
+        let next = 1 - current;
+        let (election, label) = (candidates[next].clone(), labels[next].clone());
+        let waiting = tokio::spawn(async move {
+            let leadership = election.campaign(label).await;
+            (leadership, Instant::now())
+        });
+        tokio::time::sleep(settle).await;
+        let resigned = Instant::now();
+        leader.resign().await.expect("Leadership::resign");
+        let (leadership, led) = waiting.await.expect("the campaign task");
+        samples.push(led - resigned);
+        leader = leadership.expect("Election::campaign");
+        current = next;
+    }
+    let elapsed = started.elapsed();
+    leader.resign().await.expect("Leadership::resign");
+    Stats { elapsed, samples }
 }
 
 /// One uncontended cycle of `client`: acquire (it must be free) and release.

@@ -1,15 +1,17 @@
 //! The rows every backend gets, measured the same way: uncontended cycles
 //! through the trait and through `Locker` next to the store's floor and the
-//! peers (all taking turns in slices), then N-way contention the same way,
-//! and where each stands against its targets.
+//! peers (all taking turns in slices), a semaphore's permits through
+//! `Locker`, then N-way contention the same way and leader hand-overs next
+//! to it, and where each stands against its targets.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockcore::LockBackend;
 
 use crate::Settings;
-use crate::harness::{self, Ask, Op, Raw, Shared, Stats, User, cycle, ms};
-use crate::report::{Kind, Report, Row, Verdict};
+use crate::harness::{self, Ask, Op, Permits, Raw, Shared, Stats, User, cycle, ms};
+use crate::report::{Kind, Report, Row, Verdict, duration};
 
 /// What one backend brings to the common measurements.
 pub struct Lineup {
@@ -33,6 +35,9 @@ pub struct Lineup {
     pub floor_target: Option<f64>,
 }
 
+/// Permits of the semaphore in the permit rows.
+const PERMITS: u32 = 4;
+
 /// Measures the lineup; rows and verdicts go into the report.
 pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     let mut report = Report::default();
@@ -41,6 +46,8 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     let name = format!("bench/{}", b.replace([' ', ','], "-"));
     let backend = lineup.backend_instance.clone();
     let notifies = backend.capabilities().notifications;
+    let semaphores = backend.capabilities().semaphores;
+    let permits_label = format!("uncontended permit acquire + release ({PERMITS} permits)");
 
     let rtt_p50 = lineup.round_trip.as_ref().and_then(|(_, s)| s.p50());
     let rtt_label = lineup
@@ -73,6 +80,15 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         &name,
         Ask::Wait,
     )));
+    if semaphores {
+        labels.push((Kind::Locker, permits_label.clone()));
+        ops.push(cycle(Permits::shared(
+            harness::locker(backend.clone(), ttl),
+            &format!("{name}-permits"),
+            PERMITS,
+            Ask::Wait,
+        )));
+    }
     for (label, op) in lineup.peers {
         labels.push((Kind::Peer, format!("uncontended {label}")));
         ops.push(op);
@@ -87,7 +103,17 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         } else if i == 0 && has_floor {
             row = row.note("interleaved with the rows below");
         }
+        if semaphores && i == first_own + 3 {
+            let ratio = s.per_sec() / stats[first_own + 2].per_sec();
+            row = row.note(format!("{ratio:.2}x the Locker lock cycle"));
+        }
         report.row(row);
+        if !semaphores && i == first_own + 2 {
+            report.row(
+                Row::unsupported(b, Kind::Locker, permits_label.clone())
+                    .note("the backend has no semaphores"),
+            );
+        }
     }
     let locker_wait = &stats[first_own + 2];
     let locker_try = &stats[first_own + 1];
@@ -133,6 +159,17 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     }
     let clients: Vec<Vec<Shared>> = kinds.iter().map(|(_, _, c)| c.clone()).collect();
     let results = harness::contended_interleaved(&clients, settings).await;
+    // Leader hand-overs between two of the contenders. The waiting candidate
+    // gets a few lock cycles' time to be in line before the leader resigns.
+    let settle = (locker_wait.percentile(0.99).unwrap_or_default() * 4)
+        .clamp(Duration::from_millis(2), Duration::from_millis(200));
+    let election = format!("{name}-leader");
+    let candidates = [0, 1].map(|i| {
+        harness::locker(lineup.contenders[i].clone(), ttl)
+            .election(election.as_str())
+            .expect("a valid election name")
+    });
+    let handovers = harness::leader_handovers(candidates, settle, settings.run).await;
     let vs_rtt = |p99| {
         if rtt_p50.is_some() {
             format!("p99 = {:.1}x the round trip p50", ms(p99) / ms(rtt_p50))
@@ -140,10 +177,26 @@ pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
             String::new()
         }
     };
-    for ((kind, label, _), c) in kinds.iter().zip(&results) {
+    for (i, ((kind, label, _), c)) in kinds.iter().zip(&results).enumerate() {
         let row = Row::contended(b, *kind, label.clone(), c);
         let p99 = row.p99;
         report.row(row.note(vs_rtt(p99)));
+        if i == 1 {
+            let mut row = Row::new(
+                b,
+                Kind::Locker,
+                "leader hand-over (resign → campaign)",
+                &handovers,
+            );
+            // Each hand-over waits for its candidate to be in line: no rate.
+            row.per_sec = f64::NAN;
+            let p50 = ms(row.p50) / ms(c.handoffs.p50());
+            report.row(row.note(format!(
+                "{} hand-overs, the candidate in line {} before; p50 = {p50:.1}x the lock hand-off p50",
+                handovers.samples.len(),
+                duration(Some(settle))
+            )));
+        }
     }
     let ours = &results[1];
     let best_peer = kinds

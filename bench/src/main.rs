@@ -3,8 +3,9 @@
 //! For every backend built in, in one run against the same stores: the
 //! store's round trip and its floor (the same round trips with the same
 //! durability, no lock logic), lock cycles through the trait and through
-//! `Locker` (what applications call), peers (another library's lock on the
-//! same store), N-way contention with hand-off times and fairness, and two
+//! `Locker` (what applications call), a semaphore's permits through
+//! `Locker`, peers (another library's lock on the same store), N-way
+//! contention with hand-off times and fairness, leader hand-overs, and two
 //! scale scenarios (many held locks renewed by one `Locker`; many waiters on
 //! one name). Prints a Markdown report with the machine and the stores, and
 //! where each backend stands against its targets.

@@ -46,6 +46,9 @@ pub struct Row {
     pub p50: Option<Duration>,
     pub p99: Option<Duration>,
     pub note: String,
+    /// The backend cannot do what the row measures (no number, no sample
+    /// expected).
+    pub unsupported: bool,
 }
 
 impl Row {
@@ -59,6 +62,15 @@ impl Row {
             p50: stats.p50(),
             p99: stats.percentile(0.99),
             note: String::new(),
+            unsupported: false,
+        }
+    }
+
+    /// A row the backend cannot run: "unsupported" instead of numbers.
+    pub fn unsupported(backend: &str, kind: Kind, what: impl Into<String>) -> Self {
+        Row {
+            unsupported: true,
+            ..Row::new(backend, kind, what, &Stats::default())
         }
     }
 
@@ -73,6 +85,7 @@ impl Row {
             p50: c.handoffs.p50(),
             p99: c.handoffs.percentile(0.99),
             note: c.fairness(),
+            unsupported: false,
         }
     }
 
@@ -183,7 +196,7 @@ impl Report {
     pub fn incomplete(&self) -> Vec<String> {
         let mut missing = self.failures.clone();
         for r in &self.rows {
-            if r.ops == 0 {
+            if r.ops == 0 && !r.unsupported {
                 missing.push(format!("{} / {}: no sample", r.backend, r.what));
             }
         }
@@ -237,20 +250,29 @@ impl Report {
             "\n### Lock cycles and hand-off\n\n\
              Uncontended rows: acquire + release cycles/s and cycle latency. \
              Contended rows: acquisitions/s, and hand-off latency (a holder \
-             starts its release → the next holder has the grant).\n"
+             starts its release → the next holder has the grant). Permit \
+             rows: a semaphore's acquire + release cycles, uncontended. \
+             Leader hand-over: the leader's `resign()` → the waiting \
+             candidate's `campaign` returns (no rate: each waits for its \
+             candidate to be in line).\n"
         );
         let _ = writeln!(
             md,
             "| backend | kind | measurement | ops/s | p50 | p99 | notes |\n|---|---|---|--:|--:|--:|---|"
         );
         for r in &self.rows {
+            let per_sec = if r.unsupported {
+                "unsupported".into()
+            } else {
+                thousands(r.per_sec)
+            };
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} |",
                 r.backend,
                 r.kind.label(),
                 r.what,
-                thousands(r.per_sec),
+                per_sec,
                 duration(r.p50),
                 duration(r.p99),
                 r.note
@@ -367,5 +389,37 @@ pub fn bytes(b: Option<u64>) -> String {
     match b {
         None => "n/a".into(),
         Some(b) => format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unsupported_row_says_so_and_is_not_missing() {
+        let mut report = Report::default();
+        report.row(Row::unsupported("old-store", Kind::Locker, "permits"));
+        assert!(report.incomplete().is_empty());
+        report.row(Row::new(
+            "old-store",
+            Kind::Locker,
+            "locks",
+            &Stats::default(),
+        ));
+        assert_eq!(report.incomplete().len(), 1);
+        let run = RunInfo {
+            command: String::new(),
+            date: String::new(),
+            machine: String::new(),
+            settings: String::new(),
+            load_start: String::new(),
+            load_end: String::new(),
+        };
+        let md = report.markdown(&run);
+        assert!(
+            md.contains("| old-store | **Locker** | permits | unsupported | - | - |"),
+            "{md}"
+        );
     }
 }

@@ -58,7 +58,10 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
     );
 
     // A waiter already in line when the floor is raised.
-    let (holder, waiter) = (connect(&store.endpoint()).await, connect(&store.endpoint()).await);
+    let (holder, waiter) = (
+        connect(&store.endpoint()).await,
+        connect(&store.endpoint()).await,
+    );
     let queued = name("queued");
     let held = acquire(&holder, &queued, TTL).await;
     let waiting = {
