@@ -1,11 +1,4 @@
 #![doc = include_str!("../README.md")]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-
 mod backend;
 mod client;
 mod clock;
