@@ -33,7 +33,7 @@ type BoxError = Box<dyn Error + Send + Sync>;
 
 /// What the run showed; [`run`] returns it only if the story held.
 #[derive(Debug)]
-pub struct Story {
+pub(crate) struct Story {
     /// The first leader's term.
     pub frozen_term: FencingToken,
     /// The leader that took over while the first one was frozen.
@@ -235,7 +235,7 @@ fn outcome(write: &Result<(), StaleToken>) -> String {
 }
 
 /// Runs the story and returns it, or an error saying what did not hold.
-pub async fn run() -> Result<Story, BoxError> {
+pub(crate) async fn run() -> Result<Story, BoxError> {
     let store = MemoryBackend::new();
     // A frozen leader's lease is gone after its TTL plus the store's expiry
     // slack; everything else here takes milliseconds. Waiting much longer
@@ -405,5 +405,17 @@ pub async fn run() -> Result<Story, BoxError> {
 #[tokio::main]
 #[allow(dead_code)] // the test includes this file for `run`
 async fn main() -> Result<(), BoxError> {
-    run().await.map(drop)
+    let story = run().await?;
+    println!(
+        "terms: {} (frozen), {} ({}), {} ({}); refused: {}; {:?}; {} lines told",
+        story.frozen_term,
+        story.successor_term,
+        story.successor,
+        story.last_term,
+        story.last,
+        story.refusal,
+        story.frozen_loss,
+        story.narrative.len()
+    );
+    Ok(())
 }

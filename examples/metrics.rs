@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// The running service: where it serves `/metrics`, and its workload.
-pub struct Service {
+pub(crate) struct Service {
     /// The bound address (port 0 picks a free one).
     pub addr: SocketAddr,
     /// Completes when the workers are done.
@@ -31,7 +31,7 @@ pub struct Service {
 
 /// Installs the Prometheus recorder (once per process), serves `/metrics` on
 /// `addr`, and runs the contending workers for `run_for` in the background.
-pub async fn start(addr: SocketAddr, run_for: Duration) -> std::io::Result<Service> {
+pub(crate) async fn start(addr: SocketAddr, run_for: Duration) -> std::io::Result<Service> {
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .map_err(std::io::Error::other)?;

@@ -72,7 +72,7 @@ async fn connect(url: &str) -> Arc<dyn LockBackend> {
     )
 }
 
-pub async fn run(settings: Settings) -> Report {
+pub(crate) async fn run(settings: Settings) -> Report {
     let store = lock_conformance::stores::etcd::shared();
     let url = store.endpoint();
     let raw = etcd_client::Client::connect([url.as_str()], None)

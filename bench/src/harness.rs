@@ -20,17 +20,17 @@ use crate::Settings;
 
 /// Completed operations and their latencies over a run.
 #[derive(Debug, Default, Clone)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub elapsed: Duration,
     pub samples: Vec<Duration>,
 }
 
 impl Stats {
-    pub fn per_sec(&self) -> f64 {
+    pub(crate) fn per_sec(&self) -> f64 {
         self.samples.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    pub fn percentile(&self, q: f64) -> Option<Duration> {
+    pub(crate) fn percentile(&self, q: f64) -> Option<Duration> {
         if self.samples.is_empty() {
             return None;
         }
@@ -40,21 +40,21 @@ impl Stats {
         Some(sorted[at])
     }
 
-    pub fn p50(&self) -> Option<Duration> {
+    pub(crate) fn p50(&self) -> Option<Duration> {
         self.percentile(0.50)
     }
 
-    pub fn merge(&mut self, part: Stats) {
+    pub(crate) fn merge(&mut self, part: Stats) {
         self.elapsed += part.elapsed;
         self.samples.extend(part.samples);
     }
 }
 
 /// One measured operation (a floor's round trips, a lock cycle...).
-pub type Op = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+pub(crate) type Op = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// An [`Op`] from a closure that makes the operation's future.
-pub fn op<F, Fut>(f: F) -> Op
+pub(crate) fn op<F, Fut>(f: F) -> Op
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -63,7 +63,7 @@ where
 }
 
 /// Runs `op` back to back for `run` (after `warmup`), timing each call.
-pub async fn timed(op: &Op, warmup: Duration, run: Duration) -> Stats {
+pub(crate) async fn timed(op: &Op, warmup: Duration, run: Duration) -> Stats {
     let warm_until = Instant::now() + warmup;
     while Instant::now() < warm_until {
         op().await;
@@ -85,7 +85,7 @@ pub async fn timed(op: &Op, warmup: Duration, run: Duration) -> Stats {
 /// Every op for `settings.run` in total, taking turns in slices (the order
 /// flipped every round), so load from other processes drifting during the
 /// run hits all of them alike: their ratios are what the table compares.
-pub async fn interleaved(ops: &[Op], settings: &Settings) -> Vec<Stats> {
+pub(crate) async fn interleaved(ops: &[Op], settings: &Settings) -> Vec<Stats> {
     let slices = settings.slices.max(1);
     let slice = settings.run / slices;
     let warmup = settings.warmup / ops.len().max(1) as u32;
@@ -107,35 +107,40 @@ pub async fn interleaved(ops: &[Op], settings: &Settings) -> Vec<Stats> {
 }
 
 /// Whatever a client holds between acquire and release.
-pub type Held = Box<dyn Any + Send>;
+pub(crate) type Held = Box<dyn Any + Send>;
 
 /// One lock client: the trait, a `Locker`, or a peer library.
 #[async_trait]
-pub trait Client: Send + Sync {
+pub(crate) trait Client: Send + Sync {
     /// Takes the lock, waiting until `deadline` at most (`None`: not by then).
     async fn acquire(&self, deadline: Instant) -> Option<Held>;
     async fn release(&self, held: Held);
 }
 
 /// A shared client.
-pub type Shared = Arc<dyn Client>;
+pub(crate) type Shared = Arc<dyn Client>;
 
 /// How a client asks: one attempt (the lock must be free), or waiting.
 #[derive(Debug, Clone, Copy)]
-pub enum Ask {
+pub(crate) enum Ask {
     Try,
     Wait,
 }
 
 /// `LockBackend` called directly: no guard, no renewer, no tracing span.
-pub struct Raw {
+pub(crate) struct Raw {
     backend: Arc<dyn LockBackend>,
     request: LockRequest,
     ask: Ask,
 }
 
 impl Raw {
-    pub fn shared(backend: Arc<dyn LockBackend>, name: &str, ttl: Duration, ask: Ask) -> Shared {
+    pub(crate) fn shared(
+        backend: Arc<dyn LockBackend>,
+        name: &str,
+        ttl: Duration,
+        ask: Ask,
+    ) -> Shared {
         let ttl = backend
             .capabilities()
             .effective_ttl(ttl)
@@ -178,21 +183,21 @@ impl Client for Raw {
 
 /// What applications call: `Locker::acquire` / `try_acquire`, then
 /// `LockGuard::release` (the renewer keeps each guard meanwhile).
-pub struct User {
+pub(crate) struct User {
     locker: Locker,
     name: LockName,
     ask: Ask,
 }
 
 impl User {
-    pub fn shared(locker: Locker, name: &str, ask: Ask) -> Shared {
+    pub(crate) fn shared(locker: Locker, name: &str, ask: Ask) -> Shared {
         let name = LockName::new(name).expect("a valid name");
         Arc::new(User { locker, name, ask })
     }
 }
 
 /// The `Locker` every row and scenario uses: defaults, but the bench's TTL.
-pub fn locker(backend: Arc<dyn LockBackend>, ttl: Duration) -> Locker {
+pub(crate) fn locker(backend: Arc<dyn LockBackend>, ttl: Duration) -> Locker {
     Locker::from_arc(backend).ttl(ttl)
 }
 
@@ -227,13 +232,13 @@ impl Client for User {
 
 /// A semaphore through `Locker::semaphore`: `Semaphore::acquire` /
 /// `try_acquire`, then `LockGuard::release`, like the lock rows.
-pub struct Permits {
+pub(crate) struct Permits {
     semaphore: Semaphore,
     ask: Ask,
 }
 
 impl Permits {
-    pub fn shared(locker: Locker, name: &str, permits: u32, ask: Ask) -> Shared {
+    pub(crate) fn shared(locker: Locker, name: &str, permits: u32, ask: Ask) -> Shared {
         let semaphore = locker.semaphore(name, permits).expect("a valid semaphore");
         Arc::new(Permits { semaphore, ask })
     }
@@ -274,7 +279,11 @@ impl Client for Permits {
 /// and the leader resigns. Each sample is from the start of `resign()` to
 /// the waiting candidate's `campaign` returning; the new leader is the next
 /// round's leader.
-pub async fn leader_handovers(candidates: [Election; 2], settle: Duration, run: Duration) -> Stats {
+pub(crate) async fn leader_handovers(
+    candidates: [Election; 2],
+    settle: Duration,
+    run: Duration,
+) -> Stats {
     let labels =
         ["bench-leader-0", "bench-leader-1"].map(|l| HolderLabel::new(l).expect("a valid label"));
     let mut leader = candidates[0]
@@ -305,7 +314,7 @@ pub async fn leader_handovers(candidates: [Election; 2], settle: Duration, run: 
 }
 
 /// One uncontended cycle of `client`: acquire (it must be free) and release.
-pub fn cycle(client: Shared) -> Op {
+pub(crate) fn cycle(client: Shared) -> Op {
     op(move || {
         let client = client.clone();
         async move {
@@ -321,7 +330,7 @@ pub fn cycle(client: Shared) -> Op {
 
 /// What a contended run measured.
 #[derive(Debug, Default, Clone)]
-pub struct Contended {
+pub(crate) struct Contended {
     /// Hand-off times: from the previous holder starting its release to
     /// the next holder having the grant.
     pub handoffs: Stats,
@@ -332,17 +341,17 @@ pub struct Contended {
 }
 
 impl Contended {
-    pub fn grants(&self) -> usize {
+    pub(crate) fn grants(&self) -> usize {
         self.per_client.iter().sum()
     }
 
-    pub fn per_sec(&self) -> f64 {
+    pub(crate) fn per_sec(&self) -> f64 {
         self.grants() as f64 / self.handoffs.elapsed.as_secs_f64().max(1e-9)
     }
 
     /// Share of grants that went straight back to the client that had just
     /// released: 0 in a strict FIFO line of N > 1, 1/N at random.
-    pub fn regrant_share(&self) -> f64 {
+    pub(crate) fn regrant_share(&self) -> f64 {
         self.regrants as f64 / self.grants().max(1) as f64
     }
 
@@ -357,7 +366,7 @@ impl Contended {
     }
 
     /// "re-grants 3%, per client 40..61".
-    pub fn fairness(&self) -> String {
+    pub(crate) fn fairness(&self) -> String {
         let min = self.per_client.iter().min().copied().unwrap_or(0);
         let max = self.per_client.iter().max().copied().unwrap_or(0);
         format!(
@@ -371,7 +380,7 @@ impl Contended {
 const DRAIN: Duration = Duration::from_secs(10);
 
 /// `clients` loop acquire (waiting) / release on one name for `run`.
-pub async fn contended(clients: &[Shared], run: Duration) -> Contended {
+pub(crate) async fn contended(clients: &[Shared], run: Duration) -> Contended {
     struct Line {
         released_at: Option<Instant>,
         last: Option<usize>,
@@ -426,7 +435,10 @@ pub async fn contended(clients: &[Shared], run: Duration) -> Contended {
 
 /// Each kind's clients contend in turn, in slices, for `settings.run` in
 /// total each, after a warm-up: the kinds see the same machine load.
-pub async fn contended_interleaved(kinds: &[Vec<Shared>], settings: &Settings) -> Vec<Contended> {
+pub(crate) async fn contended_interleaved(
+    kinds: &[Vec<Shared>],
+    settings: &Settings,
+) -> Vec<Contended> {
     let slices = settings.slices.max(1);
     let warmup = settings.warmup / kinds.len().max(1) as u32;
     if !warmup.is_zero() {
@@ -449,6 +461,6 @@ pub async fn contended_interleaved(kinds: &[Vec<Shared>], settings: &Settings) -
 }
 
 /// Milliseconds, for ratios.
-pub fn ms(d: Option<Duration>) -> f64 {
+pub(crate) fn ms(d: Option<Duration>) -> f64 {
     d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }

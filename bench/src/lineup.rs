@@ -14,7 +14,7 @@ use crate::harness::{self, Ask, Op, Permits, Raw, Shared, Stats, User, cycle, ms
 use crate::report::{Kind, Report, Row, Verdict, duration};
 
 /// What one backend brings to the common measurements.
-pub struct Lineup {
+pub(crate) struct Lineup {
     /// The row label, e.g. "redis" or "redis, no persistence".
     pub backend: String,
     /// The store's own round trip, already measured, and what it was.
@@ -39,7 +39,7 @@ pub struct Lineup {
 const PERMITS: u32 = 4;
 
 /// Measures the lineup; rows and verdicts go into the report.
-pub async fn measure(lineup: Lineup, settings: &Settings) -> Report {
+pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     let mut report = Report::default();
     let b = lineup.backend.as_str();
     let ttl = settings.ttl;

@@ -88,6 +88,7 @@ struct Cli {
 /// Run lengths and sizes.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Tiny sizes, every row once (`--smoke`).
     pub smoke: bool,
     /// Warm-up before a comparison, split among its kinds.
     pub warmup: Duration,
@@ -95,15 +96,21 @@ pub struct Settings {
     pub run: Duration,
     /// Turns the kinds of a comparison take.
     pub slices: u32,
+    /// Clients contending in the contention rows.
     pub contenders: usize,
     /// Lease TTL of the cycle and contention rows.
     pub ttl: Duration,
+    /// Locks held in the renewal scenario.
     pub held: usize,
+    /// Their TTL.
     pub renew_ttl: Duration,
+    /// How long the renewal scenario measures.
     pub renew_window: Duration,
+    /// Waiters on one name in the waiters scenario.
     pub waiters: usize,
     /// How long each waiter holds the lock.
     pub hold: Duration,
+    /// Hard deadline of each scenario phase.
     pub deadline: Duration,
 }
 

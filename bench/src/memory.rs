@@ -13,7 +13,7 @@ use crate::scale::{self, InProcess, Pool};
 
 const BACKEND: &str = "memory";
 
-pub async fn run(settings: Settings) -> Report {
+pub(crate) async fn run(settings: Settings) -> Report {
     // Clones share one store: each contender is a client of it.
     let store = MemoryBackend::new();
     let instance = || Arc::new(store.clone()) as Arc<dyn LockBackend>;

@@ -24,7 +24,7 @@ use crate::scale::{self, Pool, Probe};
 
 const BACKEND: &str = "postgres";
 
-pub async fn run(settings: Settings) -> Report {
+pub(crate) async fn run(settings: Settings) -> Report {
     use lock_conformance::stores::postgres as stores;
     let store = stores::shared();
     let url = store.url();

@@ -21,7 +21,7 @@ use crate::lineup::{self, Lineup};
 use crate::report::{Report, Verdict};
 use crate::scale::{self, Pool, Probe};
 
-pub async fn run(settings: Settings) -> Report {
+pub(crate) async fn run(settings: Settings) -> Report {
     use lock_conformance::stores::redis::{self as stores, Options, Persistence};
     let store = stores::shared();
     let own = !store.is_external();

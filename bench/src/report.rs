@@ -9,7 +9,7 @@ use crate::sys;
 
 /// What a row measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// One request to the store and its reply.
     RoundTrip,
     /// The store's own floor for the operation: the same round trips and
@@ -37,7 +37,7 @@ impl Kind {
 
 /// One line of the main table.
 #[derive(Debug, Clone)]
-pub struct Row {
+pub(crate) struct Row {
     pub backend: String,
     pub kind: Kind,
     pub what: String,
@@ -52,7 +52,7 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(backend: &str, kind: Kind, what: impl Into<String>, stats: &Stats) -> Self {
+    pub(crate) fn new(backend: &str, kind: Kind, what: impl Into<String>, stats: &Stats) -> Self {
         Row {
             backend: backend.to_string(),
             kind,
@@ -67,7 +67,7 @@ impl Row {
     }
 
     /// A row the backend cannot run: "unsupported" instead of numbers.
-    pub fn unsupported(backend: &str, kind: Kind, what: impl Into<String>) -> Self {
+    pub(crate) fn unsupported(backend: &str, kind: Kind, what: impl Into<String>) -> Self {
         Row {
             unsupported: true,
             ..Row::new(backend, kind, what, &Stats::default())
@@ -75,7 +75,12 @@ impl Row {
     }
 
     /// A contended row: acquisitions/s, hand-off p50/p99, fairness.
-    pub fn contended(backend: &str, kind: Kind, what: impl Into<String>, c: &Contended) -> Self {
+    pub(crate) fn contended(
+        backend: &str,
+        kind: Kind,
+        what: impl Into<String>,
+        c: &Contended,
+    ) -> Self {
         Row {
             backend: backend.to_string(),
             kind,
@@ -89,7 +94,7 @@ impl Row {
         }
     }
 
-    pub fn note(mut self, note: impl AsRef<str>) -> Self {
+    pub(crate) fn note(mut self, note: impl AsRef<str>) -> Self {
         let note = note.as_ref();
         if !note.is_empty() {
             if !self.note.is_empty() {
@@ -103,7 +108,7 @@ impl Row {
 
 /// One line of the scale table.
 #[derive(Debug, Clone, Default)]
-pub struct ScaleRow {
+pub(crate) struct ScaleRow {
     pub backend: String,
     pub scenario: String,
     /// Something happened (a lock held, a waiter served): the smoke check.
@@ -118,7 +123,7 @@ pub struct ScaleRow {
 
 /// One target and where a backend stands.
 #[derive(Debug, Clone)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub backend: String,
     pub target: String,
     pub measured: String,
@@ -127,7 +132,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    pub fn new(
+    pub(crate) fn new(
         backend: &str,
         target: impl Into<String>,
         measured: impl Into<String>,
@@ -144,7 +149,7 @@ impl Verdict {
 
 /// A store's version and durability settings, as read from it.
 #[derive(Debug, Clone)]
-pub struct StoreInfo {
+pub(crate) struct StoreInfo {
     pub backend: String,
     pub version: String,
     pub settings: String,
@@ -152,7 +157,7 @@ pub struct StoreInfo {
 
 /// Everything one backend (or the whole run) measured.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     pub rows: Vec<Row>,
     pub scale: Vec<ScaleRow>,
     pub verdicts: Vec<Verdict>,
@@ -162,15 +167,15 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn row(&mut self, row: Row) {
+    pub(crate) fn row(&mut self, row: Row) {
         self.rows.push(row);
     }
 
-    pub fn verdict(&mut self, v: Verdict) {
+    pub(crate) fn verdict(&mut self, v: Verdict) {
         self.verdicts.push(v);
     }
 
-    pub fn store(
+    pub(crate) fn store(
         &mut self,
         backend: &str,
         version: impl Into<String>,
@@ -183,7 +188,7 @@ impl Report {
         });
     }
 
-    pub fn extend(&mut self, other: Report) {
+    pub(crate) fn extend(&mut self, other: Report) {
         self.rows.extend(other.rows);
         self.scale.extend(other.scale);
         self.verdicts.extend(other.verdicts);
@@ -193,7 +198,7 @@ impl Report {
 
     /// What a smoke run checks: every section finished, every row has at
     /// least one sample, every scenario did something.
-    pub fn incomplete(&self) -> Vec<String> {
+    pub(crate) fn incomplete(&self) -> Vec<String> {
         let mut missing = self.failures.clone();
         for r in &self.rows {
             if r.ops == 0 && !r.unsupported {
@@ -209,13 +214,13 @@ impl Report {
     }
 
     /// The whole document.
-    pub fn markdown(&self, run: &RunInfo) -> String {
+    pub(crate) fn markdown(&self, run: &RunInfo) -> String {
         self.render(run, true)
     }
 
     /// The run, the stores, the scale scenarios and the targets: what the
     /// README shows (every row is in the whole document).
-    pub fn summary(&self, run: &RunInfo) -> String {
+    pub(crate) fn summary(&self, run: &RunInfo) -> String {
         self.render(run, false)
     }
 
@@ -332,7 +337,7 @@ impl Report {
 
 /// The run and the machine it ran on.
 #[derive(Debug, Clone)]
-pub struct RunInfo {
+pub(crate) struct RunInfo {
     pub command: String,
     pub date: String,
     pub machine: String,
@@ -342,7 +347,7 @@ pub struct RunInfo {
 }
 
 impl RunInfo {
-    pub fn start(command: String, settings: String) -> Self {
+    pub(crate) fn start(command: String, settings: String) -> Self {
         RunInfo {
             command,
             date: sys::date_utc(),
@@ -355,7 +360,7 @@ impl RunInfo {
 }
 
 /// "12,345", "0.52" for small rates.
-pub fn thousands(x: f64) -> String {
+pub(crate) fn thousands(x: f64) -> String {
     if !x.is_finite() {
         return "-".into();
     }
@@ -375,7 +380,7 @@ pub fn thousands(x: f64) -> String {
 }
 
 /// "0.412 ms", "12 µs", "1.20 s".
-pub fn duration(d: Option<Duration>) -> String {
+pub(crate) fn duration(d: Option<Duration>) -> String {
     match d {
         None => "-".into(),
         Some(d) if d < Duration::from_micros(100) => format!("{} µs", d.as_micros()),
@@ -385,7 +390,7 @@ pub fn duration(d: Option<Duration>) -> String {
 }
 
 /// "1.2 MiB".
-pub fn bytes(b: Option<u64>) -> String {
+pub(crate) fn bytes(b: Option<u64>) -> String {
     match b {
         None => "n/a".into(),
         Some(b) => format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),

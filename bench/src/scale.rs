@@ -23,7 +23,7 @@ use crate::sys;
 
 /// What the store can tell about itself.
 #[async_trait]
-pub trait Probe: Send + Sync {
+pub(crate) trait Probe: Send + Sync {
     /// What [`requests`](Self::requests) counts, e.g. "commands (INFO commandstats)".
     fn unit(&self) -> &'static str {
         "n/a"
@@ -43,23 +43,23 @@ pub trait Probe: Send + Sync {
 }
 
 /// No server: the store lives in this process.
-pub struct InProcess;
+pub(crate) struct InProcess;
 
 impl Probe for InProcess {}
 
 /// The connections one backend instance is configured to use.
 #[derive(Debug, Clone)]
-pub struct Pool {
+pub(crate) struct Pool {
     pub size: u64,
     pub what: String,
 }
 
 /// How a scenario connects its own backend instance (after the probe has
 /// counted the server's connections without it).
-pub type Connect = BoxFuture<'static, Arc<dyn LockBackend>>;
+pub(crate) type Connect = BoxFuture<'static, Arc<dyn LockBackend>>;
 
 /// Both scenarios for one backend.
-pub async fn run(
+pub(crate) async fn run(
     backend: &str,
     connect: impl Fn() -> Connect,
     probe: &dyn Probe,
@@ -519,7 +519,7 @@ fn harness_count(n: usize) -> String {
 
 /// A backend that counts the renewer's batches, and forwards everything.
 #[derive(Debug)]
-pub struct Counting {
+pub(crate) struct Counting {
     inner: Arc<dyn LockBackend>,
     /// `renew_many` calls: the renewer's ticks that renewed something.
     batches: AtomicU64,
@@ -528,7 +528,7 @@ pub struct Counting {
 }
 
 impl Counting {
-    pub fn new(inner: Arc<dyn LockBackend>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn LockBackend>) -> Self {
         Counting {
             inner,
             batches: AtomicU64::new(0),

@@ -21,7 +21,7 @@ use crate::scale::{self, Pool, Probe};
 
 const BACKEND: &str = "sqlite";
 
-pub async fn run(settings: Settings) -> Report {
+pub(crate) async fn run(settings: Settings) -> Report {
     let dir = tempfile::tempdir().expect("a temp dir");
     let db = dir.path().join("locks.db");
     let url = format!("sqlite://{}", db.display());

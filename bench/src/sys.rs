@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// CPU time (user + system) this process has used.
-pub fn own_cpu() -> Duration {
+pub(crate) fn own_cpu() -> Duration {
     // SAFETY: getrusage only writes the struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
@@ -35,7 +35,7 @@ fn ticks(n: u64) -> Duration {
 
 /// CPU time of the server `pid` and its children, living and reaped (a
 /// PostgreSQL postmaster's backends are its children): what the store spent.
-pub fn tree_cpu(pid: u32) -> Option<Duration> {
+pub(crate) fn tree_cpu(pid: u32) -> Option<Duration> {
     let all = |f: &[u64]| f.get(11..15).map_or(0, |t| t.iter().sum::<u64>());
     let mut total = all(&stat_fields(pid)?);
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -62,7 +62,7 @@ fn status_kib(field: &str) -> Option<u64> {
 
 /// Hands memory freed earlier back to the kernel (glibc keeps it
 /// otherwise), so an RSS reading that follows counts what is in use.
-pub fn trim_heap() {
+pub(crate) fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim has no preconditions.
     unsafe {
@@ -71,23 +71,23 @@ pub fn trim_heap() {
 }
 
 /// Resident memory of this process now.
-pub fn rss() -> Option<u64> {
+pub(crate) fn rss() -> Option<u64> {
     status_kib("VmRSS:")
 }
 
 /// Peak resident memory since start or the last [`reset_peak_rss`].
-pub fn peak_rss() -> Option<u64> {
+pub(crate) fn peak_rss() -> Option<u64> {
     status_kib("VmHWM:")
 }
 
 /// Restarts the peak-RSS count at the current RSS (`/proc/self/clear_refs`).
-pub fn reset_peak_rss() -> bool {
+pub(crate) fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// How many descriptors of this process have `path` open (a SQLite
 /// connection keeps its database file open).
-pub fn open_fds_to(path: &Path) -> Option<u64> {
+pub(crate) fn open_fds_to(path: &Path) -> Option<u64> {
     // The file may not exist yet: resolve its directory.
     let path = path.parent()?.canonicalize().ok()?.join(path.file_name()?);
     let n = std::fs::read_dir("/proc/self/fd")
@@ -101,7 +101,7 @@ pub fn open_fds_to(path: &Path) -> Option<u64> {
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 /// Established TCP connections whose local end is `port` (the server's
 /// side of its client connections), from `/proc/net/tcp` and `tcp6`.
-pub fn tcp_connections_to(port: u16) -> Option<u64> {
+pub(crate) fn tcp_connections_to(port: u16) -> Option<u64> {
     let mut n = 0;
     let mut read_any = false;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
@@ -124,7 +124,7 @@ pub fn tcp_connections_to(port: u16) -> Option<u64> {
 }
 
 /// "CPU: <model>, 2 cores (available to this process); kernel 6.1.0; 7.8 GiB RAM".
-pub fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -151,7 +151,7 @@ pub fn machine() -> String {
 }
 
 /// "1.52 / 1.80 / 2.01".
-pub fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" / "))
@@ -159,7 +159,7 @@ pub fn loadavg() -> String {
 }
 
 /// The current UTC time, "2025-01-31 12:00 UTC".
-pub fn date_utc() -> String {
+pub(crate) fn date_utc() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -182,7 +182,7 @@ pub fn date_utc() -> String {
 }
 
 /// CPU time as a share of one core over `window`: "3.1% of a core".
-pub fn share(cpu: Duration, window: Duration) -> String {
+pub(crate) fn share(cpu: Duration, window: Duration) -> String {
     format!(
         "{:.1}% of a core",
         cpu.as_secs_f64() * 100.0 / window.as_secs_f64().max(1e-9)

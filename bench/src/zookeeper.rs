@@ -74,7 +74,7 @@ async fn floor_cycle(client: zk::Client, list: bool) {
         .expect("delete");
 }
 
-pub async fn run(settings: Settings) -> Report {
+pub(crate) async fn run(settings: Settings) -> Report {
     let store = lock_conformance::stores::zookeeper::shared();
     let url = store.endpoint();
     let backend = ZooKeeperBackend::connect_with(config(&url, SESSION))

@@ -83,7 +83,6 @@
 //! suite's own tests run each one against deliberately broken backends to
 //! show it fails when it should.
 
-
 #[cfg(feature = "stores")]
 #[doc(hidden)]
 pub mod broken;

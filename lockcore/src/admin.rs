@@ -44,7 +44,7 @@ pub async fn force_release(
 }
 
 /// Raises the fence floor (see
-/// [`LockBackend::raise_fence_floor`](crate::LockBackend::raise_fence_floor)):
+/// [`LockBackend::raise_fence_floor`]):
 /// every fence handed out from now on is larger than `floor`. The step after
 /// restoring a store from a backup, recorded as a WARN event on target
 /// `distlock::audit`.

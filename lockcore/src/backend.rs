@@ -146,11 +146,11 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// Waits until the lock is acquired or `wait.deadline` passes (`Ok(None)`).
     ///
     /// The default runs [`wait::wait`](crate::wait::wait) with
-    /// [`Polling`](crate::wait::Polling): [`watch`](Self::watch) (when
+    /// [`Polling`]: [`watch`](Self::watch) (when
     /// notifications are declared) then [`try_acquire`](Self::try_acquire),
     /// retrying at the holder's expiry, on the wake-up, or on jittered
     /// backoff. Stores that keep a line override it with their own
-    /// [`Waiter`](crate::wait::Waiter), never with their own loop.
+    /// [`Waiter`], never with their own loop.
     ///
     /// # Cancel safety
     /// Dropping the future stops waiting. If an attempt was in flight, the

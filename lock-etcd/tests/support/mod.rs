@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 /// `LOCK_TEST_TIME_SCALE` (default 1.0).
-pub fn scale() -> f64 {
+pub(crate) fn scale() -> f64 {
     std::env::var("LOCK_TEST_TIME_SCALE")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
@@ -25,33 +25,33 @@ pub fn scale() -> f64 {
 }
 
 /// `d` stretched by the time scale.
-pub fn scaled(d: Duration) -> Duration {
+pub(crate) fn scaled(d: Duration) -> Duration {
     d.mul_f64(scale())
 }
 
 /// A lock name no other test (or rerun) uses: `<test>/<random>`.
-pub fn name(test: &str) -> LockName {
+pub(crate) fn name(test: &str) -> LockName {
     LockName::new(format!("etcd-test/{test}/{:08x}", rand_u32())).unwrap()
 }
 
-pub fn rand_u32() -> u32 {
+pub(crate) fn rand_u32() -> u32 {
     OwnerToken::new().as_uuid().as_u128() as u32
 }
 
 /// A backend on `url` with default settings.
-pub async fn connect(url: &str) -> EtcdBackend {
+pub(crate) async fn connect(url: &str) -> EtcdBackend {
     EtcdBackend::connect_with(EtcdConfig::new([url]))
         .await
         .expect("connect to the harness etcd")
 }
 
 /// A plain etcd client, to look at what the backend wrote.
-pub async fn raw(url: &str) -> Client {
+pub(crate) async fn raw(url: &str) -> Client {
     Client::connect([url], None).await.expect("raw client")
 }
 
 /// A private single-member etcd (to kill, restart or count requests on).
-pub async fn private_etcd() -> stores::Store {
+pub(crate) async fn private_etcd() -> stores::Store {
     tokio::task::spawn_blocking(|| etcd::start(etcd::Options::default()))
         .await
         .unwrap()
@@ -59,7 +59,7 @@ pub async fn private_etcd() -> stores::Store {
 }
 
 /// `try_acquire` that must find `name` free.
-pub async fn acquire(backend: &EtcdBackend, name: &LockName, ttl: Duration) -> Lease {
+pub(crate) async fn acquire(backend: &EtcdBackend, name: &LockName, ttl: Duration) -> Lease {
     match backend
         .try_acquire_for(name, ttl)
         .await
@@ -72,7 +72,7 @@ pub async fn acquire(backend: &EtcdBackend, name: &LockName, ttl: Duration) -> L
 
 /// etcd's Prometheus metrics (served on the client port), values summed per
 /// series.
-pub async fn metrics(store: &stores::Store) -> HashMap<String, f64> {
+pub(crate) async fn metrics(store: &stores::Store) -> HashMap<String, f64> {
     let mut conn = tokio::net::TcpStream::connect(store.addr()).await.unwrap();
     conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
         .await
@@ -93,13 +93,13 @@ pub async fn metrics(store: &stores::Store) -> HashMap<String, f64> {
 }
 
 /// gRPC calls etcd finished for `method` (`Txn`, `Range`, `LeaseTimeToLive`, ...).
-pub fn handled(metrics: &HashMap<String, f64>, method: &str) -> f64 {
+pub(crate) fn handled(metrics: &HashMap<String, f64>, method: &str) -> f64 {
     sum(metrics, "grpc_server_handled_total{", method)
 }
 
 /// Messages etcd received on `method` (a stream's messages count one by one:
 /// `LeaseKeepAlive`, `Watch`).
-pub fn received(metrics: &HashMap<String, f64>, method: &str) -> f64 {
+pub(crate) fn received(metrics: &HashMap<String, f64>, method: &str) -> f64 {
     sum(metrics, "grpc_server_msg_received_total{", method)
 }
 
@@ -113,12 +113,12 @@ fn sum(metrics: &HashMap<String, f64>, family: &str, method: &str) -> f64 {
 }
 
 /// An unlabelled gauge or counter.
-pub fn gauge(metrics: &HashMap<String, f64>, name: &str) -> f64 {
+pub(crate) fn gauge(metrics: &HashMap<String, f64>, name: &str) -> f64 {
     metrics.get(name).copied().unwrap_or(0.0)
 }
 
 /// User + system CPU time of process `pid` so far (`/proc/<pid>/stat`).
-pub fn cpu_of(pid: &str) -> Duration {
+pub(crate) fn cpu_of(pid: &str) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // After the command name (which may contain spaces): utime and stime are
     // the 14th and 15th fields, in clock ticks (100 per second on Linux).
@@ -136,17 +136,17 @@ pub fn cpu_of(pid: &str) -> Duration {
 }
 
 /// This process's CPU time so far.
-pub fn own_cpu() -> Duration {
+pub(crate) fn own_cpu() -> Duration {
     cpu_of("self")
 }
 
 /// A launched store's CPU time so far.
-pub fn store_cpu(store: &stores::Store) -> Duration {
+pub(crate) fn store_cpu(store: &stores::Store) -> Duration {
     cpu_of(&store.pid().expect("a running store").to_string())
 }
 
 /// This process's resident set now (`VmRSS`) or at its peak (`VmHWM`), in MiB.
-pub fn rss_mib(which: &str) -> f64 {
+pub(crate) fn rss_mib(which: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -156,7 +156,7 @@ pub fn rss_mib(which: &str) -> f64 {
 }
 
 /// TCP connections this process has open to `port` on loopback.
-pub fn connections_to(port: u16) -> usize {
+pub(crate) fn connections_to(port: u16) -> usize {
     let mine: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
         .map(|dir| {
             dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -183,7 +183,7 @@ pub fn connections_to(port: u16) -> usize {
 }
 
 /// The etcd lease behind a grant, read from etcd itself.
-pub async fn etcd_lease_of(client: &mut Client, key: &[u8]) -> i64 {
+pub(crate) async fn etcd_lease_of(client: &mut Client, key: &[u8]) -> i64 {
     let reply = client.get(key.to_vec(), None).await.expect("get key");
     let kv = reply.kvs().first().expect("the grant's key exists");
     kv.lease()
@@ -191,7 +191,7 @@ pub async fn etcd_lease_of(client: &mut Client, key: &[u8]) -> i64 {
 
 /// Four times the slowest of a few round trips, plus 100 ms, scaled (as the
 /// conformance suite's `Ctx::round_trip`).
-pub async fn round_trip(backend: &EtcdBackend) -> Duration {
+pub(crate) async fn round_trip(backend: &EtcdBackend) -> Duration {
     let mut slowest = Duration::ZERO;
     for _ in 0..5 {
         let sent = Instant::now();
@@ -203,14 +203,14 @@ pub async fn round_trip(backend: &EtcdBackend) -> Duration {
 
 /// The queue (key prefix) of the lock `lease` holds: its key up to the last
 /// `/` (escaped names have none).
-pub fn queue_of(backend: &EtcdBackend, lease: &Lease) -> Vec<u8> {
+pub(crate) fn queue_of(backend: &EtcdBackend, lease: &Lease) -> Vec<u8> {
     let key = backend.key_of(lease).expect("a lease of this backend");
     let end = key.iter().rposition(|b| *b == b'/').expect("a queue key");
     key[..=end].to_vec()
 }
 
 /// How many entries the queue `queue` has right now.
-pub async fn queue_len(client: &mut Client, queue: Vec<u8>) -> usize {
+pub(crate) async fn queue_len(client: &mut Client, queue: Vec<u8>) -> usize {
     let options = lock_etcd::etcd_client::GetOptions::new()
         .with_prefix()
         .with_count_only();

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 /// `LOCK_TEST_TIME_SCALE` (default 1): timing bounds are multiplied by it
 /// on slow machines.
-pub fn scale() -> f64 {
+pub(crate) fn scale() -> f64 {
     std::env::var("LOCK_TEST_TIME_SCALE")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
@@ -28,29 +28,29 @@ pub fn scale() -> f64 {
 }
 
 /// `d` times [`scale`].
-pub fn scaled(d: Duration) -> Duration {
+pub(crate) fn scaled(d: Duration) -> Duration {
     d.mul_f64(scale())
 }
 
 /// The URL of this test binary's shared server.
-pub fn shared_url() -> String {
+pub(crate) fn shared_url() -> String {
     postgres::shared().url()
 }
 
 /// `url` with extra query parameters.
-pub fn with_params(url: &str, params: &str) -> String {
+pub(crate) fn with_params(url: &str, params: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}{params}")
 }
 
 /// `url` with every connection tagged `application_name=app`, so a test
 /// can find its sessions in `pg_stat_activity`.
-pub fn with_app(url: &str, app: &str) -> String {
+pub(crate) fn with_app(url: &str, app: &str) -> String {
     with_params(url, &format!("application_name={app}"))
 }
 
 /// A fresh identifier (schema, table, application name...).
-pub fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!(
         "{prefix}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -58,22 +58,22 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// A lock name no other test uses.
-pub fn lock_name(s: &str) -> LockName {
+pub(crate) fn lock_name(s: &str) -> LockName {
     LockName::new(format!("{}/{s}", unique("pgtest"))).unwrap()
 }
 
 /// A backend on `url`.
-pub async fn backend(url: &str) -> PostgresBackend {
+pub(crate) async fn backend(url: &str) -> PostgresBackend {
     PostgresBackend::connect(url).await.expect("connect")
 }
 
 /// A backend on `url`, as the trait object the suite uses.
-pub async fn connect(url: &str) -> Arc<dyn LockBackend> {
+pub(crate) async fn connect(url: &str) -> Arc<dyn LockBackend> {
     Arc::new(backend(url).await)
 }
 
 /// `try_acquire` of a name that must be free.
-pub async fn acquired<B: LockBackend + ?Sized>(
+pub(crate) async fn acquired<B: LockBackend + ?Sized>(
     client: &B,
     name: &LockName,
     ttl: Duration,
@@ -89,13 +89,13 @@ pub async fn acquired<B: LockBackend + ?Sized>(
 }
 
 /// A plain connection, outside any backend.
-pub async fn sql_conn(url: &str) -> PgConnection {
+pub(crate) async fn sql_conn(url: &str) -> PgConnection {
     PgConnection::connect(url).await.expect("plain connection")
 }
 
 /// A round-trip allowance as the conformance suite computes it: four times
 /// the slowest of three `inspect` calls, plus 100 ms, scaled.
-pub async fn round_trip(client: &PostgresBackend) -> Duration {
+pub(crate) async fn round_trip(client: &PostgresBackend) -> Duration {
     let probe = lock_name("round-trip");
     let mut slowest = Duration::ZERO;
     for _ in 0..3 {
@@ -107,7 +107,7 @@ pub async fn round_trip(client: &PostgresBackend) -> Duration {
 }
 
 /// Sessions of application `app`.
-pub async fn sessions(conn: &mut PgConnection, app: &str) -> i64 {
+pub(crate) async fn sessions(conn: &mut PgConnection, app: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
         .bind(app)
         .fetch_one(conn)
@@ -116,7 +116,7 @@ pub async fn sessions(conn: &mut PgConnection, app: &str) -> i64 {
 }
 
 /// A private server recording every statement, utility ones included.
-pub fn counting_server() -> Store {
+pub(crate) fn counting_server() -> Store {
     postgres::start(
         Options::default()
             .setting("shared_preload_libraries", "pg_stat_statements")
@@ -127,7 +127,7 @@ pub fn counting_server() -> Store {
 }
 
 /// A connection to `store` that reads `pg_stat_statements`.
-pub async fn counting_observer(store: &Store) -> PgConnection {
+pub(crate) async fn counting_observer(store: &Store) -> PgConnection {
     let mut observer = PgConnection::connect(&store.url()).await.unwrap();
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .execute(&mut observer)
@@ -138,7 +138,7 @@ pub async fn counting_observer(store: &Store) -> PgConnection {
 
 /// The server's CPU so far: the postmaster and its children (backends and
 /// background processes), exited children included, from `/proc`.
-pub fn server_cpu(store: &Store) -> Duration {
+pub(crate) fn server_cpu(store: &Store) -> Duration {
     let root = store.pid().expect("running");
     let ticks_per_sec = 100.0; // USER_HZ on Linux
     let stat = |pid: u32| -> Option<(u32, f64)> {
@@ -165,7 +165,7 @@ pub fn server_cpu(store: &Store) -> Duration {
 /// `(statements, statements that wrote WAL, server time in statements)`
 /// since the last reset among statements whose text matches `like`,
 /// leaving out the observer's own queries.
-pub async fn statements(observer: &mut PgConnection, like: &str) -> (i64, i64, f64) {
+pub(crate) async fn statements(observer: &mut PgConnection, like: &str) -> (i64, i64, f64) {
     let (calls, writes, ms): (i64, i64, f64) = sqlx::query_as(
         "SELECT coalesce(sum(calls), 0)::int8,
                 coalesce(sum(calls) FILTER (WHERE wal_records > 0), 0)::int8,
@@ -180,7 +180,7 @@ pub async fn statements(observer: &mut PgConnection, like: &str) -> (i64, i64, f
     (calls, writes, ms)
 }
 
-pub async fn reset(observer: &mut PgConnection) {
+pub(crate) async fn reset(observer: &mut PgConnection) {
     sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(&mut *observer)
         .await
@@ -188,7 +188,7 @@ pub async fn reset(observer: &mut PgConnection) {
 }
 
 /// This process's CPU time so far (all threads), from `/proc/self/stat`.
-pub fn client_cpu() -> Duration {
+pub(crate) fn client_cpu() -> Duration {
     let text = std::fs::read_to_string("/proc/self/stat").unwrap();
     let rest = &text[text.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = rest.split(' ').collect();
@@ -197,7 +197,7 @@ pub fn client_cpu() -> Duration {
 }
 
 /// This process's peak resident set (`VmHWM`), in bytes.
-pub fn peak_rss() -> u64 {
+pub(crate) fn peak_rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     status
         .lines()
@@ -210,13 +210,13 @@ pub fn peak_rss() -> u64 {
 
 /// The shared server's URL, with every connection tagged `app` so the
 /// test can find its sessions.
-pub fn app_url(app: &str, params: &str) -> String {
+pub(crate) fn app_url(app: &str, params: &str) -> String {
     format!("{}{params}", with_app(&shared_url(), app))
 }
 
 /// A locker whose waiters can only be woken by a notification or the
 /// turnstile: re-checks and backoff are 30 s apart.
-pub fn patient(backend: &PostgresBackend) -> Locker {
+pub(crate) fn patient(backend: &PostgresBackend) -> Locker {
     Locker::new(backend.clone())
         .ttl(Duration::from_secs(30))
         .max_wait(Duration::from_secs(60))
@@ -227,14 +227,17 @@ pub fn patient(backend: &PostgresBackend) -> Locker {
         ))
 }
 
-pub fn spawn_acquire(locker: Locker, name: &LockName) -> JoinHandle<Result<LockGuard, LockError>> {
+pub(crate) fn spawn_acquire(
+    locker: Locker,
+    name: &LockName,
+) -> JoinHandle<Result<LockGuard, LockError>> {
     let name = name.clone();
     tokio::spawn(async move { locker.acquire(&name).await })
 }
 
 /// Sessions of application `app`, as turnstiles see them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     /// All connections.
     pub total: i64,
     /// Blocked in the turnstile queue (waiting on an advisory lock).
@@ -243,7 +246,7 @@ pub struct Sessions {
     pub holding: i64,
 }
 
-pub async fn turnstile_sessions(conn: &PgPool, app: &str) -> Sessions {
+pub(crate) async fn turnstile_sessions(conn: &PgPool, app: &str) -> Sessions {
     let (total, queued, holding): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*),
                 count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'),
@@ -265,7 +268,7 @@ pub async fn turnstile_sessions(conn: &PgPool, app: &str) -> Sessions {
 }
 
 /// Waits (up to 10 s) until the sessions of `app` satisfy `check`.
-pub async fn await_sessions(
+pub(crate) async fn await_sessions(
     conn: &PgPool,
     app: &str,
     what: &str,
@@ -279,6 +282,6 @@ pub async fn await_sessions(
 }
 
 /// A pool for looking at `pg_stat_activity`.
-pub async fn observer() -> PgPool {
+pub(crate) async fn observer() -> PgPool {
     PgPool::connect(&shared_url()).await.unwrap()
 }

@@ -16,13 +16,13 @@ use lockcore::{Attempt, Backoff, Lease, LockBackend, LockName, Locker};
 use tokio::time::Instant;
 
 /// A TTL no test outlives.
-pub const LONG: Duration = Duration::from_secs(60);
+pub(crate) const LONG: Duration = Duration::from_secs(60);
 
 /// `d` stretched by `LOCK_TEST_TIME_SCALE` (default 1.0).
-pub use lock_conformance::kit::scaled;
+pub(crate) use lock_conformance::kit::scaled;
 
 /// A lock name no other test (or rerun) uses.
-pub fn unique(what: &str) -> LockName {
+pub(crate) fn unique(what: &str) -> LockName {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
@@ -35,7 +35,7 @@ pub fn unique(what: &str) -> LockName {
 }
 
 /// A private `redis-server` of this test, to configure, kill or restart.
-pub async fn private(options: Options) -> Store {
+pub(crate) async fn private(options: Options) -> Store {
     tokio::task::spawn_blocking(move || launcher::start(options))
         .await
         .expect("launcher thread")
@@ -43,7 +43,7 @@ pub async fn private(options: Options) -> Store {
 }
 
 /// A plain connection, to look at (or tamper with) what the backend wrote.
-pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+pub(crate) async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
@@ -52,7 +52,7 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 }
 
 /// Takes `name` at once (it must be free) and returns the lease.
-pub async fn take(backend: &RedisBackend, name: &LockName, ttl: Duration) -> Lease {
+pub(crate) async fn take(backend: &RedisBackend, name: &LockName, ttl: Duration) -> Lease {
     match backend
         .try_acquire_for(name, ttl)
         .await
@@ -66,7 +66,7 @@ pub async fn take(backend: &RedisBackend, name: &LockName, ttl: Duration) -> Lea
 /// An allowance for one round trip to `backend`'s server on this machine,
 /// as the conformance suite computes it: four times the slowest of five
 /// `inspect` calls, plus 100 ms, scaled.
-pub async fn round_trip(backend: &RedisBackend) -> Duration {
+pub(crate) async fn round_trip(backend: &RedisBackend) -> Duration {
     let probe = unique("round-trip");
     let mut slowest = Duration::ZERO;
     for _ in 0..5 {
@@ -78,7 +78,7 @@ pub async fn round_trip(backend: &RedisBackend) -> Duration {
 }
 
 /// Connections of `type` (e.g. `pubsub`) the server has open.
-pub async fn clients_of_type(con: &redis::aio::MultiplexedConnection, kind: &str) -> usize {
+pub(crate) async fn clients_of_type(con: &redis::aio::MultiplexedConnection, kind: &str) -> usize {
     let clients: String = redis::cmd("CLIENT")
         .arg("LIST")
         .arg("TYPE")
@@ -90,7 +90,7 @@ pub async fn clients_of_type(con: &redis::aio::MultiplexedConnection, kind: &str
 }
 
 /// A random number, to keep reruns against one server apart.
-pub fn rand_u64() -> u64 {
+pub(crate) fn rand_u64() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -99,7 +99,7 @@ pub fn rand_u64() -> u64 {
 
 /// How many times the server ran `command` (INFO commandstats), e.g.
 /// `evalsha`.
-pub async fn command_calls(con: &redis::aio::MultiplexedConnection, command: &str) -> u64 {
+pub(crate) async fn command_calls(con: &redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut con.clone())
@@ -112,23 +112,23 @@ pub async fn command_calls(con: &redis::aio::MultiplexedConnection, command: &st
         .map_or(0, |n| n.parse().unwrap())
 }
 
-pub fn queue_key(lock: &LockName) -> String {
+pub(crate) fn queue_key(lock: &LockName) -> String {
     format!("distlock:{{{}}}:queue", lock.as_str())
 }
 
-pub async fn queue_len(con: &redis::aio::MultiplexedConnection, lock: &LockName) -> usize {
+pub(crate) async fn queue_len(con: &redis::aio::MultiplexedConnection, lock: &LockName) -> usize {
     con.clone().zcard(queue_key(lock)).await.unwrap()
 }
 
 /// The waits in `lock`'s line: at least `n`, within 10 s.
-pub async fn in_line(con: &redis::aio::MultiplexedConnection, lock: &LockName, n: usize) {
+pub(crate) async fn in_line(con: &redis::aio::MultiplexedConnection, lock: &LockName, n: usize) {
     until(Duration::from_secs(10), &format!("{n} in line"), || async {
         queue_len(con, lock).await >= n
     })
     .await;
 }
 
-pub async fn pubsub_clients(con: &redis::aio::MultiplexedConnection) -> usize {
+pub(crate) async fn pubsub_clients(con: &redis::aio::MultiplexedConnection) -> usize {
     let clients: String = redis::cmd("CLIENT")
         .arg("LIST")
         .arg("TYPE")
@@ -139,7 +139,7 @@ pub async fn pubsub_clients(con: &redis::aio::MultiplexedConnection) -> usize {
     clients.lines().count()
 }
 
-pub async fn wake_channels(con: &redis::aio::MultiplexedConnection) -> Vec<String> {
+pub(crate) async fn wake_channels(con: &redis::aio::MultiplexedConnection) -> Vec<String> {
     redis::cmd("PUBSUB")
         .arg("CHANNELS")
         .arg("distlock:wake:*")
@@ -149,7 +149,7 @@ pub async fn wake_channels(con: &redis::aio::MultiplexedConnection) -> Vec<Strin
 }
 
 /// A waiter that only the store can wake: re-checks and backoff are a minute.
-pub fn patient(backend: RedisBackend) -> Locker {
+pub(crate) fn patient(backend: RedisBackend) -> Locker {
     Locker::new(backend)
         .ttl(LONG)
         .max_wait(Duration::from_secs(60))

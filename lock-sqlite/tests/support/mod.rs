@@ -35,12 +35,12 @@ use lockcore::{LockBackend, LockError};
 
 /// The variable naming the lock file (`sqlite://PATH`) a helper process (a
 /// lock-taker, a helper) must use instead of making its own.
-pub const URL_ENV: env::Var = env::SQLITE_URL;
+pub(crate) const URL_ENV: env::Var = env::SQLITE_URL;
 /// What a helper process does: `write`, `stall` or `hold NAME`.
-pub const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
+pub(crate) const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
 
 /// The URL of the lock file at `path`.
-pub fn url(path: &Path) -> String {
+pub(crate) fn url(path: &Path) -> String {
     format!("sqlite://{}", path.display())
 }
 
@@ -55,7 +55,7 @@ fn file_from_env() -> Option<PathBuf> {
 
 /// Hands out clients of one lock file (in a temp dir of its own, or the
 /// file `LOCK_TEST_SQLITE_URL` names).
-pub struct SqliteFactory {
+pub(crate) struct SqliteFactory {
     store: Arc<FileStore>,
     _dir: Option<tempfile::TempDir>,
 }
@@ -63,7 +63,7 @@ pub struct SqliteFactory {
 impl SqliteFactory {
     /// A factory over a fresh lock file, or the one `LOCK_TEST_SQLITE_URL`
     /// names (in helper processes).
-    pub fn new() -> SqliteFactory {
+    pub(crate) fn new() -> SqliteFactory {
         match file_from_env() {
             Some(path) => SqliteFactory::at(path, None),
             None => SqliteFactory::fresh(),
@@ -71,7 +71,7 @@ impl SqliteFactory {
     }
 
     /// A factory over a lock file in a new temp dir.
-    pub fn fresh() -> SqliteFactory {
+    pub(crate) fn fresh() -> SqliteFactory {
         let dir = tempfile::Builder::new()
             .prefix("lock-sqlite-")
             .tempdir()
@@ -92,12 +92,12 @@ impl SqliteFactory {
     }
 
     /// The lock file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.store.path
     }
 
     /// The store control of the file.
-    pub fn file_store(&self) -> Arc<FileStore> {
+    pub(crate) fn file_store(&self) -> Arc<FileStore> {
         self.store.clone()
     }
 }
@@ -142,7 +142,7 @@ impl Factory for SqliteFactory {
 }
 
 /// The lock file as a store the fault cases can crash and stall.
-pub struct FileStore {
+pub(crate) struct FileStore {
     path: PathBuf,
     clients: Mutex<Vec<Weak<SqliteBackend>>>,
     stalled: Mutex<Option<Helper>>,
@@ -225,7 +225,7 @@ fn signal(child: &Child, sig: i32) -> io::Result<()> {
 }
 
 /// A helper process and its stdout lines.
-pub struct Helper(pub Child, pub std::sync::mpsc::Receiver<String>);
+pub(crate) struct Helper(pub Child, pub std::sync::mpsc::Receiver<String>);
 
 impl Drop for Helper {
     fn drop(&mut self) {
@@ -235,7 +235,7 @@ impl Drop for Helper {
 }
 
 /// Starts this test binary as the helper doing `what` on the file `path`.
-pub fn helper(path: &Path, what: &str) -> io::Result<Helper> {
+pub(crate) fn helper(path: &Path, what: &str) -> io::Result<Helper> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -274,7 +274,7 @@ pub fn helper(path: &Path, what: &str) -> io::Result<Helper> {
 }
 
 /// Waits (up to 30 s) for a line containing `HELPER {want}`.
-pub fn expect_line(helper: &mut Helper, want: &str) -> io::Result<()> {
+pub(crate) fn expect_line(helper: &mut Helper, want: &str) -> io::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -293,7 +293,7 @@ pub fn expect_line(helper: &mut Helper, want: &str) -> io::Result<()> {
 
 /// The body of the `sqlite_helper_process` test: does what
 /// `LOCK_SQLITE_HELPER` says on the file `LOCK_TEST_SQLITE_URL` names.
-pub fn helper_main() {
+pub(crate) fn helper_main() {
     let (Some(what), Some(path)) = (std::env::var_os(HELPER_ENV), file_from_env()) else {
         eprintln!("sqlite_helper_process: helper process, started by the tests; nothing to do");
         return;

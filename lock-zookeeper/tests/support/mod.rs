@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-pub mod tap;
+pub(crate) mod tap;
 
 use lock_conformance::stores::{self, StoreFactory};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
@@ -13,12 +13,12 @@ use lockcore::backend::LockBackendExt;
 
 /// The session timeout the tests ask for: 4 s, stretched by
 /// `LOCK_TEST_TIME_SCALE` (the harness's ZooKeeper allows 1 s to 60 s).
-pub fn session_timeout() -> Duration {
+pub(crate) fn session_timeout() -> Duration {
     Duration::from_secs(4).mul_f64(time_scale())
 }
 
 /// `LOCK_TEST_TIME_SCALE` (default 1.0), which stretches every timing.
-pub fn time_scale() -> f64 {
+pub(crate) fn time_scale() -> f64 {
     std::env::var("LOCK_TEST_TIME_SCALE")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
@@ -27,13 +27,13 @@ pub fn time_scale() -> f64 {
 }
 
 /// The servers' tick: the launcher's (`ci/docker-compose.yml` uses the same).
-pub fn tick() -> Duration {
+pub(crate) fn tick() -> Duration {
     Duration::from_millis(stores::zookeeper::Options::default().tick_ms.into())
 }
 
 /// The configuration of a test client of `connect`: the tests' session
 /// timeout and the servers' tick.
-pub fn config(connect: impl Into<String>) -> ZooKeeperConfig {
+pub(crate) fn config(connect: impl Into<String>) -> ZooKeeperConfig {
     ZooKeeperConfig::from_url(&connect.into())
         .expect("a zk:// URL or a connect string")
         .session_timeout(session_timeout())
@@ -41,17 +41,17 @@ pub fn config(connect: impl Into<String>) -> ZooKeeperConfig {
 }
 
 /// Connects a test client to `connect` with the tests' session timeout.
-pub async fn connect(connect: String) -> Result<ZooKeeperBackend, LockError> {
+pub(crate) async fn connect(connect: String) -> Result<ZooKeeperBackend, LockError> {
     ZooKeeperBackend::connect_with(config(connect)).await
 }
 
 /// The conformance factory: the shared ZooKeeper, proxies, private servers.
-pub fn factory() -> StoreFactory {
+pub(crate) fn factory() -> StoreFactory {
     stores::zookeeper::factory(connect)
 }
 
 /// Connects with the tests' session timeout and `configure` applied.
-pub async fn connect_with(
+pub(crate) async fn connect_with(
     connect: &str,
     configure: impl FnOnce(ZooKeeperConfig) -> ZooKeeperConfig,
 ) -> Result<ZooKeeperBackend, LockError> {
@@ -59,19 +59,19 @@ pub async fn connect_with(
 }
 
 /// A plain ZooKeeper client, to look at (or tamper with) what the backend wrote.
-pub async fn raw(connect: &str) -> lock_zookeeper::zk::Client {
+pub(crate) async fn raw(connect: &str) -> lock_zookeeper::zk::Client {
     lock_zookeeper::zk::Client::connect(connect)
         .await
         .unwrap_or_else(|e| panic!("raw client to {connect}: {e}"))
 }
 
 /// A lock name no other test (or rerun) uses.
-pub fn unique(what: &str) -> lockcore::LockName {
+pub(crate) fn unique(what: &str) -> lockcore::LockName {
     lockcore::LockName::new(format!("zk-tests/{what}/{}", uuid::Uuid::new_v4().simple())).unwrap()
 }
 
 /// Takes `name` at once (it must be free) and returns the lease.
-pub async fn take(backend: &ZooKeeperBackend, name: &lockcore::LockName) -> lockcore::Lease {
+pub(crate) async fn take(backend: &ZooKeeperBackend, name: &lockcore::LockName) -> lockcore::Lease {
     backend
         .try_acquire_for(name, backend.session_timeout())
         .await
@@ -81,7 +81,7 @@ pub async fn take(backend: &ZooKeeperBackend, name: &lockcore::LockName) -> lock
 }
 
 /// The children of `path` (none if it does not exist).
-pub async fn children(client: &lock_zookeeper::zk::Client, path: &str) -> Vec<String> {
+pub(crate) async fn children(client: &lock_zookeeper::zk::Client, path: &str) -> Vec<String> {
     match client.list_children(path).await {
         Ok(children) => children,
         Err(lock_zookeeper::zk::Error::NoNode) => Vec::new(),
@@ -94,7 +94,7 @@ pub async fn children(client: &lock_zookeeper::zk::Client, path: &str) -> Vec<St
 /// job, where no ZooKeeper is installed): like the suite's crash cases, the
 /// test then skips, saying so. Otherwise it launches them, and fails loudly
 /// if it cannot.
-pub fn may_launch_servers(test: &str) -> bool {
+pub(crate) fn may_launch_servers(test: &str) -> bool {
     // The variable itself, as the launcher reads it: no server is started
     // (and no thread) just to find out.
     let external = lock_conformance::kit::env::ZOOKEEPER_URL.is_set();
@@ -108,7 +108,7 @@ pub fn may_launch_servers(test: &str) -> bool {
 
 /// The `cons` four-letter command's line for session `sid` on the server at
 /// `addr` (one line per connection of that session).
-pub fn connections(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
+pub(crate) fn connections(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
     use std::io::{Read, Write};
     let mut conn = std::net::TcpStream::connect(addr).expect("four-letter connection");
     conn.write_all(b"cons").unwrap();
@@ -125,7 +125,7 @@ pub fn connections(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
 /// How many requests the server has answered on session `sid`: the last
 /// request id (`lcxid`) that `cons` reports for it (pings and watch events
 /// have ids of their own, outside this count).
-pub fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
+pub(crate) fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
     let lines = connections(addr, sid);
     let line = lines
         .first()
@@ -138,12 +138,12 @@ pub fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
 }
 
 /// The session id of `backend`'s current session.
-pub fn session_id(backend: &ZooKeeperBackend) -> i64 {
+pub(crate) fn session_id(backend: &ZooKeeperBackend) -> i64 {
     backend.zk_client().session_id().0
 }
 
 /// This process's peak resident set so far (`VmHWM`), in bytes.
-pub fn peak_rss() -> u64 {
+pub(crate) fn peak_rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -154,19 +154,19 @@ pub fn peak_rss() -> u64 {
 
 /// A `Locker` over `backend` for tests: the session timeout as TTL (what
 /// every lease gets anyway), waits of up to a minute.
-pub fn locker(backend: &ZooKeeperBackend) -> lockcore::Locker {
+pub(crate) fn locker(backend: &ZooKeeperBackend) -> lockcore::Locker {
     lockcore::Locker::new(backend.clone())
         .ttl(backend.session_timeout())
         .max_wait(Duration::from_secs(60))
 }
 
 /// CPU time this process has used so far (user + system).
-pub fn cpu_time() -> Duration {
+pub(crate) fn cpu_time() -> Duration {
     process_cpu("self")
 }
 
 /// CPU time (user + system) process `pid` (or `self`) has used so far.
-pub fn process_cpu(pid: &str) -> Duration {
+pub(crate) fn process_cpu(pid: &str) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces): utime and stime
     // are the 14th and 15th fields of the line.
@@ -184,7 +184,7 @@ pub fn process_cpu(pid: &str) -> Duration {
 
 /// An allowance for one round trip to the store on this machine: four times
 /// the slowest of a few `inspect` calls, plus 100 ms, scaled.
-pub async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
+pub(crate) async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
     use lockcore::LockBackend;
     let name = unique("rtt");
     let mut slowest = Duration::ZERO;

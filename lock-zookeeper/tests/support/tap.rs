@@ -11,14 +11,14 @@ use tokio::sync::watch;
 
 /// The tap; dropping it stops accepting (open connections end with the test).
 #[derive(Debug)]
-pub struct Tap {
+pub(crate) struct Tap {
     addr: SocketAddr,
     hold: watch::Sender<bool>,
 }
 
 impl Tap {
     /// A tap on a free loopback port in front of `server`, passing everything.
-    pub async fn start(server: SocketAddr) -> Tap {
+    pub(crate) async fn start(server: SocketAddr) -> Tap {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (hold, held) = watch::channel(false);
@@ -38,13 +38,13 @@ impl Tap {
     }
 
     /// Where the client connects.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Holds the server's replies back (`true`) or delivers them, the held
     /// ones first (`false`).
-    pub fn hold_replies(&self, hold: bool) {
+    pub(crate) fn hold_replies(&self, hold: bool) {
         self.hold.send_replace(hold);
     }
 }
