@@ -10,14 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn scaled(d: Duration) -> Duration {
-    let scale = std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0);
-    d.mul_f64(scale)
-}
+use lock_conformance::kit::scaled;
 
 /// A temp state directory: every `distlock` started from it shares one
 /// default lock file.

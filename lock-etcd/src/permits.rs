@@ -38,12 +38,7 @@ impl Inner {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
-        if permits == 0 {
-            return Err(LockError::config(format!(
-                "semaphore \"{}\" needs at least one permit",
-                request.name()
-            )));
-        }
+        lockcore::backend::check_permits(request.name(), permits)?;
         let semaphore = self.keys.semaphore(request.name());
         let (count_key, slots) = (Keys::permit_count(&semaphore), Keys::slots(&semaphore));
         let ttl = request.ttl().get();

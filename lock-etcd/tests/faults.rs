@@ -11,7 +11,7 @@ use lock_conformance::stores::{etcd, eventually, until};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::{Attempt, Lease, LockBackend, LockName};
-use support::{scale, scaled};
+use support::scaled;
 use tokio::time::Instant;
 
 /// Long next to the request timeout, as in production: a lease that gave
@@ -42,7 +42,7 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
         FaultProxy::start(store.addr()).await.unwrap(),
         FaultProxy::start(store.addr()).await.unwrap(),
     );
-    let timeout = Duration::from_millis(500).mul_f64(scale());
+    let timeout = scaled(Duration::from_millis(500));
     // Late by more than the request timeout, yet HTTP/2 pings (3 s
     // timeout) come back in time, so the connection stays up (up to scale 2).
     let late = timeout + Duration::from_millis(300);
@@ -58,7 +58,7 @@ async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
     let observer = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint()]))
         .await
         .unwrap();
-    let slack = client.capabilities().slack_for(TTL) + Duration::from_secs(1).mul_f64(scale());
+    let slack = client.capabilities().slack_for(TTL) + scaled(Duration::from_secs(1));
 
     // Both connections up before one of them turns slow.
     until(
@@ -150,7 +150,7 @@ async fn churn(client: EtcdBackend, granted: Vec<Lease>, stop: CancellationToken
 async fn a_garbled_connection_is_a_retryable_error_and_heals() {
     let store = etcd::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let timeout = Duration::from_millis(300).mul_f64(scale());
+    let timeout = scaled(Duration::from_millis(300));
     let client = EtcdBackend::connect_with(
         EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
     )
@@ -216,7 +216,7 @@ async fn a_garbled_connection_is_a_retryable_error_and_heals() {
 async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
     let store = etcd::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let timeout = Duration::from_millis(500).mul_f64(scale());
+    let timeout = scaled(Duration::from_millis(500));
     let client = EtcdBackend::connect_with(
         EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
     )

@@ -18,30 +18,12 @@ use tokio::time::Instant;
 
 /// User + system CPU time of this process so far.
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may contain spaces): utime is the
-    // 14th field, stime the 15th, in clock ticks (100 per second on Linux).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    lock_conformance::kit::usage::own_cpu_time()
 }
 
 /// This process's resident set now (`VmRSS`) or at its peak (`VmHWM`), in MiB.
 fn rss_mib(which: &str) -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(which))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    lock_conformance::kit::usage::own_memory_mib(which)
 }
 
 /// Scripts the server ran (EVALSHA, plus EVAL after a NOSCRIPT).

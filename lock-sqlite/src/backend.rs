@@ -229,12 +229,7 @@ impl LockBackend for SqliteBackend {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
-        if permits == 0 {
-            return Err(LockError::config(format!(
-                "semaphore \"{}\" needs at least one permit",
-                request.name()
-            )));
-        }
+        lockcore::backend::check_permits(request.name(), permits)?;
         self.client.try_grant(Kind::Permit, request, permits).await
     }
 

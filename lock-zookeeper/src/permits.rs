@@ -64,11 +64,7 @@ impl Client {
         permits: u32,
     ) -> Result<Attempt, LockError> {
         let name = request.name();
-        if permits == 0 {
-            return Err(LockError::config(format!(
-                "semaphore \"{name}\" needs at least one permit"
-            )));
-        }
+        lockcore::backend::check_permits(name, permits)?;
         let live = self.live().await?;
         let path = self.semaphore_path(name);
         for _ in 0..ATTEMPTS {

@@ -4,10 +4,11 @@
 
 mod support;
 
+use lock_conformance::kit::usage::cpu_time;
 use lock_conformance::stores::zookeeper;
 use lockcore::LockBackend;
 use lockcore::backend::LockBackendExt;
-use support::{answered, connect, process_cpu, session_id, unique};
+use support::{answered, connect, session_id, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_cycle_is_a_create_and_a_delete() {
@@ -18,7 +19,7 @@ async fn an_uncontended_cycle_is_a_create_and_a_delete() {
         .await
         .unwrap()
         .unwrap();
-    let pid = store.pid().expect("a launched server").to_string();
+    let pid = store.pid().expect("a launched server");
     let backend = connect(store.endpoint()).await.unwrap();
     let sid = session_id(&backend);
     let name = unique("cycles");
@@ -37,11 +38,11 @@ async fn an_uncontended_cycle_is_a_create_and_a_delete() {
         cycle().await;
     }
     const CYCLES: u64 = 3_000;
-    let (cpu, requests) = (process_cpu(&pid), answered(store.addr(), sid));
+    let (cpu, requests) = (cpu_time(pid), answered(store.addr(), sid));
     for _ in 0..CYCLES {
         cycle().await;
     }
-    let cpu = process_cpu(&pid).saturating_sub(cpu);
+    let cpu = cpu_time(pid).saturating_sub(cpu);
     let requests = answered(store.addr(), sid) - requests;
     eprintln!(
         "uncontended acquire + release: {:.2} requests, {:?} server CPU per cycle ({CYCLES} cycles)",

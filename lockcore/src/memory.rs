@@ -314,12 +314,7 @@ impl LockBackend for MemoryBackend {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
-        if permits == 0 {
-            return Err(LockError::config(format!(
-                "semaphore \"{}\" needs at least one permit",
-                request.name()
-            )));
-        }
+        crate::support::check_permits(request.name(), permits)?;
         let now = Instant::now();
         let key = Key::Semaphore(request.name().clone());
         let mut state = self.lock();

@@ -41,11 +41,7 @@ pub struct Semaphore {
 
 impl Semaphore {
     pub(crate) fn new(locker: Locker, name: LockName, permits: u32) -> Result<Self, LockError> {
-        if permits == 0 {
-            return Err(LockError::config(format!(
-                "semaphore \"{name}\" needs at least one permit"
-            )));
-        }
+        crate::support::check_permits(&name, permits)?;
         Ok(Semaphore {
             locker,
             name,

@@ -1,10 +1,11 @@
 //! Small things every adapter needs, written once: bounding a request by a
-//! timeout, and showing a store URL without its secrets.
+//! timeout, showing a store URL without its secrets, refusing a semaphore of
+//! no permits.
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::LockError;
+use crate::{LockError, LockName};
 
 /// Runs `request` for at most `limit`. A request that gets no answer in time
 /// is [`LockError::Unavailable`] (retryable: every operation is
@@ -66,6 +67,21 @@ pub fn redact_url(url: &str) -> String {
         None => tail.to_owned(),
     };
     format!("{scheme}://{authority}{tail}")
+}
+
+/// Refuses a semaphore of zero permits before any I/O: it could never be
+/// acquired, and storing 0 as the agreed count would refuse every later
+/// holder that asks for a real one.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] naming the semaphore.
+pub fn check_permits(name: &LockName, permits: u32) -> Result<(), LockError> {
+    if permits == 0 {
+        return Err(LockError::config(format!(
+            "semaphore \"{name}\" needs at least one permit"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

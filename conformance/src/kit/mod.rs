@@ -5,6 +5,8 @@
 //! - [`env`](mod@env): every variable the tests read (`LOCK_TEST_*`), in one place,
 //!   and the time scale.
 //! - [`poll`]: waiting for a condition instead of sleeping on a guess.
+//! - [`usage`]: a process's CPU time and memory, for tests that state what
+//!   work costs.
 //!
 //! With the `stores` feature (process control; off by default, so running
 //! only the suite pulls none of it):
@@ -27,6 +29,7 @@ pub(crate) mod process;
 pub mod proxy;
 #[cfg(feature = "stores")]
 pub mod stores;
+pub mod usage;
 
 pub use env::{scaled, time_scale};
 pub use poll::{eventually, until};

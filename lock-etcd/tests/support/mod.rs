@@ -15,19 +15,7 @@ use lockcore::{Attempt, Lease, LockName, OwnerToken};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-/// `LOCK_TEST_TIME_SCALE` (default 1.0).
-pub(crate) fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
-/// `d` stretched by the time scale.
-pub(crate) fn scaled(d: Duration) -> Duration {
-    d.mul_f64(scale())
-}
+pub(crate) use lock_conformance::kit::scaled;
 
 /// A lock name no other test (or rerun) uses: `<test>/<random>`.
 pub(crate) fn name(test: &str) -> LockName {
@@ -117,42 +105,19 @@ pub(crate) fn gauge(metrics: &HashMap<String, f64>, name: &str) -> f64 {
     metrics.get(name).copied().unwrap_or(0.0)
 }
 
-/// User + system CPU time of process `pid` so far (`/proc/<pid>/stat`).
-pub(crate) fn cpu_of(pid: &str) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // After the command name (which may contain spaces): utime and stime are
-    // the 14th and 15th fields, in clock ticks (100 per second on Linux).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
-
 /// This process's CPU time so far.
 pub(crate) fn own_cpu() -> Duration {
-    cpu_of("self")
+    lock_conformance::kit::usage::own_cpu_time()
 }
 
 /// A launched store's CPU time so far.
 pub(crate) fn store_cpu(store: &stores::Store) -> Duration {
-    cpu_of(&store.pid().expect("a running store").to_string())
+    lock_conformance::kit::usage::cpu_time(store.pid().expect("a running store"))
 }
 
 /// This process's resident set now (`VmRSS`) or at its peak (`VmHWM`), in MiB.
 pub(crate) fn rss_mib(which: &str) -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(which))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    lock_conformance::kit::usage::own_memory_mib(which)
 }
 
 /// TCP connections this process has open to `port` on loopback.

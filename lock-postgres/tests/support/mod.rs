@@ -17,20 +17,7 @@ use lockcore::{Attempt, Backoff, Lease, LockBackend, LockError, LockGuard, LockN
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// `LOCK_TEST_TIME_SCALE` (default 1): timing bounds are multiplied by it
-/// on slow machines.
-pub(crate) fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
-
-/// `d` times [`scale`].
-pub(crate) fn scaled(d: Duration) -> Duration {
-    d.mul_f64(scale())
-}
+pub(crate) use lock_conformance::kit::scaled;
 
 /// The URL of this test binary's shared server.
 pub(crate) fn shared_url() -> String {

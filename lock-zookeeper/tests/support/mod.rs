@@ -17,14 +17,7 @@ pub(crate) fn session_timeout() -> Duration {
     Duration::from_secs(4).mul_f64(time_scale())
 }
 
-/// `LOCK_TEST_TIME_SCALE` (default 1.0), which stretches every timing.
-pub(crate) fn time_scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
-}
+pub(crate) use lock_conformance::kit::time_scale;
 
 /// The servers' tick: the launcher's (`ci/docker-compose.yml` uses the same).
 pub(crate) fn tick() -> Duration {
@@ -162,24 +155,7 @@ pub(crate) fn locker(backend: &ZooKeeperBackend) -> lockcore::Locker {
 
 /// CPU time this process has used so far (user + system).
 pub(crate) fn cpu_time() -> Duration {
-    process_cpu("self")
-}
-
-/// CPU time (user + system) process `pid` (or `self`) has used so far.
-pub(crate) fn process_cpu(pid: &str) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime
-    // are the 14th and 15th fields of the line.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // sysconf(_SC_CLK_TCK) is 100 on Linux.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    lock_conformance::kit::usage::own_cpu_time()
 }
 
 /// An allowance for one round trip to the store on this machine: four times
