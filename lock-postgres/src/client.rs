@@ -359,38 +359,15 @@ impl Client {
     /// expired) or the backend is dropped. An acquire still in flight when
     /// the cleanup runs can still grant later; that grant expires.
     fn forget_later(self: &Arc<Self>, name: &LockName, owner: OwnerToken, until: Instant) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let client = Arc::downgrade(self);
         let name = name.clone();
-        runtime.spawn(async move {
-            let retry = lockcore::Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-            for attempt in 0_u32.. {
-                let Some(client) = client.upgrade() else {
-                    return;
-                };
-                let outcome = client.forget(&name, owner).await;
-                drop(client);
-                match outcome {
-                    Ok(freed) => {
-                        if freed > 0 {
-                            tracing::debug!(lock = %name, "freed the grant of an acquire whose reply was lost");
-                        }
-                        return;
-                    }
-                    Err(e) if e.is_retryable() => {
-                        let next = Instant::now() + retry.delay(attempt);
-                        if next >= until {
-                            return;
-                        }
-                        tokio::time::sleep_until(next).await;
-                    }
-                    Err(e) => {
-                        tracing::debug!(lock = %name, error = %e, "could not free the grant of an acquire whose reply was lost; it expires");
-                        return;
-                    }
+        let what = "freeing the grant of an acquire whose reply was lost";
+        lockcore::backend::retry_in_background(self.clone(), until, what, move |client| {
+            let name = name.clone();
+            async move {
+                if client.forget(&name, owner).await? > 0 {
+                    tracing::debug!(lock = %name, "freed the grant of an acquire whose reply was lost");
                 }
+                Ok(())
             }
         });
     }

@@ -13,7 +13,7 @@ pub use crate::clock::{Clock, Moment, SystemClock};
 pub use crate::error::BoxError;
 pub use crate::lease::Lease;
 pub use crate::request::LockRequest;
-pub use crate::support::{check_permits, redact_url, timed};
+pub use crate::support::{check_permits, redact_url, retry_in_background, timed};
 pub use crate::token::OwnerToken;
 pub use crate::ttl::Ttl;
 pub use crate::wait::{PermitPolling, Polling, WaitPolicy, Waiter, Wakeup};

@@ -1,11 +1,14 @@
 //! Small things every adapter needs, written once: bounding a request by a
-//! timeout, showing a store URL without its secrets, refusing a semaphore of
-//! no permits.
+//! timeout, retrying a cleanup in the background, showing a store URL
+//! without its secrets, refusing a semaphore of no permits.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{LockError, LockName};
+use tokio::time::Instant;
+
+use crate::{Backoff, LockError, LockName};
 
 /// Runs `request` for at most `limit`. A request that gets no answer in time
 /// is [`LockError::Unavailable`] (retryable: every operation is
@@ -67,6 +70,51 @@ pub fn redact_url(url: &str) -> String {
         None => tail.to_owned(),
     };
     format!("{scheme}://{authority}{tail}")
+}
+
+/// Runs `cleanup` on `target` in the background (undoing an acquire whose
+/// reply was lost, leaving a line), retried with jittered backoff while it
+/// fails with a retryable error, until `until` (when whatever it would undo
+/// has expired anyway) or `target` is dropped. The first try holds `target`,
+/// later ones only if it is still alive. Without a runtime nothing runs:
+/// the leftover expires. A permanent error is logged at DEBUG with `what`.
+pub fn retry_in_background<T, F, Fut>(
+    target: Arc<T>,
+    until: Instant,
+    what: &'static str,
+    mut cleanup: F,
+) where
+    T: Send + Sync + 'static,
+    F: FnMut(Arc<T>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), LockError>> + Send,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(&target);
+    let mut first = Some(target);
+    runtime.spawn(async move {
+        let retry = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        for attempt in 0_u32.. {
+            let Some(target) = first.take().or_else(|| weak.upgrade()) else {
+                return;
+            };
+            match cleanup(target).await {
+                Ok(()) => return,
+                Err(e) if e.is_retryable() => {
+                    let next = Instant::now() + retry.delay(attempt);
+                    if next >= until {
+                        return;
+                    }
+                    tokio::time::sleep_until(next).await;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "{what} failed; what it would undo expires");
+                    return;
+                }
+            }
+        }
+    });
 }
 
 /// Refuses a semaphore of zero permits before any I/O: it could never be

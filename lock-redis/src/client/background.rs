@@ -27,35 +27,14 @@ impl Client {
         owner: Option<OwnerToken>,
         until: Instant,
     ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the entry is skipped later, a grant expires
-        };
-        let mut first = Some(self.clone());
-        let client = Arc::downgrade(self);
-        runtime.spawn(async move {
-            let retry = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-            for attempt in 0_u32.. {
-                let Some(strong) = first.take().or_else(|| client.upgrade()) else {
-                    return;
-                };
-                let outcome = strong.leave(&keys, &member, owner).await;
-                drop(strong);
-                match outcome {
-                    Ok(freed) => {
-                        if freed {
-                            tracing::debug!(key = %keys.lock, "freed the lock of an acquire whose reply was lost");
-                        }
-                        return;
-                    }
-                    Err(e) if e.is_retryable() => {
-                        let next = Instant::now() + retry.delay(attempt);
-                        if next >= until {
-                            return;
-                        }
-                        tokio::time::sleep_until(next).await;
-                    }
-                    Err(_) => return,
+        let what = "freeing the lock of an acquire whose reply was lost";
+        lockcore::backend::retry_in_background(self.clone(), until, what, move |client| {
+            let (keys, member) = (keys.clone(), member.clone());
+            async move {
+                if client.leave(&keys, &member, owner).await? {
+                    tracing::debug!(key = %keys.lock, "freed the lock of an acquire whose reply was lost");
                 }
+                Ok(())
             }
         });
     }
