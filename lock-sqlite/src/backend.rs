@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, async_trait};
-use lockcore::wait::{LocalLine, PermitPolling, Polling};
+use lockcore::backend::{PermitPolling, Polling};
+use lockcore::wait::LocalLine;
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
     LockBackend, LockError, LockName, ReleaseOutcome,

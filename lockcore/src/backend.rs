@@ -16,43 +16,10 @@ pub use crate::request::LockRequest;
 pub use crate::support::{check_permits, redact_url, retry_in_background, timed};
 pub use crate::token::OwnerToken;
 pub use crate::ttl::Ttl;
-pub use crate::wait::{PermitPolling, Polling, WaitPolicy, Waiter, Wakeup};
+pub use crate::wait::{WaitPolicy, Waiter, Wakeup};
 
+use crate::outcome::{Attempt, ReleaseOutcome};
 use crate::{Capabilities, FencingToken, Holder, LockError, LockName};
-
-/// The outcome of one acquisition attempt. Contention is not an error.
-#[derive(Debug)]
-#[must_use = "an acquired lease must be released or left to expire"]
-pub enum Attempt {
-    /// The lock is ours.
-    Acquired(Lease),
-    /// Someone else holds it.
-    Held {
-        /// The holder's remaining TTL, when the store reports it cheaply, so
-        /// waiters can retry right when it expires.
-        expires_in: Option<Duration>,
-    },
-}
-
-impl Attempt {
-    /// The lease, if acquired.
-    pub fn into_lease(self) -> Option<Lease> {
-        match self {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held { .. } => None,
-        }
-    }
-}
-
-/// What a release did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseOutcome {
-    /// This call released the lock.
-    Released,
-    /// The store did not hold this lease (already released, expired or taken);
-    /// nothing was changed.
-    NotHeld,
-}
 
 /// A lock store. Implement this to add a backend; users hold a
 /// [`Locker`](crate::Locker) instead of calling it directly.
@@ -228,6 +195,82 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
             backend: self.capabilities().backend,
             operation: "raise_fence_floor",
         })
+    }
+}
+
+/// The plain waiter: arm [`watch`](LockBackend::watch) when the backend
+/// declares notifications, then [`try_acquire`](LockBackend::try_acquire).
+/// What [`LockBackend::acquire`] does by default.
+#[derive(Debug)]
+pub struct Polling<'a, B: ?Sized> {
+    backend: &'a B,
+    request: &'a LockRequest,
+    notifications: bool,
+}
+
+impl<'a, B: LockBackend + ?Sized> Polling<'a, B> {
+    /// A waiter for `request` on `backend`.
+    pub fn new(backend: &'a B, request: &'a LockRequest) -> Self {
+        Polling {
+            notifications: backend.capabilities().notifications,
+            backend,
+            request,
+        }
+    }
+}
+
+#[async_trait]
+impl<B: LockBackend + ?Sized> Waiter for Polling<'_, B> {
+    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
+        if self.notifications {
+            self.backend.watch(self.request.name()).await
+        } else {
+            Ok(None)
+        }
+    }
+
+    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
+        self.backend.try_acquire(self.request).await
+    }
+}
+
+/// [`Polling`] for a semaphore permit: arm
+/// [`watch_permits`](LockBackend::watch_permits), then
+/// [`try_acquire_permit`](LockBackend::try_acquire_permit).
+#[derive(Debug)]
+pub struct PermitPolling<'a, B: ?Sized> {
+    backend: &'a B,
+    request: &'a LockRequest,
+    permits: u32,
+    notifications: bool,
+}
+
+impl<'a, B: LockBackend + ?Sized> PermitPolling<'a, B> {
+    /// A waiter for one of `permits` slots of `request` on `backend`.
+    pub fn new(backend: &'a B, request: &'a LockRequest, permits: u32) -> Self {
+        PermitPolling {
+            notifications: backend.capabilities().notifications,
+            backend,
+            request,
+            permits,
+        }
+    }
+}
+
+#[async_trait]
+impl<B: LockBackend + ?Sized> Waiter for PermitPolling<'_, B> {
+    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
+        if self.notifications {
+            self.backend.watch_permits(self.request.name()).await
+        } else {
+            Ok(None)
+        }
+    }
+
+    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
+        self.backend
+            .try_acquire_permit(self.request, self.permits)
+            .await
     }
 }
 

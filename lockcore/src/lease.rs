@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Moment, Ttl};
+use crate::clock::Moment;
+use crate::ttl::Ttl;
 use crate::{FencingToken, HolderLabel, LockName, OwnerToken};
 
 /// One grant of a lock: name, owner, fencing token, the TTL the store really

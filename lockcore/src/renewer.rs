@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Clock, Moment};
+use crate::clock::{Clock, Moment};
 use crate::metrics::{self, Tags};
 use crate::{Backoff, Lease, LockBackend, LockError, LossReason};
 

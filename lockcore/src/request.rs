@@ -1,6 +1,6 @@
 //! `LockRequest`: what a backend is asked to grant.
 
-use crate::backend::Ttl;
+use crate::ttl::Ttl;
 use crate::{HolderLabel, LockName};
 
 /// One request for a lock: the name, the validated TTL, and the label to

@@ -20,8 +20,9 @@ use tokio::time::Instant;
 
 pub use crate::local_line::{LocalLine, LocalTurn};
 
-use crate::backend::LockRequest;
-use crate::{Attempt, Backoff, Lease, LockBackend, LockError};
+use crate::lease::Lease;
+use crate::outcome::Attempt;
+use crate::{Backoff, LockError};
 
 /// A future that completes when a lock name may have become free (release,
 /// forced release or expiry). Registered before it is returned, so a change
@@ -158,82 +159,6 @@ pub async fn wait(
             }
             _ => tokio::time::sleep_until(until).await,
         }
-    }
-}
-
-/// The plain waiter: arm [`watch`](LockBackend::watch) when the backend
-/// declares notifications, then [`try_acquire`](LockBackend::try_acquire).
-/// What [`LockBackend::acquire`] does by default.
-#[derive(Debug)]
-pub struct Polling<'a, B: ?Sized> {
-    backend: &'a B,
-    request: &'a LockRequest,
-    notifications: bool,
-}
-
-impl<'a, B: LockBackend + ?Sized> Polling<'a, B> {
-    /// A waiter for `request` on `backend`.
-    pub fn new(backend: &'a B, request: &'a LockRequest) -> Self {
-        Polling {
-            notifications: backend.capabilities().notifications,
-            backend,
-            request,
-        }
-    }
-}
-
-#[async_trait]
-impl<B: LockBackend + ?Sized> Waiter for Polling<'_, B> {
-    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
-        if self.notifications {
-            self.backend.watch(self.request.name()).await
-        } else {
-            Ok(None)
-        }
-    }
-
-    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
-        self.backend.try_acquire(self.request).await
-    }
-}
-
-/// [`Polling`] for a semaphore permit: arm
-/// [`watch_permits`](LockBackend::watch_permits), then
-/// [`try_acquire_permit`](LockBackend::try_acquire_permit).
-#[derive(Debug)]
-pub struct PermitPolling<'a, B: ?Sized> {
-    backend: &'a B,
-    request: &'a LockRequest,
-    permits: u32,
-    notifications: bool,
-}
-
-impl<'a, B: LockBackend + ?Sized> PermitPolling<'a, B> {
-    /// A waiter for one of `permits` slots of `request` on `backend`.
-    pub fn new(backend: &'a B, request: &'a LockRequest, permits: u32) -> Self {
-        PermitPolling {
-            notifications: backend.capabilities().notifications,
-            backend,
-            request,
-            permits,
-        }
-    }
-}
-
-#[async_trait]
-impl<B: LockBackend + ?Sized> Waiter for PermitPolling<'_, B> {
-    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
-        if self.notifications {
-            self.backend.watch_permits(self.request.name()).await
-        } else {
-            Ok(None)
-        }
-    }
-
-    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
-        self.backend
-            .try_acquire_permit(self.request, self.permits)
-            .await
     }
 }
 

@@ -1,0 +1,39 @@
+//! What an acquisition attempt and a release report.
+
+use std::time::Duration;
+
+use crate::lease::Lease;
+
+/// The outcome of one acquisition attempt. Contention is not an error.
+#[derive(Debug)]
+#[must_use = "an acquired lease must be released or left to expire"]
+pub enum Attempt {
+    /// The lock is ours.
+    Acquired(Lease),
+    /// Someone else holds it.
+    Held {
+        /// The holder's remaining TTL, when the store reports it cheaply, so
+        /// waiters can retry right when it expires.
+        expires_in: Option<Duration>,
+    },
+}
+
+impl Attempt {
+    /// The lease, if acquired.
+    pub fn into_lease(self) -> Option<Lease> {
+        match self {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held { .. } => None,
+        }
+    }
+}
+
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// This call released the lock.
+    Released,
+    /// The store did not hold this lease (already released, expired or taken);
+    /// nothing was changed.
+    NotHeld,
+}
