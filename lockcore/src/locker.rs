@@ -11,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backend::{Clock, LockRequest, SystemClock, Ttl, WaitPolicy};
-use crate::metrics::{self, Tags, WaitOutcome};
+use crate::metrics::{self, MeasuredWait, Tags, WaitOutcome};
 use crate::renewer::{Held, HoldPolicy, Renewer};
+use crate::request::Kind;
 use crate::{
     Attempt, Backoff, FencingToken, Holder, HolderLabel, IntoLockName, Lease, LockBackend,
     LockError, LockGuard, LockName,
@@ -319,7 +320,7 @@ impl Locker {
             waited_ms = tracing::field::Empty,
         );
         async {
-            let mut wait = Waiting::start(self.tags(request.name()), &waiting);
+            let mut wait = MeasuredWait::start(self.tags(request.name()), &waiting);
             let outcome = match kind {
                 Kind::Lock => self.backend.acquire(&request, &waiting).await,
                 Kind::Permits(n) => self.backend.acquire_permit(&request, n, &waiting).await,
@@ -479,52 +480,6 @@ impl Locker {
             tracing::warn!(error = %e, "release after the critical section failed; the lock expires after its TTL");
         }
         outcome
-    }
-}
-
-/// What a locker takes: a lock, or one of a semaphore's permits.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Kind {
-    Lock,
-    Permits(u32),
-}
-
-/// One wait, measured: counted as a waiter until it ends; a wait dropped
-/// before it ends (a cancelled acquire) counts as cancelled.
-struct Waiting<'a> {
-    tags: Tags,
-    policy: &'a WaitPolicy,
-    started: Instant,
-    ended: bool,
-}
-
-impl<'a> Waiting<'a> {
-    fn start(tags: Tags, policy: &'a WaitPolicy) -> Self {
-        metrics::wait_started(&tags);
-        Waiting {
-            tags,
-            policy,
-            started: Instant::now(),
-            ended: false,
-        }
-    }
-
-    fn end(&mut self, outcome: WaitOutcome) {
-        if !self.ended {
-            self.ended = true;
-            metrics::wait_ended(
-                &self.tags,
-                outcome,
-                self.started.elapsed(),
-                self.policy.attempts(),
-            );
-        }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.end(WaitOutcome::Cancelled);
     }
 }
 

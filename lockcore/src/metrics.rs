@@ -25,6 +25,9 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use crate::backend::WaitPolicy;
 use crate::{LockError, LockName, LossReason};
 
 /// Who a measurement is about: the backend, and the lock name when the
@@ -222,4 +225,43 @@ pub(crate) fn store_error(tags: &Tags, error: &LockError) {
         .increment(1);
     }
     let _ = (tags, error);
+}
+
+/// One wait, measured: counted as a waiter until it ends; a wait dropped
+/// before it ends (a cancelled acquire) counts as cancelled.
+pub(crate) struct MeasuredWait<'a> {
+    pub(crate) tags: Tags,
+    policy: &'a WaitPolicy,
+    started: Instant,
+    ended: bool,
+}
+
+impl<'a> MeasuredWait<'a> {
+    pub(crate) fn start(tags: Tags, policy: &'a WaitPolicy) -> Self {
+        wait_started(&tags);
+        MeasuredWait {
+            tags,
+            policy,
+            started: Instant::now(),
+            ended: false,
+        }
+    }
+
+    pub(crate) fn end(&mut self, outcome: WaitOutcome) {
+        if !self.ended {
+            self.ended = true;
+            wait_ended(
+                &self.tags,
+                outcome,
+                self.started.elapsed(),
+                self.policy.attempts(),
+            );
+        }
+    }
+}
+
+impl Drop for MeasuredWait<'_> {
+    fn drop(&mut self) {
+        self.end(WaitOutcome::Cancelled);
+    }
 }

@@ -44,3 +44,10 @@ impl LockRequest {
         &self.label
     }
 }
+
+/// What a locker takes: a lock, or one of a semaphore's permits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    Lock,
+    Permits(u32),
+}

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::locker::Kind;
+use crate::request::Kind;
 use crate::{Holder, LockError, LockGuard, LockName, Locker};
 
 /// A counting semaphore: at most `permits` holders of one name at once.
