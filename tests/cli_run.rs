@@ -283,3 +283,22 @@ fn permits_give_each_run_a_slot_and_exit_codes_pass_through() {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
 }
+
+/// `distlock` processes that create the default lock file at the same
+/// moment all get in: none sees the schema half made (tables, no
+/// application id yet) and takes the file for another program's.
+#[test]
+fn processes_creating_the_lock_file_at_once_all_get_in() {
+    for round in 0..60 {
+        let shell = Shell::new();
+        let runs: Vec<Child> = (0..4)
+            .map(|_| shell.spawn(&["inspect", "nightly"]))
+            .collect();
+        for mut run in runs {
+            let status = exit_within(&mut run, scaled(Duration::from_secs(30)), "inspect");
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(run.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+            assert!(status.success(), "round {round}: {status:?}: {stderr}");
+        }
+    }
+}

@@ -148,7 +148,17 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
             Some(code::NOTADB) => not_ours("is not a SQLite database".to_owned()),
             _ => not_ours(format!("cannot be opened as a SQLite database ({e})")),
         })?;
-    let looked = look(&mut conn).await;
+    // One read transaction, so the three reads see one snapshot: another
+    // process creating the schema in between must not make the file look
+    // half ours (tables, but no application id yet).
+    let looked = match sqlx::Connection::begin(&mut conn).await {
+        Ok(mut tx) => {
+            let looked = look(&mut tx).await;
+            let _ = tx.rollback().await;
+            looked
+        }
+        Err(e) => Err(e),
+    };
     let _ = conn.close().await;
     match looked {
         Ok((app, version, _)) if app == sql::APPLICATION_ID => {
