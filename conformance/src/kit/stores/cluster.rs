@@ -14,6 +14,30 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// The cluster whose members `launches` start (one thread each, so they
+    /// can find each other while starting), or every member's error.
+    pub(crate) fn join(
+        what: &str,
+        launches: Vec<std::thread::JoinHandle<io::Result<Store>>>,
+    ) -> io::Result<Cluster> {
+        let mut members = Vec::new();
+        let mut errors = Vec::new();
+        for launch in launches {
+            match launch.join() {
+                Ok(Ok(store)) => members.push(store),
+                Ok(Err(e)) => errors.push(e.to_string()),
+                Err(_) => errors.push("launcher thread panicked".into()),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(io::Error::other(format!(
+                "{what} did not form: {}",
+                errors.join("; ")
+            )));
+        }
+        Ok(Cluster { members })
+    }
+
     /// One URL naming every member, the form `connect` takes:
     /// `etcd://127.0.0.1:P1,127.0.0.1:P2,...`, `zk://127.0.0.1:P1,...`.
     pub fn url(&self) -> String {

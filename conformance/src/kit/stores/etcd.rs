@@ -346,22 +346,7 @@ pub fn start_cluster(size: usize) -> io::Result<Cluster> {
             std::thread::spawn(move || Store::launch(spec?))
         })
         .collect();
-    let mut stores = Vec::new();
-    let mut errors = Vec::new();
-    for handle in handles {
-        match handle.join() {
-            Ok(Ok(store)) => stores.push(store),
-            Ok(Err(e)) => errors.push(e.to_string()),
-            Err(_) => errors.push("launcher thread panicked".into()),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(io::Error::other(format!(
-            "etcd cluster did not form: {}",
-            errors.join("; ")
-        )));
-    }
-    Ok(Cluster { members: stores })
+    Cluster::join("etcd cluster", handles)
 }
 
 /// Whether the member at `addr` is the raft leader (`/v3/maintenance/status`:

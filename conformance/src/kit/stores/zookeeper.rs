@@ -217,22 +217,7 @@ impl EnsemblePlan {
                 std::thread::spawn(move || Store::launch(spec?))
             })
             .collect();
-        let mut stores = Vec::new();
-        let mut errors = Vec::new();
-        for handle in handles {
-            match handle.join() {
-                Ok(Ok(store)) => stores.push(store),
-                Ok(Err(e)) => errors.push(e.to_string()),
-                Err(_) => errors.push("launcher thread panicked".into()),
-            }
-        }
-        if !errors.is_empty() {
-            return Err(io::Error::other(format!(
-                "zookeeper ensemble did not form: {}",
-                errors.join("; ")
-            )));
-        }
-        Ok(Cluster { members: stores })
+        Cluster::join("zookeeper ensemble", handles)
     }
 }
 
