@@ -51,6 +51,38 @@ impl Inner {
         timed(self.timeout, what, self.client.kv_client().txn(txn)).await
     }
 
+    /// A grant this client just wrote on `session`: recorded as held (its
+    /// session's keeper keeps it, and its loss reaches the lease), then the
+    /// lease.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn grant_held(
+        &self,
+        request: &LockRequest,
+        record: &Record,
+        session: i64,
+        key: Vec<u8>,
+        revision: i64,
+        value: Arc<[u8]>,
+        refreshed: Instant,
+        number: Option<(Vec<u8>, u32)>,
+    ) -> Result<Lease, LockError> {
+        let lost = CancellationToken::new();
+        self.sessions.record(
+            key.clone(),
+            Entry {
+                session,
+                revision,
+                value: value.clone(),
+                kind: Kind::Held {
+                    paid_until: refreshed + request.ttl().get(),
+                },
+                lost: lost.clone(),
+                number,
+            },
+        );
+        self.lease(request, record, key, revision, value, refreshed, lost)
+    }
+
     /// The lease of a grant: entry `key`, created at `revision` with `value`
     /// (`record`), on a session last refreshed at `refreshed`.
     #[allow(clippy::too_many_arguments)]
@@ -129,23 +161,18 @@ impl Inner {
             // The queue was empty, so the key is new: its create revision is
             // the revision this transaction wrote at (the header's).
             let revision = reply.header().map_or(0, |h| h.revision());
-            let lost = CancellationToken::new();
-            self.sessions.record(
-                key.clone(),
-                Entry {
-                    session: session.id,
-                    revision,
-                    value: value.clone(),
-                    kind: Kind::Held {
-                        paid_until: refreshed + ttl,
-                    },
-                    lost: lost.clone(),
-                    number: Some((queue, n)),
-                },
-            );
             tracing::debug!(name = %request.name(), revision, "acquired");
             return self
-                .lease(request, &record, key, revision, value, refreshed, lost)
+                .grant_held(
+                    request,
+                    &record,
+                    session.id,
+                    key,
+                    revision,
+                    value,
+                    refreshed,
+                    Some((queue, n)),
+                )
                 .map(Attempt::Acquired);
         }
         Err(LockError::unavailable(

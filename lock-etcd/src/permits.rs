@@ -12,7 +12,7 @@ use std::sync::Arc;
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
-use lockcore::backend::{CancellationToken, LockRequest, Wakeup};
+use lockcore::backend::{LockRequest, Wakeup};
 use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 
 use crate::client::Inner;
@@ -20,7 +20,6 @@ use crate::error::timed;
 use crate::hub::Events;
 use crate::keys::{Keys, range_end};
 use crate::record::Record;
-use crate::session::{Entry, Kind};
 
 /// Tries per attempt: each miss shows which slots are taken.
 const TRIES: usize = 8;
@@ -117,23 +116,11 @@ impl Inner {
             };
             if reply.succeeded() {
                 let revision = reply.header().map_or(0, |h| h.revision());
-                let lost = CancellationToken::new();
-                self.sessions.record(
-                    key.clone(),
-                    Entry {
-                        session: session.id,
-                        revision,
-                        value: value.clone(),
-                        kind: Kind::Held {
-                            paid_until: refreshed + ttl,
-                        },
-                        lost: lost.clone(),
-                        number: None,
-                    },
-                );
                 tracing::debug!(name = %request.name(), slot, revision, "permit acquired");
                 return self
-                    .lease(request, &record, key, revision, value, refreshed, lost)
+                    .grant_held(
+                        request, &record, session.id, key, revision, value, refreshed, None,
+                    )
                     .map(|lease| Attempt::Acquired(lease.with_slot(slot)));
             }
             self.floor.learn_from(&reply)?;
