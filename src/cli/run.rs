@@ -162,14 +162,21 @@ fn signal_group(group: i32, sig: i32) {
 /// Stops what is left of `group`: SIGTERM, SIGKILL after `grace`, then
 /// waits until no process of it is left.
 async fn stop_group(group: i32, grace: Duration) {
-    if !group_alive(group) {
-        return;
-    }
+    // Signalled whether or not a scan sees a member: one scan can miss one.
     signal_group(group, libc::SIGTERM);
     let kill_at = Instant::now() + grace;
-    while group_alive(group) {
-        if Instant::now() >= kill_at {
-            signal_group(group, libc::SIGKILL);
+    // Gone only when three scans in a row, 10 ms apart, find nobody: one
+    // scan of /proc can miss a member that is changing state under a busy
+    // host, and a member left running outlives the lock.
+    let mut empty_scans = 0;
+    while empty_scans < 3 {
+        if group_alive(group) {
+            empty_scans = 0;
+            if Instant::now() >= kill_at {
+                signal_group(group, libc::SIGKILL);
+            }
+        } else {
+            empty_scans += 1;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
