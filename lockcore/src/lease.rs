@@ -32,7 +32,9 @@ pub struct Lease {
     issued: Moment,
     extra_margin: Duration,
     slot: Option<u32>,
-    lost: Option<CancellationToken>,
+    /// Shared, so cloning a lease (the renewer does, for every lease it
+    /// renews) costs a reference count, not a lock of the token's tree.
+    lost: Option<Arc<CancellationToken>>,
     extension: Option<Arc<dyn Any + Send + Sync>>,
 }
 
@@ -108,7 +110,7 @@ impl Lease {
     /// Attaches a signal the backend cancels when the store tells it the lease
     /// is gone (session expired, keep-alive refused, connection lost).
     pub fn with_loss_signal(mut self, lost: CancellationToken) -> Self {
-        self.lost = Some(lost);
+        self.lost = Some(Arc::new(lost));
         self
     }
 
@@ -126,7 +128,7 @@ impl Lease {
 
     /// The store-side loss signal, if the backend has one.
     pub fn loss_signal(&self) -> Option<&CancellationToken> {
-        self.lost.as_ref()
+        self.lost.as_deref()
     }
 
     /// The lock's name.

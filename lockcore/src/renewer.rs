@@ -291,6 +291,7 @@ async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<
             },
             Some((ids, results)) = batches.next(), if !batches.is_empty() => {
                 let mut clocks = Clocks::default();
+                let mono = Instant::now();
                 for (id, outcome) in settle(&ids, results) {
                     let Some(entry) = entries.get_mut(&id) else { continue };
                     entry.in_flight = false;
@@ -306,7 +307,9 @@ async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<
                                 entry.times = held.adopt(renewed, now);
                                 entry.attempt = 0;
                                 let every = held.policy.renew_every.unwrap_or(SUSPEND_CHECK);
-                                entry.not_before = Instant::now() + every / 4;
+                                entry.not_before = mono + every / 4;
+                                // Nothing is due for it before then.
+                                next_wake = next_wake.min(entry.not_before);
                             }
                         }
                         Err(e @ LockError::NotHeld { .. }) => {
@@ -320,7 +323,7 @@ async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<
                         Err(e) if e.is_retryable() => {
                             metrics::renewal_failed(&held.tags, &e);
                             tracing::debug!(error = %e, attempt = entry.attempt, "renewal failed, retrying");
-                            entry.not_before = (Instant::now() + retry.delay(entry.attempt)).min(entry.times.deadline());
+                            entry.not_before = (mono + retry.delay(entry.attempt)).min(entry.times.deadline());
                             entry.attempt = entry.attempt.saturating_add(1);
                             next_wake = next_wake.min(entry.not_before);
                         }
@@ -330,9 +333,6 @@ async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<
                         }
                     }
                 }
-                entries.retain(|_, e| !e.held.done.load(Ordering::Relaxed));
-                // Renewed leases move their next events: plan again now.
-                next_wake = Instant::now();
             },
             Some(id) = ended.next(), if !ended.is_empty() => {
                 if let Some(entry) = entries.remove(&id)
