@@ -7,9 +7,10 @@
 //! waiter: it lists the queue when a waiter joined since the last listing
 //! (waiters that join together share one), and otherwise watches only the
 //! node just ahead of the first local waiter (an `exists` watch, as in the
-//! classic recipe). When that node goes, the next one ahead is watched, and
-//! when none is left, that waiter alone is told it is first. A release by
-//! this session is known at once, without an event.
+//! classic recipe). When that node goes and none is left ahead, that waiter
+//! alone is told it is first; when others were ahead of it, they may have
+//! gone unseen, so the queue is listed again (one round trip, not one per
+//! node). A release by this session is known at once, without an event.
 //!
 //! **Why a decision on this view is sound.** Sequence numbers only grow, so
 //! the nodes ahead of a node are older than it, and only ever leave. A
@@ -26,6 +27,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -95,6 +97,8 @@ pub(crate) struct Line {
     /// Wakes the task: a waiter came or went, or this session deleted a node.
     poke: Arc<Notify>,
     task: OnceLock<tokio::task::AbortHandle>,
+    /// A joiner is listing the queue with its create ([`Line::probe`]).
+    probing: AtomicBool,
 }
 
 struct State {
@@ -111,6 +115,11 @@ struct State {
     told: Option<u32>,
     /// Why the view stopped for good (the session ended).
     ended: Option<String>,
+    /// The node watched went while others stayed ahead of it in the view:
+    /// those may have gone too, unseen (only the node just ahead is
+    /// watched), so the queue is listed again (one round trip) rather than
+    /// probed node by node (one round trip each).
+    stale: bool,
 }
 
 struct Waiting {
@@ -129,6 +138,15 @@ impl Drop for Turn {
     fn drop(&mut self) {
         self.line.lock().waiting.remove(&self.sequence);
         self.line.poke.notify_one();
+    }
+}
+
+/// The right to list the queue with a create; dropping it frees it.
+pub(crate) struct Probe(Arc<Line>);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.0.probing.store(false, Ordering::Release);
     }
 }
 
@@ -156,9 +174,11 @@ impl Line {
                 waiting: BTreeMap::new(),
                 told: None,
                 ended: None,
+                stale: false,
             }),
             poke: Arc::new(Notify::new()),
             task: OnceLock::new(),
+            probing: AtomicBool::new(false),
         });
         let poke = line.poke.clone();
         let task = tokio::spawn(run(Arc::downgrade(&line), poke, client, parent));
@@ -182,6 +202,16 @@ impl Line {
             line: self.clone(),
             sequence,
         }
+    }
+
+    /// Whether a joiner may list the queue with its create (one round trip
+    /// instead of two): only while nobody of this session waits here, and by
+    /// one joiner at a time, so a burst of joiners lists the queue once (in
+    /// this view), not once each.
+    pub(crate) fn probe(self: &Arc<Self>) -> Option<Probe> {
+        let idle = self.lock().waiting.is_empty();
+        let won = idle && !self.probing.swap(true, Ordering::AcqRel);
+        won.then(|| Probe(self.clone()))
     }
 
     /// Where node `sequence` (a joined waiter's) stands.
@@ -223,6 +253,18 @@ impl Line {
         }
     }
 
+    /// The node watched, `sequence`, is gone (an event, or an `exists` that
+    /// found nothing). The view is stale if nodes are left ahead of the
+    /// first local waiter: they were not watched.
+    fn passed(&self, sequence: u32) {
+        let mut state = self.lock();
+        state.nodes.remove(&sequence);
+        let State { nodes, waiting, .. } = &*state;
+        let first = waiting.keys().find(|s| nodes.contains_key(s));
+        let stale = first.is_some_and(|&first| nodes.range(..first).next().is_some());
+        state.stale = stale;
+    }
+
     /// What the task does next (telling the first local waiter, if it is).
     fn next_step(&self) -> Step {
         let mut state = self.lock();
@@ -235,7 +277,8 @@ impl Line {
             listed,
             ..
         } = &*state;
-        if waiting.values().any(|w| w.since >= *listed) {
+        if state.stale || waiting.values().any(|w| w.since >= *listed) {
+            state.stale = false;
             state.started += 1;
             return Step::List(state.started);
         }
@@ -368,7 +411,7 @@ async fn run(line: Weak<Line>, poke: Arc<Notify>, client: zk::Client, parent: St
                 };
                 match fired {
                     Ok(None) => {
-                        live.forget(sequence);
+                        live.passed(sequence);
                         Ok(())
                     }
                     Ok(Some(mut fired)) => {
@@ -378,7 +421,7 @@ async fn run(line: Weak<Line>, poke: Arc<Notify>, client: zk::Client, parent: St
                             event = &mut fired => match event.event_type {
                                 zk::EventType::NodeDeleted => {
                                     if let Some(live) = line.upgrade() {
-                                        live.forget(sequence);
+                                        live.passed(sequence);
                                     }
                                     Ok(())
                                 }

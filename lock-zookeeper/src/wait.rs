@@ -38,6 +38,19 @@ struct Queued {
     alive_since: Moment,
 }
 
+/// What queueing did.
+enum Joined {
+    /// The create showed the node first, with the lease's start.
+    First {
+        live: Arc<Live>,
+        entry: Entry,
+        alive_since: Moment,
+        alone: bool,
+    },
+    /// The node waits in the view.
+    InLine(Queued),
+}
+
 /// What an attempt found.
 enum Found {
     /// First in line, with the lease's start.
@@ -58,29 +71,46 @@ impl<'a> LineWaiter<'a> {
         }
     }
 
-    /// Queues a node behind the session's view of the queue.
-    async fn join(&self) -> Result<Queued, LockError> {
+    /// Queues a node behind the session's view of the queue, unless the
+    /// create alone shows it first: the sequence proof ([`crate::quiet`]),
+    /// or a listing sent with the create when nobody of this session waits
+    /// here (as `try_acquire` does). Either saves the view's listing.
+    async fn join(&self) -> Result<Joined, LockError> {
         let live = self.client.live().await?;
         let parent = self.client.lock_path(self.request.name());
         let session = &live.session;
         let line = session.lines.line(&session.client, &parent);
         let label = Some(self.request.label());
         let mut entry = Entry::new(session.clone(), parent, self.client.acls.clone(), label);
+        let probe = line.probe();
         // A write: it went through the leader after this.
         let alive_since = Moment::now();
-        entry.enqueue(false).await?;
+        let queue = entry.enqueue(probe.is_some()).await?;
+        drop(probe);
+        if let Some(queue) = queue {
+            let queue = entry.prune(&queue).await?.unwrap_or(queue);
+            if let Some(ours) = entry.name().filter(|&n| queue.position(n) == Some(0)) {
+                let alone = queue.is_only(ours);
+                return Ok(Joined::First {
+                    live,
+                    entry,
+                    alive_since,
+                    alone,
+                });
+            }
+        }
         let sequence = entry
             .sequence()
             .ok_or_else(|| LockError::store(BACKEND, "a created queue node has no sequence"))?;
         let turn = line.join(sequence, self.woken.clone());
-        Ok(Queued {
+        Ok(Joined::InLine(Queued {
             live,
             line,
             entry,
             sequence,
             _turn: turn,
             alive_since,
-        })
+        }))
     }
 
     /// Where our node stands. When first, the lease starts at the latest
@@ -159,14 +189,25 @@ impl Waiter for LineWaiter<'_> {
         if (self.queued.as_ref()).is_some_and(|q| q.live.session.is_ended()) {
             self.queued = None;
         }
+        let name = self.request.name();
         let mut queued = match self.queued.take() {
             Some(queued) => queued,
-            None => self.join().await?,
+            None => match self.join().await? {
+                Joined::InLine(queued) => queued,
+                Joined::First {
+                    live,
+                    entry,
+                    alive_since,
+                    alone,
+                } => {
+                    let lease = self.client.grant(&live, name, entry, alive_since, alone)?;
+                    return Ok(Attempt::Acquired(lease));
+                }
+            },
         };
         match self.look(&mut queued).await {
             Ok(Found::First { alone, alive_since }) => {
                 let Queued { live, entry, .. } = queued;
-                let name = self.request.name();
                 let lease = self.client.grant(&live, name, entry, alive_since, alone)?;
                 Ok(Attempt::Acquired(lease))
             }

@@ -1,6 +1,7 @@
 //! The session's shared view of a queue: waiters of several sessions are
 //! served in arrival order, a waiter ahead that gives up lets the next one
-//! through at once, and a reconnection loses nobody's turn.
+//! through at once, nodes that left unseen cost one listing, and a
+//! reconnection loses nobody's turn.
 
 mod support;
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::{until, zookeeper};
 use lockcore::{FencingToken, LockError};
-use support::{children, connect, locker, raw, round_trip, unique};
+use support::{answered, children, connect, locker, raw, round_trip, session_id, unique, watches};
 use tokio::time::Instant;
 
 /// Eight waiters, alternately of two sessions, queue one after the other
@@ -117,6 +118,84 @@ async fn a_waiter_ahead_that_gives_up_lets_the_next_through() {
         "granted {lag:?} after the release (bound {bound:?})"
     );
     guard.unwrap().release().await.unwrap();
+}
+
+/// A waiter watches only the node just ahead of it, so the nodes ahead of
+/// that one can leave unseen. When the watched one goes too, the waiter
+/// lists the queue once (a `sync` and a listing), rather than asking after
+/// each node it had seen, one request each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_left_unseen_cost_one_listing_not_one_request_each() {
+    const AHEAD: usize = 20;
+    let store = zookeeper::shared();
+    let (holder, others, ours) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let observer = raw(&store.endpoint()).await;
+    let name = unique("left-unseen");
+    let parent = holder.lock_path(&name);
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let mut ahead = Vec::new();
+    for queued in 1..=AHEAD {
+        ahead.push(tokio::spawn({
+            let (locker, name) = (locker(&others), name.clone());
+            async move { locker.acquire_timeout(&name, Duration::from_secs(60)).await }
+        }));
+        until(
+            Duration::from_secs(10),
+            "a waiter ahead in line",
+            || async { children(&observer, &parent).await.len() == 1 + queued },
+        )
+        .await;
+    }
+    let sid = session_id(&ours);
+    let patient = locker(&ours).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await
+        }
+    });
+    let node_ahead = format!("{parent}/");
+    until(
+        Duration::from_secs(10),
+        "our waiter watching the node ahead",
+        || async { (watches(store.addr(), sid).iter()).any(|w| w.starts_with(&node_ahead)) },
+    )
+    .await;
+    let last = ahead.pop().unwrap();
+    for waiter in &ahead {
+        waiter.abort();
+    }
+    until(
+        Duration::from_secs(10),
+        "the unwatched waiters gone",
+        || async { children(&observer, &parent).await.len() == 3 },
+    )
+    .await;
+    let before = answered(store.addr(), sid);
+    last.abort();
+    until(
+        Duration::from_secs(10),
+        "the watched waiter gone",
+        || async { children(&observer, &parent).await.len() == 2 },
+    )
+    .await;
+    held.release().await.unwrap();
+    let guard = waiting.await.unwrap().unwrap();
+    let requests = answered(store.addr(), sid) - before;
+    // A listing (2), a watch on the holder's node (1), and at most one
+    // look at our own node behind a `sync` (2) before the grant.
+    assert!(
+        requests <= 5,
+        "{requests} requests from the watched node's departure to the grant, with {} nodes gone unseen",
+        AHEAD - 1
+    );
+    guard.release().await.unwrap();
 }
 
 /// A waiter whose connection is reset while it waits keeps its place and

@@ -99,19 +99,34 @@ pub(crate) fn may_launch_servers(test: &str) -> bool {
     !external
 }
 
+/// The reply to four-letter command `command` from the server at `addr`.
+fn four_letters(addr: std::net::SocketAddr, command: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("four-letter connection");
+    conn.write_all(command.as_bytes()).unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    reply
+}
+
 /// The `cons` four-letter command's line for session `sid` on the server at
 /// `addr` (one line per connection of that session).
 pub(crate) fn connections(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).expect("four-letter connection");
-    conn.write_all(b"cons").unwrap();
-    let mut reply = String::new();
-    conn.read_to_string(&mut reply).unwrap();
     let session = format!("sid=0x{sid:x},");
-    reply
+    four_letters(addr, "cons")
         .lines()
         .filter(|l| l.contains(&session))
         .map(str::to_owned)
+        .collect()
+}
+
+/// The paths session `sid` watches on the server at `addr` (`wchc`).
+pub(crate) fn watches(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
+    let session = format!("0x{sid:x}");
+    let reply = four_letters(addr, "wchc");
+    let mut lines = reply.lines().skip_while(|l| l.trim() != session).skip(1);
+    std::iter::from_fn(|| lines.next().filter(|l| l.starts_with(char::is_whitespace)))
+        .map(|l| l.trim().to_owned())
         .collect()
 }
 

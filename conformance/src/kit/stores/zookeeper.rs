@@ -59,7 +59,7 @@ fn config(options: &Options, data: &Path, client: u16, servers: &[(u16, u16)]) -
     let mut cfg = format!(
         "tickTime={}\nminSessionTimeout={}\nmaxSessionTimeout={}\ndataDir={}\n\
          clientPort={client}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n\
-         admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr,conf,cons\n",
+         admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr,conf,cons,wchc\n",
         options.tick_ms,
         options.min_session_ms,
         options.max_session_ms,
