@@ -4,7 +4,9 @@
 //! (`pg_advisory_lock` + unlock: no lease, no fence, gone with the
 //! connection), uncontended and contended (blocking in the server's own
 //! queue). Scale scenarios run on a server of their own with
-//! `pg_stat_statements`, which counts every statement a client sends.
+//! `pg_stat_statements`, which counts every statement a client sends; on
+//! that server, before them, a profile of the uncontended cycle gives each
+//! statement's server time and WAL next to the floor's `UPDATE`.
 
 use std::sync::Arc;
 
@@ -98,6 +100,17 @@ pub(crate) async fn run(settings: Settings) -> Report {
         floor_target: Some(0.9),
     };
     let mut report = lineup::measure(lineup, &settings).await;
+    let counted = counted_server(&store);
+    if let Some(profile) = match &counted {
+        Some(counted) => statement_profile(&counted.url(), &settings).await,
+        None => None,
+    } && let Some(row) = (report.rows.iter_mut()).find(|r| r.what.starts_with("2 x durable"))
+    {
+        row.note = format!(
+            "{}; per statement (own server, pg_stat_statements): {profile}",
+            row.note
+        );
+    }
     let settings_of = |names: &'static [&'static str]| {
         let conn = conn.clone();
         async move {
@@ -128,23 +141,94 @@ pub(crate) async fn run(settings: Settings) -> Report {
         ),
         format!("{durability}; the launcher's defaults"),
     );
-    report.extend(scenarios(&settings, store).await);
+    report.extend(scenarios(&settings, store, counted).await);
     report
+}
+
+/// A server of the bench's own with `pg_stat_statements` (none when the
+/// shared one is external, or this one cannot start).
+fn counted_server(
+    shared: &lock_conformance::stores::Store,
+) -> Option<lock_conformance::stores::Store> {
+    use lock_conformance::stores::postgres::{self as stores, Options};
+    if shared.is_external() {
+        return None;
+    }
+    stores::start(Options::default().setting("shared_preload_libraries", "pg_stat_statements"))
+        .map_err(|e| {
+            eprintln!("postgres: no server with pg_stat_statements ({e}); counting commits")
+        })
+        .ok()
+}
+
+/// Where an uncontended cycle's server time goes: uncontended
+/// `try_acquire` + release cycles and floor `UPDATE`s on the server at
+/// `url`, then each statement's mean executor time and WAL per call, as
+/// `pg_stat_statements` counts them (commit and its WAL flush are outside
+/// the executor time, and the same for all of them).
+async fn statement_profile(url: &str, settings: &Settings) -> Option<String> {
+    use lockcore::backend::LockBackendExt;
+    let cycles = if settings.smoke { 20 } else { 2_000 };
+    let mut conn = PgConnection::connect(url).await.ok()?;
+    for statement in [
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+        "CREATE TABLE IF NOT EXISTS distlock_bench_floor (k int PRIMARY KEY, v bigint NOT NULL)",
+        "INSERT INTO distlock_bench_floor VALUES (1, 0) ON CONFLICT DO NOTHING",
+    ] {
+        sqlx::query(statement).execute(&mut conn).await.ok()?;
+    }
+    let backend = PostgresBackend::connect(url).await.ok()?;
+    let name = lockcore::LockName::new("bench/profile").ok()?;
+    for round in 0..2 {
+        if round == 1 {
+            sqlx::query("SELECT pg_stat_statements_reset()")
+                .execute(&mut conn)
+                .await
+                .ok()?;
+        }
+        for _ in 0..cycles {
+            let lease = (backend.try_acquire_for(&name, settings.ttl).await.ok()?).into_lease()?;
+            backend.release(&lease).await.ok()?;
+            sqlx::query("UPDATE distlock_bench_floor SET v = v + 1 WHERE k = 1")
+                .execute(&mut conn)
+                .await
+                .ok()?;
+        }
+    }
+    let rows: Vec<(String, i64, f64, f64, f64)> = sqlx::query_as(
+        "SELECT query, calls, mean_exec_time::float8, wal_records::float8 / calls,
+                wal_bytes::float8 / calls
+           FROM pg_stat_statements WHERE calls >= $1 ORDER BY mean_exec_time DESC",
+    )
+    .bind(i64::from(cycles))
+    .fetch_all(&mut conn)
+    .await
+    .ok()?;
+    let kinds = [
+        ("WITH cur AS", "acquire"),
+        ("WITH released AS", "release"),
+        ("UPDATE distlock_bench_floor", "floor UPDATE"),
+    ];
+    let parts: Vec<String> = (kinds.iter())
+        .filter_map(|(prefix, kind)| {
+            let (_, _, ms, records, bytes) =
+                rows.iter().find(|r| r.0.trim_start().starts_with(prefix))?;
+            Some(format!(
+                "{kind} {:.1} µs, {records:.1} WAL records, {bytes:.0} B WAL",
+                ms * 1000.0
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// The scale scenarios, on a server of their own that counts statements
 /// (or on the shared one, counting commits, where that cannot start).
-async fn scenarios(settings: &Settings, shared: Arc<lock_conformance::stores::Store>) -> Report {
-    use lock_conformance::stores::postgres::{self as stores, Options};
-    let counted = if shared.is_external() {
-        None
-    } else {
-        stores::start(Options::default().setting("shared_preload_libraries", "pg_stat_statements"))
-            .map_err(|e| {
-                eprintln!("postgres: no server with pg_stat_statements ({e}); counting commits")
-            })
-            .ok()
-    };
+async fn scenarios(
+    settings: &Settings,
+    shared: Arc<lock_conformance::stores::Store>,
+    counted: Option<lock_conformance::stores::Store>,
+) -> Report {
     let store = counted.as_ref().unwrap_or(&*shared);
     let url = store.url();
     let mut conn = PgConnection::connect(&url).await.expect("probe connection");
