@@ -1,6 +1,9 @@
 //! The suite must bite: each deliberately broken backend below violates one
 //! guarantee, and the cases that check that guarantee must fail against it.
 //! (`memory.rs` shows the same cases pass against the healthy backend.)
+//!
+//! Longer than 500 lines because every flaw is an arm of one wrapper
+//! backend: split up, each file would carry its own copy of the wrapper.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,6 +56,9 @@ enum Flaw {
     /// The store enforces the TTL, but leases report TTL + TTL/3: the holder
     /// counts on its lock one renew interval past the store's expiry.
     LossOneIntervalLate,
+    /// A batch renewal takes its first lease's answer for every lease (one
+    /// verdict for a whole batch statement).
+    OneVerdictPerBatch,
 }
 
 /// `d` as a TTL the in-memory store accepts.
@@ -201,6 +207,24 @@ impl LockBackend for Broken {
         let renewed = self.flawed_renew(lease).await;
         self.lag().await;
         Ok(self.doctor(renewed?, sent))
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let Some(first) = leases
+            .first()
+            .filter(|_| self.flaw == Flaw::OneVerdictPerBatch)
+        else {
+            return futures::future::join_all(leases.iter().map(|lease| self.renew(lease))).await;
+        };
+        let verdict = self.renew(first).await.map(|_| Moment::now());
+        (leases.iter())
+            .map(|lease| match &verdict {
+                Ok(sent) => Ok(lease.renewed(*sent)),
+                Err(_) => Err(LockError::NotHeld {
+                    name: lease.name().clone(),
+                }),
+            })
+            .collect()
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -358,6 +382,18 @@ async fn missing_exclusion_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resurrecting_renewals_are_caught() {
     must_fail(Flaw::RenewResurrects, &["renew_after_expiry_fails"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_verdict_for_a_whole_batch_is_caught() {
+    must_fail_saying(
+        Flaw::OneVerdictPerBatch,
+        &[(
+            "renew_many_judges_each_lease",
+            "each lease must be judged on its own",
+        )],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -69,6 +69,7 @@ macro_rules! __for_each_case {
             release::release_is_idempotent,
             renewal::renew_extends_and_keeps_fence,
             renewal::renew_after_expiry_fails,
+            renewal::renew_many_judges_each_lease,
             expiry::expiry_frees_the_name,
             expiry::waiter_wakes_on_expiry,
             fencing::fences_increase_across_cycles,

@@ -6,7 +6,7 @@ use lockcore::{Lease, LockError, ReleaseOutcome};
 use tokio::time::Instant;
 
 use super::deadline_overshoot;
-use crate::{CaseResult, Ctx, Outcome, ensure, skip};
+use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
 
 /// Renewing every third of the TTL keeps the lock for three TTLs, with the
 /// same fencing token and a deadline that moves forward, counted from the
@@ -117,5 +117,79 @@ pub async fn renew_after_expiry_fails(cx: &Ctx) -> CaseResult {
         "the expired holder must not touch the next holder's lock"
     );
     b.release(&next).await?;
+    Ok(Outcome::Passed)
+}
+
+/// A batch renewal (`renew_many`, what a `Locker`'s renewer sends) judges
+/// each lease on its own, exactly as `renew` would: in a batch of two live
+/// leases around a released one and one whose name another client has
+/// taken since, only the live two are renewed, each outcome in its lease's
+/// place, and the refused ones resurrect and disturb nothing.
+pub async fn renew_many_judges_each_lease(cx: &Ctx) -> CaseResult {
+    let (a, b) = (cx.client().await?, cx.client().await?);
+    let ttl = cx.long_ttl();
+    let first = cx.must_acquire(&a, &cx.name("batch-first"), ttl).await?;
+    let released_name = cx.name("batch-released");
+    let released = cx.must_acquire(&a, &released_name, ttl).await?;
+    ensure!(
+        a.release(&released).await? == ReleaseOutcome::Released,
+        "release of a live lease should succeed"
+    );
+    let taken_name = cx.name("batch-taken");
+    let taken = cx.must_acquire(&a, &taken_name, ttl).await?;
+    a.release(&taken).await?;
+    let now_b = cx.must_acquire(&b, &taken_name, ttl).await?;
+    let last = cx.must_acquire(&a, &cx.name("batch-last"), ttl).await?;
+    let batch = [first.clone(), released, taken, last.clone()];
+    let outcomes = a.renew_many(&batch).await;
+    ensure!(
+        outcomes.len() == batch.len(),
+        "renew_many returned {} outcomes for {} leases",
+        outcomes.len(),
+        batch.len()
+    );
+    for (i, live) in [(0, &first), (3, &last)] {
+        match &outcomes[i] {
+            Ok(renewed) => ensure!(
+                renewed.name() == live.name()
+                    && renewed.fence() == live.fence()
+                    && renewed.deadline() >= live.deadline(),
+                "lease {i} of the batch came back as another lease or an earlier deadline: \
+                 {renewed:?} for {live:?}"
+            ),
+            Err(e) => {
+                return Err(Failure::new(format!(
+                    "live lease {i} of the batch was not renewed: {e}"
+                )));
+            }
+        }
+    }
+    for (i, what) in [
+        (1, "a released lease"),
+        (2, "a lease whose name another client holds"),
+    ] {
+        ensure!(
+            matches!(outcomes[i], Err(LockError::NotHeld { .. })),
+            "renew_many renewed {what} (position {i}): {:?}; each lease must be judged on its own",
+            outcomes[i]
+        );
+    }
+    ensure!(
+        b.inspect(&released_name).await?.is_none(),
+        "a refused batch renewal must not resurrect a released lock"
+    );
+    let holder = b.inspect(&taken_name).await?;
+    ensure!(
+        holder.as_ref().is_some_and(|h| h.fence == now_b.fence()),
+        "a refused batch renewal must leave the new holder's lock alone: {holder:?}"
+    );
+    for lease in [&first, &last, &now_b] {
+        let client = if lease.fence() == now_b.fence() {
+            &b
+        } else {
+            &a
+        };
+        client.release(lease).await?;
+    }
     Ok(Outcome::Passed)
 }
