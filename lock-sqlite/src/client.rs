@@ -28,6 +28,9 @@ use crate::notify::{self, Doorbells};
 use crate::presence::{self, FileId, Presence, Renewing};
 use crate::sql;
 
+/// Leases renewed by one statement (bounds the JSON of one batch).
+const RENEW_CHUNK: usize = 1000;
+
 /// Locks and semaphores live in separate namespaces of one table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -315,7 +318,7 @@ impl Client {
         }
     }
 
-    /// Renews every lease in one transaction.
+    /// Renews every lease in one transaction, [`RENEW_CHUNK`] per statement.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         match timed(BACKEND, "renew", self.limit, self.renew_all(leases)).await {
             Ok(results) => results,
@@ -340,23 +343,34 @@ impl Client {
         let sent = Moment::now();
         let mut tx = self.begin().await?;
         let now = self.clock.now()?;
-        let mut results = Vec::with_capacity(leases.len());
-        for (lease, renewing) in leases.iter().zip(&renewing) {
-            let expires_at = now.saturating_add(clock::nanos(lease.ttl()));
-            let renewed: Option<i64> = sqlx::query_scalar(sql::RENEW)
-                .bind(expires_at)
-                .bind(Kind::of(lease).as_str())
-                .bind(lease.name().as_str())
-                .bind(i64::from(lease.slot().unwrap_or(0)))
-                .bind(lease.owner().encode())
-                .bind(fence_of(lease))
+        // Fence (unique per grant) → the expiry its row was renewed to.
+        let mut renewed: HashMap<i64, i64> = HashMap::with_capacity(leases.len());
+        for chunk in leases.chunks(RENEW_CHUNK) {
+            let batch: Vec<serde_json::Value> = (chunk.iter())
+                .map(|lease| {
+                    serde_json::json!([
+                        now.saturating_add(clock::nanos(lease.ttl())),
+                        Kind::of(lease).as_str(),
+                        lease.name().as_str(),
+                        i64::from(lease.slot().unwrap_or(0)),
+                        lease.owner().encode(),
+                        fence_of(lease),
+                    ])
+                })
+                .collect();
+            let rows: Vec<(i64, i64)> = sqlx::query_as(sql::RENEW)
+                .bind(serde_json::Value::Array(batch).to_string())
                 .bind(self.clock.boot_id())
                 .bind(now)
-                .fetch_optional(&mut *tx)
+                .fetch_all(&mut *tx)
                 .await
                 .map_err(error::map)?;
-            results.push(match renewed {
-                Some(at) => {
+            renewed.extend(rows);
+        }
+        tx.commit().await.map_err(error::map)?;
+        let results: Vec<Result<Lease, LockError>> = (leases.iter().zip(&renewing))
+            .map(|(lease, renewing)| match renewed.get(&fence_of(lease)) {
+                Some(&at) => {
                     if let Some(renewing) = renewing {
                         renewing.extended(at);
                     }
@@ -365,9 +379,8 @@ impl Client {
                 None => Err(LockError::NotHeld {
                     name: lease.name().clone(),
                 }),
-            });
-        }
-        tx.commit().await.map_err(error::map)?;
+            })
+            .collect();
         for (lease, result) in leases.iter().zip(&results) {
             if result.is_err() {
                 self.forget(lease.fence().get(), Some(lease), false);
