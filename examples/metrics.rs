@@ -8,10 +8,11 @@
 //!
 //! distlock (the library) only emits through the `metrics` facade; the
 //! application picks the exporter. Here it is `metrics-exporter-prometheus`,
-//! rendered on `/metrics` by a few lines of HTTP. Eight workers share one
-//! `Locker` on the in-memory backend: they wait for the lock (some time out),
-//! hold it across renewals, and once an operator force-releases the holder,
-//! which shows up as a lost lease.
+//! rendered on `/metrics` by a few lines of HTTP. A scripted opening holds
+//! the lock past the long-hold threshold while another caller times out,
+//! and an operator force-releases it, which shows up as a lost lease; then
+//! eight workers share one `Locker` on the in-memory backend, waiting for
+//! the lock (some time out) and holding it across renewals.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -60,13 +61,18 @@ async fn serve(listener: TcpListener, handle: PrometheusHandle) {
     }
 }
 
-/// Eight workers contend for one lock; an operator evicts a holder once.
+/// First a scripted opening that shows every kind of event once: a hold
+/// past the long-hold threshold, a caller that times out on it, and an
+/// operator's forced release of it. Then eight workers contend for the rest
+/// of `run_for`.
 async fn workload(run_for: Duration) {
+    let long_hold = Duration::from_millis(500);
     let locker = Locker::new(MemoryBackend::new())
         .ttl(Duration::from_millis(300))
         .max_wait(Duration::from_millis(400))
-        .long_hold(Duration::from_millis(500));
+        .long_hold(long_hold);
     let stop = tokio::time::Instant::now() + run_for;
+    opening(&locker, long_hold).await;
     let workers: Vec<_> = (0..8)
         .map(|worker| {
             let locker = locker.clone();
@@ -74,9 +80,8 @@ async fn workload(run_for: Duration) {
                 while tokio::time::Instant::now() < stop {
                     match locker.acquire("settlement").await {
                         Ok(guard) => {
-                            // Long enough for renewals (every TTL/3); the last ones pass the
-                            // long-hold threshold.
-                            let hold = Duration::from_millis(100 + 80 * worker);
+                            // Long enough for renewals (every TTL/3).
+                            let hold = Duration::from_millis(50 + 40 * worker);
                             tokio::select! {
                                 _ = guard.lost() => {}
                                 _ = tokio::time::sleep(hold) => {
@@ -90,13 +95,24 @@ async fn workload(run_for: Duration) {
             })
         })
         .collect();
-    tokio::time::sleep(run_for / 3).await;
-    let _ = locker
-        .force_release("settlement", "example: the operator evicts the holder")
-        .await;
     for worker in workers {
         let _ = worker.await;
     }
+}
+
+/// The nightly job holds the lock for twice the long-hold threshold (its
+/// renewer warns once it passes it); another caller gives up waiting; then
+/// an operator evicts the job, which hears it as a lost lease.
+async fn opening(locker: &Locker, long_hold: Duration) {
+    let Ok(job) = locker.acquire("settlement").await else {
+        return;
+    };
+    let impatient = locker.acquire_timeout("settlement", long_hold / 5);
+    let _ = tokio::join!(impatient, tokio::time::sleep(long_hold * 2));
+    let _ = locker
+        .force_release("settlement", "example: the operator evicts the holder")
+        .await;
+    let _ = tokio::time::timeout(long_hold, job.lost()).await;
 }
 
 #[tokio::main]
