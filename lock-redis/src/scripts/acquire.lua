@@ -12,7 +12,9 @@
 --         {nonce, 0, ms until the holder or reservation expires (-1: never)}.
 local lock, queue, next_key, me = KEYS[1], KEYS[3], KEYS[4], ARGV[4]
 local wait_ms
-if redis.call('EXISTS', lock, next_key, queue) > 0 then
+-- quiet: nothing is held, reserved or queued under this name.
+local quiet = redis.call('EXISTS', lock, next_key, queue) == 0
+if not quiet then
   wait_ms = redis.call('PTTL', lock)
 end
 -- Free, nobody waits and nothing is reserved (the common case): wait_ms is nil.
@@ -28,7 +30,7 @@ if wait_ms == -2 then
   end
 end
 if not wait_ms then
-  if me ~= '' then
+  if me ~= '' and not quiet then
     line_call('ZREM', queue, me)
   end
   local fence, decimal = next_fence(KEYS[2], KEYS[5])
