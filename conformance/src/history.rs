@@ -152,27 +152,70 @@ pub fn check_fence_order(grants: &[Grant]) -> Vec<String> {
 }
 
 /// S1: per name, the intervals during which clients counted on a grant
-/// (`granted..ended`) never intersect.
+/// (`granted..ended`) never intersect. A grant whose reply arrived after its
+/// own deadline (a reply held up longer than the lease) was never counted
+/// on: its interval is empty.
 pub fn check_no_overlap(grants: &[Grant]) -> Vec<String> {
+    let now = Instant::now();
+    let end = |g: &Grant| g.ended.unwrap_or(now);
     let mut found = Vec::new();
     for (name, mut gs) in by_name(grants) {
+        gs.retain(|g| end(g) > g.granted);
         gs.sort_by_key(|g| g.granted);
         for (i, x) in gs.iter().enumerate() {
-            let x_end = x.ended.unwrap_or_else(Instant::now);
+            let x_end = end(x);
             for y in &gs[i + 1..] {
                 if y.granted >= x_end {
                     break;
                 }
                 found.push(format!(
-                    "S1: {name}: client {} (fence {}) was granted {:?} before client {} (fence {}) stopped counting on its grant",
+                    "S1: {name}: client {} (fence {}) was granted {:?} before client {} (fence {}) \
+                     stopped counting on its grant (counted on for {:?} and {:?}; asked {:?} apart)",
                     y.client,
                     y.fence,
                     x_end - y.granted,
                     x.client,
-                    x.fence
+                    x.fence,
+                    end(y) - y.granted,
+                    x_end - x.granted,
+                    y.invoked.max(x.invoked) - y.invoked.min(x.invoked),
                 ));
             }
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn grant(client: usize, fence: u64, at: Instant, from_ms: u64, to_ms: u64) -> Grant {
+        Grant {
+            client,
+            name: LockName::new("n").unwrap(),
+            fence: FencingToken::new(fence).unwrap(),
+            invoked: at,
+            granted: at + Duration::from_millis(from_ms),
+            ended: Some(at + Duration::from_millis(to_ms)),
+        }
+    }
+
+    #[test]
+    fn overlapping_grants_are_reported() {
+        let at = Instant::now();
+        let found = check_no_overlap(&[grant(1, 1, at, 0, 100), grant(2, 2, at, 50, 150)]);
+        assert_eq!(found.len(), 1, "{found:?}");
+    }
+
+    #[test]
+    fn a_grant_that_arrived_past_its_deadline_overlaps_nothing() {
+        let at = Instant::now();
+        // Client 2's reply came 120 ms after its request, its lease ended at
+        // 80 ms: it never counted on it.
+        let found = check_no_overlap(&[grant(1, 2, at, 10, 200), grant(2, 1, at, 120, 80)]);
+        assert!(found.is_empty(), "{found:?}");
+    }
 }
