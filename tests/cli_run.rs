@@ -125,7 +125,11 @@ fn sigterm_to_distlock_leaves_no_child_or_grandchild() {
     );
     assert!(!status.success(), "{status:?}");
     assert!(!alive(child), "the child {child} survived");
-    assert!(!alive(grandchild), "the grandchild {grandchild} survived");
+    assert!(
+        !alive(grandchild),
+        "the grandchild {grandchild} survived: {:?}",
+        std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+    );
     // And the lock is free again.
     let free = shell.output(&["run", "--no-wait", "job", "--", "true"]);
     assert_eq!(free.status.code(), Some(0), "{free:?}");

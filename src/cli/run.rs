@@ -10,7 +10,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
 
 use super::exit::{self, Failure};
@@ -19,6 +19,8 @@ use super::exit::{self, Failure};
 pub(crate) struct Job {
     child: Child,
     group: i32,
+    /// The signals forwarded to the group, caught from before the spawn.
+    forwarded: Vec<(i32, Signal)>,
 }
 
 /// How a supervised command ended.
@@ -35,6 +37,20 @@ pub(crate) fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Job, F
     let (program, args) = command
         .split_first()
         .ok_or_else(|| Failure::Code(exit::USAGE, "no command to run".into()))?;
+    // Caught before the command starts: a SIGTERM that came between the
+    // spawn and the first wait would otherwise end distlock at once, and
+    // the parent-death signal reaches the child, not its children.
+    let mut forwarded = Vec::new();
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+        SignalKind::quit(),
+    ] {
+        let stream = signal(kind)
+            .map_err(|e| Failure::Code(exit::STORE, format!("cannot handle signals: {e}")))?;
+        forwarded.push((kind.as_raw_value(), stream));
+    }
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0);
     for (key, value) in env {
@@ -73,7 +89,11 @@ pub(crate) fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Job, F
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .ok_or_else(|| Failure::Code(exit::STORE, "the command exited at once".into()))?;
-    Ok(Job { child, group })
+    Ok(Job {
+        child,
+        group,
+        forwarded,
+    })
 }
 
 impl Job {
@@ -87,17 +107,7 @@ impl Job {
         lost: impl Future<Output = R>,
         grace: Duration,
     ) -> Result<Ended<R>, Failure> {
-        let mut forwarded = Vec::new();
-        for kind in [
-            SignalKind::interrupt(),
-            SignalKind::terminate(),
-            SignalKind::hangup(),
-            SignalKind::quit(),
-        ] {
-            let stream = signal(kind)
-                .map_err(|e| Failure::Code(exit::STORE, format!("cannot handle signals: {e}")))?;
-            forwarded.push((kind.as_raw_value(), stream));
-        }
+        let mut forwarded = std::mem::take(&mut self.forwarded);
         let (sigint, rest) = forwarded.split_at_mut(1);
         let (sigterm, rest) = rest.split_at_mut(1);
         let (sighup, sigquit) = rest.split_at_mut(1);
