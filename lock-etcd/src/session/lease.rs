@@ -185,7 +185,14 @@ impl Sessions {
                 }
                 Ok(Some(sent))
             }
+            // etcd no longer has the lease (expired or revoked), said by the
+            // keep-alive's reply or by the open stream's error status.
             Ok(Ok(false)) => {
+                *stream = None;
+                self.gone(session.id);
+                Ok(None)
+            }
+            Ok(Err(e)) if lease_not_found(&e) => {
                 *stream = None;
                 self.gone(session.id);
                 Ok(None)
