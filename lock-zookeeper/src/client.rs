@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Moment, Wakeup};
+use lockcore::backend::{LockRequest, Wakeup};
 use lockcore::{
     Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
     Lease, LeaseKind, LockError, LockName, OwnerToken, ReleaseOutcome,
@@ -183,8 +183,6 @@ impl Client {
             self.acls.clone(),
             Some(request.label()),
         );
-        // The create is a write: it went through the leader after this.
-        let sent_at = Moment::now();
         let Some(mut queue) = entry.enqueue(true).await? else {
             return Err(LockError::store(
                 BACKEND,
@@ -197,9 +195,10 @@ impl Client {
         let ours = entry.name().unwrap_or_default();
         if queue.position(ours) == Some(0) {
             let alone = queue.is_only(ours);
-            return Ok(Attempt::Acquired(
-                self.grant(&live, name, entry, sent_at, alone)?,
-            ));
+            if !entry.prove_recent().await? {
+                return Err(vanished(name));
+            }
+            return Ok(Attempt::Acquired(self.grant(&live, name, entry, alone)?));
         }
         if let Err(e) = entry.remove().await {
             tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
@@ -207,24 +206,24 @@ impl Client {
         Ok(Attempt::Held { expires_in: None })
     }
 
-    /// Turns the head of the queue into a lease. `alive_since`: the send time
-    /// of a request that went through the leader (a write or a `sync`), so
-    /// the leader keeps the session (and the node) until `alive_since +
-    /// timeout`, less the session's margin (see [`Timing::new`]). A read
-    /// answered by a follower proves nothing of the kind: a follower cut off
-    /// from the leader keeps answering for a while. `alone`: the latest look
-    /// at the queue showed only our node, so nobody else is waiting and the
-    /// next create here is likely ours again (the release then vouches for
-    /// its number; see [`crate::quiet`]).
+    /// Turns the head of the queue into a lease, starting at the node's
+    /// `alive_since`: the send time of a request that went through the leader
+    /// (a write or a `sync`), so the leader keeps the session (and the node)
+    /// until `alive_since + timeout`, less the session's margin (see
+    /// [`Timing::new`]). A read answered by a follower proves nothing of the
+    /// kind: a follower cut off from the leader keeps answering for a while.
+    /// Callers make that start recent first ([`Entry::prove_recent`]).
+    /// `alone`: the latest look at the queue showed only our node, so nobody
+    /// else is waiting and the next create here is likely ours again (the
+    /// release then vouches for its number; see [`crate::quiet`]).
     pub(crate) fn grant(
         &self,
         live: &Live,
         name: &LockName,
         entry: Entry,
-        alive_since: Moment,
         alone: bool,
     ) -> Result<Lease, LockError> {
-        self.grant_slot(live, name, entry, alive_since, alone, None)
+        self.grant_slot(live, name, entry, alone, None)
     }
 
     /// [`grant`](Self::grant) of a semaphore's `slot` (a lock: `None`).
@@ -233,14 +232,14 @@ impl Client {
         live: &Live,
         name: &LockName,
         entry: Entry,
-        alive_since: Moment,
         alone: bool,
         slot: Option<u32>,
     ) -> Result<Lease, LockError> {
-        let node = entry.node.as_ref();
-        let fence = node
-            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?
-            .fence()?;
+        let node = entry
+            .node
+            .as_ref()
+            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
+        let (fence, alive_since) = (node.fence()?, node.alive_since);
         let session = entry.session.clone();
         // Whatever was asked, a lease lasts the negotiated session timeout.
         let ttl = self.capabilities().effective_ttl(session.timeout)?;
@@ -439,6 +438,15 @@ pub(crate) fn not_held(lease: &Lease) -> LockError {
     LockError::NotHeld {
         name: lease.name().clone(),
     }
+}
+
+/// A retryable error: our queue node went away between its create and the
+/// grant (its session ended).
+pub(crate) fn vanished(name: &LockName) -> LockError {
+    LockError::unavailable(
+        BACKEND,
+        format!("our queue node for {name} went away before the grant (its session ended)"),
+    )
 }
 
 fn millis(d: Duration) -> u64 {

@@ -22,11 +22,11 @@
 
 use std::collections::BTreeSet;
 
-use lockcore::backend::{LockRequest, Moment, Wakeup};
+use lockcore::backend::{LockRequest, Wakeup};
 use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 use zookeeper_client as zk;
 
-use crate::client::{Client, Live};
+use crate::client::{Client, Live, vanished};
 use crate::error::{BACKEND, map};
 use crate::names::{NodeData, Queue, segment};
 use crate::queue::Entry;
@@ -121,8 +121,6 @@ impl Client {
             Some(request.label()),
         )
         .in_semaphore(path.to_owned());
-        // The create is a write: it went through the leader after this.
-        let sent_at = Moment::now();
         let mut queue = match entry.enqueue(true).await {
             Ok(queue) => queue.unwrap_or_default(),
             // The semaphore went away under the create: read it again.
@@ -153,8 +151,10 @@ impl Client {
             return Ok(Taken::Busy);
         }
         let alone = queue.is_only(ours);
-        let name = request.name();
-        let lease = self.grant_slot(live, name, entry, sent_at, alone, Some(slot))?;
+        if !entry.prove_recent().await? {
+            return Err(vanished(request.name()));
+        }
+        let lease = self.grant_slot(live, request.name(), entry, alone, Some(slot))?;
         Ok(Taken::Granted(lease))
     }
 

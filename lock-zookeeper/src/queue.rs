@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use lockcore::backend::Moment;
 use lockcore::{FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
@@ -51,6 +52,11 @@ pub(crate) struct Node {
     pub(crate) sequence: Option<u32>,
     /// The fence floor's offset it was created with (in force then).
     pub(crate) offset: u64,
+    /// The send time of the latest request through the leader (a write or
+    /// a `sync`) that showed the node alive: its create, the `sync` behind
+    /// the listing that found it after a lost create reply, or a later one.
+    /// A lease from this node starts here (see [`Entry::prove_recent`]).
+    pub(crate) alive_since: Moment,
 }
 
 impl Node {
@@ -171,6 +177,7 @@ impl Entry {
                 .or_else(|| quiet.watched(&self.parent));
             let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
                 .then(|| client.check_and_watch_stat(&self.parent));
+            let sent = Moment::now();
             let create = client.create(&prefix, &data, &mode);
             let list = (listing && claim.is_none()).then(|| client.list_children(&self.parent));
             let counting = self.semaphore.as_ref().map(|p| client.get_data(p));
@@ -193,6 +200,7 @@ impl Entry {
                         czxid: stat.czxid,
                         sequence,
                         offset,
+                        alive_since: sent,
                     });
                     self.watched = watched;
                     self.counted = match counting {
@@ -245,6 +253,7 @@ impl Entry {
     async fn recover(&mut self, offset: u64) -> Result<Option<Queue>, LockError> {
         // `sync` first: a create that reached the leader through the lost
         // connection is then visible here.
+        let sent = Moment::now();
         let queue = self.relist(true).await?;
         let Some(ours) = queue.first_of(self.guid).cloned() else {
             return Ok(None);
@@ -262,6 +271,7 @@ impl Entry {
                     path,
                     czxid: stat.czxid,
                     offset,
+                    alive_since: sent,
                 });
                 Ok(Some(queue))
             }
@@ -331,10 +341,50 @@ impl Entry {
             .or_else(|| QueueNode::parse(&node.name).map(|n| n.sequence))
     }
 
-    /// Our node's path.
-    pub(crate) fn path(&self) -> Option<&str> {
-        self.node.as_ref().map(|n| n.path.as_str())
+    /// Records a later request through the leader, sent at `at`, that
+    /// showed our node alive (a `sync` a listing with it was read behind).
+    pub(crate) fn seen_alive(&mut self, at: Moment) {
+        if let Some(node) = self.node.as_mut()
+            && at.mono() > node.alive_since.mono()
+        {
+            node.alive_since = at;
+        }
     }
+
+    /// Makes sure a lease from our node starts recently: when its latest
+    /// proof is older than [`RECENT`](Self::RECENT) of the session timeout
+    /// (a create answered late, a reply lost and the node found again after
+    /// a reconnection), a `sync` and an `exists` prove it again. Else a
+    /// grant could hand out a lease already near or past its deadline.
+    /// `false`: the node is gone (its session ended).
+    pub(crate) async fn prove_recent(&mut self) -> Result<bool, LockError> {
+        let Some(node) = self.node.as_mut() else {
+            return Ok(false);
+        };
+        if Moment::now().since(node.alive_since) <= self.session.timeout / Self::RECENT {
+            return Ok(true);
+        }
+        let client = &self.session.client;
+        let sent = Moment::now();
+        let synced = client.sync(&node.path);
+        let exists = client.check_stat(&node.path);
+        let outcome = match synced.await {
+            Ok(()) | Err(zk::Error::NoNode) => exists.await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(Some(_)) => {
+                node.alive_since = sent;
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(map(format!("syncing {}", node.path), e)),
+        }
+    }
+
+    /// A lease starts from a proof no older than this fraction of the
+    /// session timeout (a quarter: the margin and drift take more).
+    const RECENT: u32 = 4;
 
     /// Removes our node (and strays), waiting for the server. On failure
     /// the entry stays armed, so dropping it retries in the background.

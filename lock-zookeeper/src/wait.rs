@@ -6,12 +6,11 @@
 
 use std::sync::Arc;
 
-use lockcore::backend::{LockRequest, Moment, Waiter, Wakeup};
+use lockcore::backend::{LockRequest, Waiter, Wakeup};
 use lockcore::{Attempt, LockError};
 use tokio::sync::Notify;
-use zookeeper_client as zk;
 
-use crate::client::{Client, Live};
+use crate::client::{Client, Live, vanished};
 use crate::error::{BACKEND, map};
 use crate::line::{Line, Place, Turn};
 use crate::queue::Entry;
@@ -33,18 +32,14 @@ struct Queued {
     entry: Entry,
     sequence: u32,
     _turn: Turn,
-    /// The send time of this entry's latest request that went through the
-    /// leader: the create (a write), then a `sync`.
-    alive_since: Moment,
 }
 
 /// What queueing did.
 enum Joined {
-    /// The create showed the node first, with the lease's start.
+    /// The create showed the node first.
     First {
         live: Arc<Live>,
         entry: Entry,
-        alive_since: Moment,
         alone: bool,
     },
     /// The node waits in the view.
@@ -53,8 +48,8 @@ enum Joined {
 
 /// What an attempt found.
 enum Found {
-    /// First in line, with the lease's start.
-    First { alone: bool, alive_since: Moment },
+    /// First in line.
+    First { alone: bool },
     /// Still behind someone (or not listed yet).
     Waiting,
     /// Our node is gone (its session ended, or it was deleted by hand).
@@ -83,20 +78,16 @@ impl<'a> LineWaiter<'a> {
         let label = Some(self.request.label());
         let mut entry = Entry::new(session.clone(), parent, self.client.acls.clone(), label);
         let probe = line.probe();
-        // A write: it went through the leader after this.
-        let alive_since = Moment::now();
         let queue = entry.enqueue(probe.is_some()).await?;
         drop(probe);
         if let Some(queue) = queue {
             let queue = entry.prune(&queue).await?.unwrap_or(queue);
             if let Some(ours) = entry.name().filter(|&n| queue.position(n) == Some(0)) {
                 let alone = queue.is_only(ours);
-                return Ok(Joined::First {
-                    live,
-                    entry,
-                    alive_since,
-                    alone,
-                });
+                if !entry.prove_recent().await? {
+                    return Err(vanished(self.request.name()));
+                }
+                return Ok(Joined::First { live, entry, alone });
             }
         }
         let sequence = entry
@@ -109,7 +100,6 @@ impl<'a> LineWaiter<'a> {
             entry,
             sequence,
             _turn: turn,
-            alive_since,
         }))
     }
 
@@ -117,15 +107,14 @@ impl<'a> LineWaiter<'a> {
     /// request through the leader that also proves the node alive: our
     /// create, or the `sync` the view's listing was read behind. That must be
     /// recent (the leader heard of the session recently enough to leave a
-    /// useful deadline), else a `sync` is sent now: only a request through
-    /// the leader can start a lease (a cut-off follower answers reads for a
-    /// while, and its view may be late).
+    /// useful deadline), else a `sync` is sent now
+    /// ([`Entry::prove_recent`]): only a request through the leader can
+    /// start a lease (a cut-off follower answers reads for a while, and its
+    /// view may be late).
     async fn look(&self, queued: &mut Queued) -> Result<Found, LockError> {
         let alone = match queued.line.place(queued.sequence) {
             Place::First { alone, synced } => {
-                if synced.mono() > queued.alive_since.mono() {
-                    queued.alive_since = synced;
-                }
+                queued.entry.seen_alive(synced);
                 alone
             }
             Place::Behind => {
@@ -137,27 +126,10 @@ impl<'a> LineWaiter<'a> {
             Place::Unknown => return Ok(Found::Waiting),
             Place::Missing => return Ok(Found::Gone),
         };
-        let fresh = Moment::now().since(queued.alive_since) <= self.client.session_timeout() / 4;
-        if !fresh {
-            let client = &queued.live.session.client;
-            let path = queued.entry.path().unwrap_or_default().to_owned();
-            let sent = Moment::now();
-            let synced = client.sync(&path);
-            let exists = client.check_stat(&path);
-            let outcome = match synced.await {
-                Ok(()) | Err(zk::Error::NoNode) => exists.await,
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(Some(_)) => queued.alive_since = sent,
-                Ok(None) => return Ok(Found::Gone),
-                Err(e) => return Err(map(format!("syncing {path}"), e)),
-            }
+        if !queued.entry.prove_recent().await? {
+            return Ok(Found::Gone);
         }
-        Ok(Found::First {
-            alone,
-            alive_since: queued.alive_since,
-        })
+        Ok(Found::First { alone })
     }
 
     /// After a lost create reply, a create sent through the old connection
@@ -194,21 +166,16 @@ impl Waiter for LineWaiter<'_> {
             Some(queued) => queued,
             None => match self.join().await? {
                 Joined::InLine(queued) => queued,
-                Joined::First {
-                    live,
-                    entry,
-                    alive_since,
-                    alone,
-                } => {
-                    let lease = self.client.grant(&live, name, entry, alive_since, alone)?;
+                Joined::First { live, entry, alone } => {
+                    let lease = self.client.grant(&live, name, entry, alone)?;
                     return Ok(Attempt::Acquired(lease));
                 }
             },
         };
         match self.look(&mut queued).await {
-            Ok(Found::First { alone, alive_since }) => {
+            Ok(Found::First { alone }) => {
                 let Queued { live, entry, .. } = queued;
-                let lease = self.client.grant(&live, name, entry, alive_since, alone)?;
+                let lease = self.client.grant(&live, name, entry, alone)?;
                 Ok(Attempt::Acquired(lease))
             }
             Ok(Found::Waiting) => {

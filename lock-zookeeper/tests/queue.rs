@@ -154,6 +154,69 @@ async fn lost_create_reply_finds_its_own_node() {
     assert!(children(&observer, &parent).await.is_empty());
 }
 
+/// A create's reply is lost and replies stay lost for most of a session
+/// timeout (the session lives on: the client's reconnection attempts reach
+/// the server). The node found again after the connection heals starts its
+/// lease from that finding, not from the create sent long before: counted
+/// from the create, the lease would be handed out with its deadline already
+/// passed. Both grant paths: `try_acquire`, and a waiting `acquire` whose
+/// create joins the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_found_after_replies_were_lost_long_starts_a_full_lease() {
+    let store = zookeeper::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
+    let ttl = a.session_timeout();
+    for waiting in [false, true] {
+        let name = unique("long-lost-create-reply");
+        let parent = a.lock_path(&name);
+        // The parent exists already, so the create is the only write in flight.
+        let warm = take(&a, &name).await;
+        a.release(&warm).await.unwrap();
+
+        proxy.set(Mode::DropDownstream);
+        let sent = Instant::now();
+        let attempt = tokio::spawn({
+            let (a, name) = (a.clone(), name.clone());
+            async move {
+                if waiting {
+                    let wait = WaitPolicy::new(Instant::now() + ttl * 3);
+                    a.acquire_for(&name, ttl, &wait).await
+                } else {
+                    a.try_acquire_for(&name, ttl).await.map(Attempt::into_lease)
+                }
+            }
+        });
+        eventually(
+            Duration::from_secs(2),
+            "the server creating the node",
+            || async { children(&observer, &parent).await.pop() },
+        )
+        .await;
+        // A client's session clock gives up 7T/5 after its last reply.
+        tokio::time::sleep_until(sent + ttl * 7 / 8).await;
+        proxy.set(Mode::Pass);
+        proxy.reset_existing();
+
+        let lease = timeout(ttl * 2, attempt)
+            .await
+            .expect("the attempt completes after reconnecting")
+            .unwrap()
+            .unwrap()
+            .expect("the recovered node holds the lock");
+        let left = lease.deadline().saturating_duration_since(Instant::now());
+        // A lease starts from a proof at most T/4 old; margin and drift take
+        // less than T/2 (the session is refused otherwise).
+        assert!(
+            left >= ttl / 4,
+            "waiting={waiting}: the lease was granted with {left:?} left of a {ttl:?} session"
+        );
+        assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+        assert!(children(&observer, &parent).await.is_empty());
+    }
+}
+
 /// When a lock's parent is deleted (as the server's container reaper does
 /// once it is empty, see `containers.rs`) and recreated, ZooKeeper restarts
 /// its sequence numbers at 0, yet fences keep growing: they are czxids, not

@@ -134,7 +134,8 @@ pub async fn store_pause_keeps_invariants(cx: &Ctx) -> CaseResult {
             let invoked = Instant::now();
             let guard = locker.acquire_timeout(&name, wait).await?;
             let at = history.granted(1, &name, guard.fencing_token(), invoked);
-            Ok::<_, lockcore::LockError>((guard, at, Instant::now()))
+            let live = guard.is_held();
+            Ok::<_, lockcore::LockError>((guard, at, Instant::now(), live))
         })
     };
 
@@ -170,7 +171,7 @@ pub async fn store_pause_keeps_invariants(cx: &Ctx) -> CaseResult {
     );
 
     let within = ttl + cx.slack(ttl);
-    let (guard_b, grant_b, granted) = tokio::time::timeout(within, waiter)
+    let (guard_b, grant_b, granted, live_b) = tokio::time::timeout(within, waiter)
         .await
         .map_err(|_| {
             Failure::new(format!(
@@ -184,6 +185,11 @@ pub async fn store_pause_keeps_invariants(cx: &Ctx) -> CaseResult {
         granted - resumed
     );
     ensure!(
+        live_b,
+        "L1: the waiter's acquire returned a lease already past its deadline ({:?} after resume)",
+        granted.saturating_duration_since(resumed)
+    );
+    ensure!(
         guard_b.fencing_token() > fence_a,
         "F1: fence {} not above A's {fence_a}",
         guard_b.fencing_token()
@@ -193,10 +199,17 @@ pub async fn store_pause_keeps_invariants(cx: &Ctx) -> CaseResult {
         .map_err(|e| Failure::new(format!("B's write refused: {e}")))?;
     stale_write_refused(&resource, fence_a, "A")?;
     history.end(grant_b, Instant::now());
+    let (held_b, loss_b) = (guard_b.is_held(), guard_b.loss_reason());
+    let left_b = guard_b
+        .lease()
+        .deadline()
+        .checked_duration_since(Instant::now());
     let released = guard_b.release().await?;
     ensure!(
         released == ReleaseOutcome::Released,
-        "B's release: {released:?}"
+        "B's release: {released:?} (granted {:?} after resume; before the release: held={held_b}, \
+         deadline in {left_b:?}, loss={loss_b:?})",
+        granted.saturating_duration_since(resumed)
     );
     drop(guard);
     check_history(&history)?;
