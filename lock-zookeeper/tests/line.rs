@@ -10,24 +10,31 @@ use std::time::Duration;
 
 use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::{until, zookeeper};
-use lockcore::{FencingToken, LockError};
+use lock_zookeeper::{ZooKeeperBackend, zk};
+use lockcore::{FencingToken, LockError, LockName};
 use support::{answered, children, connect, locker, raw, round_trip, session_id, unique, watches};
 use tokio::time::Instant;
+
+/// Three sessions of the shared server (the first one holds), a raw client
+/// to look at the queue, and a fresh lock name with its parent path.
+async fn three_sessions(what: &str) -> ([ZooKeeperBackend; 3], zk::Client, LockName, String) {
+    let store = zookeeper::shared();
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(connect(store.endpoint()).await.unwrap());
+    }
+    let sessions: [ZooKeeperBackend; 3] = sessions.try_into().unwrap();
+    let name = unique(what);
+    let parent = sessions[0].lock_path(&name);
+    (sessions, raw(&store.endpoint()).await, name, parent)
+}
 
 /// Eight waiters, alternately of two sessions, queue one after the other
 /// behind a third session's holder: each is granted in turn, in the order
 /// they queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_of_two_sessions_are_served_in_arrival_order() {
-    let store = zookeeper::shared();
-    let (holder, a, b) = (
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
-    );
-    let observer = raw(&store.endpoint()).await;
-    let name = unique("two-sessions");
-    let parent = holder.lock_path(&name);
+    let ([holder, a, b], observer, name, parent) = three_sessions("two-sessions").await;
     let held = locker(&holder).acquire(&name).await.unwrap();
     let served: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
     let mut waiters = Vec::new();
@@ -66,15 +73,7 @@ async fn waiters_of_two_sessions_are_served_in_arrival_order() {
 /// releases, ours is granted within a round trip, not at a re-check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_ahead_that_gives_up_lets_the_next_through() {
-    let store = zookeeper::shared();
-    let (holder, ahead, ours) = (
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
-    );
-    let observer = raw(&store.endpoint()).await;
-    let name = unique("gives-up");
-    let parent = holder.lock_path(&name);
+    let ([holder, ahead, ours], observer, name, parent) = three_sessions("gives-up").await;
     let held = locker(&holder).acquire(&name).await.unwrap();
     let giving_up = tokio::spawn({
         let (locker, name) = (locker(&ahead), name.clone());
@@ -127,15 +126,7 @@ async fn a_waiter_ahead_that_gives_up_lets_the_next_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_that_left_unseen_cost_one_listing_not_one_request_each() {
     const AHEAD: usize = 20;
-    let store = zookeeper::shared();
-    let (holder, others, ours) = (
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
-    );
-    let observer = raw(&store.endpoint()).await;
-    let name = unique("left-unseen");
-    let parent = holder.lock_path(&name);
+    let ([holder, others, ours], observer, name, parent) = three_sessions("left-unseen").await;
     let held = locker(&holder).acquire(&name).await.unwrap();
     let mut ahead = Vec::new();
     for queued in 1..=AHEAD {
@@ -150,6 +141,7 @@ async fn nodes_that_left_unseen_cost_one_listing_not_one_request_each() {
         )
         .await;
     }
+    let store = zookeeper::shared();
     let sid = session_id(&ours);
     let patient = locker(&ours).recheck(Duration::from_secs(60));
     let waiting = tokio::spawn({
