@@ -4,13 +4,13 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
+use lock_conformance::proxy::Mode;
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
 use lockcore::backend::{CancellationToken, LockBackendExt, WaitPolicy};
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
-use support::{children, connect, locker, raw, take, unique};
+use support::{behind_proxy, children, connect, locker, raw, take, unique};
 use tokio::time::{Instant, timeout};
 
 /// Waiters that time out, are cancelled, or whose acquire future is simply
@@ -101,10 +101,7 @@ async fn given_up_waiters_leave_no_queue_nodes() {
 /// lock with that node's czxid as fence. Nothing is left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_create_reply_finds_its_own_node() {
-    let store = zookeeper::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
-    let observer = raw(&store.endpoint()).await;
+    let (proxy, a, observer) = behind_proxy().await;
     let name = unique("lost-create-reply");
     let parent = a.lock_path(&name);
     // The parent exists already, so the create is the only write in flight.
@@ -163,10 +160,7 @@ async fn lost_create_reply_finds_its_own_node() {
 /// create joins the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_found_after_replies_were_lost_long_starts_a_full_lease() {
-    let store = zookeeper::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
-    let observer = raw(&store.endpoint()).await;
+    let (proxy, a, observer) = behind_proxy().await;
     let ttl = a.session_timeout();
     for waiting in [false, true] {
         let name = unique("long-lost-create-reply");

@@ -7,13 +7,12 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::eventually;
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};
-use support::{answered, children, connect, raw, session_id, take, unique};
+use support::{answered, behind_proxy, children, connect, raw, session_id, take, unique};
 use tokio::time::timeout;
 use uuid::Uuid;
 
@@ -135,10 +134,7 @@ async fn a_recreated_parent_voids_the_proof() {
 /// reconnection, and the lock is not granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnection_voids_the_proof() {
-    let store = zookeeper::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
-    let other = raw(&store.endpoint()).await;
+    let (proxy, a, other) = behind_proxy().await;
     let name = unique("reconnected");
     let parent = a.lock_path(&name);
     cycle(&a, &name).await;

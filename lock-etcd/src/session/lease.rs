@@ -166,17 +166,20 @@ impl Sessions {
                         )),
                     }
                 }
-                None => match self.client.lease_client().keep_alive(session.id).await {
-                    Ok(opened) => {
-                        *stream = Some(opened);
-                        Ok(true)
-                    }
-                    Err(e) if lease_not_found(&e) => Ok(false),
-                    Err(e) => Err(e),
-                },
+                None => {
+                    let opened = self.client.lease_client().keep_alive(session.id).await?;
+                    *stream = Some(opened);
+                    Ok(true)
+                }
             }
         })
         .await;
+        // etcd no longer has the lease (expired or revoked): said by a reply
+        // with TTL 0, or by the error status of the stream or of its opening.
+        let outcome = outcome.map(|alive| match alive {
+            Err(e) if lease_not_found(&e) => Ok(false),
+            other => other,
+        });
         match outcome {
             Ok(Ok(true)) => {
                 let mut book = self.book();
@@ -185,14 +188,7 @@ impl Sessions {
                 }
                 Ok(Some(sent))
             }
-            // etcd no longer has the lease (expired or revoked), said by the
-            // keep-alive's reply or by the open stream's error status.
             Ok(Ok(false)) => {
-                *stream = None;
-                self.gone(session.id);
-                Ok(None)
-            }
-            Ok(Err(e)) if lease_not_found(&e) => {
                 *stream = None;
                 self.gone(session.id);
                 Ok(None)

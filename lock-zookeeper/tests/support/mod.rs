@@ -51,6 +51,21 @@ pub(crate) async fn connect_with(
     ZooKeeperBackend::connect_with(configure(config(connect))).await
 }
 
+/// A test client of the shared ZooKeeper through a fault proxy of its own,
+/// and a plain client straight to the server, to look at what it wrote.
+pub(crate) async fn behind_proxy() -> (
+    lock_conformance::proxy::FaultProxy,
+    ZooKeeperBackend,
+    lock_zookeeper::zk::Client,
+) {
+    let store = stores::zookeeper::shared();
+    let proxy = lock_conformance::proxy::FaultProxy::start(store.addr())
+        .await
+        .unwrap();
+    let client = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    (proxy, client, raw(&store.endpoint()).await)
+}
+
 /// A plain ZooKeeper client, to look at (or tamper with) what the backend wrote.
 pub(crate) async fn raw(connect: &str) -> lock_zookeeper::zk::Client {
     lock_zookeeper::zk::Client::connect(connect)
