@@ -59,6 +59,11 @@ enum Flaw {
     /// A batch renewal takes its first lease's answer for every lease (one
     /// verdict for a whole batch statement).
     OneVerdictPerBatch,
+    /// `close` does nothing: the client keeps serving, its leases' loss
+    /// signals never fire.
+    CloseKeepsServing,
+    /// Accepts (and ignores) a fence floor it could not count past.
+    AcceptsAnyFloor,
 }
 
 /// `d` as a TTL the in-memory store accepts.
@@ -108,7 +113,7 @@ impl Broken {
                 lease.owner(),
                 FencingToken::new(1).unwrap(),
                 lease.checked_ttl(),
-                lease.issued_at(),
+                lease.issued(),
             ),
             Flaw::LossOneIntervalLate => lease.clone().with_ttl(checked(ttl + ttl / 3)),
             Flaw::StampsTheReply => return lease.renewed(Moment::now()),
@@ -165,7 +170,7 @@ impl Broken {
                     .try_acquire_for(lease.name(), lease.ttl())
                     .await?
                     .into_lease()
-                    .map(|l| lease.renewed(l.issued_at()))
+                    .map(|l| lease.renewed(l.issued()))
                     .unwrap_or_else(|| lease.clone())),
                 other => other,
             },
@@ -286,6 +291,20 @@ impl LockBackend for Broken {
             let _ = tx.send(got);
         });
         rx.await.unwrap_or(Ok(None))
+    }
+
+    async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        match self.flaw {
+            Flaw::AcceptsAnyFloor if floor.get() > self.capabilities().max_fence_floor() => Ok(()),
+            _ => self.store.raise_fence_floor(floor).await,
+        }
+    }
+
+    async fn close(&self) -> Result<(), LockError> {
+        match self.flaw {
+            Flaw::CloseKeepsServing => Ok(()),
+            _ => self.store.close().await,
+        }
     }
 }
 
@@ -433,7 +452,10 @@ async fn missing_wakeups_are_caught() {
 async fn leaked_waiters_are_caught() {
     must_fail(
         Flaw::LeaksCancelledWaiters,
-        &["cancelled_acquire_leaves_nothing"],
+        &[
+            "cancelled_acquire_leaves_nothing",
+            "closed_waiter_leaves_nothing",
+        ],
     )
     .await;
 }
@@ -491,6 +513,30 @@ async fn a_loss_one_interval_late_is_caught() {
                 "before the holder's local deadline",
             ),
         ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_that_keeps_serving_is_caught() {
+    must_fail_saying(
+        Flaw::CloseKeepsServing,
+        &[(
+            "close_loses_and_frees_what_it_held",
+            "must refuse work with Unavailable",
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_beyond_the_counter_accepted_is_caught() {
+    must_fail_saying(
+        Flaw::AcceptsAnyFloor,
+        &[(
+            "fence_floor_beyond_the_counter_is_refused",
+            "expected InvalidConfig",
+        )],
     )
     .await;
 }

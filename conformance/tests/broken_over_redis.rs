@@ -18,7 +18,6 @@ use lockcore::{
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 const BACKEND: &str = "mini-redis";
 
@@ -223,7 +222,7 @@ impl LockBackend for MiniRedis {
         let (lock, fences) = keys(name);
         let owner = OwnerToken::new();
         let (owner_text, ms) = (owner.encode(), ttl.as_millis_ceil().to_string());
-        let sent = Instant::now();
+        let sent = request.now();
         let reply = self
             .eval(ACQUIRE, &[&lock, &fences], &[&owner_text, &ms])
             .await?;
@@ -244,18 +243,14 @@ impl LockBackend for MiniRedis {
             .ok()
             .and_then(FencingToken::new)
             .ok_or_else(|| LockError::store(BACKEND, format!("fence {n}")))?;
-        Ok(Attempt::Acquired(Lease::new(
-            name.clone(),
-            owner,
-            fence,
-            ttl,
-            sent,
+        Ok(Attempt::Acquired(Lease::granted(
+            request, owner, fence, sent,
         )))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         let ms = lease.checked_ttl().as_millis_ceil().to_string();
-        let sent = Instant::now();
+        let sent = lease.now();
         let reply = self
             .eval(RENEW, &[&keys(lease.name()).0], &[&value(lease), &ms])
             .await?;

@@ -102,7 +102,7 @@ impl Inner {
             record.owner,
             fence,
             request.ttl(),
-            refreshed,
+            lockcore::backend::Moment::from(refreshed),
         )
         .with_loss_signal(lost)
         .with_extension(Grant {

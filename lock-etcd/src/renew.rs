@@ -90,7 +90,7 @@ impl Inner {
                     if let Some(on) = at
                         && self.sessions.renewed(&grant.key, grant.revision, on, sent)
                     {
-                        Ok(lease.renewed(sent))
+                        Ok(lease.renewed(lockcore::backend::Moment::from(sent)))
                     } else {
                         self.lost(lease, grant);
                         Err(not_held(lease))

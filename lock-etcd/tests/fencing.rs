@@ -46,7 +46,7 @@ async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
         next.owner(),
         next.fence(),
         next.checked_ttl(),
-        Instant::now(),
+        lockcore::backend::Moment::now(),
     );
     assert!(
         !write(&holder, &forged, "forged").await,

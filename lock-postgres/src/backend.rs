@@ -171,6 +171,7 @@ impl PostgresBackend {
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 client: Arc::new(Client {
+                    cleanups: lockcore::backend::Cleanups::new(),
                     pool,
                     sql,
                     op_timeout,

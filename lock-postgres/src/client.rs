@@ -45,6 +45,8 @@ pub(crate) struct Client {
     pub(crate) sql: Sql,
     pub(crate) op_timeout: Duration,
     pub(crate) wakeups: Wakeups,
+    /// Background clean-ups this client owes the store; `close` finishes them.
+    pub(crate) cleanups: lockcore::backend::Cleanups,
 }
 
 impl Client {
@@ -361,7 +363,7 @@ impl Client {
     fn forget_later(self: &Arc<Self>, name: &LockName, owner: OwnerToken, until: Instant) {
         let name = name.clone();
         let what = "freeing the grant of an acquire whose reply was lost";
-        lockcore::backend::retry_in_background(self.clone(), until, what, move |client| {
+        self.cleanups.retry(self.clone(), until, what, move |client| {
             let name = name.clone();
             async move {
                 if client.forget(&name, owner).await? > 0 {

@@ -44,7 +44,7 @@ async fn renew_many_checks_each_lease_on_its_own() {
         OwnerToken::new(),
         other.fence(),
         other.checked_ttl(),
-        Instant::now(),
+        lockcore::backend::Moment::now(),
     );
     let batch = [
         live.clone(),

@@ -130,6 +130,7 @@ impl RedisBackend {
             keys::evict_channel(&config.key_prefix),
         );
         let client = Arc::new(Client {
+            cleanups: lockcore::backend::Cleanups::new(),
             commands: Commands::new(config.client.clone(), manager, op_timeout, con),
             prefix: config.key_prefix,
             endpoint,

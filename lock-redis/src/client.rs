@@ -46,6 +46,8 @@ pub(crate) struct Client {
     /// reserved for it (at most the waiter's TTL).
     pub(crate) claim_window: Duration,
     pub(crate) notifier: Arc<Notifier>,
+    /// Background clean-ups this client owes the store; `close` finishes them.
+    pub(crate) cleanups: lockcore::backend::Cleanups,
 }
 
 impl Drop for Client {
@@ -391,7 +393,7 @@ mod tests {
             lockcore::Capabilities::new("test")
                 .effective_ttl(Duration::from_secs(1))
                 .unwrap(),
-            Instant::now(),
+            Moment::now(),
         );
         let value = lease_value(&lease);
         let unlabelled = parse_value("k", &value).unwrap();

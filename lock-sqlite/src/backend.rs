@@ -102,14 +102,6 @@ impl SqliteBackend {
     pub fn path(&self) -> &Path {
         &self.path
     }
-
-    /// Closes this client as if its process had died: its connections and
-    /// its presence files. Later calls fail with [`LockError::Unavailable`];
-    /// the locks it held are not released, but their holder is provably
-    /// gone, so other clients take them at once.
-    pub async fn close(&self) {
-        self.client.close().await;
-    }
 }
 
 /// Creates the lock file with mode 0600 if it does not exist, so SQLite
@@ -244,6 +236,15 @@ impl LockBackend for SqliteBackend {
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
         self.client.raise_fence_floor(floor).await
+    }
+
+    /// Closes this client as if its process had died: its connections and
+    /// its presence files. Later calls fail with [`LockError::Unavailable`];
+    /// the locks it held are not released, but their holder is provably
+    /// gone, so other clients take them at once.
+    async fn close(&self) -> Result<(), LockError> {
+        self.client.close().await;
+        Ok(())
     }
 }
 

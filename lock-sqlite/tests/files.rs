@@ -133,7 +133,7 @@ async fn a_read_only_file_is_refused_untouched() {
         .into_lease()
         .unwrap();
     backend.release(&lease).await.unwrap();
-    backend.close().await;
+    backend.close().await.unwrap();
     drop(backend);
     let Some(_read_only) = ReadOnly::new(&path) else {
         return;
@@ -206,7 +206,7 @@ async fn fences_survive_every_client_closing_and_a_reopen() {
                 .unwrap();
             last += 1000;
         }
-        backend.close().await;
+        backend.close().await.unwrap();
     }
 }
 
@@ -224,7 +224,7 @@ async fn a_row_of_an_earlier_boot_is_expired() {
         .unwrap();
     // The holder "died with its boot": its row names another boot id (and
     // its process, this one, no longer counts: close it).
-    a.close().await;
+    a.close().await.unwrap();
     let mut conn = sqlx::SqliteConnection::connect(&url(&path)).await.unwrap();
     sqlx::query("UPDATE distlock_leases SET boot_id = 'an-earlier-boot', presence_dev = NULL")
         .execute(&mut conn)

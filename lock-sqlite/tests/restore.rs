@@ -66,7 +66,7 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
     conn.close().await.unwrap();
     // History the restore loses: the resource saw these fences.
     let highest = cycles(&before, &lock, 5).await;
-    before.close().await;
+    before.close().await.unwrap();
 
     restore(&backup, &path);
     // Without the procedure, the next fence goes back: a fenced resource
@@ -77,14 +77,14 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
         back <= highest,
         "the restore did not move fences back ({back} after {highest}): the test shows nothing"
     );
-    careless.close().await;
+    careless.close().await.unwrap();
 
     // The procedure: restore again, raise the floor to the highest fence
     // seen, then let clients in.
     restore(&backup, &path);
     let operator = SqliteBackend::connect(&url(&path)).await.unwrap();
     operator.raise_fence_floor(highest).await.unwrap();
-    operator.close().await;
+    operator.close().await.unwrap();
     let client = SqliteBackend::connect(&url(&path)).await.unwrap();
     let again = cycles(&client, &lock, 1).await;
     let fresh = cycles(&client, &name("never-used"), 1).await;
@@ -96,5 +96,5 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
         .await
         .unwrap();
     assert!(cycles(&client, &lock, 1).await > again);
-    client.close().await;
+    client.close().await.unwrap();
 }

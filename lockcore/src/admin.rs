@@ -50,11 +50,15 @@ pub async fn force_release(
 /// `distlock::audit`.
 ///
 /// # Errors
-/// [`LockError::Unsupported`] where the backend has no floor; a store error.
+/// [`LockError::InvalidConfig`] for a floor the store could not count past
+/// ([`Capabilities::check_fence_floor`](crate::Capabilities::check_fence_floor)),
+/// before any I/O; [`LockError::Unsupported`] where the backend has no
+/// floor; a store error.
 pub async fn raise_fence_floor(
     backend: &dyn LockBackend,
     floor: FencingToken,
 ) -> Result<(), LockError> {
+    backend.capabilities().check_fence_floor(floor)?;
     let outcome = backend.raise_fence_floor(floor).await;
     tracing::warn!(
         target: "distlock::audit",

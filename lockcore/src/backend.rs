@@ -9,11 +9,14 @@ use std::time::Duration;
 pub use async_trait::async_trait;
 pub use tokio_util::sync::CancellationToken;
 
+pub use crate::cleanups::Cleanups;
 pub use crate::clock::{Clock, Moment, SystemClock};
 pub use crate::error::BoxError;
 pub use crate::lease::Lease;
 pub use crate::request::LockRequest;
-pub use crate::support::{check_permits, redact_url, retry_in_background, timed};
+#[allow(deprecated)]
+pub use crate::support::retry_in_background;
+pub use crate::support::{check_permits, redact_url, timed};
 pub use crate::token::OwnerToken;
 pub use crate::ttl::Ttl;
 pub use crate::wait::{WaitPolicy, Waiter, Wakeup};
@@ -185,7 +188,8 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// Makes every fence handed out from now on, for every name and slot,
     /// larger than `floor`: the step an operator takes after restoring the
     /// store from a backup, which may have moved fence counters back. Never
-    /// lowers anything.
+    /// lowers anything. Implementations refuse a floor the store could not
+    /// count past with [`Capabilities::check_fence_floor`] before any I/O.
     ///
     /// The default: [`LockError::Unsupported`]; backends that implement it
     /// set [`Capabilities::fence_floor`].
@@ -195,6 +199,27 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
             backend: self.capabilities().backend,
             operation: "raise_fence_floor",
         })
+    }
+
+    /// Closes this client, and returns once it is closed:
+    ///
+    /// 1. every lease it granted that is still held is lost: its loss
+    ///    signal ([`Lease::with_loss_signal`]) fires, so no guard answers
+    ///    "held" once another client may take the name;
+    /// 2. the clean-ups it owes the store (undoing an acquire whose reply
+    ///    was lost, leaving a line) are finished, through its [`Cleanups`];
+    /// 3. its connections, sessions, watches and files are closed.
+    ///
+    /// Later calls fail with [`LockError::Unavailable`]. Whether the names
+    /// it held are free at once depends on the store (a closed session or
+    /// presence file frees them; a per-lock TTL runs out): release guards
+    /// first, or use [`Locker::close`](crate::Locker::close), which does.
+    /// Idempotent.
+    ///
+    /// The default does nothing: for a backend that holds no connection,
+    /// file or background work.
+    async fn close(&self) -> Result<(), LockError> {
+        Ok(())
     }
 }
 
@@ -353,6 +378,9 @@ macro_rules! forward_backend {
             }
             async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
                 (**self).raise_fence_floor(floor).await
+            }
+            async fn close(&self) -> Result<(), LockError> {
+                (**self).close().await
             }
         }
     )*};

@@ -49,6 +49,11 @@ pub struct Capabilities {
     /// Whether the backend can raise its fence floor after a restore
     /// ([`LockBackend::raise_fence_floor`](crate::LockBackend::raise_fence_floor)).
     pub fence_floor: bool,
+    /// The largest fence the store can count to (its counter's range:
+    /// `i64::MAX` for a 64-bit integer, 2^53 - 1 where a script counts in
+    /// doubles). A fence floor must leave room below it
+    /// ([`max_fence_floor`](Self::max_fence_floor)).
+    pub max_fence: u64,
 }
 
 /// The clock a store judges lease expiry on.
@@ -156,7 +161,42 @@ impl Capabilities {
             eviction_notice: None,
             semaphores: false,
             fence_floor: false,
+            max_fence: i64::MAX as u64,
         }
+    }
+
+    /// How many more grants a fence floor must leave room for below
+    /// [`max_fence`](Self::max_fence): 2^32.
+    pub const FENCE_FLOOR_HEADROOM: u64 = 1 << 32;
+
+    /// Sets the largest fence the store can count to.
+    pub fn max_fence(mut self, max: u64) -> Self {
+        self.max_fence = max;
+        self
+    }
+
+    /// The largest fence floor this store accepts: one that leaves room for
+    /// [`FENCE_FLOOR_HEADROOM`](Self::FENCE_FLOOR_HEADROOM) more grants.
+    pub fn max_fence_floor(&self) -> u64 {
+        self.max_fence.saturating_sub(Self::FENCE_FLOOR_HEADROOM)
+    }
+
+    /// Refuses, before any I/O, a fence floor the store could not count
+    /// past: every later grant would fail for ever.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming the largest floor accepted.
+    pub fn check_fence_floor(&self, floor: crate::FencingToken) -> Result<(), LockError> {
+        let max = self.max_fence_floor();
+        if floor.get() > max {
+            return Err(LockError::config(format!(
+                "fence floor {floor} leaves no room to count: {} counts fences up to {}, so a floor may be at most {max} (room for {} more grants)",
+                self.backend,
+                self.max_fence,
+                Self::FENCE_FLOOR_HEADROOM
+            )));
+        }
+        Ok(())
     }
 
     /// Declares semaphore support.

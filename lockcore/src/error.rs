@@ -248,6 +248,10 @@ pub enum LossReason {
     /// The guard was held longer than the locker's
     /// [`max_hold`](crate::Locker::max_hold).
     MaxHoldExceeded,
+    /// The client was closed ([`Locker::close`](crate::Locker::close),
+    /// [`LockBackend::close`](crate::LockBackend::close)) while the guard
+    /// was held.
+    Closed,
 }
 
 impl fmt::Display for LossReason {
@@ -263,6 +267,7 @@ impl fmt::Display for LossReason {
             LossReason::StoreReported => f.write_str("the store reported the lease gone"),
             LossReason::RenewalFailed(why) => write!(f, "renewal failed: {why}"),
             LossReason::MaxHoldExceeded => f.write_str("held longer than the locker's max_hold"),
+            LossReason::Closed => f.write_str("the client was closed"),
         }
     }
 }

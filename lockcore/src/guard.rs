@@ -145,7 +145,7 @@ impl Drop for LockGuard {
             return;
         }
         self.held.stop_holding();
-        release_in_background(self.held.backend.clone(), self.held.lease());
+        release_in_background(&self.held);
     }
 }
 

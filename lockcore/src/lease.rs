@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Moment;
+use crate::clock::{Clock, Moment, SystemClock};
+use crate::request::LockRequest;
 use crate::ttl::Ttl;
 use crate::{FencingToken, HolderLabel, LockName, OwnerToken};
 
@@ -23,6 +24,11 @@ use crate::{FencingToken, HolderLabel, LockName, OwnerToken};
 /// succeeded first, so a slow reply can never stretch the lease. Elapsed time
 /// is the larger of the monotonic clock and the boot clock (see
 /// [`Moment`]), so a host suspend counts too.
+///
+/// A lease is judged on the clock its send time was read on
+/// ([`clock`](Self::clock)): both readings of that [`Moment`] are taken
+/// before the request leaves and carried forward as they are, never
+/// rebuilt later from "now" (which would erase a suspend in between).
 #[derive(Clone)]
 pub struct Lease {
     name: LockName,
@@ -30,6 +36,7 @@ pub struct Lease {
     fence: FencingToken,
     ttl: Ttl,
     issued: Moment,
+    clock: Arc<dyn Clock>,
     extra_margin: Duration,
     slot: Option<u32>,
     /// Shared, so cloning a lease (the renewer does, for every lease it
@@ -39,21 +46,37 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// A lease granted by a request sent at `sent_at` (take `Moment::now()`
-    /// before doing any I/O).
+    /// A lease granted for `request` by a request sent at `sent_at` (read
+    /// with [`LockRequest::now`] before any I/O): its name, TTL and clock
+    /// come from the request.
+    pub fn granted(
+        request: &LockRequest,
+        owner: OwnerToken,
+        fence: FencingToken,
+        sent_at: Moment,
+    ) -> Self {
+        Lease::new(request.name().clone(), owner, fence, request.ttl(), sent_at)
+            .with_clock(request.clock().clone())
+    }
+
+    /// A lease granted by a request sent at `sent_at`, read on the system
+    /// clocks ([`Moment::now`]) before any I/O. Backends serving a
+    /// [`LockRequest`] use [`granted`](Self::granted), which keeps the
+    /// request's clock.
     pub fn new(
         name: LockName,
         owner: OwnerToken,
         fence: FencingToken,
         ttl: Ttl,
-        sent_at: impl Into<Moment>,
+        sent_at: Moment,
     ) -> Self {
         Lease {
             name,
             owner,
             fence,
             ttl,
-            issued: sent_at.into(),
+            issued: sent_at,
+            clock: Arc::new(SystemClock),
             extra_margin: Duration::ZERO,
             slot: None,
             lost: None,
@@ -98,13 +121,41 @@ impl Lease {
         Self::drift(self.ttl.get()).saturating_add(self.extra_margin)
     }
 
-    /// The same grant (name, owner, fence, TTL, margin, extension, loss
-    /// signal) renewed by a request sent at `sent_at`.
-    pub fn renewed(&self, sent_at: impl Into<Moment>) -> Self {
+    /// The same grant (name, owner, fence, TTL, margin, clock, extension,
+    /// loss signal) renewed by a request sent at `sent_at`, read with
+    /// [`now`](Self::now) before the renewal left.
+    pub fn renewed(&self, sent_at: Moment) -> Self {
         Lease {
-            issued: sent_at.into(),
+            issued: sent_at,
             ..self.clone()
         }
+    }
+
+    /// The same grant judged on `clock`, the clock its send time was read
+    /// on (backends with a clock of their own, such as a session's).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock this lease is judged on.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The clocks now, on this lease's clock: what a renewal reads before
+    /// it is sent.
+    pub fn now(&self) -> Moment {
+        self.clock.now()
+    }
+
+    /// Whether `other` is this same grant (name, owner, fence, slot),
+    /// whatever its send time: what a renewal must hand back.
+    pub fn same_grant(&self, other: &Lease) -> bool {
+        self.name == other.name
+            && self.owner == other.owner
+            && self.fence == other.fence
+            && self.slot == other.slot
     }
 
     /// Attaches a signal the backend cancels when the store tells it the lease
@@ -183,9 +234,10 @@ impl Lease {
             .saturating_sub(now.since(self.issued))
     }
 
-    /// Time left before the local deadline (zero once passed).
+    /// Time left before the local deadline (zero once passed), on this
+    /// lease's clock.
     pub fn remaining(&self) -> Duration {
-        self.remaining_at(Moment::now())
+        self.remaining_at(self.now())
     }
 
     /// Whether, as of `now`, the local deadline has passed or the store
@@ -196,7 +248,7 @@ impl Lease {
 
     /// Whether the local deadline has passed or the store reported the loss.
     pub fn is_expired(&self) -> bool {
-        self.is_expired_at(Moment::now())
+        self.is_expired_at(self.now())
     }
 }
 
@@ -273,11 +325,11 @@ mod tests {
             OwnerToken::new(),
             FencingToken::new(3).unwrap(),
             Ttl::checked(ttl),
-            sent,
+            Moment::now(),
         );
         assert_eq!(lease.deadline(), sent + ttl - Duration::from_millis(102));
         tokio::time::advance(Duration::from_secs(5)).await;
-        let renewed = lease.renewed(Instant::now());
+        let renewed = lease.renewed(Moment::now());
         assert_eq!(renewed.fence(), lease.fence());
         assert!(renewed.deadline() > lease.deadline());
         tokio::time::advance(Duration::from_secs(6)).await;
@@ -344,7 +396,7 @@ mod tests {
             OwnerToken::new(),
             FencingToken::new(1).unwrap(),
             Ttl::checked(Duration::from_secs(1)),
-            Instant::now(),
+            Moment::now(),
         )
         .with_extension(42_i64);
         assert_eq!(lease.extension::<i64>(), Some(&42));

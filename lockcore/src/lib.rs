@@ -87,6 +87,7 @@ pub mod audit;
 pub mod backend;
 mod backoff;
 mod capabilities;
+mod cleanups;
 mod clock;
 mod election;
 mod error;

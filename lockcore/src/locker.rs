@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{Clock, LockRequest, SystemClock, Ttl, WaitPolicy};
+use crate::backend::{Cleanups, Clock, LockRequest, SystemClock, Ttl, WaitPolicy};
 use crate::metrics::{self, MeasuredWait, Tags, WaitOutcome};
 use crate::renewer::{Held, HoldPolicy, Renewer};
 use crate::request::Kind;
@@ -47,6 +47,7 @@ use crate::{
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
     renewer: Renewer,
+    cleanups: Cleanups,
     clock: Arc<dyn Clock>,
     label: HolderLabel,
     ttl: Duration,
@@ -73,6 +74,7 @@ impl Locker {
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
         Locker {
             renewer: Renewer::new(backend.clone()),
+            cleanups: Cleanups::new(),
             backend,
             clock: Arc::new(SystemClock),
             label: HolderLabel::this_process(),
@@ -156,8 +158,10 @@ impl Locker {
         self
     }
 
-    /// Judges guards' deadlines on `clock` instead of the system clocks (for
-    /// tests: a clock whose boot time jumps plays a host suspend).
+    /// Stamps and judges leases on `clock` instead of the system clocks (for
+    /// tests: a clock whose boot time jumps plays a host suspend). Requests
+    /// carry it to the backend, which reads it before sending
+    /// ([`LockRequest::now`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -171,7 +175,9 @@ impl Locker {
     /// The request for `name`, with the TTL validated before any I/O.
     fn request(&self, name: LockName) -> Result<LockRequest, LockError> {
         let ttl = self.backend.capabilities().effective_ttl(self.ttl)?;
-        Ok(LockRequest::new(name, ttl).with_label(self.label.clone()))
+        Ok(LockRequest::new(name, ttl)
+            .with_label(self.label.clone())
+            .with_clock(self.clock.clone()))
     }
 
     /// How guards of `ttl` are kept, validated.
@@ -209,7 +215,7 @@ impl Locker {
         let tags = self.tags(lease.name());
         let held = Held::new(
             self.backend.clone(),
-            self.clock.clone(),
+            self.cleanups.clone(),
             lease,
             policy,
             tags,
@@ -392,6 +398,49 @@ impl Locker {
     /// An invalid name.
     pub fn election(&self, name: impl IntoLockName) -> Result<crate::Election, LockError> {
         Ok(crate::Election::new(self.clone(), name.into_lock_name()?))
+    }
+
+    /// How long [`close`](Self::close) waits for background clean-ups
+    /// (releases of dropped guards) before closing the backend anyway:
+    /// what is left then expires with its TTL.
+    pub const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+
+    /// Shuts this locker (and its clones) down, and returns once done:
+    ///
+    /// 1. every guard still held is lost ([`LossReason::Closed`](crate::LossReason::Closed):
+    ///    `lost()` fires, `is_held()` answers `false`) and released on the
+    ///    store, owner-checked;
+    /// 2. background releases of dropped guards are finished (for at most
+    ///    [`CLOSE_LIMIT`](Self::CLOSE_LIMIT));
+    /// 3. the backend is closed ([`LockBackend::close`]): its own clean-ups
+    ///    (a cancelled waiter's queue entry, an acquire whose reply was lost)
+    ///    are finished, then its connections, sessions and files closed.
+    ///
+    /// Call it before the process exits, so nothing it owes the store is cut
+    /// short and left to block others until a TTL runs out. The backend is
+    /// shared by every locker built on it: they all stop working.
+    ///
+    /// # Errors
+    /// The backend's error from closing (what it held then expires with its TTL).
+    pub async fn close(&self) -> Result<(), LockError> {
+        let held = self.renewer.drain().await;
+        for guard in &held {
+            guard.close();
+        }
+        let releases = held.iter().map(|guard| async move {
+            let lease = guard.lease();
+            if let Err(e) = guard.backend.release(&lease).await {
+                tracing::warn!(name = %lease.name(), error = %e, "release at close failed; the lock expires after its TTL");
+            }
+        });
+        futures_util::future::join_all(releases).await;
+        if !self.cleanups.finish(Self::CLOSE_LIMIT).await {
+            tracing::warn!(
+                pending = self.cleanups.pending(),
+                "background releases unfinished at close; they expire after their TTL"
+            );
+        }
+        self.backend.close().await
     }
 
     /// The label this locker stores with its leases.

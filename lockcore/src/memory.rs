@@ -7,8 +7,9 @@
 //! conformance suite and is the default backend for demos, tests and
 //! single-process programs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{LockRequest, Wakeup};
+use crate::backend::{LockRequest, Moment, Wakeup};
 use crate::{
     Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, HolderLabel, Lease,
     LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
@@ -41,9 +42,28 @@ const BACKEND: &str = "memory";
 /// assert!(b.try_acquire("report").await?.is_some());
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct MemoryBackend {
     state: Arc<Mutex<State>>,
+    client: Client,
+}
+
+/// What is this client's own: whether it was closed, and the owners of the
+/// grants it handed out (to fire their loss at close).
+#[derive(Default)]
+struct Client {
+    closed: AtomicBool,
+    owners: Mutex<HashSet<OwnerToken>>,
+}
+
+impl Clone for MemoryBackend {
+    /// Another client of the same store.
+    fn clone(&self) -> Self {
+        MemoryBackend {
+            state: self.state.clone(),
+            client: Client::default(),
+        }
+    }
 }
 
 /// Locks and semaphores live in separate namespaces.
@@ -140,8 +160,15 @@ impl State {
         })
     }
 
-    /// Grants `seat` of `key` to `request`.
-    fn grant(&mut self, key: Key, seat: usize, request: &LockRequest, now: Instant) -> Lease {
+    /// Grants `seat` of `key` to `request`, sent at `sent`.
+    fn grant(
+        &mut self,
+        key: Key,
+        seat: usize,
+        request: &LockRequest,
+        sent: Moment,
+        now: Instant,
+    ) -> Lease {
         self.last_fence += 1;
         let fence = FencingToken::new(self.last_fence).expect("counter starts above zero");
         let owner = OwnerToken::new();
@@ -157,7 +184,7 @@ impl State {
             label: request.label().clone(),
             evicted: evicted.clone(),
         });
-        Lease::new(request.name().clone(), owner, fence, ttl, now).with_loss_signal(evicted)
+        Lease::granted(request, owner, fence, sent).with_loss_signal(evicted)
     }
 
     /// Forgets entries with nothing live and nobody waiting, so memory stays
@@ -197,12 +224,33 @@ impl MemoryBackend {
         Self::default()
     }
 
+    /// The store, once this client is known to be open.
+    fn open(&self) -> Result<MutexGuard<'_, State>, LockError> {
+        if self.client.closed.load(Ordering::Acquire) {
+            return Err(LockError::unavailable(BACKEND, "this client was closed"));
+        }
+        Ok(self.lock())
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this mutex cannot leave State half-updated
         // (every update is a single assignment), so poisoning is ignored.
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn owners(&self) -> MutexGuard<'_, HashSet<OwnerToken>> {
+        self.client
+            .owners
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Remembers a grant of this client, to fire its loss at close.
+    fn granted(&self, lease: Lease) -> Lease {
+        self.owners().insert(lease.owner());
+        lease
     }
 }
 
@@ -229,26 +277,29 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        let sent = request.now();
         let now = Instant::now();
         let key = Key::Lock(request.name().clone());
-        let mut state = self.lock();
+        let mut state = self.open()?;
         if let Some(holder) = state.entry(key.clone(), 1).live(0, now) {
             return Ok(Attempt::Held {
                 expires_in: Some(holder.expires_at - now),
             });
         }
-        Ok(Attempt::Acquired(state.grant(key, 0, request, now)))
+        let lease = state.grant(key, 0, request, sent, now);
+        Ok(Attempt::Acquired(self.granted(lease)))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let sent = lease.now();
         let now = Instant::now();
-        let mut state = self.lock();
+        let mut state = self.open()?;
         match state.entries.get_mut(&Key::of(lease)) {
             Some(entry) if entry.holds(lease, now) => {
                 if let Some(Some(grant)) = entry.seats.get_mut(seat_of(lease)) {
                     grant.expires_at = now + lease.ttl();
                 }
-                Ok(lease.renewed(now))
+                Ok(lease.renewed(sent))
             }
             _ => Err(LockError::NotHeld {
                 name: lease.name().clone(),
@@ -259,7 +310,8 @@ impl LockBackend for MemoryBackend {
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let now = Instant::now();
         let key = Key::of(lease);
-        let mut state = self.lock();
+        let mut state = self.open()?;
+        self.owners().remove(&lease.owner());
         let outcome = match state.entries.get_mut(&key) {
             Some(entry) if entry.holds(lease, now) => {
                 entry.free(seat_of(lease));
@@ -273,7 +325,7 @@ impl LockBackend for MemoryBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
         let now = Instant::now();
-        let state = self.lock();
+        let state = self.open()?;
         Ok(state
             .entries
             .get(&Key::Lock(name.clone()))
@@ -288,7 +340,7 @@ impl LockBackend for MemoryBackend {
     ) -> Result<Option<Holder>, LockError> {
         let now = Instant::now();
         let key = Key::Lock(name.clone());
-        let mut state = self.lock();
+        let mut state = self.open()?;
         let entry = state.entry(key.clone(), 1);
         let evicted = entry
             .live(0, now)
@@ -306,7 +358,7 @@ impl LockBackend for MemoryBackend {
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let now = Instant::now();
-        Ok(Some(self.lock().watch(Key::Lock(name.clone()), 1, now)))
+        Ok(Some(self.open()?.watch(Key::Lock(name.clone()), 1, now)))
     }
 
     async fn try_acquire_permit(
@@ -315,9 +367,10 @@ impl LockBackend for MemoryBackend {
         permits: u32,
     ) -> Result<Attempt, LockError> {
         crate::support::check_permits(request.name(), permits)?;
+        let sent = request.now();
         let now = Instant::now();
         let key = Key::Semaphore(request.name().clone());
-        let mut state = self.lock();
+        let mut state = self.open()?;
         let entry = state.entry(key.clone(), permits as usize);
         if entry.seats.len() != permits as usize {
             if entry.live_count(now) > 0 {
@@ -333,8 +386,10 @@ impl LockBackend for MemoryBackend {
         let free = (0..entry.seats.len()).find(|&i| entry.live(i, now).is_none());
         match free {
             Some(seat) => {
-                let lease = state.grant(key, seat, request, now);
-                Ok(Attempt::Acquired(lease.with_slot(seat as u32)))
+                let lease = state.grant(key, seat, request, sent, now);
+                Ok(Attempt::Acquired(
+                    self.granted(lease.with_slot(seat as u32)),
+                ))
             }
             None => Ok(Attempt::Held {
                 expires_in: entry.next_expiry(now).map(|at| at - now),
@@ -344,7 +399,7 @@ impl LockBackend for MemoryBackend {
 
     async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
         let now = Instant::now();
-        let state = self.lock();
+        let state = self.open()?;
         let Some(entry) = state.entries.get(&Key::Semaphore(name.clone())) else {
             return Ok(Vec::new());
         };
@@ -359,7 +414,7 @@ impl LockBackend for MemoryBackend {
 
     async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let now = Instant::now();
-        Ok(Some(self.lock().watch(
+        Ok(Some(self.open()?.watch(
             Key::Semaphore(name.clone()),
             1,
             now,
@@ -367,8 +422,27 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
-        let mut state = self.lock();
+        self.capabilities().check_fence_floor(floor)?;
+        let mut state = self.open()?;
         state.last_fence = state.last_fence.max(floor.get());
+        Ok(())
+    }
+
+    /// Fires the loss of every grant of this client still in the store (the
+    /// names stay taken until their TTL, as on a store whose connection
+    /// closed); later calls are [`LockError::Unavailable`].
+    async fn close(&self) -> Result<(), LockError> {
+        self.client.closed.store(true, Ordering::Release);
+        let owners = std::mem::take(&mut *self.owners());
+        let state = self.lock();
+        for grant in state
+            .entries
+            .values()
+            .flat_map(|entry| entry.seats.iter().flatten())
+            .filter(|grant| owners.contains(&grant.owner))
+        {
+            grant.evicted.cancel();
+        }
         Ok(())
     }
 }

@@ -88,6 +88,7 @@ fn reason_label(reason: &LossReason) -> &'static str {
         LossReason::StoreReported => "store_reported",
         LossReason::RenewalFailed(_) => "renewal_failed",
         LossReason::MaxHoldExceeded => "max_hold_exceeded",
+        LossReason::Closed => "closed",
     }
 }
 

@@ -27,10 +27,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cleanups::Cleanups;
 use crate::clock::{Clock, Moment};
 use crate::metrics::{self, Tags};
 use crate::{Backoff, Lease, LockBackend, LockError, LossReason};
@@ -44,7 +45,10 @@ const SUSPEND_CHECK: Duration = Duration::from_secs(1);
 pub(crate) struct Held {
     id: u64,
     pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) clock: Arc<dyn Clock>,
+    /// The lease's clock: every reading that judges it comes from there.
+    clock: Arc<dyn Clock>,
+    /// The locker's background work (releases of dropped guards).
+    pub(crate) cleanups: Cleanups,
     lease: Mutex<Lease>,
     /// Cancelled when the lease is lost (a child of the store's own loss
     /// signal, so that one fires it without waiting for the renewer).
@@ -63,7 +67,7 @@ pub(crate) struct Held {
 }
 
 /// What the renewer keeps of a lease to judge it without locking or
-/// cloning it: when it was sent (on the guard's clock) and how long it
+/// cloning it: when it was sent (on the lease's clock) and how long it
 /// lasts from then (TTL minus margin).
 #[derive(Debug, Clone, Copy)]
 struct Times {
@@ -102,7 +106,7 @@ pub(crate) struct HoldPolicy {
 impl Held {
     pub(crate) fn new(
         backend: Arc<dyn LockBackend>,
-        clock: Arc<dyn Clock>,
+        cleanups: Cleanups,
         lease: Lease,
         policy: HoldPolicy,
         tags: Tags,
@@ -112,12 +116,14 @@ impl Held {
         let lost = store_lost
             .as_ref()
             .map_or_else(CancellationToken::new, CancellationToken::child_token);
+        let clock = lease.clock().clone();
         let held = Held {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             acquired: clock.now(),
             backend,
             clock,
-            lease: Mutex::new(lease.clone()),
+            cleanups,
+            lease: Mutex::new(lease),
             lost,
             store_lost,
             reason: OnceLock::new(),
@@ -127,7 +133,6 @@ impl Held {
             ended: AtomicBool::new(false),
             done: AtomicBool::new(false),
         };
-        held.adopt(lease, held.clock.now());
         metrics::hold_started(&held.tags);
         Arc::new(held)
     }
@@ -136,25 +141,38 @@ impl Held {
         self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Takes `lease` as the current one, its send time carried over onto
-    /// this guard's clock (backends stamp leases with the system clocks; the
-    /// guard judges them on its own).
-    fn adopt(&self, lease: Lease, now: Moment) -> Times {
-        let sent = lease.issued_at();
-        let back = now.mono().saturating_duration_since(sent);
-        let issued = Moment::from_parts(sent, now.boot().map(|b| b.saturating_sub(back)));
-        let lease = lease.renewed(issued);
-        let times = Times::of(&lease);
-        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
-        times
+    /// Takes a renewal of this grant as the current lease, its send time as
+    /// the backend read it before sending (both clocks, never rebuilt from
+    /// "now", which would erase a suspend while it was in flight). `None`,
+    /// changing nothing, when `renewed` is not this grant (another name,
+    /// owner, fence or slot: a backend that mixed up a batch) or when the
+    /// guard is already lost or stopped: a lost lease is never resurrected.
+    fn adopt(&self, renewed: Lease) -> Option<Times> {
+        let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        if !lease.same_grant(&renewed) || self.done.load(Ordering::Acquire) {
+            return None;
+        }
+        let times = Times::of(&renewed);
+        *lease = renewed;
+        Some(times)
     }
 
     fn times(&self) -> Times {
         Times::of(&self.lease.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Whether the lease is held. Once this answers `false` it never answers
+    /// `true` again: a deadline seen passed marks the lease lost at once,
+    /// and a renewal settling later is not adopted.
     pub(crate) fn is_held(&self) -> bool {
-        !self.lost.is_cancelled() && !self.lease().is_expired_at(self.clock.now())
+        if self.lost.is_cancelled() || self.done.load(Ordering::Acquire) {
+            return false;
+        }
+        if self.lease().is_expired_at(self.clock.now()) {
+            self.mark_lost(LossReason::DeadlinePassed);
+            return false;
+        }
+        !self.lost.is_cancelled()
     }
 
     pub(crate) fn loss_reason(&self) -> Option<LossReason> {
@@ -178,18 +196,24 @@ impl Held {
     /// The renewer lost the lease (a loss after the guard stopped holding is
     /// no loss).
     fn mark_lost(&self, reason: LossReason) {
+        // `done` first: from here no renewal is adopted and `is_held` says no.
+        self.done.store(true, Ordering::Release);
         if !self.stop.is_cancelled() {
             self.note_loss(reason);
         }
-        self.done.store(true, Ordering::Relaxed);
         self.lost.cancel();
         self.finish_hold();
+    }
+
+    /// The locker is closing: the lease counts as lost from now on.
+    pub(crate) fn close(&self) {
+        self.mark_lost(LossReason::Closed);
     }
 
     /// The guard stops holding (released or dropped). A loss the store had
     /// already reported is recorded now, if the renewer has not yet.
     pub(crate) fn stop_holding(&self) {
-        self.done.store(true, Ordering::Relaxed);
+        self.done.store(true, Ordering::Release);
         self.stop.cancel();
         if self
             .store_lost
@@ -214,7 +238,15 @@ impl Held {
 #[derive(Clone)]
 pub(crate) struct Renewer {
     backend: Arc<dyn LockBackend>,
-    task: Arc<Mutex<Option<mpsc::UnboundedSender<Arc<Held>>>>>,
+    task: Arc<Mutex<Option<mpsc::UnboundedSender<Msg>>>>,
+}
+
+/// What the renewer task is told.
+enum Msg {
+    /// Keep this guard.
+    Keep(Arc<Held>),
+    /// Stop keeping every guard and hand them over (the locker is closing).
+    Drain(oneshot::Sender<Vec<Arc<Held>>>),
 }
 
 impl Renewer {
@@ -230,18 +262,33 @@ impl Renewer {
     pub(crate) fn keep(&self, held: Arc<Held>) {
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = task.as_ref()
-            && let Err(mpsc::error::SendError(held)) = tx.send(held.clone())
+            && let Err(mpsc::error::SendError(msg)) = tx.send(Msg::Keep(held.clone()))
         {
             // The task is gone (its runtime shut down): start another.
             *task = None;
-            drop(held);
+            drop(msg);
         } else if task.is_some() {
             return;
         }
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(self.backend.clone(), rx));
-        let _ = tx.send(held);
+        let _ = tx.send(Msg::Keep(held));
         *task = Some(tx);
+    }
+
+    /// Every guard still kept, no longer kept: renewals stop for them.
+    pub(crate) async fn drain(&self) -> Vec<Arc<Held>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|task| task.send(Msg::Drain(tx)).is_ok());
+        if !sent {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
     }
 }
 
@@ -262,7 +309,7 @@ struct Entry {
 }
 
 /// The renewer task: ends once every handle is dropped and nothing is held.
-async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<Held>>) {
+async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Msg>) {
     let retry = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
     let mut entries: HashMap<u64, Entry> = HashMap::new();
     let mut batches: FuturesUnordered<Batch> = FuturesUnordered::new();
@@ -274,9 +321,12 @@ async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<
             return;
         }
         tokio::select! {
-            held = rx.recv(), if open => match held {
+            msg = rx.recv(), if open => match msg {
                 None => open = false,
-                Some(held) => {
+                Some(Msg::Drain(reply)) => {
+                    let _ = reply.send(entries.drain().map(|(_, entry)| entry.held).collect());
+                }
+                Some(Msg::Keep(held)) => {
                     next_wake = next_wake.min(first_event(&held, Instant::now()));
                     ended.push(Box::pin(ends(held.clone())));
                     entries.insert(held.id, Entry {
@@ -303,13 +353,19 @@ async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Arc<
                             // deadline; its own deadline counts from its send.
                             if entry.times.is_expired_at(now) {
                                 held.mark_lost(LossReason::RenewalUnanswered);
-                            } else {
-                                entry.times = held.adopt(renewed, now);
+                            } else if let Some(times) = held.adopt(renewed) {
+                                entry.times = times;
                                 entry.attempt = 0;
                                 let every = held.policy.renew_every.unwrap_or(SUSPEND_CHECK);
                                 entry.not_before = mono + every / 4;
                                 // Nothing is due for it before then.
                                 next_wake = next_wake.min(entry.not_before);
+                            } else if !held.done.load(Ordering::Acquire) {
+                                // Not this grant: a backend that mixed up its
+                                // batch. Nothing proves this lease alive.
+                                held.mark_lost(LossReason::RenewalFailed(
+                                    "the backend answered the renewal with another lease".into(),
+                                ));
                             }
                         }
                         Err(e @ LockError::NotHeld { .. }) => {
@@ -453,7 +509,7 @@ fn tick(
         if let Some(cap) = held.policy.max_hold {
             if held_for >= cap {
                 held.mark_lost(LossReason::MaxHoldExceeded);
-                release_in_background(held.backend.clone(), held.lease());
+                release_in_background(held);
                 return false;
             }
             next = next.min(mono + (cap - held_for));
@@ -523,20 +579,21 @@ fn tick(
 }
 
 /// Releases a lease the guard no longer may hold (owner-checked, so it never
-/// touches a later holder).
-pub(crate) fn release_in_background(backend: Arc<dyn LockBackend>, lease: Lease) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            match backend.release(&lease).await {
-                Ok(outcome) => {
-                    tracing::debug!(name = %lease.name(), fence = %lease.fence(), ?outcome, "released in the background")
-                }
-                Err(e) => {
-                    tracing::warn!(name = %lease.name(), error = %e, "background release failed; the lock expires after its TTL")
-                }
+/// touches a later holder), in the background on the locker's clean-ups.
+pub(crate) fn release_in_background(held: &Held) {
+    let backend = held.backend.clone();
+    let lease = held.lease();
+    let spawned = held.cleanups.spawn(async move {
+        match backend.release(&lease).await {
+            Ok(outcome) => {
+                tracing::debug!(name = %lease.name(), fence = %lease.fence(), ?outcome, "released in the background")
             }
-        });
-    } else {
-        tracing::debug!(name = %lease.name(), "no runtime to release on; the lock expires after its TTL");
+            Err(e) => {
+                tracing::warn!(name = %lease.name(), error = %e, "background release failed; the lock expires after its TTL")
+            }
+        }
+    });
+    if !spawned {
+        tracing::debug!("no runtime to release on; the lock expires after its TTL");
     }
 }

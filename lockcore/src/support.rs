@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Backoff, LockError, LockName};
+use crate::{LockError, LockName};
 
 /// Runs `request` for at most `limit`. A request that gets no answer in time
 /// is [`LockError::Unavailable`] (retryable: every operation is
@@ -31,90 +31,128 @@ pub async fn timed<T>(
     }
 }
 
-/// `url` fit for logs, errors and `Debug`: a password in the user info or in
-/// a `password` query parameter becomes `***`; text that is not a URL is cut
-/// to its scheme. Never shows a secret, whatever the input.
+/// `url` fit for logs, errors, `Debug` and the CLI: never shows a secret,
+/// whatever the input. The one redaction every crate of distlock uses.
+///
+/// - The user info is everything up to the **last** `@`: a password may
+///   hold an unescaped `/`, `?`, `#`, `@` or `:`. Only the user name (up to
+///   its first `:`) is kept; the rest becomes `***`.
+/// - The value of a query parameter whose name speaks of a secret
+///   (`password`, `pass`, `pwd`, `secret`, `token`, `auth`, `credential`,
+///   `apikey`) and everything after it becomes `***`; so does a fragment.
+/// - Text that is not `scheme://...` (a libpq `host=.. password=..` string,
+///   a one-slash typo) shows only its scheme word, if it has one, and its
+///   length.
 ///
 /// ```
 /// use lockcore::backend::redact_url;
 /// assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
-/// assert_eq!(redact_url("postgres://h/db?password=secret&x=1"), "postgres://h/db?password=***&x=1");
+/// assert_eq!(redact_url("redis://u:se#c/r?e@t@h:1/0"), "redis://u:***@h:1/0");
+/// assert_eq!(redact_url("postgres://h/db?x=1&password=secret"), "postgres://h/db?x=1&password=***");
 /// assert_eq!(redact_url("zk://h:2181/locks"), "zk://h:2181/locks");
+/// assert_eq!(redact_url("redis:/u:secret@h"), "redis:<11 bytes hidden: not scheme://...>");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // Not a URL: show no part of it, it may hold a password.
-        return format!("<{} bytes, not a URL>", url.len());
+    let scheme_len = url
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .unwrap_or(url.len());
+    let (scheme, after) = url.split_at(scheme_len);
+    let Some(rest) = after.strip_prefix("://").filter(|_| !scheme.is_empty()) else {
+        // Not a URL: show no part of it past a scheme word, it may hold a
+        // password anywhere.
+        let hidden = url.len() - scheme.len();
+        return match after.strip_prefix(':') {
+            Some(_) if !scheme.is_empty() => {
+                format!("{scheme}:<{} bytes hidden: not scheme://...>", hidden - 1)
+            }
+            _ => format!("<{} bytes, not a URL>", url.len()),
+        };
     };
-    let (authority, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{user}:***@{host}")
+    // An `@` is the end of the user info only if no `/`, `?` or `#` comes
+    // before the user name's `:` (else it is in the path, query or fragment).
+    let userinfo_end = rest.rfind('@').filter(|&at| {
+        let userinfo = &rest[..at];
+        match (userinfo.find(['/', '?', '#']), userinfo.find(':')) {
+            (Some(delimiter), Some(colon)) => colon < delimiter,
+            (Some(_), None) => false,
+            (None, _) => true,
         }
-        _ => authority.to_owned(),
+    });
+    let (authority, tail) = match userinfo_end {
+        Some(at) => {
+            let (userinfo, host_and_tail) = (&rest[..at], &rest[at + 1..]);
+            let end = host_and_tail
+                .find(['/', '?', '#'])
+                .unwrap_or(host_and_tail.len());
+            let (host, tail) = host_and_tail.split_at(end);
+            let authority = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***@{host}"),
+                None => format!("{userinfo}@{host}"),
+            };
+            (authority, tail)
+        }
+        None => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            (rest[..end].to_owned(), &rest[end..])
+        }
+    };
+    let (tail, fragment) = match tail.split_once('#') {
+        Some((tail, _)) => (tail, "#***"),
+        None => (tail, ""),
     };
     let tail = match tail.split_once('?') {
         Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
-                        format!("{key}=***")
+            // Past a secret's name nothing more is shown: its value may hold
+            // an unescaped `&` that splits it into what looks like more pairs.
+            let mut shown = Vec::new();
+            for pair in query.split('&') {
+                match pair.split_once('=') {
+                    Some((key, _)) if names_a_secret(key) => {
+                        shown.push(format!("{key}=***"));
+                        break;
                     }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
+                    _ => shown.push(pair.to_owned()),
+                }
+            }
+            format!("{path}?{}", shown.join("&"))
         }
         None => tail.to_owned(),
     };
-    format!("{scheme}://{authority}{tail}")
+    format!("{scheme}://{authority}{tail}{fragment}")
 }
 
-/// Runs `cleanup` on `target` in the background (undoing an acquire whose
-/// reply was lost, leaving a line), retried with jittered backoff while it
-/// fails with a retryable error, until `until` (when whatever it would undo
-/// has expired anyway) or `target` is dropped. The first try holds `target`,
-/// later ones only if it is still alive. Without a runtime nothing runs:
-/// the leftover expires. A permanent error is logged at DEBUG with `what`.
+/// Whether a query parameter's name says its value is a secret.
+fn names_a_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "pass",
+        "pwd",
+        "secret",
+        "token",
+        "auth",
+        "credential",
+        "apikey",
+        "api_key",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
+}
+
+/// [`Cleanups::retry`](crate::backend::Cleanups::retry) on clean-ups of
+/// its own, which nothing waits for: prefer the client's
+/// [`Cleanups`](crate::backend::Cleanups), which `close` finishes.
+#[deprecated(note = "spawn through the client's `Cleanups`, which `close` waits for")]
 pub fn retry_in_background<T, F, Fut>(
     target: Arc<T>,
     until: Instant,
     what: &'static str,
-    mut cleanup: F,
+    cleanup: F,
 ) where
     T: Send + Sync + 'static,
     F: FnMut(Arc<T>) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), LockError>> + Send,
+    Fut: Future<Output = Result<(), LockError>> + Send + 'static,
 {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let weak = Arc::downgrade(&target);
-    let mut first = Some(target);
-    runtime.spawn(async move {
-        let retry = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-        for attempt in 0_u32.. {
-            let Some(target) = first.take().or_else(|| weak.upgrade()) else {
-                return;
-            };
-            match cleanup(target).await {
-                Ok(()) => return,
-                Err(e) if e.is_retryable() => {
-                    let next = Instant::now() + retry.delay(attempt);
-                    if next >= until {
-                        return;
-                    }
-                    tokio::time::sleep_until(next).await;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "{what} failed; what it would undo expires");
-                    return;
-                }
-            }
-        }
-    });
+    crate::cleanups::Cleanups::new().retry(target, until, what, cleanup);
 }
 
 /// Refuses a semaphore of zero permits before any I/O: it could never be
@@ -145,13 +183,60 @@ mod tests {
             ("etcds://user@h:2379", "etcds://user@h:2379"),
             (
                 "postgres://h/db?password=secret&user=a",
-                "postgres://h/db?password=***&user=a",
+                "postgres://h/db?password=***",
             ),
             ("postgres://a:p@w@h/db", "postgres://a:***@h/db"),
+            ("redis://u:a/b?c#d@h:1/0", "redis://u:***@h:1/0"),
+            ("redis://u:a#b@h:1/0?x=1", "redis://u:***@h:1/0?x=1"),
+            ("redis://h:1/0?x=a:b@c", "redis://h:***@c"),
+            (
+                "etcd://h:1/p?x=1&token=abc&auth=x:y",
+                "etcd://h:1/p?x=1&token=***",
+            ),
+            ("zk://h/root#frag", "zk://h/root#***"),
         ] {
             assert_eq!(redact_url(url), shown);
         }
-        assert!(!redact_url("secret-not-a-url").contains("secret"));
+        for not_a_url in [
+            "secret-not-a-url",
+            "host=h password=secret",
+            "redis:/u:secret@h",
+            "redis:u:secret@h",
+            "://u:secret@h",
+            "",
+        ] {
+            assert!(!redact_url(not_a_url).contains("secret"), "{not_a_url}");
+        }
+        assert_eq!(
+            redact_url("redis:/u:secret@h"),
+            "redis:<11 bytes hidden: not scheme://...>"
+        );
+    }
+
+    #[test]
+    fn a_password_of_any_awkward_characters_never_shows() {
+        let awkward = ['#', '/', '?', '@', ':', '%', '&', '=', ' '];
+        for a in awkward {
+            for b in awkward {
+                let marker = format!("MARK{a}ER{b}42");
+                for url in [
+                    format!("redis://user:{marker}@h:6379/0"),
+                    format!("redis://:{marker}@h:6379"),
+                    format!("postgres://u:{marker}@h:5432/db?sslmode=require"),
+                    format!("postgres://h/db?password={marker}"),
+                    format!("etcds://u:{marker}@h1:2379,h2:2379/prefix"),
+                    format!("zk://u:{marker}@h:2181/root?session_timeout=4s"),
+                    format!("redis:/u:{marker}@h"),
+                    format!("host=h password={marker}"),
+                ] {
+                    let shown = redact_url(&url);
+                    assert!(
+                        !shown.contains("MARK") && !shown.contains("ER") && !shown.contains("42"),
+                        "{url} -> {shown}"
+                    );
+                }
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

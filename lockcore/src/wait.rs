@@ -191,7 +191,7 @@ mod tests {
             crate::OwnerToken::new(),
             crate::FencingToken::new(1).unwrap(),
             caps.effective_ttl(Duration::from_secs(1)).unwrap(),
-            Instant::now(),
+            crate::backend::Moment::now(),
         )
     }
 

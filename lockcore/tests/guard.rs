@@ -21,12 +21,18 @@ enum Renewal {
     Slow(Duration),
     Unavailable,
     Refused,
+    /// Renewed on the store, then the host sleeps this long before the
+    /// reply is read (a suspend while the renewal is in flight).
+    SuspendInFlight(Duration),
+    /// Answered with a lease of another grant (a backend that mixed up a batch).
+    Other,
 }
 
 /// `MemoryBackend` with scripted renewals, counting calls.
 #[derive(Debug, Default)]
 struct Scripted {
     store: MemoryBackend,
+    host: Mutex<Option<Arc<SleepyHost>>>,
     next: Mutex<Vec<Renewal>>,
     renews: AtomicUsize,
     releases: AtomicUsize,
@@ -54,7 +60,7 @@ impl LockBackend for Scripted {
         match step {
             Renewal::Ok => self.store.renew(lease).await,
             Renewal::Slow(delay) => {
-                let sent = Instant::now();
+                let sent = lease.now();
                 sleep(delay).await;
                 // The store did renew, late: the reply still counts from its send time.
                 self.store.renew(lease).await.map(|l| l.renewed(sent))
@@ -63,6 +69,22 @@ impl LockBackend for Scripted {
             Renewal::Refused => Err(LockError::NotHeld {
                 name: lease.name().clone(),
             }),
+            Renewal::SuspendInFlight(slept) => {
+                let renewed = self.store.renew(lease).await;
+                let host = self.host.lock().unwrap().clone();
+                host.expect("a host to suspend").suspend_for(slept);
+                renewed
+            }
+            Renewal::Other => {
+                self.store.renew(lease).await?;
+                Ok(Lease::new(
+                    lease.name().clone(),
+                    lockcore::OwnerToken::new(),
+                    lease.fence(),
+                    lease.checked_ttl(),
+                    lease.now(),
+                ))
+            }
         }
     }
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -290,6 +312,13 @@ impl SleepyHost {
     fn suspend_for(&self, d: Duration) {
         *self.slept.lock().unwrap() += d;
     }
+
+    /// Takes a suspend back: a clock reading from before it (what a stale
+    /// reading looks like to whoever compares it).
+    fn unsuspend(&self, d: Duration) {
+        let mut slept = self.slept.lock().unwrap();
+        *slept = slept.saturating_sub(d);
+    }
 }
 
 impl lockcore::backend::Clock for SleepyHost {
@@ -340,4 +369,131 @@ async fn after_a_short_suspend_the_lease_is_renewed_and_kept() {
         "no renewal after the resume"
     );
     assert!(guard.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_suspend_while_a_renewal_is_in_flight_counts_against_the_renewed_lease() {
+    let host = Arc::new(SleepyHost::default());
+    let backend = Arc::new(Scripted::default());
+    *backend.host.lock().unwrap() = Some(host.clone());
+    let locker = Locker::new(backend.clone()).ttl(TTL).clock(host.clone());
+    let guard = locker.acquire("n").await.unwrap();
+    // The first renewal (at TTL/3) is sent, then the host sleeps TTL/2
+    // before its reply is read: the store counted that sleep from the send.
+    backend.script(&[Renewal::SuspendInFlight(TTL / 2)]);
+    sleep(TTL / 3 + Duration::from_millis(50)).await;
+    assert_eq!(backend.renews.load(Ordering::SeqCst), 1);
+    assert!(
+        guard.is_held(),
+        "the renewal came back before the old deadline"
+    );
+    let left = guard.lease().remaining();
+    assert!(
+        left <= TTL - TTL / 2,
+        "the renewed lease claims {left:?} left, but it was sent {:?} ago on the boot clock",
+        TTL / 2
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_not_held_a_guard_never_reads_held_again() {
+    let host = Arc::new(SleepyHost::default());
+    let locker = Locker::new(MemoryBackend::new())
+        .ttl(TTL)
+        .auto_renew(false)
+        .clock(host.clone());
+    let guard = locker.acquire("n").await.unwrap();
+    host.suspend_for(TTL);
+    assert!(!guard.is_held());
+    // A reading that comes later but looks earlier (a stale clock reading,
+    // a renewal settling late) must not bring the guard back.
+    host.unsuspend(TTL);
+    assert!(!guard.is_held(), "a guard answered held after not held");
+    assert_eq!(guard.loss_reason(), Some(LossReason::DeadlinePassed));
+    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_with_another_lease_loses_the_guard() {
+    let (backend, locker) = setup();
+    backend.script(&[Renewal::Other]);
+    let guard = locker.acquire("n").await.unwrap();
+    let fence = guard.fencing_token();
+    assert!(matches!(guard.lost().await, LossReason::RenewalFailed(_)));
+    assert!(!guard.is_held());
+    assert_eq!(
+        guard.fencing_token(),
+        fence,
+        "the other lease was not adopted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_loses_every_guard_first_releases_them_and_closes_the_backend() {
+    let store = MemoryBackend::new();
+    let locker = Locker::new(store.clone()).ttl(TTL);
+    let kept = locker.acquire("kept").await.unwrap();
+    let dropped = locker.acquire("dropped").await.unwrap();
+    drop(dropped);
+    locker.close().await.unwrap();
+    assert!(!kept.is_held());
+    assert_eq!(kept.loss_reason(), Some(LossReason::Closed));
+    assert_eq!(kept.lost().await, LossReason::Closed);
+    // Both names are free for another client at once.
+    for name in ["kept", "dropped"] {
+        let name = LockName::new(name).unwrap();
+        assert_eq!(store.inspect(&name).await.unwrap(), None, "{name}");
+    }
+    // The closed backend refuses work: retrying on another client is the way.
+    let err = locker.try_acquire("other").await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(matches!(
+        kept.release().await,
+        Err(LockError::Unavailable { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_a_backend_fires_the_loss_of_its_leases_at_once() {
+    // One client (shared, not cloned: a clone is another client).
+    let store = Arc::new(MemoryBackend::new());
+    let other = (*store).clone();
+    let locker = Locker::from_arc(store.clone()).ttl(TTL);
+    let guard = locker.acquire("n").await.unwrap();
+    let mine = Locker::new(other.clone())
+        .ttl(TTL)
+        .acquire("m")
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+    assert_eq!(guard.lost().await, LossReason::StoreReported);
+    assert!(!guard.is_held());
+    // Another client of the same store is untouched.
+    assert!(mine.is_held());
+    assert!(
+        other
+            .inspect(&LockName::new("m").unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_fence_floor_the_store_cannot_count_past_is_refused() {
+    let store = MemoryBackend::new();
+    let too_high = FencingToken::new(i64::MAX as u64 - 10).unwrap();
+    let err = lockcore::admin::raise_fence_floor(&store, too_high)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LockError::InvalidConfig { .. }) && err.to_string().contains("at most"),
+        "{err}"
+    );
+    let highest = FencingToken::new(store.capabilities().max_fence_floor()).unwrap();
+    lockcore::admin::raise_fence_floor(&store, highest)
+        .await
+        .unwrap();
+    let guard = Locker::new(store).acquire("n").await.unwrap();
+    assert!(guard.fencing_token() > highest);
 }

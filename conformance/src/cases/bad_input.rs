@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use lockcore::backend::LockBackendExt;
 use lockcore::{Lease, LockError, LockName, OwnerToken, ReleaseOutcome};
-use tokio::time::Instant;
 
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure};
 
@@ -194,7 +193,7 @@ pub async fn forged_leases_are_refused(cx: &Ctx) -> CaseResult {
             OwnerToken::new(),
             fence,
             cx.caps().effective_ttl(cx.long_ttl())?,
-            Instant::now(),
+            lockcore::backend::Moment::now(),
         );
         let renewed = a.renew(&forged).await;
         ensure!(

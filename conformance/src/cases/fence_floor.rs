@@ -1,7 +1,7 @@
 //! The fence floor: after a restore from backup, `raise_fence_floor` lifts
 //! every fence handed out afterwards above the floor, and never lowers one.
 
-use lockcore::FencingToken;
+use lockcore::{FencingToken, LockError};
 
 use crate::{CaseResult, Ctx, Outcome, ensure, skip};
 
@@ -62,5 +62,44 @@ pub async fn fence_floor_lifts_every_grant(cx: &Ctx) -> CaseResult {
             before.fence()
         );
     }
+    Ok(Outcome::Passed)
+}
+
+/// A floor the store could not count past (within
+/// `Capabilities::FENCE_FLOOR_HEADROOM` of `max_fence`) is refused with
+/// `InvalidConfig` before any I/O, through the trait and through
+/// `admin::raise_fence_floor`, and changes nothing: the next grant's fence
+/// is still far below it. (Raising it for real would make every later
+/// grant of the shared store fail.)
+pub async fn fence_floor_beyond_the_counter_is_refused(cx: &Ctx) -> CaseResult {
+    if !cx.caps().fence_floor {
+        skip!("the backend declares no fence floor (raise_fence_floor)");
+    }
+    let (a, admin) = (cx.client().await?, cx.client().await?);
+    let max = cx.caps().max_fence_floor();
+    ensure!(
+        max > 1_000_000_000,
+        "the backend declares a largest fence of {} (floor {max}): too small to count",
+        cx.caps().max_fence
+    );
+    let too_high = FencingToken::new(max + 1).expect("above zero");
+    let direct = admin.raise_fence_floor(too_high).await;
+    ensure!(
+        matches!(direct, Err(LockError::InvalidConfig { .. })),
+        "raise_fence_floor({too_high}) above the largest floor {max}: expected InvalidConfig, got {direct:?}"
+    );
+    let audited = lockcore::admin::raise_fence_floor(&*admin, too_high).await;
+    ensure!(
+        matches!(audited, Err(LockError::InvalidConfig { .. })),
+        "admin::raise_fence_floor({too_high}): expected InvalidConfig, got {audited:?}"
+    );
+    let name = cx.name("floor-refused");
+    let lease = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
+    a.release(&lease).await?;
+    ensure!(
+        lease.fence().get() < max / 2,
+        "a refused floor moved the next fence to {}",
+        lease.fence()
+    );
     Ok(Outcome::Passed)
 }

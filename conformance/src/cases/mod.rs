@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod bad_input;
 pub mod clock;
+pub mod close;
 pub mod concurrency;
 pub mod election;
 pub mod exclusion;
@@ -116,6 +117,9 @@ macro_rules! __for_each_case {
             election::observers_see_every_change,
             election::dead_leader_is_replaced,
             fence_floor::fence_floor_lifts_every_grant,
+            fence_floor::fence_floor_beyond_the_counter_is_refused,
+            close::close_loses_and_frees_what_it_held,
+            close::closed_waiter_leaves_nothing,
         }
     };
 }

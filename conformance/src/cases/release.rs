@@ -1,7 +1,6 @@
 //! S2: release is owner-checked, idempotent, and never touches a later holder.
 
 use lockcore::{Lease, LockError, OwnerToken, ReleaseOutcome};
-use tokio::time::Instant;
 
 use crate::{CaseResult, Ctx, Outcome, ensure};
 
@@ -17,14 +16,14 @@ pub async fn release_is_owner_checked(cx: &Ctx) -> CaseResult {
         OwnerToken::new(),
         lease.fence(),
         ttl,
-        Instant::now(),
+        lockcore::backend::Moment::now(),
     );
     let elsewhere = Lease::new(
         cx.name("other"),
         lease.owner(),
         lease.fence(),
         ttl,
-        Instant::now(),
+        lockcore::backend::Moment::now(),
     );
     for (what, fake) in [
         ("another owner's token", &forged),

@@ -28,7 +28,7 @@ impl Client {
         until: Instant,
     ) {
         let what = "freeing the lock of an acquire whose reply was lost";
-        lockcore::backend::retry_in_background(self.clone(), until, what, move |client| {
+        self.cleanups.retry(self.clone(), until, what, move |client| {
             let (keys, member) = (keys.clone(), member.clone());
             async move {
                 if client.leave(&keys, &member, owner).await? {

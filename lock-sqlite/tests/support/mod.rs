@@ -169,7 +169,7 @@ impl StoreControl for FileStore {
             .filter_map(|c| c.upgrade())
             .collect();
         for client in clients {
-            client.close().await;
+            client.close().await.unwrap();
         }
         let mut writer = helper(&self.path, "write")?;
         expect_line(&mut writer, "writing")?;
@@ -184,7 +184,7 @@ impl StoreControl for FileStore {
         let client = SqliteBackend::connect(&url)
             .await
             .map_err(|e| io::Error::other(format!("cannot reopen the lock file: {e}")))?;
-        client.close().await;
+        client.close().await.unwrap();
         Ok(())
     }
 
