@@ -16,6 +16,8 @@
 //!   restart.
 //! - `proxy`: the TCP fault proxy.
 //! - `pki`: throwaway CAs and certificates for TLS tests.
+//! - `secrets`: a marker password and the checks that it never reaches
+//!   errors, `Debug` or tracing output.
 
 pub mod env;
 #[cfg(feature = "stores")]
@@ -27,6 +29,8 @@ pub mod poll;
 pub(crate) mod process;
 #[cfg(feature = "stores")]
 pub mod proxy;
+#[cfg(feature = "stores")]
+pub mod secrets;
 #[cfg(feature = "stores")]
 pub mod stores;
 pub mod usage;
