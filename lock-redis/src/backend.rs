@@ -71,15 +71,16 @@ impl RedisBackend {
     /// Reads the server's persistence settings: without `appendfsync always`
     /// it logs a warning (fences then rely on the server clock, see the crate
     /// docs), or refuses with [`RedisConfig::require_durable_fences`].
-    /// Reads its memory limit and policy: a server that may evict keys is
-    /// refused unless [`RedisConfig::allow_maxmemory_eviction`] (then it
-    /// logs a warning). Settings it cannot read (an ACL denies `CONFIG`)
-    /// are logged and reported as unknown, never refused.
+    /// Reads its memory limit and policy (`CONFIG GET`, or `INFO memory`
+    /// where an ACL denies `CONFIG`): a server that may evict keys, or
+    /// whose policy neither command may read, is refused unless
+    /// [`RedisConfig::allow_maxmemory_eviction`] (then it logs a warning).
+    /// Persistence it cannot read is logged and reported as unknown.
     ///
     /// # Errors
     /// As [`connect`](Self::connect), plus [`LockError::InvalidConfig`] for an
     /// invalid prefix or timeout, non-durable persistence when required, or
-    /// an evicting `maxmemory-policy` not accepted.
+    /// an evicting (or unreadable) `maxmemory-policy` not accepted.
     pub async fn connect_with(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         if config.uses_tls() {

@@ -136,11 +136,13 @@ impl RedisConfig {
 
     /// Connects even though the server may evict keys when memory runs
     /// short (`maxmemory` set, `maxmemory-policy` other than `noeviction`),
-    /// which `connect` otherwise refuses: a held lock's key can then vanish
-    /// and a second client be granted the lock (and under `allkeys-*`
-    /// policies fence keys can vanish too). Fencing tokens still tell the
-    /// two holders apart. With this set, `capabilities().fence_durability`
-    /// names the policy and what it costs, and `connect` logs a warning.
+    /// or its policy cannot be read (an ACL denies both `CONFIG GET` and
+    /// `INFO`), which `connect` otherwise refuses: a held lock's key can
+    /// then vanish and a second client be granted the lock (and under
+    /// `allkeys-*` policies fence keys can vanish too). Fencing tokens still
+    /// tell the two holders apart. With this set,
+    /// `capabilities().fence_durability` names the policy (or says it is
+    /// unknown) and what it costs, and `connect` logs a warning.
     /// The URL form is `?allow_maxmemory_eviction=true`. Off by default.
     pub fn allow_maxmemory_eviction(mut self, allowed: bool) -> Self {
         self.allow_maxmemory_eviction = allowed;

@@ -8,12 +8,14 @@ use lockcore::LockError;
 use redis::aio::ConnectionManager;
 
 use crate::RedisConfig;
+use crate::error;
 
 /// Reads the server's persistence and eviction settings through `con`,
 /// each within `limit`: refuses non-durable persistence when the config
-/// requires durable fences, and a server that may evict lock keys unless
-/// the config accepts it; warns about the rest. Settings that cannot be
-/// read (an ACL denies `CONFIG`) are warned about, never refused.
+/// requires durable fences, and a server that may evict lock keys (or
+/// whose eviction policy cannot be read at all, neither by `CONFIG GET`
+/// nor by `INFO memory`) unless the config accepts it; warns about the
+/// rest. Persistence that cannot be read is warned about, never refused.
 pub(crate) async fn check(
     config: &RedisConfig,
     endpoint: &str,
@@ -37,15 +39,16 @@ pub(crate) async fn check(
              monotonic only if the server clock does not step back, and held locks may be forgotten"
         );
     }
-    let eviction = tokio::time::timeout(limit, Eviction::probe(con))
-        .await
-        .unwrap_or_else(|_| Eviction::Unknown("CONFIG GET timed out".into()));
+    let allowed = config.allow_maxmemory_eviction;
+    let eviction = match tokio::time::timeout(limit, Eviction::probe(con)).await {
+        Ok(eviction) => eviction,
+        Err(_) if allowed => Eviction::Unknown(format!("no answer within {limit:?}")),
+        Err(_) => return Err(error::timed_out("reading maxmemory-policy", limit)),
+    };
+    if !allowed && let Some(refusal) = eviction.refusal(endpoint) {
+        return Err(LockError::config(refusal));
+    }
     match &eviction {
-        Eviction::Evicts { .. } if !config.allow_maxmemory_eviction => {
-            return Err(LockError::config(
-                eviction.refusal(endpoint).unwrap_or_default(),
-            ));
-        }
         Eviction::Evicts { .. } => tracing::warn!(
             endpoint = %endpoint,
             eviction = %eviction,
@@ -56,8 +59,9 @@ pub(crate) async fn check(
         Eviction::Unknown(why) => tracing::warn!(
             endpoint = %endpoint,
             why = %why,
-            "could not read maxmemory / maxmemory-policy: make sure the server runs with \
-             `maxmemory-policy noeviction` or no maxmemory, or it may evict held locks"
+            "could not read maxmemory / maxmemory-policy (accepted with \
+             allow_maxmemory_eviction): unless the server runs with `maxmemory-policy \
+             noeviction` or no maxmemory, it may evict held locks"
         ),
         Eviction::Unlimited | Eviction::Refuses { .. } => {}
     }
@@ -90,6 +94,15 @@ macro_rules! evicting {
 short Redis evicts keys that carry a TTL, held lock keys included, so a second client can be \
 granted a lock that is still held (each holder has its own fence, and resources that check \
 fences refuse the older one); fence counters carry no TTL and stay; ",
+            fence_assumption!()
+        )
+    };
+    (unknown) => {
+        concat!(
+            "maxmemory-policy unknown (neither CONFIG GET nor INFO memory could read it; accepted \
+with allow_maxmemory_eviction): if the server has a maxmemory limit and a policy other than \
+noeviction, it evicts held lock keys when memory runs short (a second client can be granted a \
+lock that is still held), and under allkeys-* policies fence counters too; ",
             fence_assumption!()
         )
     };
@@ -177,13 +190,15 @@ impl fmt::Display for Persistence {
 }
 
 /// What the server does when it runs out of memory, read at connect with
-/// `CONFIG GET maxmemory` and `maxmemory-policy`.
+/// `CONFIG GET maxmemory` and `maxmemory-policy`, or where `CONFIG` is
+/// denied (an ACL with `-@dangerous`), from `INFO memory`.
 ///
 /// Under any policy but `noeviction`, Redis deletes keys to make room once
 /// `maxmemory` is reached: `volatile-*` policies pick among keys with a TTL,
 /// which every held lock key has; `allkeys-*` among all keys, fence keys
 /// included. Either way a lock can vanish while its holder still holds a
-/// valid lease, so `connect` refuses such a server unless
+/// valid lease, so `connect` refuses such a server, and one whose policy it
+/// cannot read at all, unless
 /// [`RedisConfig::allow_maxmemory_eviction`](crate::RedisConfig::allow_maxmemory_eviction).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -204,7 +219,9 @@ pub enum Eviction {
         /// The `maxmemory-policy`, e.g. `volatile-lru`.
         policy: String,
     },
-    /// The settings could not be read (`CONFIG` renamed or denied by ACL).
+    /// The settings could not be read (neither `CONFIG GET` nor `INFO
+    /// memory` is allowed, or the server did not answer): only with
+    /// `allow_maxmemory_eviction`, which accepts that it may evict.
     Unknown(String),
 }
 
@@ -214,7 +231,19 @@ impl Eviction {
         matches!(self, Eviction::Evicts { .. })
     }
 
+    /// `CONFIG GET`, or where that is denied, `INFO memory`.
     pub(crate) async fn probe(con: &mut ConnectionManager) -> Eviction {
+        let config = match Self::config_get(con).await {
+            Ok(eviction) => return eviction,
+            Err(why) => why,
+        };
+        match Self::info_memory(con).await {
+            Ok(eviction) => eviction,
+            Err(info) => Eviction::Unknown(format!("CONFIG GET: {config}; INFO memory: {info}")),
+        }
+    }
+
+    async fn config_get(con: &mut ConnectionManager) -> Result<Eviction, String> {
         let reply: Result<(Vec<String>, Vec<String>), _> = redis::pipe()
             .cmd("CONFIG")
             .arg("GET")
@@ -224,25 +253,55 @@ impl Eviction {
             .arg("maxmemory-policy")
             .query_async(con)
             .await;
-        let (limit, policy) = match reply {
-            Ok(r) => r,
-            Err(e) => return Eviction::Unknown(e.to_string()),
-        };
+        let (limit, policy) = reply.map_err(|e| denial(&e))?;
         let value = |pair: &[String]| pair.get(1).cloned().unwrap_or_default();
-        let Ok(maxmemory) = value(&limit).parse::<u64>() else {
-            return Eviction::Unknown(format!("maxmemory = {:?}", value(&limit)));
+        Self::read(&value(&limit), value(&policy))
+    }
+
+    async fn info_memory(con: &mut ConnectionManager) -> Result<Eviction, String> {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(con)
+            .await
+            .map_err(|e| denial(&e))?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_owned())
         };
-        match (maxmemory, value(&policy)) {
-            (0, _) => Eviction::Unlimited,
-            (maxmemory, policy) if policy == "noeviction" => Eviction::Refuses { maxmemory },
-            (maxmemory, policy) => Eviction::Evicts { maxmemory, policy },
+        match (field("maxmemory"), field("maxmemory_policy")) {
+            (Some(limit), Some(policy)) => Self::read(&limit, policy),
+            _ => Err("the reply has no maxmemory / maxmemory_policy".into()),
         }
     }
 
-    /// Why and how to fix, for the connect error under an evicting policy.
+    fn read(limit: &str, policy: String) -> Result<Eviction, String> {
+        let Ok(maxmemory) = limit.parse::<u64>() else {
+            return Err(format!("maxmemory = {limit:?}"));
+        };
+        Ok(match (maxmemory, policy) {
+            (0, _) => Eviction::Unlimited,
+            (maxmemory, policy) if policy == "noeviction" => Eviction::Refuses { maxmemory },
+            (maxmemory, policy) => Eviction::Evicts { maxmemory, policy },
+        })
+    }
+
+    /// Why and how to fix, for the connect error under an evicting policy
+    /// or one that could not be read.
     pub(crate) fn refusal(&self, endpoint: &str) -> Option<String> {
-        let Eviction::Evicts { maxmemory, policy } = self else {
-            return None;
+        let (maxmemory, policy) = match self {
+            Eviction::Evicts { maxmemory, policy } => (maxmemory, policy),
+            Eviction::Unknown(why) => {
+                return Some(format!(
+                    "{endpoint}: could not read maxmemory / maxmemory-policy ({why}), so whether \
+                     Redis may evict held lock keys when memory runs short is unknown. Let the \
+                     user read them: `ACL SETUSER <user> +info` (INFO memory); or, with the \
+                     server known to run `maxmemory-policy noeviction` or no maxmemory, accept \
+                     it: RedisConfig::allow_maxmemory_eviction(true), or \
+                     `allow_maxmemory_eviction=true` in the URL's query"
+                ));
+            }
+            Eviction::Unlimited | Eviction::Refuses { .. } => return None,
         };
         let victims = if policy.starts_with("volatile-") {
             "keys with a TTL, and every held lock key has one"
@@ -263,8 +322,10 @@ impl Eviction {
     /// What `fence_durability` says: [`FENCE_ASSUMPTION`], or under an
     /// evicting policy what that policy adds, naming it.
     pub(crate) fn fence_assumption(&self) -> &'static str {
-        let Eviction::Evicts { policy, .. } = self else {
-            return FENCE_ASSUMPTION;
+        let policy = match self {
+            Eviction::Evicts { policy, .. } => policy,
+            Eviction::Unknown(_) => return evicting!(unknown),
+            Eviction::Unlimited | Eviction::Refuses { .. } => return FENCE_ASSUMPTION,
         };
         match policy.as_str() {
             "volatile-lru" => evicting!(volatile "volatile-lru"),
@@ -294,9 +355,37 @@ impl fmt::Display for Eviction {
     }
 }
 
+/// What a denied or failed read says: the server's error code and words.
+fn denial(e: &redis::RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        _ => e.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn info_memory_is_read_like_config_get() {
+        assert_eq!(
+            Eviction::read("0", "allkeys-lru".into()),
+            Ok(Eviction::Unlimited)
+        );
+        assert_eq!(
+            Eviction::read("1024", "noeviction".into()),
+            Ok(Eviction::Refuses { maxmemory: 1024 })
+        );
+        assert_eq!(
+            Eviction::read("1024", "volatile-ttl".into()),
+            Ok(Eviction::Evicts {
+                maxmemory: 1024,
+                policy: "volatile-ttl".into()
+            })
+        );
+        assert!(Eviction::read("lots", "noeviction".into()).is_err());
+    }
 
     #[test]
     fn the_accepted_assumption_names_the_policy() {
@@ -325,14 +414,20 @@ mod tests {
                 "{refusal}"
             );
         }
-        for safe in [
-            Eviction::Unlimited,
-            Eviction::Refuses { maxmemory: 1 },
-            Eviction::Unknown("denied".into()),
-        ] {
+        for safe in [Eviction::Unlimited, Eviction::Refuses { maxmemory: 1 }] {
             assert_eq!(safe.fence_assumption(), FENCE_ASSUMPTION);
             assert_eq!(safe.refusal("redis://h:1"), None);
             assert!(!safe.evicts());
         }
+        let unknown = Eviction::Unknown("denied".into());
+        assert!(
+            unknown
+                .fence_assumption()
+                .starts_with("maxmemory-policy unknown ")
+        );
+        assert!(unknown.fence_assumption().ends_with(FENCE_ASSUMPTION));
+        let refusal = unknown.refusal("redis://h:1").unwrap();
+        assert!(refusal.contains("+info") && refusal.contains("allow_maxmemory_eviction"));
+        assert!(!unknown.evicts(), "not known to evict");
     }
 }

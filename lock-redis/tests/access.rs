@@ -9,7 +9,7 @@ use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
-use lock_redis::{Persistence, RedisBackend, RedisConfig};
+use lock_redis::{Eviction, Persistence, RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
 use support::*;
@@ -80,6 +80,7 @@ async fn passwords_and_acl_users() {
         .arg("&app:*")
         .arg("+@all")
         .arg("-@dangerous")
+        .arg("+info")
         .query_async(&mut con)
         .await
         .unwrap();
@@ -122,6 +123,11 @@ async fn passwords_and_acl_users() {
         matches!(user.persistence(), Persistence::Unknown(_)),
         "CONFIG is denied to this user: {:?}",
         user.persistence()
+    );
+    assert_eq!(
+        user.eviction(),
+        &Eviction::Unlimited,
+        "INFO tells this user the server evicts nothing"
     );
     let lock = unique("acl");
     let lease = take(&user, &lock, LONG).await;

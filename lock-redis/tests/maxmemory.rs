@@ -227,43 +227,87 @@ async fn the_opt_in_connects_and_downgrades_what_is_promised() {
     );
 }
 
-/// An ACL user that may not run `CONFIG` cannot tell: it connects (never
-/// refused for what it cannot see) and reports the policy as unknown.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreadable_policy_is_reported_not_refused() {
-    let store = limited("volatile-ttl").await;
-    let mut con = raw(&store.url()).await;
+/// Creates ACL user `name` with password `locker-pw` on the prefix
+/// `distlock:` with `rules` (`-@dangerous` denies `CONFIG` and `INFO`).
+async fn acl_user(con: &mut redis::aio::MultiplexedConnection, name: &str, rules: &[&str]) {
     let () = redis::cmd("ACL")
         .arg("SETUSER")
-        .arg("locker")
-        .arg(&[
-            "on",
-            ">locker-pw",
-            "~distlock:*",
-            "&distlock:*",
-            "+@all",
-            "-@dangerous",
-        ])
-        .query_async(&mut con)
+        .arg(name)
+        .arg(&["reset", "on", ">locker-pw", "~distlock:*", "&distlock:*"])
+        .arg(rules)
+        .query_async(con)
         .await
         .unwrap();
+}
+
+/// The README's least-privilege user (`+@all -@dangerous +info`) may not
+/// run `CONFIG GET`, but reads the policy from `INFO memory`: an evicting
+/// server is refused for it as for anyone, and the opt-in names the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_acl_user_reads_the_policy_from_info() {
+    let store = limited("volatile-ttl").await;
+    let mut con = raw(&store.url()).await;
+    acl_user(&mut con, "locker", &["+@all", "-@dangerous", "+info"]).await;
+    let url = format!("redis://locker:locker-pw@{}", store.addr());
+    let err = RedisBackend::connect(&url).await.unwrap_err();
+    let LockError::InvalidConfig { message, .. } = &err else {
+        panic!("an evicting policy must be a config error: {err:?}");
+    };
+    assert!(
+        message.contains("maxmemory-policy volatile-ttl"),
+        "{message}"
+    );
+    let user = RedisBackend::connect_with(connect_allowing(&url))
+        .await
+        .unwrap();
+    assert_eq!(
+        user.eviction(),
+        &Eviction::Evicts {
+            maxmemory: LIMIT_BYTES,
+            policy: "volatile-ttl".into()
+        }
+    );
+}
+
+/// A user that may read neither `CONFIG` nor `INFO` cannot tell whether the
+/// server evicts held locks: refused, saying what to grant and how to opt
+/// in; with the opt-in it connects, warns, and `capabilities()` says the
+/// policy is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_nobody_may_read_is_refused_unless_accepted() {
+    let store = limited("volatile-ttl").await;
+    let mut con = raw(&store.url()).await;
+    acl_user(&mut con, "blind", &["+@all", "-@dangerous"]).await;
+    let url = format!("redis://blind:locker-pw@{}", store.addr());
+    let err = RedisBackend::connect(&url).await.unwrap_err();
+    let LockError::InvalidConfig { message, .. } = &err else {
+        panic!("a policy that cannot be read must be a config error: {err:?}");
+    };
+    for needed in ["could not read", "+info", "allow_maxmemory_eviction"] {
+        assert!(
+            message.contains(needed),
+            "{needed:?} missing from: {message}"
+        );
+    }
     let (user, warnings) = warnings_of(
         &store.url(),
-        RedisBackend::connect(&format!("redis://locker:locker-pw@{}", store.addr())),
+        RedisBackend::connect_with(connect_allowing(&url)),
     )
     .await;
-    let user = user.expect("a policy that cannot be read is not refused");
+    let user = user.expect("the opt-in accepts a policy that cannot be read");
     assert!(
-        warnings
-            .iter()
-            .any(|w| w.contains("could not read maxmemory")),
+        warnings.iter().any(|w| w.contains("could not read")),
         "it says it could not check: {warnings:?}"
     );
     assert!(
-        matches!(user.eviction(), Eviction::Unknown(why) if why.contains("config|get")),
+        matches!(user.eviction(), Eviction::Unknown(why) if why.contains("info")),
         "{:?}",
         user.eviction()
     );
+    let FenceDurability::Conditional(why) = user.capabilities().fence_durability else {
+        panic!("redis fences are conditional");
+    };
+    assert!(why.starts_with("maxmemory-policy unknown"), "{why}");
 }
 
 /// EXPECTED VIOLATION, the hazard `allow_maxmemory_eviction` accepts:
