@@ -288,23 +288,25 @@ impl fmt::Debug for RedisConfig {
 const ALLOW_EVICTION_PARAM: &str = "allow_maxmemory_eviction";
 
 /// The value of boolean query parameter `name` in `url`, if present (the
-/// client ignores parameters it does not know).
+/// client ignores parameters it does not know). The URL is split as the
+/// client splits it, so a password holding `?`, `#` or `&` is never taken
+/// for the query; a bad value is named by length only.
 fn query_flag(url: &str, name: &str) -> Result<Option<bool>, LockError> {
-    let query = url.split_once('?').map_or("", |(_, q)| q);
-    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    let Some(parsed) = redis::parse_redis_url(url) else {
+        return Ok(None);
+    };
     let mut found = None;
-    for pair in query.split('&') {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (key, value) in parsed.query_pairs() {
         if key != name {
             continue;
         }
-        found = Some(match value {
+        found = Some(match &*value {
             "true" => true,
             "false" => false,
             other => {
                 return Err(LockError::config(format!(
-                    "URL parameter {name}={:?} must be true or false",
-                    other.chars().take(32).collect::<String>()
+                    "URL parameter {name} must be true or false, not a value of {} bytes",
+                    other.len()
                 )));
             }
         });
