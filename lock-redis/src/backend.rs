@@ -13,7 +13,7 @@ use lockcore::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::client::{self, Client};
+use crate::client::{self, Client, MAX_FENCE};
 use crate::connection::{self, Commands};
 use crate::error::{self, BACKEND};
 use crate::notify::Notifier;
@@ -122,7 +122,8 @@ impl RedisBackend {
             // checked, see `notify`).
             .eviction_notice(Some(config.response_timeout))
             .semaphores(true)
-            .fence_floor(true);
+            .fence_floor(true)
+            .max_fence(MAX_FENCE);
         let (notifier, events) = Notifier::new(
             config.client.clone(),
             op_timeout,
@@ -289,7 +290,10 @@ impl LockBackend for RedisBackend {
         Ok(Some(wakeup))
     }
 
+    /// Refused before any I/O beyond [`Capabilities::max_fence_floor`]:
+    /// Redis scripts count fences exactly only below 2^53.
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.caps.check_fence_floor(floor)?;
         self.client.raise_fence_floor(floor).await
     }
 }

@@ -32,6 +32,9 @@ const FLOOR_CHUNK: usize = 4096;
 /// (spuriously) before it lapses, so the caller re-arms it.
 const WATCH_LINGER: Duration = Duration::from_secs(60);
 
+/// The largest fence Redis counts exactly: Lua holds numbers as doubles.
+pub(crate) const MAX_FENCE: u64 = (1 << 53) - 1;
+
 /// A script invocation and the nonce its reply must echo.
 type Call = (ScriptInvocation<'static>, String);
 
@@ -307,14 +310,9 @@ impl Client {
         }))
     }
 
-    /// Raises the fence floor of every Cluster slot to `floor`.
+    /// Raises the fence floor of every Cluster slot to `floor` (checked
+    /// against [`MAX_FENCE`] by the caller).
     pub(crate) async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
-        // Lua holds numbers as doubles: exact below 2^53.
-        if floor.get() >= (1 << 53) - 1 {
-            return Err(LockError::config(format!(
-                "fence floor {floor} is beyond 2^53: Redis scripts count fences exactly only below it"
-            )));
-        }
         let floor_keys: Vec<String> = (0..keys::SLOTS)
             .map(|slot| keys::floor_key(&self.prefix, slot))
             .collect();

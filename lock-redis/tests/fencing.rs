@@ -2,12 +2,16 @@
 
 mod support;
 
-use lock_conformance::kit::stores::redis::{self as launcher};
+use std::time::Duration;
+
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, fenced_write};
 use lockcore::{Fenced, StaleToken};
 use lockcore::{FencingToken, LockBackend, LockError};
 use support::*;
+use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_writes_refuse_older_tokens() {
@@ -144,6 +148,78 @@ async fn the_floor_is_per_slot_lifts_every_grant_and_never_lowers() {
     ));
 }
 
+/// Redis scripts count in doubles, exactly only below 2^53: the backend
+/// declares that as its largest fence, and a floor that leaves no room to
+/// count below it (within `Capabilities::FENCE_FLOOR_HEADROOM` of it, up to
+/// i64::MAX) is refused with `InvalidConfig` before any I/O (the link is
+/// blackholed: any request would time out), changing nothing. The largest
+/// floor accepted still lets locks and permits be granted, exactly above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_fence_is_declared_and_floors_beyond_it_are_refused_before_any_io() {
+    let store = private(Options::durable()).await;
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let response = Duration::from_secs(2);
+    let config = lock_redis::RedisConfig::from_url(&store.url())
+        .unwrap()
+        .address(proxy.addr().ip().to_string(), proxy.addr().port())
+        .response_timeout(response);
+    let backend = RedisBackend::connect_with(config).await.unwrap();
+    let caps = backend.capabilities();
+    assert_eq!(
+        caps.max_fence,
+        (1 << 53) - 1,
+        "Lua counts exactly below 2^53"
+    );
+    let largest = caps.max_fence_floor();
+
+    proxy.set(Mode::Blackhole);
+    for floor in [largest + 1, 1 << 53, i64::MAX as u64 - 1, i64::MAX as u64] {
+        let started = Instant::now();
+        let refused = backend
+            .raise_fence_floor(FencingToken::new(floor).unwrap())
+            .await;
+        assert!(
+            matches!(refused, Err(LockError::InvalidConfig { .. })),
+            "floor {floor}: {refused:?}"
+        );
+        assert!(
+            started.elapsed() < response,
+            "floor {floor} was refused only after a request"
+        );
+    }
+    proxy.set(Mode::Pass);
+    let mut con = raw(&store.url()).await;
+    let floors: Vec<String> = con.keys("distlock:fence-floor:*").await.unwrap();
+    assert_eq!(
+        floors,
+        Vec::<String>::new(),
+        "a refused floor changed nothing"
+    );
+
+    backend
+        .raise_fence_floor(FencingToken::new(largest).unwrap())
+        .await
+        .unwrap();
+    let lock = unique("largest-floor");
+    for n in 1..=3 {
+        let lease = take(&backend, &lock, LONG).await;
+        assert_eq!(lease.fence().get(), largest + n, "grant {n}");
+        backend.release(&lease).await.unwrap();
+    }
+    let request = lockcore::backend::LockRequest::new(
+        unique("largest-floor-permits"),
+        caps.effective_ttl(LONG).unwrap(),
+    );
+    let permit = backend
+        .try_acquire_permit(&request, 2)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    assert_eq!(permit.fence().get(), largest + 1);
+    backend.release(&permit).await.unwrap();
+}
+
 /// Copies `from` (a directory of files) to `to`, replacing `to`.
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     let _ = std::fs::remove_dir_all(to);
@@ -163,7 +239,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// before reopening makes the next fence larger than every one before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
-    let store = private(lock_conformance::kit::stores::redis::Options::durable()).await;
+    let store = private(Options::durable()).await;
     let url = store.url();
     let aof = store.data_dir().unwrap().join("appendonlydir");
     let backup = store.data_dir().unwrap().join("backup");
