@@ -107,7 +107,7 @@ impl Client {
             .arg(request.label().as_str());
         // Listening for an eviction of this grant starts before it exists.
         let watch = self.notifier.watch_hold(&keys.lock, owner);
-        let sent_at = Moment::now();
+        let sent_at = request.now();
         let (granted, value): (i64, i64) = match self
             .commands
             .invoke_tracked("acquire", &call.1, &call.0)
@@ -131,7 +131,7 @@ impl Client {
         tracing::debug!(key = %keys.lock, %fence, "acquired");
         let lost = watch.granted(fence);
         Ok(Attempt::Acquired(
-            Lease::new(request.name().clone(), owner, fence, ttl, sent_at)
+            Lease::granted(request, owner, fence, sent_at)
                 .with_loss_signal(lost)
                 .with_extension(watch),
         ))
@@ -169,12 +169,14 @@ impl Client {
                 }
             }
         }
-        let sent_at = Moment::now();
+        // Each lease on its own clock, read before the request leaves.
+        let sent: Vec<Moment> = leases.iter().map(Lease::now).collect();
         match self.invoke::<Vec<i64>>("renew", &call).await {
             Ok(renewed) if renewed.len() == leases.len() => leases
                 .iter()
+                .zip(sent)
                 .zip(renewed)
-                .map(|(lease, renewed)| match renewed {
+                .map(|((lease, sent_at), renewed)| match renewed {
                     1 => Ok(lease.renewed(sent_at)),
                     _ => Err(LockError::NotHeld {
                         name: lease.name().clone(),

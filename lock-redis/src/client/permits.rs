@@ -1,6 +1,6 @@
 //! The semaphore round trips: one script each.
 
-use lockcore::backend::{LockRequest, Moment};
+use lockcore::backend::LockRequest;
 use lockcore::{Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken};
 
 use super::{Client, parse_value, prepare, remaining};
@@ -24,7 +24,7 @@ impl Client {
             .arg(ttl.as_millis_ceil())
             .arg(permits)
             .arg(request.label().as_str());
-        let sent_at = Moment::now();
+        let sent_at = request.now();
         // A lost reply leaves a permit that expires after its TTL.
         let reply: Vec<i64> = self.invoke("acquire permit", &call).await?;
         match reply[..] {
@@ -34,7 +34,7 @@ impl Client {
                     .map_err(|_| error::unexpected(format!("permit slot {slot}")))?;
                 tracing::debug!(name = %request.name(), %fence, slot, "permit acquired");
                 Ok(Attempt::Acquired(
-                    Lease::new(request.name().clone(), owner, fence, ttl, sent_at).with_slot(slot),
+                    Lease::granted(request, owner, fence, sent_at).with_slot(slot),
                 ))
             }
             [0, expires_in] => Ok(Attempt::Held {
