@@ -21,6 +21,8 @@ use crate::scripts;
 pub(crate) mod background;
 mod permits;
 
+use background::{Pending, Undo};
+
 /// Leases renewed by one script: bounds how long one `renew_many` call
 /// keeps the server busy (about a millisecond).
 const RENEW_CHUNK: usize = 1000;
@@ -82,8 +84,9 @@ impl Client {
 
     /// One acquire script for `owner`. With `line` (the wait's member and
     /// how long the line is kept without a refresh), a held lock puts the
-    /// caller in line. An attempt whose outcome is unknown (no reply) is
-    /// undone in the background.
+    /// caller in line. An attempt whose outcome is unknown (no reply, or
+    /// this future dropped before it; a line's waiter handles the latter
+    /// itself) is undone in the background.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         request: &LockRequest,
@@ -108,15 +111,23 @@ impl Client {
         // Listening for an eviction of this grant starts before it exists.
         let watch = self.notifier.watch_hold(&keys.lock, owner);
         let sent_at = request.now();
-        let (granted, value): (i64, i64) = match self
+        let until = sent_at.mono() + ttl.get();
+        let pending = line
+            .is_none()
+            .then(|| Pending::new(self.clone(), Undo::Lock(keys.clone(), owner), until));
+        let reply = self
             .commands
             .invoke_tracked("acquire", &call.1, &call.0)
-            .await
-        {
-            Ok(reply) => reply,
+            .await;
+        let (granted, value): (i64, i64) = match reply {
+            Ok(reply) => {
+                Pending::settled(pending);
+                reply
+            }
             Err((e, maybe_ran)) => {
-                if maybe_ran {
-                    let until = sent_at.mono() + ttl.get();
+                if !maybe_ran {
+                    Pending::settled(pending);
+                } else if line.is_some() {
                     self.leave_later(keys.clone(), String::new(), Some(owner), until);
                 }
                 return Err(e);

@@ -36,5 +36,6 @@ script!(WATCH = [LINE] "watch.lua");
 script!(PERMIT_ACQUIRE = [FENCE, PERMITS] "permit_acquire.lua");
 script!(PERMIT_RELEASE = [LEASE, LINE, PERMITS] "permit_release.lua");
 script!(PERMIT_INSPECT = [PERMITS] "permit_inspect.lua");
+script!(PERMIT_LEAVE = [LINE] "permit_leave.lua");
 script!(RAISE_FLOOR = [] "raise_floor.lua");
 script!(FENCED_WRITE = [] "fenced_write.lua");

@@ -10,7 +10,7 @@ use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Eviction, Persistence, RedisBackend, RedisConfig};
-use lockcore::backend::LockBackendExt;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
 use support::*;
 use tokio::time::Instant;
@@ -61,6 +61,56 @@ async fn a_lost_acquire_reply_leaves_no_phantom_holder() {
     );
     let lease = take(&cut, &lock, LONG).await;
     assert!(lease.fence().get() > counter);
+    assert_eq!(cut.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// T3.2 for semaphores: the reply to a permit acquire is lost. As for a
+/// lock, the caller gets a retryable error, and the permit the store did
+/// grant is given back as soon as the network heals, long before its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_reply_leaves_no_phantom_permit() {
+    let store = launcher::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let via = RedisConfig::from_url(&store.url())
+        .unwrap()
+        .address(proxy.addr().ip().to_string(), proxy.addr().port())
+        .response_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300));
+    let cut = RedisBackend::connect_with(via).await.unwrap();
+    let direct = RedisBackend::connect(&store.url()).await.unwrap();
+    let semaphore = unique("phantom-permit");
+    let request = LockRequest::new(
+        semaphore.clone(),
+        cut.capabilities().effective_ttl(LONG).unwrap(),
+    );
+    let acquire = async || cut.try_acquire_permit(&request, 1).await;
+    // Load the scripts first, so the lost request really runs on the server.
+    let warm = acquire().await.unwrap().into_lease().unwrap();
+    cut.release(&warm).await.unwrap();
+
+    proxy.set(Mode::DropDownstream);
+    let outcome = acquire().await;
+    assert!(
+        matches!(&outcome, Err(e) if e.is_retryable()),
+        "a lost reply is a retryable error: {outcome:?}"
+    );
+    let phantom = direct.inspect_permits(&semaphore).await.unwrap();
+    assert_eq!(phantom.len(), 1, "the lost acquire ran on the server");
+
+    proxy.set(Mode::Pass);
+    let healed = Instant::now();
+    until(
+        Duration::from_secs(10),
+        "the phantom permit given back",
+        || async { direct.inspect_permits(&semaphore).await.unwrap().is_empty() },
+    )
+    .await;
+    assert!(
+        healed.elapsed() < LONG / 4,
+        "given back long before the TTL"
+    );
+    let lease = acquire().await.unwrap().into_lease().unwrap();
+    assert!(lease.fence() > phantom[0].fence);
     assert_eq!(cut.release(&lease).await.unwrap(), ReleaseOutcome::Released);
 }
 

@@ -1,6 +1,6 @@
-//! Work that outlives a call: undoing an acquire whose reply was lost,
-//! passing on hand-offs for waits that ended, checking leases after a
-//! resubscription.
+//! Work that outlives a call: undoing an acquire (of a lock or a permit)
+//! whose reply was lost, passing on hand-offs for waits that ended,
+//! checking leases after a resubscription.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -12,11 +12,88 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Client, prepare};
-use crate::keys::Keys;
+use crate::keys::{Keys, PermitKeys};
 use crate::notify::{Checks, Event};
 use crate::scripts;
 
+/// What an acquire whose outcome is unknown may have been granted.
+pub(crate) enum Undo {
+    /// The lock of `Keys`, for this owner token.
+    Lock(Keys, OwnerToken),
+    /// A slot of the semaphore of `PermitKeys`, for this owner token.
+    Permit(PermitKeys, OwnerToken),
+}
+
+/// An acquire in flight. Settled once its reply says what happened;
+/// dropped unsettled (the reply was lost, or the caller's future was
+/// dropped while the request was out), it undoes in the background
+/// whatever the attempt may have been granted, until that would have
+/// expired anyway.
+pub(crate) struct Pending {
+    client: Arc<Client>,
+    undo: Option<Undo>,
+    until: Instant,
+}
+
+impl Pending {
+    pub(crate) fn new(client: Arc<Client>, undo: Undo, until: Instant) -> Self {
+        Pending {
+            client,
+            undo: Some(undo),
+            until,
+        }
+    }
+
+    /// The outcome is known: nothing to undo.
+    pub(crate) fn settled(pending: Option<Pending>) {
+        if let Some(mut pending) = pending {
+            pending.undo = None;
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        match self.undo.take() {
+            Some(Undo::Lock(keys, owner)) => {
+                self.client
+                    .leave_later(keys, String::new(), Some(owner), self.until);
+            }
+            Some(Undo::Permit(keys, owner)) => {
+                self.client.give_back_later(keys, owner, self.until);
+            }
+            None => {}
+        }
+    }
+}
+
 impl Client {
+    /// Frees the slot of the semaphore `keys` that `owner`'s attempt was
+    /// granted, if any, in the background: retried while the server is
+    /// unreachable, until `until` (when the permit has expired anyway) or
+    /// the backend is dropped.
+    pub(crate) fn give_back_later(
+        self: &Arc<Self>,
+        keys: PermitKeys,
+        owner: OwnerToken,
+        until: Instant,
+    ) {
+        let what = "giving back the permit of an acquire whose reply was lost";
+        self.cleanups.retry(self.clone(), until, what, move |client| {
+            let keys = keys.clone();
+            async move {
+                let mut call = prepare(&scripts::PERMIT_LEAVE);
+                call.0.key(&keys.slots).key(&keys.holders).key(&keys.watchers);
+                call.0.arg(owner.encode());
+                let (freed,): (i64,) = client.invoke("give back permit", &call).await?;
+                if freed == 1 {
+                    tracing::debug!(key = %keys.slots, "gave back the permit of an acquire whose reply was lost");
+                }
+                Ok(())
+            }
+        });
+    }
+
     /// [`leave`](Self::leave) in the background, retried while the server
     /// is unreachable, until `until` (when whatever it would remove has
     /// expired anyway) or the backend is dropped.

@@ -1,15 +1,21 @@
 //! The semaphore round trips: one script each.
 
+use std::sync::Arc;
+
 use lockcore::backend::LockRequest;
 use lockcore::{Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken};
 
+use super::background::{Pending, Undo};
 use super::{Client, parse_value, prepare, remaining};
 use crate::{error, scripts};
 
 impl Client {
-    /// One attempt at a permit of the semaphore `request.name()`.
+    /// One attempt at a permit of the semaphore `request.name()`. An
+    /// attempt whose outcome is unknown (no reply, or this future dropped
+    /// while the request was out) gives back in the background whatever
+    /// slot it may have been granted, as a lock's attempt does.
     pub(crate) async fn acquire_permit(
-        &self,
+        self: &Arc<Self>,
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
@@ -25,8 +31,27 @@ impl Client {
             .arg(permits)
             .arg(request.label().as_str());
         let sent_at = request.now();
-        // A lost reply leaves a permit that expires after its TTL.
-        let reply: Vec<i64> = self.invoke("acquire permit", &call).await?;
+        let pending = Pending::new(
+            self.clone(),
+            Undo::Permit(keys.clone(), owner),
+            sent_at.mono() + ttl.get(),
+        );
+        let reply: Vec<i64> = match self
+            .commands
+            .invoke_tracked("acquire permit", &call.1, &call.0)
+            .await
+        {
+            Ok(reply) => {
+                Pending::settled(Some(pending));
+                reply
+            }
+            Err((e, maybe_ran)) => {
+                if !maybe_ran {
+                    Pending::settled(Some(pending));
+                }
+                return Err(e);
+            }
+        };
         match reply[..] {
             [1, fence, slot] => {
                 let fence = FencingToken::from_store(error::BACKEND, fence)?;
@@ -34,7 +59,8 @@ impl Client {
                     .map_err(|_| error::unexpected(format!("permit slot {slot}")))?;
                 tracing::debug!(name = %request.name(), %fence, slot, "permit acquired");
                 Ok(Attempt::Acquired(
-                    Lease::granted(request, owner, fence, sent_at).with_slot(slot),
+                    Lease::granted(request, owner, fence, sent_at)
+                        .with_slot(slot),
                 ))
             }
             [0, expires_in] => Ok(Attempt::Held {
