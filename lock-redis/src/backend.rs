@@ -6,12 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, timed};
+use lockcore::backend::{
+    CancellationToken, Cleanups, LockRequest, PermitPolling, WaitPolicy, Wakeup, timed,
+};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken, Holder,
     Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio_util::task::TaskTracker;
 
 use crate::client::{self, Client, MAX_FENCE};
 use crate::connection::{self, Commands};
@@ -49,6 +52,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 #[derive(Clone)]
 pub struct RedisBackend {
     client: Arc<Client>,
+    /// Shared by the clones: dropped with the last of them.
+    _last: Arc<LastHandle>,
     caps: Capabilities,
     persistence: Persistence,
     eviction: Eviction,
@@ -94,6 +99,7 @@ impl RedisBackend {
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
+        let ours = config.connection.is_none();
         let mut con = match config.connection.clone() {
             Some(con) => con,
             None => connection::open(&config, &endpoint, manager.clone()).await?,
@@ -124,27 +130,38 @@ impl RedisBackend {
             .semaphores(true)
             .fence_floor(true)
             .max_fence(MAX_FENCE);
+        let (closing, tasks) = (CancellationToken::new(), TaskTracker::new());
         let (notifier, events) = Notifier::new(
             config.client.clone(),
-            op_timeout,
-            config.response_timeout,
+            (op_timeout, config.response_timeout),
             keys::wake_channel(&config.key_prefix),
             keys::evict_channel(&config.key_prefix),
+            closing.clone(),
+            tasks.clone(),
         );
         let client = Arc::new(Client {
-            cleanups: lockcore::backend::Cleanups::new(),
-            commands: Commands::new(config.client.clone(), manager, op_timeout, con),
+            cleanups: Cleanups::new(),
+            commands: Commands::new(config.client.clone(), manager, op_timeout, con, ours),
             prefix: config.key_prefix,
             endpoint,
             op_timeout,
             claim_window: config.response_timeout,
             notifier,
+            closing: closing.clone(),
+            tasks: tasks.clone(),
+            acquires: TaskTracker::new(),
         });
-        tokio::spawn(client::background::handle_events(
+        tasks.spawn(client::background::handle_events(
             events,
             Arc::downgrade(&client),
+            closing,
+            tasks.clone(),
         ));
         Ok(RedisBackend {
+            _last: Arc::new(LastHandle {
+                closing: client.closing.clone(),
+                notifier: client.notifier.clone(),
+            }),
             client,
             caps,
             persistence,
@@ -154,8 +171,11 @@ impl RedisBackend {
 
     /// The connection lock commands use, for your own commands (e.g.
     /// [`fenced_write`](Self::fenced_write) on data kept in the same server).
+    /// [`close`](LockBackend::close) ends it (a clone you hold reconnects on
+    /// its next command); after close this is a new connection, yours
+    /// alone, opened on first use.
     pub fn connection(&self) -> ConnectionManager {
-        self.client.commands.get().1
+        self.client.commands.for_caller()
     }
 
     /// The server's persistence settings, as read at connect.
@@ -177,16 +197,34 @@ impl RedisBackend {
     /// applied through `fence_key`; see [`fenced_write`](crate::fenced_write).
     ///
     /// # Errors
-    /// As [`fenced_write`](crate::fenced_write).
+    /// As [`fenced_write`](crate::fenced_write); [`LockError::Unavailable`]
+    /// once the backend is closed.
     pub async fn fenced_write<T: redis::FromRedisValue>(
         &self,
         fence_key: &str,
         token: FencingToken,
         command: &redis::Cmd,
     ) -> Result<Fenced<T>, LockError> {
+        self.client.open()?;
         let mut con = self.connection();
         let write = fence::fenced_write(&mut con, fence_key, token, command);
         timed(BACKEND, "fenced write", self.client.op_timeout, write).await
+    }
+}
+
+/// What the last clone of a backend does when it is dropped: nothing can
+/// renew its leases any more, so each is lost at once, and its
+/// subscription ends. (Background work in flight, such as undoing a lost
+/// grant, keeps the client itself until it is done.)
+struct LastHandle {
+    closing: CancellationToken,
+    notifier: Arc<Notifier>,
+}
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        self.closing.cancel();
+        self.notifier.shutdown();
     }
 }
 
@@ -219,12 +257,12 @@ impl LockBackend for RedisBackend {
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         let keys = self.client.keys(request.name());
-        self.client
-            .acquire(request, &keys, OwnerToken::new(), None)
-            .await
+        let attempt = self.client.acquire(request, &keys, OwnerToken::new(), None);
+        self.client.acquiring(attempt).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.client.open()?;
         let mut renewed = self.client.renew_many(std::slice::from_ref(lease)).await;
         renewed
             .pop()
@@ -232,14 +270,19 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if let Err(e) = self.client.open() {
+            return leases.iter().map(|_| Err(error::copy(&e))).collect();
+        }
         self.client.renew_many(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.client.open()?;
         self.client.release(lease).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        self.client.open()?;
         self.client.inspect(name).await
     }
 
@@ -248,6 +291,7 @@ impl LockBackend for RedisBackend {
         name: &LockName,
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
+        self.client.open()?;
         self.client.evict(name, expected).await
     }
 
@@ -255,20 +299,27 @@ impl LockBackend for RedisBackend {
     /// message to this instance, whatever the number of its watches), or
     /// when the holder's TTL runs out.
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.client.open()?;
         let keys = self.client.keys(name);
         let wakeup = self.client.watch(&keys.lock, &keys.watchers, false).await?;
         Ok(Some(wakeup))
     }
 
     /// Waits in line (see the crate docs): one wake-up per hand-off, to the
-    /// first waiter only, through this instance's subscription.
+    /// first waiter only, through this instance's subscription. A wait in
+    /// progress when the backend closes ends with `Unavailable`.
     async fn acquire(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        let mut waiter = LineWaiter::new(self.client.clone(), request, wait.recheck);
-        lockcore::wait::wait(wait, &mut waiter).await
+        // The waiter lives in the tracked future: its place in line is
+        // left (a clean-up) before the acquire counts as ended.
+        let waiting = async {
+            let mut waiter = LineWaiter::new(self.client.clone(), request, wait.recheck);
+            lockcore::wait::wait(wait, &mut waiter).await
+        };
+        self.client.acquiring(waiting).await
     }
 
     async fn try_acquire_permit(
@@ -277,14 +328,34 @@ impl LockBackend for RedisBackend {
         permits: u32,
     ) -> Result<Attempt, LockError> {
         lockcore::backend::check_permits(request.name(), permits)?;
-        self.client.acquire_permit(request, permits).await
+        let attempt = self.client.acquire_permit(request, permits);
+        self.client.acquiring(attempt).await
+    }
+
+    /// lockcore's wait loop over `try_acquire_permit`, woken by
+    /// `watch_permits`; a wait in progress when the backend closes ends
+    /// with `Unavailable`.
+    async fn acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        lockcore::backend::check_permits(request.name(), permits)?;
+        let waiting = async {
+            let mut waiter = PermitPolling::new(self, request, permits);
+            lockcore::wait::wait(wait, &mut waiter).await
+        };
+        self.client.acquiring(waiting).await
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.client.open()?;
         self.client.inspect_permits(name).await
     }
 
     async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.client.open()?;
         let keys = self.client.permit_keys(name);
         let wakeup = self.client.watch(&keys.slots, &keys.watchers, true).await?;
         Ok(Some(wakeup))
@@ -294,6 +365,19 @@ impl LockBackend for RedisBackend {
     /// Redis scripts count fences exactly only below 2^53.
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
         self.caps.check_fence_floor(floor)?;
+        self.client.open()?;
         self.client.raise_fence_floor(floor).await
+    }
+
+    /// Every lease this backend (and its clones) granted is lost at once;
+    /// the clean-ups it owes the store (an acquire or a permit whose reply
+    /// was lost, a cancelled wait's place in line) are finished, for at
+    /// most twice the operation timeout plus a second; then its
+    /// subscription is ended, its tasks awaited, and its command
+    /// connection closed (`QUIT`). The names it held stay taken until
+    /// their TTL unless released first (`Locker::close` does).
+    async fn close(&self) -> Result<(), LockError> {
+        self.client.close().await;
+        Ok(())
     }
 }

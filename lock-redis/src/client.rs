@@ -4,13 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Moment, Wakeup};
+use lockcore::backend::{CancellationToken, Cleanups, LockRequest, Moment, Wakeup};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
 };
 use redis::{FromRedisValue, Script, ScriptInvocation};
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::connection::{self, Commands};
 use crate::error;
@@ -19,6 +20,7 @@ use crate::notify::Notifier;
 use crate::scripts;
 
 pub(crate) mod background;
+mod closing;
 mod permits;
 
 use background::{Pending, Undo};
@@ -52,11 +54,22 @@ pub(crate) struct Client {
     pub(crate) claim_window: Duration,
     pub(crate) notifier: Arc<Notifier>,
     /// Background clean-ups this client owes the store; `close` finishes them.
-    pub(crate) cleanups: lockcore::backend::Cleanups,
+    pub(crate) cleanups: Cleanups,
+    /// Cancelled when the client closes (or is dropped): the parent of every
+    /// lease's loss signal, so every lease it granted is lost at once.
+    pub(crate) closing: CancellationToken,
+    /// The client's own background tasks (the subscription, the handling of
+    /// what it hears, lease checks): each ends once `closing` fires.
+    pub(crate) tasks: TaskTracker,
+    /// Acquires in progress (waits, and attempts in flight): each may leave
+    /// a clean-up behind when it ends, which `close` must see.
+    pub(crate) acquires: TaskTracker,
 }
 
 impl Drop for Client {
+    /// Nothing can renew this client's leases any more: each is lost now.
     fn drop(&mut self) {
+        self.closing.cancel();
         self.notifier.shutdown();
     }
 }

@@ -109,50 +109,117 @@ async fn probe_tcp(addr: ConnectionAddr, deadline: Instant) -> TcpProbe {
 }
 
 /// The connection lock commands go through, replaced after a timeout or a
-/// mismatched reply.
+/// mismatched reply, and gone once the client is closed.
 pub(crate) struct Commands {
     client: redis::Client,
     config: ConnectionManagerConfig,
     timeout: Duration,
-    current: RwLock<(u64, ConnectionManager)>,
+    current: RwLock<Current>,
+}
+
+/// The connection in use, its generation, whether this client opened it (a
+/// caller's own connection, `RedisConfig::connection`, is only dropped at
+/// close, never ended for the caller), and whether the client is closed.
+struct Current {
+    generation: u64,
+    con: ConnectionManager,
+    ours: bool,
+    closed: bool,
 }
 
 impl Commands {
+    /// Commands over `con`, which this client opened if `ours`.
     pub(crate) fn new(
         client: redis::Client,
         config: ConnectionManagerConfig,
         timeout: Duration,
         con: ConnectionManager,
+        ours: bool,
     ) -> Self {
         Commands {
             client,
             config,
             timeout,
-            current: RwLock::new((0, con)),
+            current: RwLock::new(Current {
+                generation: 0,
+                con,
+                ours,
+                closed: false,
+            }),
         }
     }
 
-    /// The current connection and its generation.
-    pub(crate) fn get(&self) -> (u64, ConnectionManager) {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Current> {
+        // Every update under this lock is a plain assignment.
+        self.current.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current connection and its generation; `None` once closed.
+    pub(crate) fn get(&self) -> Option<(u64, ConnectionManager)> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        (!current.closed).then(|| (current.generation, current.con.clone()))
+    }
+
+    /// The connection for the caller's own commands: the current one, or
+    /// once the client is closed, a new one that is the caller's alone,
+    /// connected on first use.
+    pub(crate) fn for_caller(&self) -> ConnectionManager {
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .con
             .clone()
+    }
+
+    /// A new connection manager to the same server, connected on first use.
+    fn lazy(&self) -> Option<ConnectionManager> {
+        ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+            .map_err(|e| tracing::warn!(error = %e, "could not set up a redis connection"))
+            .ok()
     }
 
     /// Replaces connection `generation` (if still current) with a new one,
     /// connected on first use.
     fn replace(&self, generation: u64, why: &str) {
-        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
-        if current.0 != generation {
+        let mut current = self.write();
+        if current.generation != generation || current.closed {
             return;
         }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
-            Ok(con) => {
-                tracing::debug!(why, "replacing the redis command connection");
-                *current = (generation + 1, con);
+        if let Some(con) = self.lazy() {
+            tracing::debug!(why, "replacing the redis command connection");
+            *current = Current {
+                generation: generation + 1,
+                con,
+                ours: true,
+                closed: false,
+            };
+        }
+    }
+
+    /// Closes the connection: one this client opened is ended with `QUIT`
+    /// (within the operation timeout), so the server has let it go when
+    /// this returns; a caller's own is only dropped. Later requests fail
+    /// with [`closed`]; [`for_caller`](Self::for_caller) hands out a new,
+    /// unconnected one. Idempotent.
+    pub(crate) async fn close(&self) {
+        let (mut con, ours) = {
+            let mut current = self.write();
+            if current.closed {
+                return;
             }
-            Err(e) => tracing::warn!(error = %e, "could not replace the redis command connection"),
+            current.closed = true;
+            current.generation += 1;
+            let spare = self.lazy().unwrap_or_else(|| current.con.clone());
+            (std::mem::replace(&mut current.con, spare), current.ours)
+        };
+        if ours {
+            let quit = redis::cmd("QUIT");
+            let quit = quit.query_async::<Value>(&mut con);
+            if let Ok(Err(e)) = tokio::time::timeout(self.timeout, quit).await
+                && !(e.is_connection_dropped() || e.is_io_error())
+            {
+                tracing::debug!(error = %e, "QUIT at close failed; the connection is dropped");
+            }
         }
     }
 
@@ -178,7 +245,9 @@ impl Commands {
         nonce: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, (LockError, bool)> {
-        let (generation, mut con) = self.get();
+        let Some((generation, mut con)) = self.get() else {
+            return Err((closed(), false));
+        };
         let reply =
             tokio::time::timeout(self.timeout, invocation.invoke_async::<Value>(&mut con)).await;
         match reply {
@@ -215,6 +284,11 @@ pub(crate) fn echoed(nonce: &str, reply: Value) -> Option<Value> {
     }
     items.remove(0);
     Some(Value::Array(items))
+}
+
+/// The error of every call on a closed client.
+pub(crate) fn closed() -> LockError {
+    LockError::unavailable(BACKEND, "this client was closed")
 }
 
 /// The error for a reply that belongs to another request.

@@ -43,14 +43,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use lockcore::{Backoff, FencingToken, LockError, OwnerToken};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{self, BACKEND};
 
 mod holds;
+mod link;
 
 /// Pauses between reconnection attempts: jittered, 50 ms doubling to 1 s.
 fn reconnect_backoff() -> Backoff {
@@ -142,6 +143,11 @@ pub(crate) struct Notifier {
     events: mpsc::UnboundedSender<Event>,
     started: OnceLock<()>,
     shutdown: CancellationToken,
+    /// The parent of every lease's loss signal: the client's, cancelled
+    /// when it closes.
+    leases: CancellationToken,
+    /// Where the connection task runs: the client's tasks, awaited at close.
+    tasks: TaskTracker,
 }
 
 /// Local watches: a change channel per watched key, forgotten once nobody
@@ -199,12 +205,15 @@ impl Notifier {
     /// `evictions`, and the receiver of what it hands to the backend.
     /// Connecting and subscribing may take `timeout`; a `PING` may take
     /// `ping_every`, and is sent that often while anything is registered.
+    /// Every lease's loss signal is a child of `leases`; the connection
+    /// task runs on `tasks`.
     pub(crate) fn new(
         client: redis::Client,
-        timeout: Duration,
-        ping_every: Duration,
+        (timeout, ping_every): (Duration, Duration),
         channel: String,
         evictions: String,
+        leases: CancellationToken,
+        tasks: TaskTracker,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<Event>) {
         let (events, received) = mpsc::unbounded_channel();
         let notifier = Arc::new(Notifier {
@@ -223,11 +232,14 @@ impl Notifier {
             events,
             started: OnceLock::new(),
             shutdown: CancellationToken::new(),
+            leases,
+            tasks,
         });
         (notifier, received)
     }
 
-    /// Stops the connection task; called when the backend is dropped.
+    /// Stops the connection task (it unsubscribes first, within the
+    /// connect timeout); called when the client closes or is dropped.
     pub(crate) fn shutdown(&self) {
         self.shutdown.cancel();
     }
@@ -251,7 +263,7 @@ impl Notifier {
     /// Starts the connection task on first use.
     fn start(self: &Arc<Self>) {
         if self.started.set(()).is_ok() {
-            tokio::spawn(self.clone().run());
+            self.tasks.spawn(self.clone().run());
         }
     }
 
@@ -379,104 +391,6 @@ impl Notifier {
                 .keys
                 .values()
                 .any(|tx| tx.receiver_count() > 0)
-    }
-
-    async fn connect(&self, wake: bool) -> redis::RedisResult<redis::aio::PubSub> {
-        let mut pubsub = self.client.get_async_pubsub().await?;
-        let mut channels = vec![self.evictions.as_str()];
-        if wake {
-            channels.push(&self.channel);
-        }
-        pubsub.subscribe(channels).await?;
-        Ok(pubsub)
-    }
-
-    /// Keeps the subscription connection up until shutdown.
-    async fn run(self: Arc<Self>) {
-        let mut subscriptions: u64 = 0;
-        let mut failures: u32 = 0;
-        let backoff = reconnect_backoff();
-        loop {
-            let mut wake = self.wants_wake.load(Ordering::SeqCst);
-            let connected = tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                s = tokio::time::timeout(self.timeout, self.connect(wake)) => s,
-            };
-            let pubsub = match connected {
-                Ok(Ok(pubsub)) => pubsub,
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "redis pub/sub subscribe failed");
-                    self.link_down(&backoff, &mut failures).await;
-                    continue;
-                }
-                Err(_) => {
-                    tracing::debug!("redis pub/sub subscribe timed out");
-                    self.link_down(&backoff, &mut failures).await;
-                    continue;
-                }
-            };
-            subscriptions += 1;
-            failures = 0;
-            self.subscribed(subscriptions, wake);
-            if subscriptions > 1 {
-                self.wake_all();
-            }
-            let (mut sink, mut messages) = pubsub.split();
-            let mut ping = tokio::time::interval(self.ping_every);
-            ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = self.shutdown.cancelled() => return,
-                    msg = messages.next() => match msg {
-                        Some(msg) => {
-                            let payload = String::from_utf8_lossy(msg.get_payload_bytes());
-                            if msg.get_channel_name() == self.evictions {
-                                self.evicted(&payload);
-                            } else {
-                                self.dispatch(&payload);
-                            }
-                        }
-                        None => break,
-                    },
-                    _ = self.wake_wanted.notified(), if !wake => {
-                        match tokio::time::timeout(self.timeout, sink.subscribe(&self.channel)).await {
-                            Ok(Ok(())) => {
-                                wake = true;
-                                self.link.send_replace(Link::Up { wake });
-                            }
-                            _ => break,
-                        }
-                    }
-                    _ = ping.tick() => {
-                        if !self.in_use() {
-                            continue;
-                        }
-                        let pong = tokio::time::timeout(self.ping_every, sink.ping::<redis::Value>()).await;
-                        if !matches!(pong, Ok(Ok(_))) {
-                            tracing::debug!("redis pub/sub connection does not answer PING");
-                            break;
-                        }
-                    }
-                }
-            }
-            tracing::debug!("redis pub/sub connection lost; reconnecting");
-            self.link_down(&backoff, &mut failures).await;
-        }
-    }
-
-    /// Marks the link down and pauses before the next attempt. Registered
-    /// waits keep sleeping (bounded by their re-check) and are all woken
-    /// once the link is back; new ones poll until then. Leases are checked
-    /// once the link is back.
-    async fn link_down(&self, backoff: &Backoff, failures: &mut u32) {
-        self.holds().subscription = None;
-        self.link.send_replace(Link::Down);
-        let delay = backoff.delay(*failures);
-        *failures = failures.saturating_add(1);
-        tokio::select! {
-            _ = self.shutdown.cancelled() => {}
-            _ = tokio::time::sleep(delay) => {}
-        }
     }
 }
 

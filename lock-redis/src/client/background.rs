@@ -1,6 +1,8 @@
 //! Work that outlives a call: undoing an acquire (of a lock or a permit)
 //! whose reply was lost, passing on hand-offs for waits that ended,
-//! checking leases after a resubscription.
+//! checking leases after a resubscription. Clean-ups owed to the store run
+//! through the client's `Cleanups`, which `close` finishes; the rest ends
+//! when the client closes.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -10,6 +12,7 @@ use lockcore::{Backoff, OwnerToken};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::{Client, prepare};
 use crate::keys::{Keys, PermitKeys};
@@ -82,6 +85,9 @@ impl Client {
         self.cleanups.retry(self.clone(), until, what, move |client| {
             let keys = keys.clone();
             async move {
+                if client.commands.get().is_none() {
+                    return Ok(()); // closed: the permit expires with its TTL
+                }
                 let mut call = prepare(&scripts::PERMIT_LEAVE);
                 call.0.key(&keys.slots).key(&keys.holders).key(&keys.watchers);
                 call.0.arg(owner.encode());
@@ -108,6 +114,9 @@ impl Client {
         self.cleanups.retry(self.clone(), until, what, move |client| {
             let (keys, member) = (keys.clone(), member.clone());
             async move {
+                if client.commands.get().is_none() {
+                    return Ok(()); // closed: what it would undo expires
+                }
                 if client.leave(&keys, &member, owner).await? {
                     tracing::debug!(key = %keys.lock, "freed the lock of an acquire whose reply was lost");
                 }
@@ -117,14 +126,23 @@ impl Client {
     }
 }
 
-/// Handles what the notifier hands over, until the backend is dropped:
-/// passes on hand-offs whose wake-up came after the wait had ended, and
-/// checks leases whose eviction may have gone unheard.
+/// Handles what the notifier hands over, until the client closes or is
+/// dropped: passes on hand-offs whose wake-up came after the wait had
+/// ended, and checks leases whose eviction may have gone unheard.
 pub(crate) async fn handle_events(
     mut events: mpsc::UnboundedReceiver<Event>,
     client: Weak<Client>,
+    closing: CancellationToken,
+    tasks: TaskTracker,
 ) {
-    while let Some(event) = events.recv().await {
+    loop {
+        let event = tokio::select! {
+            _ = closing.cancelled() => return,
+            event = events.recv() => event,
+        };
+        let Some(event) = event else {
+            return;
+        };
         let Some(strong) = client.upgrade() else {
             return;
         };
@@ -138,7 +156,7 @@ pub(crate) async fn handle_events(
                 }
             }
             Event::Check(checks) => {
-                tokio::spawn(check_leases(client.clone(), checks));
+                tasks.spawn(check_leases(client.clone(), checks, closing.clone()));
             }
         }
     }
@@ -148,8 +166,8 @@ pub(crate) async fn handle_events(
 /// signal of every lease whose key no longer holds its `owner:fence`.
 /// Leases the server could not be asked about are retried with backoff
 /// until it answers, the subscription the check follows is gone (the next
-/// one checks again), or the backend is dropped.
-async fn check_leases(client: Weak<Client>, checks: Checks) {
+/// one checks again), or the client closes (every lease is lost then).
+async fn check_leases(client: Weak<Client>, checks: Checks, closing: CancellationToken) {
     let retry = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     let mut pending = checks.leases;
     for attempt in 0_u32.. {
@@ -159,7 +177,7 @@ async fn check_leases(client: Weak<Client>, checks: Checks) {
         if strong.notifier.subscription() != Some(checks.subscription) {
             return;
         }
-        let looked_up: Vec<_> = futures::stream::iter(pending)
+        let looking = futures::stream::iter(pending)
             .map(
                 |(lock_key, value, lost): (String, String, CancellationToken)| {
                     let strong = &strong;
@@ -174,8 +192,11 @@ async fn check_leases(client: Weak<Client>, checks: Checks) {
                 },
             )
             .buffer_unordered(64)
-            .collect()
-            .await;
+            .collect::<Vec<_>>();
+        let looked_up = tokio::select! {
+            _ = closing.cancelled() => return,
+            looked_up = looking => looked_up,
+        };
         drop(strong);
         pending = Vec::new();
         for (lock_key, value, lost, found) in looked_up {
@@ -192,6 +213,9 @@ async fn check_leases(client: Weak<Client>, checks: Checks) {
         if pending.is_empty() {
             return;
         }
-        tokio::time::sleep(retry.delay(attempt)).await;
+        tokio::select! {
+            _ = closing.cancelled() => return,
+            _ = tokio::time::sleep(retry.delay(attempt)) => {}
+        }
     }
 }

@@ -60,7 +60,8 @@ impl Client {
                 tracing::debug!(name = %request.name(), %fence, slot, "permit acquired");
                 Ok(Attempt::Acquired(
                     Lease::granted(request, owner, fence, sent_at)
-                        .with_slot(slot),
+                        .with_slot(slot)
+                        .with_loss_signal(self.closing.child_token()),
                 ))
             }
             [0, expires_in] => Ok(Attempt::Held {

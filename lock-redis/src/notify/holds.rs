@@ -56,7 +56,7 @@ impl Notifier {
     /// sent, so that an eviction of its grant is heard (see [`HoldWatch`]).
     pub(crate) fn watch_hold(self: &Arc<Self>, lock_key: &str, owner: OwnerToken) -> HoldWatch {
         self.start();
-        let lost = CancellationToken::new();
+        let lost = self.leases.child_token();
         let mut holds = self.holds();
         holds.leases.insert(
             owner,
