@@ -87,12 +87,6 @@ async fn own_prefix(url: &str) -> RedisBackend {
     RedisBackend::connect_with(config).await.unwrap()
 }
 
-/// The server clock in microseconds (what fences never go below).
-async fn server_micros(con: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();
-    secs * 1_000_000 + micros
-}
-
 /// `raise_fence_floor` writes one floor key per Cluster slot (so each
 /// name's scripts read it in their own slot), lifts locks and permits of
 /// names in any slot above it, and never lowers a floor; a floor Lua could
@@ -220,16 +214,6 @@ async fn the_largest_fence_is_declared_and_floors_beyond_it_are_refused_before_a
     backend.release(&permit).await.unwrap();
 }
 
-/// Copies `from` (a directory of files) to `to`, replacing `to`.
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    let _ = std::fs::remove_dir_all(to);
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
-
 /// The restore procedure (docs/operations.md §5) on Redis. Fences here run
 /// ahead of the server clock (a floor raised an hour ahead, as after an
 /// earlier restore or a clock that stepped back), so the clock floor of
@@ -239,7 +223,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// before reopening makes the next fence larger than every one before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
-    let store = private(Options::durable()).await;
+    let store = private(lock_conformance::kit::stores::redis::Options::durable()).await;
     let url = store.url();
     let aof = store.data_dir().unwrap().join("appendonlydir");
     let backup = store.data_dir().unwrap().join("backup");

@@ -159,3 +159,19 @@ pub(crate) fn patient(backend: RedisBackend) -> Locker {
             Duration::from_secs(60),
         ))
 }
+
+/// The server clock in microseconds (what fences never go below).
+pub(crate) async fn server_micros(con: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    secs * 1_000_000 + micros
+}
+
+/// Copies `from` (a directory of files) to `to`, replacing `to`.
+pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
