@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::io::Write as _;
-use std::os::unix::fs::PermissionsExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,23 +63,7 @@ async fn closed_port_says_connection_refused_at_once() {
 async fn wrong_password_and_missing_database_are_named_quickly() {
     // A server of its own that checks passwords (scram) for everyone but
     // `postgres`, which the launcher uses to check readiness.
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let hba = dir.path().join("pg_hba.conf");
-    let mut file = std::fs::File::create(&hba).unwrap();
-    writeln!(
-        file,
-        "local all all trust\n\
-         host all postgres 127.0.0.1/32 trust\n\
-         host all all 127.0.0.1/32 scram-sha-256"
-    )
-    .unwrap();
-    drop(file);
-    std::fs::set_permissions(&hba, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let store = postgres::start(
-        Options::default().setting("hba_file", hba.to_str().expect("a UTF-8 temp path")),
-    )
-    .expect("private postgres");
+    let store = postgres::start(Options::default().password_auth(true)).expect("private postgres");
     let mut admin = PgConnection::connect(&store.url()).await.unwrap();
     sqlx::query("CREATE ROLE locker LOGIN PASSWORD 'right-pw'")
         .execute(&mut admin)

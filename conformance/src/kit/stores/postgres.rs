@@ -30,6 +30,11 @@ pub struct Options {
     /// Extra server settings, passed as `-c name=value` after the defaults
     /// (so they win): e.g. `default_transaction_isolation=serializable`.
     pub settings: Vec<(String, String)>,
+    /// Every role but `postgres` (the launcher's, still trusted, so
+    /// [`Store::url`] works) authenticates over TCP with a password
+    /// (`scram-sha-256`): for tests of wrong passwords. Create the role
+    /// with `CREATE ROLE name LOGIN PASSWORD '...'` over [`Store::url`].
+    pub password_auth: bool,
 }
 
 impl Default for Options {
@@ -39,6 +44,7 @@ impl Default for Options {
             fsync: true,
             faketime: false,
             settings: Vec::new(),
+            password_auth: false,
         }
     }
 }
@@ -59,6 +65,13 @@ impl Options {
     /// Runs the server under libfaketime (package `libfaketime`).
     pub fn faketime(mut self, on: bool) -> Self {
         self.faketime = on;
+        self
+    }
+
+    /// Asks every role but `postgres` for its password (see
+    /// [`password_auth`](Self::password_auth)).
+    pub fn password_auth(mut self, on: bool) -> Self {
+        self.password_auth = on;
         self
     }
 
@@ -184,8 +197,9 @@ fn faketime_library() -> io::Result<PathBuf> {
     ))
 }
 
-/// Starts a private PostgreSQL: `initdb` (trust auth, user `postgres`) in a
-/// fresh dir, then `postgres` on a free loopback port.
+/// Starts a private PostgreSQL: `initdb` (trust auth, user `postgres`; with
+/// [`Options::password_auth`], passwords for every other role) in a fresh
+/// dir, then `postgres` on a free loopback port.
 pub fn start(options: Options) -> io::Result<Store> {
     let bin = bin_dir()?;
     let user = server_user()?;
@@ -233,6 +247,16 @@ pub fn start(options: Options) -> io::Result<Store> {
             String::from_utf8_lossy(&initdb.stdout),
             String::from_utf8_lossy(&initdb.stderr)
         )));
+    }
+
+    if options.password_auth {
+        // initdb wrote the file as the server's user: rewriting keeps that.
+        fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\n\
+             host all postgres 127.0.0.1/32 trust\n\
+             host all all 127.0.0.1/32 scram-sha-256\n",
+        )?;
     }
 
     let clock_file = faketime.as_ref().map(|_| dir.path().join("faketime.rc"));
