@@ -1,5 +1,5 @@
-//! `PostgresBackend`: connect, and the `LockBackend` impl (each method
-//! delegating to the client, the waiter or the listener).
+//! `PostgresBackend`: connect, close, and the `LockBackend` impl (each
+//! method delegating to the client, the waiter or the listener).
 
 use std::fmt;
 use std::future::Future;
@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, async_trait};
+use lockcore::backend::{
+    CancellationToken, Cleanups, LockRequest, WaitPolicy, Wakeup, async_trait,
+};
 use lockcore::wait::LocalLine;
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease, LockBackend,
@@ -56,6 +58,15 @@ struct Inner {
     /// Waiting `acquire` calls, in the local line or beyond.
     waiting: Arc<AtomicUsize>,
     resource_fence: ResourceFence,
+    /// Held by `close` for its whole run; `true` once it has closed.
+    closed: tokio::sync::Mutex<bool>,
+}
+
+impl Drop for Inner {
+    /// A dropped backend can renew nothing: its leases count as lost.
+    fn drop(&mut self) {
+        self.client.closing.cancel();
+    }
 }
 
 impl PostgresBackend {
@@ -148,30 +159,40 @@ impl PostgresBackend {
             .notifications(true)
             .semaphores(true)
             .fence_floor(true)
+            // The fence sequence is a bigint (`NO CYCLE`): it ends there.
+            .max_fence(i64::MAX.unsigned_abs())
             .fairness(if config.turnstiles > 0 {
                 Fairness::Fifo
             } else {
                 Fairness::None
             });
+        let (cleanups, closing) = (Cleanups::new(), CancellationToken::new());
         let turnstiles = Turnstiles::new(
             options.clone(),
             config.turnstiles,
             facts.version,
             op_timeout,
+            pool.clone(),
+            cleanups.clone(),
+            closing.clone(),
         );
-        let wakeups = Wakeups::new(listener::Config {
-            options,
-            channel: sql.channel.clone(),
-            evict_channel: sql.evict_channel.clone(),
-            table: sql.table.clone(),
-            connect_timeout: op_timeout,
-            pool: pool.clone(),
-            gone: sql.gone.clone(),
-        });
+        let wakeups = Wakeups::new(
+            listener::Config {
+                options,
+                channel: sql.channel.clone(),
+                evict_channel: sql.evict_channel.clone(),
+                table: sql.table.clone(),
+                connect_timeout: op_timeout,
+                pool: pool.clone(),
+                gone: sql.gone.clone(),
+            },
+            closing.clone(),
+        );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 client: Arc::new(Client {
-                    cleanups: lockcore::backend::Cleanups::new(),
+                    cleanups,
+                    closing,
                     pool,
                     sql,
                     op_timeout,
@@ -184,8 +205,17 @@ impl PostgresBackend {
                 line: LocalLine::new(),
                 waiting: Arc::default(),
                 resource_fence,
+                closed: tokio::sync::Mutex::new(false),
             }),
         })
+    }
+
+    /// `Unavailable` once closed, for every operation.
+    fn open(&self) -> Result<(), LockError> {
+        if self.inner.client.closing.is_cancelled() {
+            return Err(LockError::unavailable(BACKEND, "this client was closed"));
+        }
+        Ok(())
     }
 
     /// The lock table, schema-qualified and quoted.
@@ -213,6 +243,7 @@ impl PostgresBackend {
     /// # Errors
     /// A store error; [`LockError::InvalidTimeout`] for an age that does not fit.
     pub async fn purge_free(&self, older_than: Duration) -> Result<u64, LockError> {
+        self.open()?;
         self.inner.client.purge_free(older_than).await
     }
 
@@ -242,6 +273,7 @@ impl fmt::Debug for PostgresBackend {
             .field("wakeups", &client.wakeups)
             .field("turnstiles", &self.inner.turnstiles)
             .field("waiting", &self.waiting())
+            .field("closed", &client.closing.is_cancelled())
             .finish()
     }
 }
@@ -254,24 +286,35 @@ impl LockBackend for PostgresBackend {
 
     /// Never waits, never queues: a free lock is taken whoever waits for it.
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        self.open()?;
         self.inner.client.acquire(request, Take::Any).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.open()?;
         self.inner.client.renew(lease).await
     }
 
     /// One statement for the whole batch (`unnest` of names, owners,
     /// fences and TTLs), each lease owner-, fence- and liveness-checked.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if let Err(closed) = self.open() {
+            let message = closed.to_string();
+            return leases
+                .iter()
+                .map(|_| Err(LockError::unavailable(BACKEND, message.clone())))
+                .collect();
+        }
         self.inner.client.renew_many(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.open()?;
         self.inner.client.release(lease).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        self.open()?;
         self.inner.client.inspect(name).await
     }
 
@@ -280,10 +323,12 @@ impl LockBackend for PostgresBackend {
         name: &LockName,
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
+        self.open()?;
         self.inner.client.evict(name, expected).await
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.open()?;
         let topic = keys::lock_topic(name.as_str());
         Ok(self.inner.client.wakeups.watch(topic).await)
     }
@@ -296,14 +341,17 @@ impl LockBackend for PostgresBackend {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
+        self.open()?;
         self.inner.client.try_acquire_permit(request, permits).await
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.open()?;
         self.inner.client.inspect_permits(name).await
     }
 
     async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.open()?;
         let topic = keys::permits_topic(name.as_str());
         Ok(self.inner.client.wakeups.watch(topic).await)
     }
@@ -311,7 +359,42 @@ impl LockBackend for PostgresBackend {
     /// Moves the fence sequence to at least `floor` while grants wait (see
     /// the crate docs: restoring from a backup).
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.inner.caps.check_fence_floor(floor)?;
+        self.open()?;
         self.inner.client.raise_fence_floor(floor).await
+    }
+
+    /// Closes this client (see [`LockBackend::close`]): every lease it
+    /// granted is lost at once (loss signals fire) and every waiting
+    /// `acquire` ends with `Unavailable`; the clean-ups it owes the store
+    /// (undoing acquires and permit acquires whose reply was lost, leaving
+    /// turnstile queues, letting go of turnstiles) are finished within the
+    /// operation timeout; then the listener, every turnstile connection and
+    /// the own pool are closed (its operations in flight waited for, up to
+    /// the operation timeout). A pool passed to `from_pool` is the caller's
+    /// and stays open. Names it held stay taken until released or expired:
+    /// release first (`Locker::close` does).
+    async fn close(&self) -> Result<(), LockError> {
+        let inner = &self.inner;
+        let mut closed = inner.closed.lock().await;
+        if *closed {
+            return Ok(());
+        }
+        let client = &inner.client;
+        let limit = client.op_timeout;
+        client.closing.cancel();
+        if !client.cleanups.finish(limit).await {
+            tracing::warn!(
+                pending = client.cleanups.pending(),
+                "clean-ups unfinished at close; what they would undo expires with its TTL"
+            );
+        }
+        client.wakeups.close(inner.connect_timeout).await;
+        inner.turnstiles.close(limit).await;
+        client.pool.close(limit).await;
+        *closed = true;
+        tracing::debug!(server = %inner.server, "closed");
+        Ok(())
     }
 
     /// Waits in line (see the crate docs and `wait.rs`).
@@ -321,6 +404,22 @@ impl LockBackend for PostgresBackend {
     /// (the queued connection is closed; a held turnstile is rolled back
     /// in the background), so the next waiter goes on.
     async fn acquire(
+        &self,
+        request: &LockRequest,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        self.open()?;
+        // Closing ends the wait: dropping it leaves the lines.
+        tokio::select! {
+            acquired = self.wait_in_line(request, wait) => acquired,
+            _ = self.inner.client.closing.cancelled() => self.open().map(|()| None),
+        }
+    }
+}
+
+impl PostgresBackend {
+    /// A waiting `acquire`, in the local line, then the server's.
+    async fn wait_in_line(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,

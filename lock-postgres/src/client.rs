@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Moment};
+use lockcore::backend::{CancellationToken, Clock, LockRequest, Moment};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
@@ -47,6 +47,9 @@ pub(crate) struct Client {
     pub(crate) wakeups: Wakeups,
     /// Background clean-ups this client owes the store; `close` finishes them.
     pub(crate) cleanups: lockcore::backend::Cleanups,
+    /// Cancelled when the backend is closed (or dropped): every lease's
+    /// loss signal is a child of it, and waits end.
+    pub(crate) closing: CancellationToken,
 }
 
 impl Client {
@@ -67,9 +70,9 @@ impl Client {
         };
         let line = keys::turnstile_key(&self.sql.table, name.as_str());
         let owner = OwnerToken::new();
-        // Counted from before the wait for a connection: the local deadline
-        // may only be early.
-        let sent_at = Moment::now();
+        // Counted from before the wait for a connection, on the request's
+        // clock: the local deadline may only be early.
+        let sent_at = request.now();
         let mut op = self.checkout("acquire").await?;
         // Registered before it is sent: an eviction right after the grant
         // must find it.
@@ -103,7 +106,7 @@ impl Client {
             let (lost, eviction) = pending.granted(fence);
             tracing::debug!(lock = %name, %token, "acquired");
             return Ok(Attempt::Acquired(
-                Lease::new(name.clone(), owner, token, ttl, sent_at)
+                Lease::granted(request, owner, token, sent_at)
                     .with_loss_signal(lost)
                     .with_extension(Held {
                         turnstile: HeldTurnstile::default(),
@@ -131,7 +134,7 @@ impl Client {
             return Err(not_held());
         };
         let ttl_us = micros(lease.ttl()).ok_or_else(not_held)?;
-        let sent_at = Moment::now();
+        let sent_at = lease.now();
         let mut op = self.checkout("renew").await?;
         let done = op
             .run(|c| {
@@ -185,7 +188,7 @@ impl Client {
                 }))
             })
             .collect();
-        let sent_at = Moment::now();
+        let sent_at = send_times(leases);
         let renewed: Result<HashSet<i64>, LockError> = async {
             if batch.0.is_empty() {
                 return Ok(HashSet::new());
@@ -215,7 +218,8 @@ impl Client {
                 leases
                     .iter()
                     .zip(positions)
-                    .map(|(lease, at)| match at {
+                    .zip(sent_at)
+                    .map(|((lease, at), sent_at)| match at {
                         Some(at) if renewed.contains(&at) => Ok(lease.renewed(sent_at)),
                         _ => not_held(lease),
                     })
@@ -366,6 +370,10 @@ impl Client {
         self.cleanups.retry(self.clone(), until, what, move |client| {
             let name = name.clone();
             async move {
+                // Closed past its limit for clean-ups: the grant expires.
+                if client.pool.is_closed() {
+                    return Ok(());
+                }
                 if client.forget(&name, owner).await? > 0 {
                     tracing::debug!(lock = %name, "freed the grant of an acquire whose reply was lost");
                 }
@@ -388,6 +396,23 @@ impl Client {
         })
         .await
     }
+}
+
+/// The clocks now, read on each lease's clock before a batch renewal is
+/// sent (once per clock of the batch: leases of one locker share theirs).
+fn send_times(leases: &[Lease]) -> Vec<Moment> {
+    let mut last: Option<(&Arc<dyn Clock>, Moment)> = None;
+    leases
+        .iter()
+        .map(|lease| match last {
+            Some((clock, now)) if Arc::ptr_eq(clock, lease.clock()) => now,
+            _ => {
+                let now = lease.now();
+                last = Some((lease.clock(), now));
+                now
+            }
+        })
+        .collect()
 }
 
 /// Passes on the turnstile `lease` holds, if any (see `wait.rs`).

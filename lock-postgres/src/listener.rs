@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lockcore::Backoff;
 use lockcore::backend::CancellationToken;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPool, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -62,6 +62,8 @@ struct Listener {
     config: Arc<Config>,
     shared: Arc<Shared>,
     conn: Option<PgListener>,
+    /// The pool of one `conn` came from, closed with it at the end.
+    pool: Option<PgPool>,
     /// `LISTEN` on the wake-up channel is in effect.
     waking: bool,
     /// The eviction `LISTEN` in effect, if any (see `State::evictions`).
@@ -81,7 +83,7 @@ struct Listener {
 
 /// The listener task: `LISTEN` on request, dispatch notifications,
 /// `UNLISTEN` when idle, reconnect (with backoff after a failure), until
-/// the backend is dropped.
+/// the backend is closed or dropped; then it closes its connection.
 pub(crate) async fn listen(
     shared: Arc<Shared>,
     config: Arc<Config>,
@@ -92,6 +94,7 @@ pub(crate) async fn listen(
         config,
         shared,
         conn: None,
+        pool: None,
         waking: false,
         evicting: None,
         epochs: 0,
@@ -116,7 +119,7 @@ pub(crate) async fn listen(
             _ = tokio::time::sleep_until(timer.unwrap_or_else(Instant::now)), if timer.is_some() => Event::Timer,
         };
         match event {
-            Event::Stop => return,
+            Event::Stop => return l.close().await,
             Event::Request(Request::Watch(topic, answer)) => {
                 let watching = l.watch(&topic).await;
                 let _ = answer.send(watching);
@@ -313,10 +316,9 @@ impl Listener {
             self.lost();
         }
         let started = tokio::time::timeout(timeout, async {
-            self.conn
-                .insert(connect(&self.config.options, timeout).await?)
-                .listen(channel)
-                .await
+            let (conn, pool) = connect(&self.config.options, timeout).await?;
+            self.pool = Some(pool);
+            self.conn.insert(conn).listen(channel).await
         })
         .await;
         match started {
@@ -351,17 +353,32 @@ impl Listener {
         }
     }
 
+    /// Closes the connection (its session's `LISTEN`s and watch keys end
+    /// with it), within the connect timeout.
+    async fn close(&mut self) {
+        // Dropping the listener hands its connection back to its pool,
+        // which closing waits for.
+        self.conn = None;
+        if let Some(pool) = self.pool.take() {
+            let _ = tokio::time::timeout(self.config.connect_timeout, pool.close()).await;
+        }
+    }
+
     /// The connection is gone, and every LISTEN and watch key with it:
     /// waiters re-check (they may have missed a release).
     fn lost(&mut self) {
         self.conn = None;
+        self.pool = None;
         self.waking = false;
         self.evicting = None;
         self.shared.lost();
     }
 }
 
-async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<PgListener, sqlx::Error> {
+async fn connect(
+    options: &PgConnectOptions,
+    timeout: Duration,
+) -> Result<(PgListener, PgPool), sqlx::Error> {
     // A pool of one just for reconnection, outside the statement pool: the
     // listener never takes a slot waiters' statements need.
     let pool = PgPoolOptions::new()
@@ -377,5 +394,5 @@ async fn connect(options: &PgConnectOptions, timeout: Duration) -> Result<PgList
     // A lost connection is this task's to replace (on a fresh pool), and
     // with it every LISTEN and watch key: never behind its back.
     listener.eager_reconnect(false);
-    Ok(listener)
+    Ok((listener, pool))
 }

@@ -43,9 +43,11 @@
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use lockcore::backend::{CancellationToken, Wakeup};
 use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::listener::{self, Config, Request};
@@ -57,16 +59,29 @@ pub(crate) struct Wakeups {
     config: Arc<Config>,
     requests: OnceLock<mpsc::UnboundedSender<Request>>,
     stop: CancellationToken,
+    /// The listener task, once started.
+    task: TaskTracker,
 }
 
 impl Wakeups {
-    pub(crate) fn new(config: Config) -> Self {
+    /// `closing` is the backend's: every grant's loss signal is its child.
+    pub(crate) fn new(config: Config, closing: CancellationToken) -> Self {
         Wakeups {
-            shared: Arc::new(Shared::new()),
+            shared: Arc::new(Shared::new(closing)),
             config: Arc::new(config),
             requests: OnceLock::new(),
             stop: CancellationToken::new(),
+            task: TaskTracker::new(),
         }
+    }
+
+    /// Stops the listener task and returns once it has closed its
+    /// connection (its `LISTEN`s and watch keys end with the session), or
+    /// `limit` passed. No task starts afterwards.
+    pub(crate) async fn close(&self, limit: Duration) -> bool {
+        self.stop.cancel();
+        self.task.close();
+        tokio::time::timeout(limit, self.task.wait()).await.is_ok()
     }
 
     /// A wake-up for the next release of `topic` (see `keys::lock_topic`),
@@ -111,16 +126,19 @@ impl Wakeups {
     }
 
     /// The listener task, started on first use: backends that never wait
-    /// nor hold never open the extra connection.
+    /// nor hold never open the extra connection. Never once closed: the
+    /// requests then go nowhere.
     fn task(&self) -> &mpsc::UnboundedSender<Request> {
         self.requests.get_or_init(|| {
             let (requests, received) = mpsc::unbounded_channel();
-            tokio::spawn(listener::listen(
-                self.shared.clone(),
-                self.config.clone(),
-                received,
-                self.stop.clone(),
-            ));
+            if !self.stop.is_cancelled() {
+                self.task.spawn(listener::listen(
+                    self.shared.clone(),
+                    self.config.clone(),
+                    received,
+                    self.stop.clone(),
+                ));
+            }
             requests
         })
     }

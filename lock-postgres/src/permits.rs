@@ -2,11 +2,14 @@
 //! statement per renew, release or look, on the permits table (one row per
 //! slot).
 
-use lockcore::backend::{LockRequest, Moment};
+use std::sync::Arc;
+
+use lockcore::backend::LockRequest;
 use lockcore::{
     Attempt, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use sqlx::Connection;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::client::{Client, db_fence, fence_token, from_micros, micros};
@@ -25,7 +28,7 @@ impl Client {
     /// the grant runs under the semaphore's advisory lock, so grants of one
     /// semaphore see each other (at most `permits` holders, one count).
     pub(crate) async fn try_acquire_permit(
-        &self,
+        self: &Arc<Self>,
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
@@ -49,9 +52,9 @@ impl Client {
         // in one round trip.
         let key = keys::permits_key(&self.sql.table, name.as_str());
         let begin = format!("{}; SELECT pg_advisory_xact_lock({key})", sql::BEGIN);
-        let sent_at = Moment::now();
+        let sent_at = request.now();
         let mut op = self.checkout("acquire permit").await?;
-        let (slot, fence, existing, remaining): TakeRow = op
+        let taken: Result<TakeRow, LockError> = op
             .run(|c| async move {
                 let mut tx = c.begin_with(begin).await?;
                 let row = sqlx::query_as(&self.sql.permit_take)
@@ -65,14 +68,27 @@ impl Client {
                 tx.commit().await?;
                 Ok(row)
             })
-            .await?;
+            .await;
+        let (slot, fence, existing, remaining) = match taken {
+            Ok(row) => row,
+            Err(e) => {
+                // The commit may have happened without its answer: a slot
+                // taken for nobody, freed once the server answers again.
+                if op.in_doubt() {
+                    self.forget_permit_later(name, owner, sent_at.mono() + ttl.get());
+                }
+                return Err(e);
+            }
+        };
         if let (Some(slot), Some(fence)) = (slot, fence) {
             let token = fence_token(fence)?;
             let slot = u32::try_from(slot)
                 .map_err(|_| error::corrupt(format!("the permits table holds slot {slot}")))?;
             tracing::debug!(semaphore = %name, slot, %token, "permit acquired");
             return Ok(Attempt::Acquired(
-                Lease::new(name.clone(), owner, token, ttl, sent_at).with_slot(slot),
+                Lease::granted(request, owner, token, sent_at)
+                    .with_slot(slot)
+                    .with_loss_signal(self.closing.child_token()),
             ));
         }
         if let Some(existing) = existing {
@@ -98,7 +114,7 @@ impl Client {
         ) else {
             return Err(not_held());
         };
-        let sent_at = Moment::now();
+        let sent_at = lease.now();
         let mut op = self.checkout("renew permit").await?;
         let done = op
             .run(|c| {
@@ -147,6 +163,45 @@ impl Client {
         } else {
             ReleaseOutcome::NotHeld
         })
+    }
+
+    /// Frees, in the background (a clean-up `close` finishes), the slot the
+    /// permit acquire by `owner` may have taken when its reply was lost, as
+    /// `forget_later` does for locks: owner-checked, retried until the
+    /// server answers or `until` passes (the slot has expired by then).
+    fn forget_permit_later(self: &Arc<Self>, name: &LockName, owner: OwnerToken, until: Instant) {
+        let name = name.clone();
+        let what = "freeing the slot of a permit acquire whose reply was lost";
+        self.cleanups.retry(self.clone(), until, what, move |client| {
+            let name = name.clone();
+            async move {
+                if client.pool.is_closed() {
+                    return Ok(());
+                }
+                if client.forget_permit(&name, owner).await? > 0 {
+                    tracing::debug!(semaphore = %name, "freed the slot of a permit acquire whose reply was lost");
+                }
+                Ok(())
+            }
+        });
+    }
+
+    /// Frees the live slot of `owner` in the semaphore `name`, if any (the
+    /// owner token belongs to one attempt): how many were freed.
+    async fn forget_permit(&self, name: &LockName, owner: OwnerToken) -> Result<i64, LockError> {
+        let topic = keys::permits_topic(name.as_str());
+        let watch = keys::watch_key(&self.sql.table, &topic);
+        let mut op = self.checkout("cleanup").await?;
+        op.run(|c| {
+            sqlx::query_scalar::<_, i64>(&self.sql.permit_forget)
+                .bind(name.as_str())
+                .bind(owner.as_uuid())
+                .bind(&self.sql.channel)
+                .bind(&topic)
+                .bind(watch)
+                .fetch_one(c)
+        })
+        .await
     }
 
     /// The live holders of the semaphore `name`, one per taken slot.

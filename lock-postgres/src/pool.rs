@@ -10,6 +10,9 @@
 //! broken connection, or the caller dropping the operation mid-flight) is
 //! in doubt and closed, never reused: its late reply would be taken for the
 //! next statement's.
+//!
+//! Closing the own pool waits for the operations in flight, then closes
+//! every connection; a caller's pool is left open (it is the caller's).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -104,6 +107,32 @@ impl Pool {
         }
     }
 
+    /// Closes the own pool: waits (up to `limit`) for the operations in
+    /// flight to hand their connections back, refuses later checkouts, and
+    /// closes every connection, each with a `Terminate`. A caller's pool
+    /// stays open: only later checkouts are refused.
+    pub(crate) async fn close(&self, limit: Duration) {
+        let Pool::Own(own) = self else {
+            return;
+        };
+        let deadline = Instant::now() + limit;
+        // Every permit back: nothing is in flight any more.
+        let all = own.permits.acquire_many(own.size);
+        let _in_flight_done = tokio::time::timeout_at(deadline, all).await;
+        own.permits.close();
+        let idle = std::mem::take(&mut *own.idle());
+        let closing = idle.into_iter().map(|conn| conn.close());
+        let _ = tokio::time::timeout_at(deadline, futures_util::future::join_all(closing)).await;
+    }
+
+    /// Whether [`close`](Self::close) closed the own pool.
+    pub(crate) fn is_closed(&self) -> bool {
+        match self {
+            Pool::Own(own) => own.permits.is_closed(),
+            Pool::Caller(_) => false,
+        }
+    }
+
     /// Connections the pool may open.
     pub(crate) fn size(&self) -> u32 {
         match self {
@@ -182,10 +211,12 @@ impl Drop for Checkout {
             Conn::Own { conn, pool, .. } => {
                 if let Some(conn) = conn.take()
                     && !self.in_doubt
+                    && !pool.permits.is_closed()
                 {
                     pool.idle().push(conn);
                 }
-                // In doubt: dropping the connection closes its socket.
+                // In doubt (or the pool closed meanwhile): dropping the
+                // connection closes its socket.
             }
             Conn::Caller(conn) => {
                 if self.in_doubt {

@@ -14,6 +14,9 @@ use uuid::Uuid;
 /// The registry of one backend instance, shared with its listener task.
 pub(crate) struct Shared {
     state: Mutex<State>,
+    /// Cancelled when the backend closes: every grant's loss signal is a
+    /// child of it, so closing fires them all.
+    closing: CancellationToken,
 }
 
 struct State {
@@ -51,8 +54,9 @@ struct Grant {
 }
 
 impl Shared {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(closing: CancellationToken) -> Self {
         Shared {
+            closing,
             state: Mutex::new(State {
                 waiters: HashMap::new(),
                 listening: false,
@@ -187,7 +191,7 @@ impl Shared {
                 fence: None,
                 evicted: None,
                 covered_by,
-                lost: CancellationToken::new(),
+                lost: self.closing.child_token(),
             },
         );
         covered_by.is_some()
@@ -210,7 +214,7 @@ impl Shared {
                     evictions.is_some() && grant.covered_by == evictions,
                 )
             }
-            None => (CancellationToken::new(), true),
+            None => (self.closing.child_token(), true),
         };
         if !covered {
             state.checks_wanted += 1;

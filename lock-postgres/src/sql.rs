@@ -77,6 +77,10 @@ pub(crate) struct Sql {
     /// `$1` name, `$2` slot, `$3` owner, `$4` fence, `$5` channel, `$6`
     /// payload, `$7` watch key → released count.
     pub(crate) permit_release: String,
+    /// `$1` name, `$2` owner, `$3` channel, `$4` payload, `$5` watch key →
+    /// freed count: frees the slot of a permit acquire whose reply was lost
+    /// (the owner token is unique to that one attempt).
+    pub(crate) permit_forget: String,
     /// `$1` name → `(slot, fence, owner, remaining_us, label)` of each live
     /// holder, by slot.
     pub(crate) permit_inspect: String,
@@ -302,6 +306,19 @@ impl Sql {
                   FROM released
             ) notified"
         );
+        let permit_forget = format!(
+            "WITH freed AS (
+                UPDATE {p}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($5) THEN NULL
+                            ELSE pg_notify($3, $4) END
+                  FROM freed
+            ) notified"
+        );
         let permit_inspect = format!(
             "SELECT slot, fence, owner, {REMAINING_US}, label FROM {p}
               WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY slot"
@@ -323,6 +340,7 @@ impl Sql {
             permit_take,
             permit_renew,
             permit_release,
+            permit_forget,
             permit_inspect,
             lock_grants,
             floor,

@@ -42,13 +42,15 @@
 //! itself or a session-mode pool, not a transaction-mode PgBouncer.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use lockcore::backend::{CancellationToken, Cleanups};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{Connection, Executor};
+use sqlx::{Connection, Executor, Row};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
-use tokio::task::JoinHandle;
+
+use crate::pool::Pool;
 
 /// The first PostgreSQL version with `client_connection_check_interval`.
 const CONNECTION_CHECK_SINCE: i32 = 140_000;
@@ -61,14 +63,59 @@ pub(crate) struct Turnstiles {
     permits: Arc<Semaphore>,
     capacity: usize,
     /// Prepares a new connection's session before it first queues
-    /// (settings, not connection options, which some poolers refuse).
+    /// (settings, not connection options, which some poolers refuse), and
+    /// reads its process id.
     setup: &'static str,
+}
+
+/// A turnstile connection and its server process id (to cancel its wait),
+/// with its permit while in use (so idle and used connections together
+/// never outnumber the permits).
+struct Session {
+    conn: PgConnection,
+    pid: i32,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// How a session's wait in the queue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// It got the turn.
+    Turn,
+    /// The server answered with an error (cancelled): the connection is fine.
+    Refused,
+    /// The connection broke, or the answer did not come.
+    Broken,
+}
+
+impl Fate {
+    fn of(result: &Result<(), sqlx::Error>) -> Fate {
+        match result {
+            Ok(()) => Fate::Turn,
+            Err(error) => Fate::failed(error),
+        }
+    }
+
+    fn failed(error: &sqlx::Error) -> Fate {
+        match error {
+            sqlx::Error::Database(_) => Fate::Refused,
+            _ => Fate::Broken,
+        }
+    }
 }
 
 struct Shared {
     /// Connections whose last transaction ended cleanly, for reuse.
-    idle: Mutex<Vec<PgConnection>>,
+    idle: Mutex<Vec<Session>>,
+    /// The turnstiles kept by leases, for `close`.
+    kept: Mutex<Vec<Weak<Mutex<Option<Ticket>>>>>,
     op_timeout: Duration,
+    /// Where a waiter that gives up cancels its queued wait.
+    pool: Pool,
+    /// Leaving a turnstile (queued or held) is a clean-up the client owes.
+    cleanups: Cleanups,
+    /// The backend's: cancelled when it closes, which ends every wait.
+    closing: CancellationToken,
 }
 
 impl Turnstiles {
@@ -77,12 +124,19 @@ impl Turnstiles {
         capacity: u32,
         server_version: i32,
         op_timeout: Duration,
+        pool: Pool,
+        cleanups: Cleanups,
+        closing: CancellationToken,
     ) -> Self {
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
         Turnstiles {
             shared: Arc::new(Shared {
                 idle: Mutex::new(Vec::new()),
+                kept: Mutex::new(Vec::new()),
                 op_timeout,
+                pool,
+                cleanups,
+                closing,
             }),
             options,
             permits: Arc::new(Semaphore::new(capacity)),
@@ -95,10 +149,12 @@ impl Turnstiles {
             setup: if server_version >= CONNECTION_CHECK_SINCE {
                 "SET statement_timeout = 0; SET lock_timeout = 0; \
                  SET client_connection_check_interval = 1000; \
-                 SET default_transaction_isolation = 'read committed';"
+                 SET default_transaction_isolation = 'read committed'; \
+                 SELECT pg_backend_pid();"
             } else {
                 "SET statement_timeout = 0; SET lock_timeout = 0; \
-                 SET default_transaction_isolation = 'read committed';"
+                 SET default_transaction_isolation = 'read committed'; \
+                 SELECT pg_backend_pid();"
             },
         }
     }
@@ -110,43 +166,77 @@ impl Turnstiles {
 
     /// A place in the server's queue for `key`, on a connection of its own;
     /// `signal` is notified when the turn comes (or the place is lost).
-    /// `None` when no turnstile connection can be had (all in use, or
-    /// connecting failed): the caller then waits without.
+    /// `None` when no turnstile connection can be had (all in use,
+    /// connecting failed, or the backend closed): the caller then waits
+    /// without.
     pub(crate) async fn enter(&self, key: i64, signal: Arc<Notify>) -> Option<Ticket> {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         let idle = self.shared.idle().pop();
-        // A new connection is set up in the same round trip as it queues.
-        let (mut conn, setup) = match idle {
-            Some(conn) => (conn, ""),
-            None => {
-                let connecting = PgConnection::connect_with(&self.options);
-                match tokio::time::timeout(self.shared.op_timeout, connecting).await {
-                    Ok(Ok(conn)) => (conn, self.setup),
-                    Ok(Err(error)) => {
-                        tracing::debug!(%error, "no turnstile connection; waiting without one");
-                        return None;
-                    }
-                    Err(_) => {
-                        tracing::debug!("turnstile connection timed out; waiting without one");
-                        return None;
-                    }
+        let mut session = match idle {
+            Some(session) => session,
+            None => match tokio::time::timeout(self.shared.op_timeout, self.connect()).await {
+                Ok(Ok(session)) => session,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "no turnstile connection; waiting without one");
+                    return None;
                 }
-            }
+                Err(_) => {
+                    tracing::debug!("turnstile connection timed out; waiting without one");
+                    return None;
+                }
+            },
         };
-        // `key` is an integer, safe to inline.
-        let sql = format!("{setup} SELECT pg_advisory_lock({key})");
+        session.permit = Some(permit);
+        // Given up by the waiter (its ticket dropped) or by closing.
+        let gave_up = self.shared.closing.child_token();
         let (sender, turn) = oneshot::channel();
-        let queued = tokio::spawn(async move {
-            // A bare string runs as a simple query: several statements.
-            let result = conn.execute(sql.as_str()).await.map(drop);
-            let _ = sender.send((conn, result));
-            signal.notify_one();
-        });
+        let queued = Shared::queue(
+            self.shared.clone(),
+            session,
+            key,
+            gave_up.clone(),
+            sender,
+            signal,
+        );
+        if !self.shared.cleanups.spawn(queued) {
+            return None;
+        }
         Some(Ticket {
-            state: State::Queued { queued, turn },
+            state: State::Queued(turn),
             shared: self.shared.clone(),
-            permit: Some(permit),
+            gave_up,
         })
+    }
+
+    /// A new turnstile connection, set up, with its process id.
+    async fn connect(&self) -> Result<Session, sqlx::Error> {
+        let mut conn = PgConnection::connect_with(&self.options).await?;
+        // A bare string runs as a simple query: several statements.
+        let row = conn.fetch_one(self.setup).await?;
+        let pid = row.try_get(0)?;
+        Ok(Session {
+            conn,
+            pid,
+            permit: None,
+        })
+    }
+
+    /// Closes every turnstile connection: those kept by leases (their
+    /// turnstiles pass on as their sessions end) and the idle ones, each
+    /// within `limit`; no turnstile is entered afterwards. Queued waits end
+    /// with the backend's `closing` signal, as clean-ups.
+    pub(crate) async fn close(&self, limit: Duration) {
+        self.permits.close();
+        let kept = std::mem::take(&mut *self.shared.kept());
+        let mut sessions: Vec<Session> = kept
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|held| held.lock().unwrap_or_else(|p| p.into_inner()).take())
+            .filter_map(Ticket::into_session)
+            .collect();
+        sessions.append(&mut self.shared.idle());
+        let closing = sessions.into_iter().map(|s| s.conn.close());
+        let _ = tokio::time::timeout(limit, futures_util::future::join_all(closing)).await;
     }
 }
 
@@ -156,7 +246,9 @@ impl fmt::Debug for Turnstiles {
             .field("capacity", &self.capacity)
             .field(
                 "in_use",
-                &(self.capacity - self.permits.available_permits()),
+                &(self
+                    .capacity
+                    .saturating_sub(self.permits.available_permits())),
             )
             .field("idle", &self.shared.idle().len())
             .finish()
@@ -165,31 +257,136 @@ impl fmt::Debug for Turnstiles {
 
 impl Shared {
     // Updates are single vector operations; a panic cannot leave them torn.
-    fn idle(&self) -> MutexGuard<'_, Vec<PgConnection>> {
+    fn idle(&self) -> MutexGuard<'_, Vec<Session>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kept(&self) -> MutexGuard<'_, Vec<Weak<Mutex<Option<Ticket>>>>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One waiter's place in the server's queue: `pg_advisory_lock(key)`
+    /// on `session`, its outcome handed to the ticket (and `signal`
+    /// notified). Given up before its turn, the wait is cancelled on the
+    /// server at once (not when the server notices a closed connection),
+    /// and a turn that came meanwhile is let go.
+    async fn queue(
+        shared: Arc<Shared>,
+        mut session: Session,
+        key: i64,
+        gave_up: CancellationToken,
+        sender: oneshot::Sender<Queued>,
+        signal: Arc<Notify>,
+    ) {
+        // `key` is an integer, safe to inline.
+        let sql = format!("SELECT pg_advisory_lock({key})");
+        let pid = session.pid;
+        let result = {
+            let queued = session.conn.execute(sql.as_str());
+            tokio::pin!(queued);
+            tokio::select! {
+                result = &mut queued => result.map(drop),
+                _ = gave_up.cancelled() => {
+                    shared.cancel(pid).await;
+                    match tokio::time::timeout(shared.op_timeout, queued).await {
+                        Ok(result) => result.map(drop),
+                        // No answer: dropping the connection ends the wait.
+                        Err(_) => return,
+                    }
+                }
+            }
+        };
+        if gave_up.is_cancelled() {
+            return shared.reuse(session, Fate::of(&result)).await;
+        }
+        match sender.send((session, result)) {
+            Ok(()) => signal.notify_one(),
+            // The ticket went meanwhile.
+            Err((session, result)) => shared.reuse(session, Fate::of(&result)).await,
+        }
+    }
+
+    /// Cancels the wait of the turnstile session `pid` if it still waits
+    /// for an advisory lock (so a session that ended and whose process id
+    /// went to another is not touched).
+    async fn cancel(&self, pid: i32) {
+        let cancelled = async {
+            let mut op = self
+                .pool
+                .checkout("leaving a turnstile", self.op_timeout)
+                .await?;
+            op.run(|c| {
+                sqlx::query(
+                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+                      WHERE pid = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+                )
+                .bind(pid)
+                .execute(c)
+            })
+            .await
+        };
+        if let Err(error) = cancelled.await {
+            tracing::debug!(%error, "cancelling a turnstile wait failed; closing its connection instead");
+        }
+    }
+
+    /// A session whose wait ended and that no waiter takes: let go of a
+    /// turn it got; keep it if its wait only failed on the server.
+    async fn reuse(&self, session: Session, fate: Fate) {
+        match fate {
+            Fate::Turn => self.leave(session).await,
+            Fate::Refused => self.keep(session).await,
+            Fate::Broken => {} // dropping the connection is all
+        }
     }
 
     /// Lets go of the turnstile (the session's advisory locks) and keeps
     /// the connection for the next waiter; any doubt closes it, which lets
     /// go just as well. Idle connections never outnumber the permits: one
     /// is only opened when none is idle.
-    async fn leave(&self, mut conn: PgConnection) {
-        let unlock = conn.execute("SELECT pg_advisory_unlock_all()");
+    async fn leave(&self, mut session: Session) {
+        let unlock = session.conn.execute("SELECT pg_advisory_unlock_all()");
         if let Ok(Ok(_)) = tokio::time::timeout(self.op_timeout, unlock).await {
-            self.idle().push(conn);
+            self.keep(session).await;
         }
+    }
+
+    /// Keeps an idle session for the next waiter, or closes it once the
+    /// backend is closing.
+    async fn keep(&self, mut session: Session) {
+        if self.closing.is_cancelled() {
+            let _ = tokio::time::timeout(self.op_timeout, session.conn.close()).await;
+        } else {
+            session.permit = None;
+            self.idle().push(session);
+        }
+    }
+
+    /// Hands `session` to [`reuse`](Self::reuse) in the background, as a
+    /// clean-up of the client.
+    fn reuse_later(self: &Arc<Self>, session: Session, fate: Fate) {
+        let shared = self.clone();
+        // Without a runtime the connection closes here, which ends its
+        // session and its advisory locks with it.
+        self.cleanups
+            .spawn(async move { shared.reuse(session, fate).await });
     }
 }
 
 /// A turnstile kept by the lease it let in, until that lease is released:
 /// lease clones share it, and the last one dropped ends it too.
 #[derive(Default)]
-pub(crate) struct HeldTurnstile(Mutex<Option<Ticket>>);
+pub(crate) struct HeldTurnstile(Arc<Mutex<Option<Ticket>>>);
 
 impl HeldTurnstile {
-    /// Keeps `ticket` (a lease gets at most one).
+    /// Keeps `ticket` (a lease gets at most one), where closing the
+    /// backend finds it.
     pub(crate) fn keep(&self, ticket: Ticket) {
+        let shared = ticket.shared.clone();
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(ticket);
+        let mut kept = shared.kept();
+        kept.retain(|held| held.strong_count() > 0);
+        kept.push(Arc::downgrade(&self.0));
     }
 
     /// The ticket, unless already taken; dropping it lets the next waiter
@@ -199,19 +396,16 @@ impl HeldTurnstile {
     }
 }
 
-/// What the queueing task hands back: its connection, and whether the
+/// What the queueing task hands back: its session, and whether the
 /// advisory lock was granted on it.
-type Queued = (PgConnection, Result<(), sqlx::Error>);
+type Queued = (Session, Result<(), sqlx::Error>);
 
 enum State {
     /// In the server's queue: the task waits for the advisory lock.
-    Queued {
-        queued: JoinHandle<()>,
-        turn: oneshot::Receiver<Queued>,
-    },
+    Queued(oneshot::Receiver<Queued>),
     /// Holding the turnstile: the connection is idle, its session holding
     /// the advisory lock.
-    Holding(PgConnection),
+    Holding(Session),
     Left,
 }
 
@@ -227,20 +421,20 @@ pub(crate) enum Turn {
 }
 
 /// A waiter's place at a turnstile; dropping it is how a waiter leaves.
-/// Dropped while queued, it closes its connection (the server then drops
-/// the waiter); dropped while holding, it lets go in the background (or
-/// closes the connection when there is no runtime), so the next waiter
-/// goes on.
+/// Dropped while queued, its wait is cancelled on the server; dropped
+/// while holding, it lets go; both in the background, as clean-ups of the
+/// client (without a runtime the connection closes, which lets go too), so
+/// the next waiter goes on.
 pub(crate) struct Ticket {
     state: State,
     shared: Arc<Shared>,
-    permit: Option<OwnedSemaphorePermit>,
+    gave_up: CancellationToken,
 }
 
 impl Ticket {
     /// Whether this ticket's turn has come, without waiting.
     pub(crate) fn turn(&mut self) -> Turn {
-        let State::Queued { turn, .. } = &mut self.state else {
+        let State::Queued(turn) = &mut self.state else {
             return match self.state {
                 State::Holding(_) => Turn::Mine,
                 _ => Turn::Lost(sqlx::Error::Protocol("the turnstile was left".into())),
@@ -248,12 +442,13 @@ impl Ticket {
         };
         match turn.try_recv() {
             Err(oneshot::error::TryRecvError::Empty) => Turn::Waiting,
-            Ok((conn, Ok(()))) => {
-                self.state = State::Holding(conn);
+            Ok((session, Ok(()))) => {
+                self.state = State::Holding(session);
                 Turn::Mine
             }
-            Ok((_closed, Err(error))) => {
+            Ok((session, Err(error))) => {
                 self.state = State::Left;
+                self.shared.reuse_later(session, Fate::failed(&error));
                 Turn::Lost(error)
             }
             Err(oneshot::error::TryRecvError::Closed) => {
@@ -266,7 +461,15 @@ impl Ticket {
     /// The connection of a held turnstile.
     pub(crate) fn connection(&mut self) -> Option<&mut PgConnection> {
         match &mut self.state {
-            State::Holding(conn) => Some(conn),
+            State::Holding(session) => Some(&mut session.conn),
+            _ => None,
+        }
+    }
+
+    /// The session of a held turnstile, taken out (to be closed).
+    fn into_session(mut self) -> Option<Session> {
+        match std::mem::replace(&mut self.state, State::Left) {
+            State::Holding(session) => Some(session),
             _ => None,
         }
     }
@@ -274,22 +477,16 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        self.gave_up.cancel();
         match std::mem::replace(&mut self.state, State::Left) {
-            // Queued: stopping the task drops its request and closes its
-            // connection (and a connection already handed back, unread,
-            // closes with the receiver).
-            State::Queued { queued, .. } => queued.abort(),
-            State::Holding(conn) => {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let (shared, permit) = (self.shared.clone(), self.permit.take());
-                    runtime.spawn(async move {
-                        shared.leave(conn).await;
-                        drop(permit);
-                    });
+            // Queued: the task cancels the wait (the ticket gave up); a
+            // turn already handed back, unread, is let go here.
+            State::Queued(mut turn) => {
+                if let Ok((session, result)) = turn.try_recv() {
+                    self.shared.reuse_later(session, Fate::of(&result));
                 }
-                // Without a runtime the connection closes here, which ends
-                // its session and the lock with it.
             }
+            State::Holding(session) => self.shared.reuse_later(session, Fate::Turn),
             State::Left => {}
         }
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::stores::postgres::{self, Options};
-use lock_conformance::stores::{Store, eventually};
+use lock_conformance::stores::{Store, eventually, until};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use lockcore::backend::LockBackendExt;
@@ -73,6 +73,31 @@ pub(crate) async fn acquired<B: LockBackend + ?Sized>(
         Attempt::Acquired(lease) => lease,
         Attempt::Held { .. } => panic!("{name} should be free"),
     }
+}
+
+/// Opens a pooled connection and prepares the acquire statement on it, so
+/// a later acquire is sent in one go (sqlx would otherwise wait for the
+/// reply to its Parse first, and a lost reply would mean nothing ran).
+/// Then waits until the backend's background work on its single pooled
+/// connection is over (its first grant starts the eviction LISTEN, and a
+/// check of that grant), so nothing else is in flight when replies drop.
+pub(crate) async fn warm_up(client: &PostgresBackend) {
+    let name = lock_name("warm-up");
+    let lease = match client.try_acquire_for(&name, Duration::from_secs(5)).await {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!("the free lock: {other:?}"),
+    };
+    until(Duration::from_secs(10), "the eviction LISTEN", || async {
+        format!("{client:?}").contains("listening_for_evictions: true")
+    })
+    .await;
+    client.release(&lease).await.unwrap();
+    // Again, on the one connection (the check is over once it is free):
+    // the acquire statement is prepared on it.
+    match client.try_acquire_for(&name, Duration::from_secs(5)).await {
+        Ok(Attempt::Acquired(lease)) => client.release(&lease).await.unwrap(),
+        other => panic!("the free lock: {other:?}"),
+    };
 }
 
 /// A plain connection, outside any backend.
