@@ -5,10 +5,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lockcore::LockError;
+use lockcore::backend::redact_url;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::ident::Ident;
+use crate::urls::{ambiguous_userinfo, known_to_sqlx};
 
 /// URL query parameters this crate reads (and strips before sqlx sees the URL).
 const OWN_PARAMS: &[&str] = &[
@@ -84,24 +86,52 @@ impl PostgresConfig {
     /// [`LockError::InvalidConfig`] for a URL that does not parse or a bad
     /// `lock_*` parameter; the message never contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
+        // An `@` past a `/`, `?` or `#`: a URL parser and a redaction may
+        // disagree on where the user info ends, so nothing of it is shown.
+        let ambiguous = ambiguous_userinfo(url);
+        let shown = if ambiguous {
+            format!("<a {}-byte URL, not shown>", url.len())
+        } else {
+            redact_url(url)
+        };
+        // Only `scheme://...`: anything else (`postgres:/u:pw@h`, a libpq
+        // `host=.. password=..` string) would parse as a host-less URL whose
+        // path, the password's tail included, becomes the database name.
+        let scheme_ok = ["postgres://", "postgresql://"].iter().any(|prefix| {
+            url.get(..prefix.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+        });
+        if !scheme_ok {
+            return Err(LockError::config(format!(
+                "expected a postgres:// or postgresql:// URL, not {shown}"
+            )));
+        }
         let mut parsed = url::Url::parse(url).map_err(|e| {
             LockError::config_caused_by(
-                format!("{} is not a PostgreSQL URL", redact(url)),
+                format!("{shown} is not a PostgreSQL URL"),
+                // The url crate names what is wrong, never the text.
                 e.to_string(),
             )
         })?;
-        if !matches!(parsed.scheme(), "postgres" | "postgresql") {
-            // Only the scheme: the rest of something that is not our URL
-            // cannot be redacted reliably.
-            let scheme: String = parsed.scheme().chars().take(24).collect();
+        // Where the redaction sees a user info and the parser none, the
+        // parser took part of a password for the host, path or query.
+        if ambiguous && parsed.username().is_empty() && parsed.password().is_none() {
             return Err(LockError::config(format!(
-                "expected a postgres:// or postgresql:// URL, not {scheme}://"
+                "{shown}: it holds an @ after a /, ? or # and no user info (a password with an unescaped /, ? or #?); percent-encode them"
             )));
         }
-        let (own, rest): (Vec<_>, Vec<_>) = parsed
+        let pairs: Vec<(String, String)> = parsed
             .query_pairs()
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .partition(|(k, _)| OWN_PARAMS.contains(&k.as_str()));
+            .collect();
+        // A value after a password may be part of it (split at an
+        // unescaped `&`): errors do not show it.
+        let password_at = pairs.iter().position(|(k, _)| k == "password");
+        let (own, rest): (Vec<_>, Vec<_>) = pairs
+            .into_iter()
+            .enumerate()
+            .partition(|(_, (k, _))| OWN_PARAMS.contains(&k.as_str()));
+        let rest = known_to_sqlx(rest.into_iter().map(|(_, pair)| pair).collect());
         if rest.is_empty() {
             parsed.set_query(None);
         } else {
@@ -109,15 +139,19 @@ impl PostgresConfig {
         }
         let options = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
             LockError::config_caused_by(
-                format!("{}: invalid connection settings", redact(url)),
+                format!("{shown}: invalid connection settings"),
                 // sqlx's message names the bad parameter, never the password.
                 e.to_string(),
             )
         })?;
         let mut config = Self::from_options(options);
-        for (key, value) in own {
-            let bad =
-                |why: &str| LockError::config(format!("URL parameter {key}={value:?}: {why}"));
+        for (at, (key, value)) in own {
+            let shown = if password_at.is_some_and(|p| p < at) {
+                "(not shown: it follows the password)".to_owned()
+            } else {
+                format!("{value:?}")
+            };
+            let bad = |why: &str| LockError::config(format!("URL parameter {key}={shown}: {why}"));
             match key.as_str() {
                 "lock_schema" => config.schema = value,
                 "lock_table" => config.table = value,
@@ -318,34 +352,6 @@ impl fmt::Display for Server<'_> {
             o.get_database().unwrap_or(""),
             o.get_ssl_mode()
         )
-    }
-}
-
-/// `url` with the password replaced, for error messages.
-pub(crate) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
-            }
-            let pairs: Vec<(String, String)> = parsed
-                .query_pairs()
-                .map(|(k, v)| {
-                    let v = if k == "password" {
-                        "***".into()
-                    } else {
-                        v.into_owned()
-                    };
-                    (k.into_owned(), v)
-                })
-                .collect();
-            if !pairs.is_empty() {
-                parsed.query_pairs_mut().clear().extend_pairs(pairs);
-            }
-            format!("\"{parsed}\"")
-        }
-        // Not a URL: show no part of it, it may hold a password.
-        Err(_) => format!("a {}-byte string", url.len()),
     }
 }
 

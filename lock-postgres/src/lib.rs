@@ -16,6 +16,7 @@ mod registry;
 mod schema;
 mod sql;
 mod turnstile;
+mod urls;
 mod wait;
 
 pub use backend::PostgresBackend;
