@@ -68,6 +68,13 @@ pub fn redact_url(url: &str) -> String {
             _ => format!("<{} bytes, not a URL>", url.len()),
         };
     };
+    // First, everything from the value of the first secret query parameter
+    // on is hidden: the value may hold an unescaped `&`, `#` or `@` that
+    // would otherwise pass for more pairs, a fragment or the user info's end.
+    let (rest, secret_cut) = match first_secret_value(rest) {
+        Some(at) => (&rest[..at], "***"),
+        None => (rest, ""),
+    };
     // An `@` is the end of the user info only if no `/`, `?` or `#` comes
     // before the user name's `:` (else it is in the path, query or fragment).
     let userinfo_end = rest.rfind('@').filter(|&at| {
@@ -98,27 +105,20 @@ pub fn redact_url(url: &str) -> String {
     };
     let (tail, fragment) = match tail.split_once('#') {
         Some((tail, _)) => (tail, "#***"),
-        None => (tail, ""),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            // Past a secret's name nothing more is shown: its value may hold
-            // an unescaped `&` that splits it into what looks like more pairs.
-            let mut shown = Vec::new();
-            for pair in query.split('&') {
-                match pair.split_once('=') {
-                    Some((key, _)) if names_a_secret(key) => {
-                        shown.push(format!("{key}=***"));
-                        break;
-                    }
-                    _ => shown.push(pair.to_owned()),
-                }
-            }
-            format!("{path}?{}", shown.join("&"))
-        }
-        None => tail.to_owned(),
+        None => (tail, secret_cut),
     };
     format!("{scheme}://{authority}{tail}{fragment}")
+}
+
+/// Where the value of the first query parameter whose name speaks of a
+/// secret starts (a name right after a `?` or `&`, up to its `=`).
+fn first_secret_value(rest: &str) -> Option<usize> {
+    rest.match_indices(['?', '&']).find_map(|(at, _)| {
+        let pair = &rest[at + 1..];
+        let eq = pair.find('=')?;
+        let key = &pair[..eq];
+        (!key.contains(['&', '?', '#', '/', '@']) && names_a_secret(key)).then_some(at + 1 + eq + 1)
+    })
 }
 
 /// Whether a query parameter's name says its value is a secret.
@@ -194,6 +194,14 @@ mod tests {
                 "etcd://h:1/p?x=1&token=***",
             ),
             ("zk://h/root#frag", "zk://h/root#***"),
+            (
+                "postgres://u@h:1/db?password=a#b@c",
+                "postgres://u@h:1/db?password=***",
+            ),
+            (
+                "postgres://u@h:1/db?x=1&Password=a&b@c:d",
+                "postgres://u@h:1/db?x=1&Password=***",
+            ),
         ] {
             assert_eq!(redact_url(url), shown);
         }
@@ -228,6 +236,9 @@ mod tests {
                     format!("zk://u:{marker}@h:2181/root?session_timeout=4s"),
                     format!("redis:/u:{marker}@h"),
                     format!("host=h password={marker}"),
+                    format!("postgres://u@h:1/db?password={marker}"),
+                    format!("postgres://u@h:1/db?sslmode=require&password={marker}&x=1"),
+                    format!("redis://u:{marker}@h:1/0?password={marker}"),
                 ] {
                     let shown = redact_url(&url);
                     assert!(
