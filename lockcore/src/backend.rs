@@ -14,6 +14,7 @@ pub use crate::clock::{Clock, Moment, SystemClock};
 pub use crate::error::BoxError;
 pub use crate::lease::Lease;
 pub use crate::request::LockRequest;
+pub use crate::store_url::{Host, StoreUrl, parse_duration};
 #[allow(deprecated)]
 pub use crate::support::retry_in_background;
 pub use crate::support::{check_permits, redact_url, timed};

@@ -104,6 +104,7 @@ mod outcome;
 mod renewer;
 mod request;
 mod semaphore;
+mod store_url;
 mod support;
 mod token;
 mod ttl;
