@@ -295,4 +295,35 @@ mod tests {
         assert!(!presence.holder_gone(7, id), "no file proves nothing");
         assert_eq!(presence.fences(), Vec::<u64>::new());
     }
+
+    #[test]
+    fn a_presence_fd_keeps_the_holder_alive_until_it_too_is_closed() {
+        use lockcore::{Capabilities, FencingToken, Lease, LockName, OwnerToken};
+        let dir = tempfile::tempdir().unwrap();
+        let presence = Presence::open(&dir.path().join("locks.db")).unwrap();
+        let file = presence.create(9).unwrap();
+        let (id, path) = (file.id, file.path.clone());
+        keep(file, i64::MAX);
+        let ttl = Capabilities::new("test")
+            .effective_ttl(std::time::Duration::from_secs(1))
+            .unwrap();
+        let bare = Lease::new(
+            LockName::new("n").unwrap(),
+            OwnerToken::new(),
+            FencingToken::new(9).unwrap(),
+            ttl,
+            lockcore::backend::Moment::now(),
+        );
+        assert!(presence_fd(&bare).unwrap().is_none(), "no presence file");
+        let lease = bare.with_extension(PresenceOf(path.clone()));
+        let fd = presence_fd(&lease).unwrap().expect("kept");
+        unkeep(&path);
+        assert!(presence_fd(&lease).unwrap().is_none(), "ended here");
+        assert!(
+            !presence.holder_gone(9, id),
+            "the copy still holds the flock"
+        );
+        drop(fd);
+        assert!(presence.holder_gone(9, id), "every copy closed: gone");
+    }
 }
