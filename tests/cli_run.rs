@@ -219,3 +219,65 @@ fn processes_creating_the_lock_file_at_once_all_get_in() {
         }
     }
 }
+
+/// The default lock file under a state directory whose name holds `%`, `?`
+/// and `#`: the file is made in that very directory (a URL built from the
+/// path would decode `%41`, cut at `?` and open another file, or fail).
+#[test]
+fn a_state_dir_with_url_characters_holds_the_default_file() {
+    let shell = Shell::new();
+    let state = shell.path("st%41te?x=1#frag");
+    let run = |args: &[&str]| {
+        shell
+            .distlock(args)
+            .env("XDG_STATE_HOME", &state)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["run", "job", "--", "true"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        state.join("distlock/locks.db").is_file(),
+        "no lock file in {}",
+        state.display()
+    );
+    assert!(!shell.path("stAte").exists());
+    let schemes = run(&["schemes"]);
+    let text = String::from_utf8_lossy(&schemes.stdout);
+    // `schemes` shows it as a URL that `--url` opens: the same file.
+    let url = text
+        .lines()
+        .find_map(|l| l.strip_prefix("default:\t"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        url.ends_with("st%2541te%3Fx=1%23frag/distlock/locks.db"),
+        "{url}"
+    );
+    let mut holder = shell
+        .distlock(&["hold", "job", "--for", "60s"])
+        .env("XDG_STATE_HOME", &state)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("acquired job"), "{line:?}");
+    let busy = run(&["--url", url, "run", "--no-wait", "job", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    signal(holder.id() as i32, libc::SIGTERM);
+    holder.wait().unwrap();
+    // HOME is used the same way when XDG_STATE_HOME is unset.
+    let home = shell.path("ho%2Fme?#");
+    let out = shell
+        .distlock(&["run", "job", "--", "true"])
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(home.join(".local/state/distlock/locks.db").is_file());
+}

@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 use distlock::{FencingToken, Holder, HolderLabel, LockError, LockName, Locker, ReleaseOutcome};
 
 use exit::Failure;
-use store::{default_path, default_url};
+use store::{default_backend, default_path};
 
 /// The hidden supervisor mode of `distlock run` (see `supervisor.rs`):
 /// `Some(exit code)` when `args` start it. Checked before anything else
@@ -179,16 +179,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
             println!("{scheme}://\t{feature}");
         }
         match default_path() {
-            Ok(path) => println!("default:\tsqlite://{}", path.display()),
+            Ok(path) => println!("default:\t{}", store::url_of(&path)),
             Err(why) => println!("default:\tnone ({why})"),
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let url = match cli.url {
-        Some(url) => url,
-        None => default_url()?,
+    let backend = match cli.url {
+        Some(url) => distlock::connect(&url).await?,
+        None => default_backend().await?,
     };
-    let backend = distlock::connect(&url).await?;
     let locker = Locker::from_arc(backend).ttl(cli.ttl).max_wait(cli.wait);
     match cli.command {
         Command::Run {
