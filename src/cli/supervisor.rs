@@ -20,6 +20,9 @@
 //!   hung, starved), it kills every descendant;
 //! - carries out distlock's orders: forward a signal, stop or continue the
 //!   subtree, end it (SIGTERM, SIGKILL after the grace) or kill it;
+//! - blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and the terminal's stop
+//!   signals: those are the job's (`systemctl stop` sends SIGTERM to every
+//!   process of a unit), and only SIGKILL ends the supervisor;
 //! - on SQLite, holds a duplicate of the grant's presence-file descriptor
 //!   (the same `flock`), so the lock stays taken while any process of the job
 //!   is left, even after distlock died;
@@ -139,6 +142,7 @@ impl Supervisor {
         // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
         unsafe { libc::prctl(libc::PR_SET_NAME, c"distlock-sup".as_ptr()) };
         tree::become_subreaper()?;
+        shield()?;
         let sigchld = sigchld_fd()?;
         // SAFETY: timerfd_create has no memory arguments.
         let timer = unsafe {
@@ -367,10 +371,22 @@ fn spawn_job(command: &[OsString], me: i32) -> io::Result<i32> {
         .ok_or_else(|| io::Error::other("no command"))?;
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0);
-    // SAFETY: prctl and getppid are async-signal-safe; nothing else runs
-    // between fork and exec. (std resets the signal mask and SIGPIPE.)
+    // The job starts with no signal blocked: std does not clear the mask a
+    // child inherits, and this process blocks SIGCHLD (read from its
+    // signalfd) and the signals `shield` keeps from it.
+    // SAFETY: sigemptyset only writes the local set.
+    let empty = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        set
+    };
+    // SAFETY: sigprocmask, prctl and getppid are async-signal-safe; nothing
+    // else runs between fork and exec. (std resets SIGPIPE.)
     unsafe {
         cmd.pre_exec(move || {
+            if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -385,6 +401,35 @@ fn spawn_job(command: &[OsString], me: i32) -> io::Result<i32> {
     let child = cmd.spawn()?;
     // Reaped by the supervisor's own loop (waitpid(-1)), not through `child`.
     i32::try_from(child.id()).map_err(io::Error::other)
+}
+
+/// Blocks what is the job's or the terminal's, not the supervisor's:
+/// SIGINT, SIGTERM, SIGHUP, SIGQUIT (`systemctl stop` sends SIGTERM to every
+/// process of a unit; a supervisor ended by it would kill the job without
+/// its grace) and SIGTSTP, SIGTTIN, SIGTTOU. Blocked, not ignored:
+/// `spawn_job` clears the mask, an ignored disposition would be inherited.
+/// SIGKILL still ends it, and distlock then kills the job itself.
+fn shield() -> io::Result<()> {
+    // SAFETY: plain libc calls on a local sigset; single-threaded here.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+        ] {
+            libc::sigaddset(&mut set, sig);
+        }
+        if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// A signalfd for SIGCHLD (blocked, so it is read there instead of handled),
