@@ -1,7 +1,9 @@
 //! Signals around `distlock run`'s supervisor: a quick Ctrl-Z and `fg` go
 //! on with the job on every store; SIGTERM sent to every process at once (as
 //! `systemctl stop` does) leaves the job its own shutdown instead of killing
-//! the supervisor; and the job starts with no signal blocked or ignored.
+//! the supervisor; the job starts with no signal blocked or ignored; and
+//! what a job leaves behind when it exits dies at the lease's deadline while
+//! distlock is stopped, not after a longer grace.
 //!
 //! Bounds come from the TTL each test passes, scaled by
 //! `LOCK_TEST_TIME_SCALE`; every wait polls.
@@ -10,11 +12,11 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{
-    Cleanup, Shell, children, eventually, exit_within, held_still, read_pid, signal, stat,
-    stderr_of,
+    Cleanup, Shell, alive, children, eventually, exit_within, held_still, read_pid, show, signal,
+    stat, stderr_of,
 };
 use lock_conformance::kit::scaled;
 
@@ -191,4 +193,57 @@ fn the_job_starts_with_no_signal_blocked_or_ignored() {
     .iter()
     .fold(0u64, |bits, &sig| bits | 1 << (sig - 1));
     assert_eq!(mask("SigIgn:") & handled, 0, "{stdout}");
+}
+
+/// The job exits and leaves a `setsid` daemon that ignores SIGTERM, with a
+/// grace far longer than the TTL; distlock is then stopped (SIGSTOP, which
+/// it cannot catch). The daemon dies at the lease's deadline, not after the
+/// grace, and SIGCONT ends distlock with code 4 (lost).
+#[test]
+#[cfg(feature = "sqlite")]
+fn what_a_job_leaves_dies_at_the_deadline_while_distlock_is_stopped() {
+    let shell = Shell::new();
+    let ttl = scaled(Duration::from_secs(2));
+    let job = "echo $$ > pid; \
+               (setsid sh -c 'trap \"\" TERM; echo $$ > dpid; while :; do sleep 0.02; done' \
+               >/dev/null 2>&1 &); while [ ! -s dpid ]; do sleep 0.01; done; exit 0";
+    let mut first = spawn(
+        &shell,
+        "sqlite",
+        ttl,
+        &["run", "--grace", "600s", "leftover", "--", "sh", "-c", job],
+    );
+    let distlock = first.id() as i32;
+    let mut cleanup = Cleanup::default();
+    cleanup.add(distlock);
+    let (child, daemon) = eventually(scaled(Duration::from_secs(10)), "the job started", || {
+        Some((
+            read_pid(&shell.path("pid"))?,
+            read_pid(&shell.path("dpid"))?,
+        ))
+    });
+    cleanup.0.extend([child, daemon]);
+    eventually(scaled(Duration::from_secs(10)), "the job's own end", || {
+        (!alive(child)).then_some(())
+    });
+    signal(distlock, libc::SIGSTOP);
+    let stopped = Instant::now();
+    // The lease's local deadline is at most a TTL after the stop.
+    eventually(
+        ttl + act_bound(),
+        "the daemon killed at the deadline",
+        || (!alive(daemon)).then_some(()),
+    );
+    eprintln!("SIGSTOP to the daemon's end: {:?}", stopped.elapsed());
+    assert!(!alive(daemon), "{}", show(daemon));
+    signal(distlock, libc::SIGCONT);
+    let status = exit_within(&mut first, scaled(Duration::from_secs(10)), "SIGCONT");
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "{status:?}: {}",
+        stderr_of(&mut first)
+    );
+    // Passed: all gone, and their pids may be reused.
+    cleanup.0.clear();
 }

@@ -19,7 +19,9 @@
 //!   per renewal; if that moment comes with no newer one (distlock stopped,
 //!   hung, starved), it kills every descendant;
 //! - carries out distlock's orders: forward a signal, stop or continue the
-//!   subtree, end it (SIGTERM, SIGKILL after the grace) or kill it;
+//!   subtree, end it (SIGTERM, SIGKILL after the grace) or kill it; what the
+//!   job leaves behind when it exits gets the same SIGTERM and grace, with
+//!   the dead-man's switch still armed;
 //! - blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and the terminal's stop
 //!   signals: those are the job's (`systemctl stop` sends SIGTERM to every
 //!   process of a unit), and only SIGKILL ends the supervisor;
@@ -115,6 +117,9 @@ struct Supervisor {
     kill_at: Option<u64>,
     /// SIGTERM was sent to everything (the job ended, or the lease was lost).
     ending: bool,
+    /// distlock said the lease is lost: deadlines no longer count, the
+    /// grace does.
+    lost: bool,
     /// SIGKILL everything, again until nothing is left.
     killing: bool,
     /// distlock's end of the socket is closed.
@@ -167,6 +172,7 @@ impl Supervisor {
             deadline: Some(setup.deadline),
             kill_at: None,
             ending: false,
+            lost: false,
             killing: false,
             orphaned: false,
             pending: Vec::new(),
@@ -283,14 +289,19 @@ impl Supervisor {
     fn obey(&mut self, order: Order) {
         match order {
             Order::Deadline(at) => {
-                if !self.ending && !self.killing {
+                if !self.lost && !self.killing {
                     self.deadline = Some(at);
                 }
             }
             Order::Signal(sig) => tree::signal_group(self.job, sig),
             Order::Stop => self.signal_all(libc::SIGSTOP),
             Order::Cont => self.signal_all(libc::SIGCONT),
-            Order::End(grace) => self.end(grace),
+            Order::End(grace) => {
+                // The lease is lost: from here the grace decides.
+                self.lost = true;
+                self.deadline = None;
+                self.end(grace);
+            }
             Order::Kill => {
                 self.deadline = None;
                 self.killing = true;
@@ -299,13 +310,13 @@ impl Supervisor {
     }
 
     /// SIGTERM to everything (continued, so a stopped process can act on
-    /// it), SIGKILL after `grace`. Ends the dead-man's switch: from here the
-    /// grace decides.
+    /// it), SIGKILL after `grace`. While the lease holds (what the job left
+    /// behind when it exited), the dead-man's switch stays armed too: the
+    /// earlier of the two kills.
     fn end(&mut self, grace: Duration) {
         let at =
             tree::boot_now().saturating_add(u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX));
         self.kill_at = Some(self.kill_at.map_or(at, |k| k.min(at)));
-        self.deadline = None;
         if !self.ending {
             self.ending = true;
             self.signal_all(libc::SIGTERM);
