@@ -10,11 +10,24 @@ mod cli;
 
 use std::process::ExitCode;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // `run`'s supervisor is this binary again: one thread, no runtime.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = cli::supervisor_mode(&args) {
+        return code;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("DISTLOCK_LOG"))
         .with_writer(std::io::stderr)
         .init();
-    cli::main().await
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(cli::main()),
+        Err(e) => {
+            eprintln!("distlock: cannot start: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

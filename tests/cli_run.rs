@@ -6,100 +6,13 @@
 
 #![cfg(feature = "sqlite")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use std::process::Child;
 use std::time::{Duration, Instant};
 
+use common::{Shell, alive, eventually, exit_within, read_pid, signal};
 use lock_conformance::kit::scaled;
-
-/// A temp state directory: every `distlock` started from it shares one
-/// default lock file.
-struct Shell {
-    dir: tempfile::TempDir,
-}
-
-impl Shell {
-    fn new() -> Shell {
-        Shell {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.dir.path().join(file)
-    }
-
-    fn distlock(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
-        cmd.args(args)
-            .env("XDG_STATE_HOME", self.dir.path().join("state"))
-            .env_remove("DISTLOCK_URL")
-            .current_dir(self.dir.path());
-        cmd
-    }
-
-    fn output(&self, args: &[&str]) -> Output {
-        self.distlock(args).output().unwrap()
-    }
-
-    fn spawn(&self, args: &[&str]) -> Child {
-        self.distlock(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-}
-
-/// Polls `check` every 10 ms until it gives `Some`, or panics after `within`.
-fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let give_up = Instant::now() + within;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "{what} did not happen within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn read_pid(path: &Path) -> Option<i32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// Whether `pid` is a live process (a zombie waiting to be reaped is not).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: signalling a child we started.
-    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
-}
-
-/// Waits for `child` to exit within `within`, else kills it and panics.
-fn exit_within(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
-    let give_up = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() >= give_up {
-            let _ = child.kill();
-            panic!("{what}: distlock did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 #[test]
 fn sigterm_to_distlock_leaves_no_child_or_grandchild() {
@@ -117,7 +30,7 @@ fn sigterm_to_distlock_leaves_no_child_or_grandchild() {
             Some((read_pid(&pid)?, read_pid(&gpid)?))
         });
     assert!(alive(child) && alive(grandchild));
-    signal(distlock.id(), libc::SIGTERM);
+    signal(distlock.id() as i32, libc::SIGTERM);
     let status = exit_within(
         &mut distlock,
         scaled(grace + Duration::from_secs(5)),
@@ -232,7 +145,7 @@ fn no_wait_exits_75_while_held() {
         json.contains("\"label\":") && json.contains("\"expires_in_ms\":"),
         "{json}"
     );
-    signal(holder.id(), libc::SIGINT);
+    signal(holder.id() as i32, libc::SIGINT);
     let status = exit_within(&mut holder, scaled(Duration::from_secs(5)), "hold");
     assert_eq!(status.code(), Some(128 + libc::SIGINT), "{status:?}");
     let free = shell.output(&["inspect", "--json", "job"]);
@@ -305,4 +218,66 @@ fn processes_creating_the_lock_file_at_once_all_get_in() {
             assert!(status.success(), "round {round}: {status:?}: {stderr}");
         }
     }
+}
+
+/// The default lock file under a state directory whose name holds `%`, `?`
+/// and `#`: the file is made in that very directory (a URL built from the
+/// path would decode `%41`, cut at `?` and open another file, or fail).
+#[test]
+fn a_state_dir_with_url_characters_holds_the_default_file() {
+    let shell = Shell::new();
+    let state = shell.path("st%41te?x=1#frag");
+    let run = |args: &[&str]| {
+        shell
+            .distlock(args)
+            .env("XDG_STATE_HOME", &state)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["run", "job", "--", "true"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        state.join("distlock/locks.db").is_file(),
+        "no lock file in {}",
+        state.display()
+    );
+    assert!(!shell.path("stAte").exists());
+    let schemes = run(&["schemes"]);
+    let text = String::from_utf8_lossy(&schemes.stdout);
+    // `schemes` shows it as a URL that `--url` opens: the same file.
+    let url = text
+        .lines()
+        .find_map(|l| l.strip_prefix("default:\t"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        url.ends_with("st%2541te%3Fx=1%23frag/distlock/locks.db"),
+        "{url}"
+    );
+    let mut holder = shell
+        .distlock(&["hold", "job", "--for", "60s"])
+        .env("XDG_STATE_HOME", &state)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("acquired job"), "{line:?}");
+    let busy = run(&["--url", url, "run", "--no-wait", "job", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    signal(holder.id() as i32, libc::SIGTERM);
+    holder.wait().unwrap();
+    // HOME is used the same way when XDG_STATE_HOME is unset.
+    let home = shell.path("ho%2Fme?#");
+    let out = shell
+        .distlock(&["run", "job", "--", "true"])
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(home.join(".local/state/distlock/locks.db").is_file());
 }

@@ -281,12 +281,14 @@ impl Client {
         }
         self.tidy_stale(&stale);
         let lost = CancellationToken::new();
+        let mut kept_path = None;
         if let Some(file) = file {
             let watch = self
                 .bells
                 .as_ref()
                 .and_then(|b| b.hold(&file.path, token.get()));
             let path = file.path.clone();
+            kept_path = Some(path.clone());
             presence::keep(file, expires_at);
             self.held().insert(
                 token.get(),
@@ -300,8 +302,11 @@ impl Client {
                 },
             );
         }
-        let lease = Lease::new(request.name().clone(), owner, token, request.ttl(), sent)
+        let mut lease = Lease::new(request.name().clone(), owner, token, request.ttl(), sent)
             .with_loss_signal(lost);
+        if let Some(path) = kept_path {
+            lease = lease.with_extension(presence::PresenceOf(path));
+        }
         Ok(Attempt::Acquired(match kind {
             Kind::Lock => lease,
             Kind::Permit => lease.with_slot(u32::try_from(slot).unwrap_or(u32::MAX)),

@@ -12,3 +12,4 @@ mod sql;
 
 pub use backend::SqliteBackend;
 pub use config::SqliteConfig;
+pub use presence::presence_fd;

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -167,7 +167,7 @@ impl Presence {
 static KEPT: Mutex<Option<HashMap<PathBuf, Kept>>> = Mutex::new(None);
 
 struct Kept {
-    _flock: File,
+    flock: File,
     /// The grant's expiry as last written (boot-clock nanoseconds).
     until: i64,
     /// Renewals in flight: the expiry may be moving, keep the file.
@@ -183,11 +183,42 @@ pub(crate) fn keep(file: PresenceFile, until: i64) {
     kept().get_or_insert_with(HashMap::new).insert(
         file.path,
         Kept {
-            _flock: file.flock,
+            flock: file.flock,
             until,
             renewing: 0,
         },
     );
+}
+
+/// Attached to each lease granted with a presence file, so
+/// [`presence_fd`] can find it.
+#[derive(Debug)]
+pub(crate) struct PresenceOf(pub(crate) PathBuf);
+
+/// A new descriptor (close-on-exec) of the presence file of `lease`, a
+/// lease granted by [`SqliteBackend`](crate::SqliteBackend) in this process
+/// and not yet ended here: the same open file, so the same `flock`.
+///
+/// While any copy stays open, the lock counts as held by a live process
+/// even after this process dies (until the lease's TTL runs out): hand it to
+/// a process that must keep the lock taken for as long as it lives, such as
+/// the supervisor of `distlock run`, which holds it until its job and every
+/// process the job started are gone. Closing it never frees the lock early.
+///
+/// `Ok(None)` for a lease of another backend, a grant without a presence
+/// file (the TTL alone frees it), or one already released or expired here.
+///
+/// # Errors
+/// When the descriptor cannot be duplicated (e.g. too many open files).
+pub fn presence_fd(lease: &lockcore::Lease) -> io::Result<Option<OwnedFd>> {
+    let Some(PresenceOf(path)) = lease.extension::<PresenceOf>() else {
+        return Ok(None);
+    };
+    let kept = kept();
+    match kept.as_ref().and_then(|k| k.get(path)) {
+        Some(kept) => kept.flock.as_fd().try_clone_to_owned().map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Closes the presence file at `path` (its grant ended here).
@@ -263,5 +294,36 @@ mod tests {
         presence.remove(7);
         assert!(!presence.holder_gone(7, id), "no file proves nothing");
         assert_eq!(presence.fences(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_presence_fd_keeps_the_holder_alive_until_it_too_is_closed() {
+        use lockcore::{Capabilities, FencingToken, Lease, LockName, OwnerToken};
+        let dir = tempfile::tempdir().unwrap();
+        let presence = Presence::open(&dir.path().join("locks.db")).unwrap();
+        let file = presence.create(9).unwrap();
+        let (id, path) = (file.id, file.path.clone());
+        keep(file, i64::MAX);
+        let ttl = Capabilities::new("test")
+            .effective_ttl(std::time::Duration::from_secs(1))
+            .unwrap();
+        let bare = Lease::new(
+            LockName::new("n").unwrap(),
+            OwnerToken::new(),
+            FencingToken::new(9).unwrap(),
+            ttl,
+            lockcore::backend::Moment::now(),
+        );
+        assert!(presence_fd(&bare).unwrap().is_none(), "no presence file");
+        let lease = bare.with_extension(PresenceOf(path.clone()));
+        let fd = presence_fd(&lease).unwrap().expect("kept");
+        unkeep(&path);
+        assert!(presence_fd(&lease).unwrap().is_none(), "ended here");
+        assert!(
+            !presence.holder_gone(9, id),
+            "the copy still holds the flock"
+        );
+        drop(fd);
+        assert!(presence.holder_gone(9, id), "every copy closed: gone");
     }
 }

@@ -1,6 +1,7 @@
 //! Exit codes and the one-line error report.
 
-use std::process::ExitCode;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitCode, ExitStatus};
 
 use distlock::LockError;
 
@@ -13,6 +14,7 @@ Exit codes:
   3    timed out waiting for the lock (--wait)
   4    the lease was lost (expired, evicted) while the command ran
   69   the store is unavailable (unreachable, or did not answer in time)
+  70   run, elect: the supervisor process died; the command was killed
   75   busy: the lock is held and --no-wait was given (as `flock -E 75`)
   126  the command cannot be executed; 127: not found
   N    run, elect: the command's own exit code; 128+S if it died of signal S";
@@ -22,6 +24,8 @@ pub(crate) const USAGE: u8 = 2;
 pub(crate) const TIMED_OUT: u8 = 3;
 pub(crate) const LOST: u8 = 4;
 pub(crate) const UNAVAILABLE: u8 = 69;
+/// Internal: `run`'s supervisor process died (or could not start).
+pub(crate) const SUPERVISOR: u8 = 70;
 pub(crate) const BUSY: u8 = 75;
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 pub(crate) const NOT_FOUND: u8 = 127;
@@ -79,4 +83,14 @@ pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The exit code that reports a command's `status`: its code, or 128 + the
+/// signal.
+pub(crate) fn of_status(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code.clamp(0, 255)).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(255),
+        (None, None) => 1,
+    }
 }

@@ -2,8 +2,14 @@
 //! function per command.
 
 mod exit;
+#[cfg(target_os = "linux")]
 mod run;
 mod store;
+#[cfg(target_os = "linux")]
+mod supervisor;
+#[cfg(target_os = "linux")]
+mod tree;
+mod wire;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,7 +18,20 @@ use clap::{Parser, Subcommand};
 use distlock::{FencingToken, Holder, HolderLabel, LockError, LockName, Locker, ReleaseOutcome};
 
 use exit::Failure;
-use store::{default_path, default_url};
+use store::{default_backend, default_path};
+
+/// The hidden supervisor mode of `distlock run` (see `supervisor.rs`):
+/// `Some(exit code)` when `args` start it. Checked before anything else
+/// starts (no async runtime, no logging), so the supervisor stays one thread.
+pub(crate) fn supervisor_mode(args: &[std::ffi::OsString]) -> Option<ExitCode> {
+    if args.get(1)? != wire::SUPERVISOR_ARG {
+        return None;
+    }
+    #[cfg(target_os = "linux")]
+    return Some(supervisor::main(&args[2..]));
+    #[cfg(not(target_os = "linux"))]
+    return Some(ExitCode::from(exit::USAGE));
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -65,11 +84,18 @@ struct Take {
 enum Command {
     /// Run a command while holding the lock. The command gets DISTLOCK_NAME and
     /// DISTLOCK_FENCE (and DISTLOCK_SLOT with --permits) in its environment and runs
-    /// in its own process group. If the lease is lost, the group gets SIGTERM, then
-    /// SIGKILL after --grace; SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to it;
-    /// on Linux the command is killed if distlock dies. The lock is released once no
-    /// process of the group is left. Stopping a late command is a courtesy: what
-    /// makes it harmless is the resource refusing its stale DISTLOCK_FENCE.
+    /// in its own process group under a supervisor process (Linux only), which kills
+    /// the command and every process it started, even a daemon that called setsid:
+    /// with SIGKILL within milliseconds if distlock dies (kill -9 and the OOM killer
+    /// included), and at the lease's local deadline if distlock is stopped or hung.
+    /// If the lease is lost, they get SIGTERM, then SIGKILL after --grace. SIGINT,
+    /// SIGTERM, SIGHUP and SIGQUIT are forwarded to the group; Ctrl-Z stops the
+    /// command with distlock, and it continues only if the lease still holds (else it
+    /// is killed: exit 4). The lock is released once no process of the command is
+    /// left (on SQLite it stays taken until then, even if distlock died). If distlock
+    /// and the supervisor are killed together, processes the command started may
+    /// survive: what makes a late command harmless is the resource refusing its stale
+    /// DISTLOCK_FENCE.
     Run {
         #[command(flatten)]
         take: Take,
@@ -153,16 +179,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
             println!("{scheme}://\t{feature}");
         }
         match default_path() {
-            Ok(path) => println!("default:\tsqlite://{}", path.display()),
+            Ok(path) => println!("default:\t{}", store::url_of(&path)),
             Err(why) => println!("default:\tnone ({why})"),
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let url = match cli.url {
-        Some(url) => url,
-        None => default_url()?,
+    let backend = match cli.url {
+        Some(url) => distlock::connect(&url).await?,
+        None => default_backend().await?,
     };
-    let backend = distlock::connect(&url).await?;
     let locker = Locker::from_arc(backend).ttl(cli.ttl).max_wait(cli.wait);
     match cli.command {
         Command::Run {
@@ -244,9 +269,15 @@ async fn run_locked(
     if let Some(slot) = guard.slot() {
         env.push(("DISTLOCK_SLOT", slot.to_string()));
     }
-    let job = run::spawn(command, &env)?;
-    let ended = job.supervise(guard.lost(), grace).await?;
-    if let Some(reason) = ended.lost {
+    let (status, lost) = match supervised(command, &env, &guard, grace).await {
+        Ok(ended) => ended,
+        Err(failure) => {
+            // Nothing of the job is left: free the lock now, not at its TTL.
+            let _ = guard.release().await;
+            return Err(failure);
+        }
+    };
+    if let Some(reason) = lost {
         drop(guard);
         return Err(LockError::Lost {
             name: LockName::new(&spec.name)?,
@@ -256,7 +287,7 @@ async fn run_locked(
         .into());
     }
     match guard.release().await? {
-        ReleaseOutcome::Released => Ok(ExitCode::from(run::code_of(ended.status))),
+        ReleaseOutcome::Released => Ok(ExitCode::from(exit::of_status(status))),
         ReleaseOutcome::NotHeld => Err(Failure::Code(
             exit::LOST,
             format!(
@@ -265,6 +296,37 @@ async fn run_locked(
             ),
         )),
     }
+}
+
+/// Runs `command` under a supervisor while `guard` holds (see `run.rs`):
+/// its exit status, and why the lease was lost if it was. On an error no
+/// process of the command is left.
+#[cfg(target_os = "linux")]
+async fn supervised(
+    command: &[String],
+    env: &[(&str, String)],
+    guard: &distlock::LockGuard,
+    grace: Duration,
+) -> Result<(std::process::ExitStatus, Option<distlock::LossReason>), Failure> {
+    let ended = run::spawn(command, env, guard, grace)?
+        .supervise(guard, grace)
+        .await?;
+    Ok((ended.status, ended.lost))
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn supervised(
+    _command: &[String],
+    _env: &[(&str, String)],
+    _guard: &distlock::LockGuard,
+    _grace: Duration,
+) -> Result<(std::process::ExitStatus, Option<distlock::LossReason>), Failure> {
+    Err(Failure::Code(
+        exit::USAGE,
+        "`run` and `elect` need Linux: their supervisor keeps the command from outliving \
+         distlock with Linux process control (a child subreaper, /proc)"
+            .into(),
+    ))
 }
 
 async fn elect(
@@ -286,9 +348,14 @@ async fn elect(
         ("DISTLOCK_TERM", term.to_string()),
         ("DISTLOCK_FENCE", term.to_string()),
     ];
-    let job = run::spawn(command, &env)?;
-    let ended = job.supervise(leadership.lost(), grace).await?;
-    if let Some(reason) = ended.lost {
+    let (status, lost) = match supervised(command, &env, leadership.guard(), grace).await {
+        Ok(ended) => ended,
+        Err(failure) => {
+            let _ = leadership.resign().await;
+            return Err(failure);
+        }
+    };
+    if let Some(reason) = lost {
         return Err(LockError::Lost {
             name: LockName::new(name)?,
             fence: term,
@@ -297,7 +364,7 @@ async fn elect(
         .into());
     }
     match leadership.resign().await? {
-        ReleaseOutcome::Released => Ok(ExitCode::from(run::code_of(ended.status))),
+        ReleaseOutcome::Released => Ok(ExitCode::from(exit::of_status(status))),
         ReleaseOutcome::NotHeld => Err(Failure::Code(
             exit::LOST,
             format!("the leadership of {name} (term {term}) was gone before the command finished"),

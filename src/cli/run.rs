@@ -1,45 +1,77 @@
-//! Running a command under a lock and really stopping it: its own process
-//! group, signals forwarded to the group, the group stopped (TERM, then
-//! KILL after a grace period) when the lease is lost, and the lock released
-//! only once no process of the group is left.
+//! Running a command under a lock and really stopping it, through a
+//! supervisor process (`supervisor.rs`) that outlives distlock just long
+//! enough to kill what the job started.
+//!
+//! distlock starts the supervisor (its own binary again), tells it the
+//! lease's local deadline several times per renewal, forwards SIGINT,
+//! SIGTERM, SIGHUP and SIGQUIT to the job's group, orders the job ended
+//! (SIGTERM, SIGKILL after the grace) when the lease is lost, and on Ctrl-Z
+//! (SIGTSTP) stops the job before stopping itself. The lock is released only
+//! after the supervisor reports that no process of the job is left. If the
+//! supervisor dies, distlock (a subreaper too, so the job's processes come
+//! back to it) kills them itself and fails the run.
 
-use std::future::Future;
+use std::ffi::OsString;
 use std::io;
-use std::os::unix::process::ExitStatusExt;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use tokio::process::{Child, Command};
+use distlock::{LockGuard, LossReason};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio::time::Instant;
 
 use super::exit::{self, Failure};
+use super::tree;
+use super::wire::{Order, Report, SUPERVISOR_ARG};
 
-/// A command started in a process group of its own.
+/// A command started under a supervisor.
 pub(crate) struct Job {
-    child: Child,
-    group: i32,
+    supervisor: std::process::Child,
+    program: String,
+    reports: Lines<BufReader<OwnedReadHalf>>,
+    orders: OwnedWriteHalf,
+    /// The job's process group, once the supervisor reported it.
+    group: Option<i32>,
     /// The signals forwarded to the group, caught from before the spawn.
     forwarded: Vec<(i32, Signal)>,
+    /// Ctrl-Z, and the SIGCONT that ends the stop.
+    tstp: Signal,
+    cont: Signal,
 }
 
 /// How a supervised command ended.
-pub(crate) struct Ended<R> {
+pub(crate) struct Ended {
     /// The command's exit status.
     pub(crate) status: ExitStatus,
     /// Why the lock was lost while it ran, if it was.
-    pub(crate) lost: Option<R>,
+    pub(crate) lost: Option<LossReason>,
 }
 
-/// Starts `command` with `env` in a new process group. On Linux it gets
-/// `SIGKILL` if distlock dies first (a parent-death signal).
-pub(crate) fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Job, Failure> {
-    let (program, args) = command
-        .split_first()
-        .ok_or_else(|| Failure::Code(exit::USAGE, "no command to run".into()))?;
-    // Caught before the command starts: a SIGTERM that came between the
-    // spawn and the first wait would otherwise end distlock at once, and
-    // the parent-death signal reaches the child, not its children.
+/// Starts `command` with `env` under a supervisor, for as long as `guard`
+/// holds (the deadline it is given comes from `guard`'s lease). `grace`
+/// bounds how long what the command leaves behind may take to stop.
+pub(crate) fn spawn(
+    command: &[String],
+    env: &[(&str, String)],
+    guard: &LockGuard,
+    grace: Duration,
+) -> Result<Job, Failure> {
+    let program = command
+        .first()
+        .ok_or_else(|| Failure::Code(exit::USAGE, "no command to run".into()))?
+        .clone();
+    let internal = |what: &str, e: io::Error| {
+        Failure::Code(
+            exit::SUPERVISOR,
+            format!("cannot start the supervisor: {what}: {e}"),
+        )
+    };
+    // Caught before anything starts: a SIGTERM between the spawn and the
+    // first wait would otherwise end distlock at once.
     let mut forwarded = Vec::new();
     for kind in [
         SignalKind::interrupt(),
@@ -47,179 +79,252 @@ pub(crate) fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Job, F
         SignalKind::hangup(),
         SignalKind::quit(),
     ] {
-        let stream = signal(kind)
-            .map_err(|e| Failure::Code(exit::STORE, format!("cannot handle signals: {e}")))?;
+        let stream = signal(kind).map_err(|e| internal("signals", e))?;
         forwarded.push((kind.as_raw_value(), stream));
     }
-    let mut cmd = Command::new(program);
-    cmd.args(args).process_group(0);
-    for (key, value) in env {
-        cmd.env(key, value);
+    let tstp = signal(SignalKind::from_raw(libc::SIGTSTP)).map_err(|e| internal("signals", e))?;
+    let cont = signal(SignalKind::from_raw(libc::SIGCONT)).map_err(|e| internal("signals", e))?;
+    // If the supervisor dies, the job's processes come back to distlock.
+    tree::become_subreaper().map_err(|e| internal("subreaper", e))?;
+    let (ours, theirs) =
+        std::os::unix::net::UnixStream::pair().map_err(|e| internal("socket", e))?;
+    let presence = presence_fd(guard).map_err(|e| internal("the lock file's presence file", e))?;
+    let control = theirs.as_raw_fd();
+    let kept = presence.as_ref().map(AsRawFd::as_raw_fd);
+    // /proc/self/exe: this very binary, even if its file was replaced since.
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.arg0("distlock")
+        .arg(SUPERVISOR_ARG)
+        .arg(control.to_string())
+        .arg(kept.map_or("-".into(), |fd| fd.to_string()))
+        .arg(grace.as_millis().to_string())
+        .arg(deadline_of(guard).to_string())
+        .arg("--")
+        .args(command.iter().map(OsString::from))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .process_group(0);
+    // SAFETY: fcntl is async-signal-safe; it clears close-on-exec on these
+    // two descriptors in the child only.
+    unsafe {
+        cmd.pre_exec(move || {
+            inherit(control)?;
+            if let Some(fd) = kept {
+                inherit(fd)?;
+            }
+            Ok(())
+        });
     }
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
-        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs
-        // between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // distlock died before the signal was armed.
-                if libc::getppid() != parent {
-                    return Err(io::Error::other(
-                        "distlock exited before the command started",
-                    ));
-                }
-                Ok(())
-            });
-        }
-    }
-    let child = cmd.spawn().map_err(|e| {
-        let code = if e.kind() == io::ErrorKind::NotFound {
-            exit::NOT_FOUND
-        } else {
-            exit::CANNOT_EXECUTE
-        };
-        Failure::Code(code, format!("cannot run {program:?}: {e}"))
-    })?;
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .ok_or_else(|| Failure::Code(exit::STORE, "the command exited at once".into()))?;
+    let supervisor = cmd.spawn().map_err(|e| internal("spawn", e))?;
+    drop((theirs, presence));
+    ours.set_nonblocking(true)
+        .map_err(|e| internal("socket", e))?;
+    let (reports, orders) = UnixStream::from_std(ours)
+        .map_err(|e| internal("socket", e))?
+        .into_split();
     Ok(Job {
-        child,
-        group,
+        supervisor,
+        program,
+        reports: BufReader::new(reports).lines(),
+        orders,
+        group: None,
         forwarded,
+        tstp,
+        cont,
     })
 }
 
 impl Job {
-    /// Waits for the command while `lost` has not fired, forwarding SIGINT,
-    /// SIGTERM, SIGHUP and SIGQUIT to its group. When `lost` fires, the group
-    /// gets SIGTERM, then SIGKILL after `grace`. Once the command exits, any
-    /// process it left in its group is stopped the same way. Returns when no
-    /// process of the group is left.
-    pub(crate) async fn supervise<R>(
+    /// Waits for the command while `guard` holds, relaying signals and job
+    /// control. When the lease is lost, the job gets SIGTERM, then SIGKILL
+    /// after `grace`; once the command exits, what it left is stopped the
+    /// same way. Returns when no process of the job is left.
+    pub(crate) async fn supervise(
         mut self,
-        lost: impl Future<Output = R>,
+        guard: &LockGuard,
         grace: Duration,
-    ) -> Result<Ended<R>, Failure> {
+    ) -> Result<Ended, Failure> {
         let mut forwarded = std::mem::take(&mut self.forwarded);
-        let (sigint, rest) = forwarded.split_at_mut(1);
-        let (sigterm, rest) = rest.split_at_mut(1);
-        let (sighup, sigquit) = rest.split_at_mut(1);
-        let (sigint, sigterm, sighup, sigquit) = (
-            &mut sigint[0],
-            &mut sigterm[0],
-            &mut sighup[0],
-            &mut sigquit[0],
-        );
+        let [sigint, sigterm, sighup, sigquit] = &mut forwarded[..] else {
+            unreachable!("four signals are forwarded");
+        };
+        let lost = guard.lost();
         tokio::pin!(lost);
+        let mut heartbeat = tokio::time::interval(heartbeat_period(guard));
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut lost_reason = None;
-        let mut kill_at: Option<Instant> = None;
-        let status = loop {
-            let deadline = kill_at;
-            let kill = async move {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
+        let mut status = None;
+        let mut expired = false;
+        loop {
             tokio::select! {
-                status = self.child.wait() => break status.map_err(|e| {
-                    Failure::Code(exit::STORE, format!("cannot wait for the command: {e}"))
-                })?,
+                line = self.reports.next_line() => {
+                    let report = match line {
+                        Ok(Some(line)) => Report::parse(&line),
+                        Ok(None) | Err(_) => None,
+                    };
+                    match report {
+                        Some(Report::Started(pid)) => self.group = Some(pid),
+                        Some(Report::Exited(raw)) => status = Some(ExitStatus::from_raw(raw)),
+                        Some(Report::Expired) => expired = true,
+                        Some(Report::Done) => break,
+                        Some(Report::SpawnFailed { not_found, why }) => {
+                            self.wait_supervisor().await;
+                            let code = if not_found { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
+                            return Err(Failure::Code(code, format!("cannot run {:?}: {why}", self.program)));
+                        }
+                        // End of file without `done`: the supervisor died.
+                        None => return Err(self.supervisor_died().await),
+                    }
+                }
                 reason = &mut lost, if lost_reason.is_none() => {
                     lost_reason = Some(reason);
-                    signal_group(self.group, libc::SIGTERM);
-                    kill_at = Some(Instant::now() + grace);
+                    self.order(Order::End(grace)).await;
                 }
-                _ = kill => {
-                    signal_group(self.group, libc::SIGKILL);
-                    kill_at = None;
+                _ = heartbeat.tick(), if lost_reason.is_none() => {
+                    self.order(Order::Deadline(deadline_of(guard))).await;
                 }
-                _ = sigint.1.recv() => signal_group(self.group, sigint.0),
-                _ = sigterm.1.recv() => signal_group(self.group, sigterm.0),
-                _ = sighup.1.recv() => signal_group(self.group, sighup.0),
-                _ = sigquit.1.recv() => signal_group(self.group, sigquit.0),
+                _ = sigint.1.recv() => self.order(Order::Signal(sigint.0)).await,
+                _ = sigterm.1.recv() => self.order(Order::Signal(sigterm.0)).await,
+                _ = sighup.1.recv() => self.order(Order::Signal(sighup.0)).await,
+                _ = sigquit.1.recv() => self.order(Order::Signal(sigquit.0)).await,
+                _ = self.tstp.recv() => {
+                    if let Some(reason) = self.stop_with_job(guard, lost_reason.is_some()).await {
+                        lost_reason = Some(reason);
+                    }
+                }
             }
-        };
-        stop_group(self.group, grace).await;
+        }
+        self.wait_supervisor().await;
+        let status = status.ok_or_else(|| {
+            Failure::Code(
+                exit::SUPERVISOR,
+                "the supervisor ended without the command's status".into(),
+            )
+        })?;
+        if expired && lost_reason.is_none() {
+            lost_reason = Some(guard.loss_reason().unwrap_or(LossReason::DeadlinePassed));
+        }
         Ok(Ended {
             status,
             lost: lost_reason,
         })
     }
-}
 
-/// The exit code that reports `status`: its code, or 128 + the signal.
-pub(crate) fn code_of(status: ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => u8::try_from(code.clamp(0, 255)).unwrap_or(1),
-        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(255),
-        (None, None) => 1,
-    }
-}
-
-fn signal_group(group: i32, sig: i32) {
-    // SAFETY: signalling a process group we created; an empty group only errs.
-    unsafe { libc::killpg(group, sig) };
-}
-
-/// Stops what is left of `group`: SIGTERM, SIGKILL after `grace`, then
-/// waits until no process of it is left.
-async fn stop_group(group: i32, grace: Duration) {
-    // Signalled whether or not a scan sees a member: one scan can miss one.
-    signal_group(group, libc::SIGTERM);
-    let kill_at = Instant::now() + grace;
-    // Gone only when three scans in a row, 10 ms apart, find nobody: one
-    // scan of /proc can miss a member that is changing state under a busy
-    // host, and a member left running outlives the lock.
-    let mut empty_scans = 0;
-    while empty_scans < 3 {
-        if group_alive(group) {
-            empty_scans = 0;
-            if Instant::now() >= kill_at {
-                signal_group(group, libc::SIGKILL);
-            }
+    /// Ctrl-Z: stops the job, then distlock itself. On SIGCONT the job
+    /// continues if the lease still holds; if it was lost meanwhile the job
+    /// is killed instead, and the reason returned.
+    async fn stop_with_job(&mut self, guard: &LockGuard, ending: bool) -> Option<LossReason> {
+        self.order(Order::Stop).await;
+        // A SIGCONT from before this stop must not end it.
+        while tokio::time::timeout(Duration::ZERO, self.cont.recv())
+            .await
+            .is_ok()
+        {}
+        // SAFETY: stopping ourselves, as the default action of SIGTSTP would.
+        unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+        self.cont.recv().await;
+        if ending {
+            // Already ending: let it act on its SIGTERM.
+            self.order(Order::Cont).await;
+            None
+        } else if guard.is_held() {
+            self.order(Order::Deadline(deadline_of(guard))).await;
+            self.order(Order::Cont).await;
+            None
         } else {
-            empty_scans += 1;
+            self.order(Order::Kill).await;
+            Some(guard.loss_reason().unwrap_or(LossReason::DeadlinePassed))
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    /// Sends `order`; a failure means the supervisor is gone, which the
+    /// reports' end of file tells.
+    async fn order(&mut self, order: Order) {
+        let _ = self.orders.write_all(format!("{order}\n").as_bytes()).await;
+    }
+
+    async fn wait_supervisor(&mut self) -> Option<ExitStatus> {
+        loop {
+            match self.supervisor.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// The supervisor died under the job: kill the job's group and every
+    /// process left under distlock (orphans came back to it), until none is
+    /// left, and say what happened.
+    async fn supervisor_died(&mut self) -> Failure {
+        let pid = self.supervisor.id();
+        let how = match self.wait_supervisor().await {
+            Some(status) => describe(status),
+            None => "for an unknown reason".into(),
+        };
+        if let Some(group) = self.group {
+            tree::signal_group(group, libc::SIGKILL);
+        }
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        loop {
+            if let Some(group) = self.group {
+                tree::signal_group(group, libc::SIGKILL);
+            }
+            tree::signal_descendants(me, libc::SIGKILL);
+            if tree::reap().1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Failure::Code(
+            exit::SUPERVISOR,
+            format!(
+                "the supervisor process {pid} of {:?} {how}; the command and every process it started were killed",
+                self.program
+            ),
+        )
     }
 }
 
-/// Whether a live (not zombie) process of `group` is left.
-#[cfg(target_os = "linux")]
-fn group_alive(group: i32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return probe_group(group);
-    };
-    entries.filter_map(Result::ok).any(|entry| {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            return false;
-        };
-        // "pid (comm) state ppid pgrp ...": comm may hold anything, so read
-        // after its last parenthesis.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            return false;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|f| f.parse::<i32>().ok());
-        pgrp == Some(group) && state != Some("Z") && state != Some("X")
-    })
+/// The lease's local deadline on the boot clock, in ns. The clock is read
+/// before the time left, so the result is never later than the deadline.
+fn deadline_of(guard: &LockGuard) -> u64 {
+    let now = tree::boot_now();
+    let left = u64::try_from(guard.lease().remaining().as_nanos()).unwrap_or(u64::MAX);
+    now.saturating_add(left)
 }
 
-#[cfg(not(target_os = "linux"))]
-fn group_alive(group: i32) -> bool {
-    probe_group(group)
+/// How often the supervisor hears the deadline: a twelfth of the TTL (a
+/// quarter of the default renew interval), between 10 ms and 1 s, so a
+/// renewal's new deadline reaches it long before the old one passes.
+fn heartbeat_period(guard: &LockGuard) -> Duration {
+    (guard.lease().ttl() / 12).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
-fn probe_group(group: i32) -> bool {
-    // SAFETY: signal 0 only checks that the group exists.
-    unsafe { libc::killpg(group, 0) == 0 }
+/// The presence-file descriptor of a SQLite grant, for the supervisor.
+#[cfg(feature = "sqlite")]
+fn presence_fd(guard: &LockGuard) -> io::Result<Option<OwnedFd>> {
+    lock_sqlite::presence_fd(&guard.lease())
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn presence_fd(_guard: &LockGuard) -> io::Result<Option<OwnedFd>> {
+    Ok(None)
+}
+
+/// Clears close-on-exec on `fd` (in the child between fork and exec).
+fn inherit(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl has no memory arguments and is async-signal-safe.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => format!("ended ({status})"),
+    }
 }

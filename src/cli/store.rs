@@ -1,12 +1,17 @@
 //! The default lock store: a SQLite file in the user's state directory.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use distlock::LockBackend;
 
 use super::exit::{self, Failure};
 
-/// The SQLite lock file in the user's state directory, its directory
-/// created private (0700).
-pub(super) fn default_url() -> Result<String, Failure> {
+/// The backend on the SQLite lock file in the user's state directory, its
+/// directory created private (0700). Built from the path itself, never
+/// through a URL: a directory whose name holds `%`, `?` or `#` is the one
+/// opened, not another path decoded from it.
+pub(super) async fn default_backend() -> Result<Arc<dyn LockBackend>, Failure> {
     let path = default_path().map_err(|why| Failure::Code(exit::USAGE, why))?;
     let dir = path.parent().unwrap_or(&path);
     private_dir(dir).map_err(|e| {
@@ -18,7 +23,35 @@ pub(super) fn default_url() -> Result<String, Failure> {
             ),
         )
     })?;
-    Ok(format!("sqlite://{}", path.display()))
+    open(&path).await
+}
+
+#[cfg(feature = "sqlite")]
+async fn open(path: &Path) -> Result<Arc<dyn LockBackend>, Failure> {
+    let config = lock_sqlite::SqliteConfig::new(path)?;
+    Ok(Arc::new(
+        lock_sqlite::SqliteBackend::with_config(config).await?,
+    ))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open(_path: &Path) -> Result<Arc<dyn LockBackend>, Failure> {
+    Err(Failure::Code(
+        exit::USAGE,
+        "distlock was built without the `sqlite` feature of its default lock file: pass --url"
+            .into(),
+    ))
+}
+
+/// The `sqlite://` URL of the lock file at `path`, escaped so that
+/// `--url` opens that very file (`%`, `?`, `#`, spaces and controls).
+pub(super) fn url_of(path: &Path) -> String {
+    use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+    const ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'?').add(b'#');
+    format!(
+        "sqlite://{}",
+        utf8_percent_encode(&path.to_string_lossy(), ESCAPED)
+    )
 }
 
 /// `$XDG_STATE_HOME/distlock/locks.db`, else `~/.local/state/distlock/locks.db`,
@@ -43,7 +76,7 @@ pub(super) fn default_path() -> Result<PathBuf, String> {
 /// Creates `dir` (and missing parents) with mode 0700, and refuses one that
 /// another user owns or others can write: a lock file there could be
 /// replaced under us.
-fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+fn private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
