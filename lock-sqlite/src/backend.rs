@@ -1,7 +1,7 @@
 //! `SqliteBackend`: connect, and the `LockBackend` implementation.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,10 +13,10 @@ use lockcore::{
     LockBackend, LockError, LockName, ReleaseOutcome,
 };
 
-use crate::client::{Client, Kind};
+use crate::client::{Client, Kind, Parts};
 use crate::clock::HostClock;
 use crate::config::SqliteConfig;
-use crate::error::BACKEND;
+use crate::error::{BACKEND, shown};
 use crate::notify::Doorbells;
 use crate::presence::Presence;
 use crate::probe;
@@ -43,7 +43,6 @@ const EVICTION_NOTICE: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub struct SqliteBackend {
     client: Arc<Client>,
-    path: Arc<PathBuf>,
     /// One waiter per name (and per semaphore) of this instance waits on the
     /// file at a time: a release wakes one task, not every waiter.
     locks_line: LocalLine,
@@ -56,9 +55,12 @@ impl SqliteBackend {
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for a bad URL, an in-memory database, a
-    /// missing directory, a network file system, a read-only file, a file
-    /// that is not a SQLite database or belongs to another program; a store
-    /// error otherwise.
+    /// missing directory, a network, cluster or FUSE file system, a file
+    /// with more than one name or that is a mount point, a read-only file,
+    /// a file that is not a SQLite database or belongs to another program;
+    /// [`LockError::Unavailable`] while a process still holds a grant the
+    /// file's fence counter has not reached (it was restored under running
+    /// clients); a store error otherwise.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::with_config(url.parse()?).await
     }
@@ -74,11 +76,20 @@ impl SqliteBackend {
         probe::check_existing(&path, timeout).await?;
         create_private(&path)?;
         let writer = probe::pool(&path, timeout, 1).await?;
-        probe::prepare(&writer, &path).await?;
-        let reader = probe::pool(&path, timeout, 2).await?;
+        if let Err(e) = probe::prepare(&writer, &path).await {
+            writer.close().await;
+            return Err(e);
+        }
+        let reader = match probe::pool(&path, timeout, 2).await {
+            Ok(reader) => reader,
+            Err(e) => {
+                writer.close().await;
+                return Err(e);
+            }
+        };
         let presence = Presence::open(&path)
             .map_err(|e| {
-                tracing::warn!(path = %path.display(), error = %e,
+                tracing::warn!(path = %shown(&path), error = %e,
                     "no presence directory: holders that die are freed by their TTL only, waiters poll")
             })
             .ok();
@@ -88,19 +99,33 @@ impl SqliteBackend {
                 .ok(),
             None => None,
         };
-        let client = Client::new(writer, reader, clock, presence, bells, timeout);
-        client.sweep().await?;
+        let client = Client::new(Parts {
+            writer,
+            reader,
+            clock,
+            presence,
+            bells,
+            path,
+            op_timeout: timeout,
+        });
+        let ready = match client.sweep().await {
+            Ok(()) => client.refuse_holders_beyond_the_counter().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
+            client.close().await;
+            return Err(e);
+        }
         Ok(SqliteBackend {
             locks_line: LocalLine::new(),
             permits_line: LocalLine::new(),
             client,
-            path: Arc::new(path),
         })
     }
 
     /// The lock file's absolute path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.client.path()
     }
 }
 
@@ -118,7 +143,7 @@ fn create_private(path: &Path) -> Result<(), LockError> {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(LockError::config_caused_by(
-            format!("cannot create the lock file {}", path.display()),
+            format!("cannot create the lock file {}", shown(path)),
             e,
         )),
     }
@@ -127,7 +152,7 @@ fn create_private(path: &Path) -> Result<(), LockError> {
 impl fmt::Debug for SqliteBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteBackend")
-            .field("path", &self.path)
+            .field("path", &shown(self.path()))
             .finish_non_exhaustive()
     }
 }
@@ -148,6 +173,8 @@ impl LockBackend for SqliteBackend {
             .eviction_notice(notifies.then_some(EVICTION_NOTICE))
             .semaphores(true)
             .fence_floor(true)
+            // One SQLite INTEGER counter per file.
+            .max_fence(i64::MAX as u64)
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
@@ -235,13 +262,20 @@ impl LockBackend for SqliteBackend {
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.capabilities().check_fence_floor(floor)?;
         self.client.raise_fence_floor(floor).await
     }
 
-    /// Closes this client as if its process had died: its connections and
-    /// its presence files. Later calls fail with [`LockError::Unavailable`];
-    /// the locks it held are not released, but their holder is provably
-    /// gone, so other clients take them at once.
+    /// Closes this client (every clone of it) and returns once it is
+    /// closed: every lease it granted is lost first (its loss signal fires,
+    /// so no guard reads "held"), an acquire cut short during its commit is
+    /// undone, what it still held is released (its presence files closed
+    /// and removed: other processes take the names at once, woken), then
+    /// its connections, inotify instance and files are closed. Later calls
+    /// fail with [`LockError::Unavailable`]. Idempotent.
+    ///
+    /// Dropping the last clone instead closes the connections but keeps
+    /// the leases it granted to their deadlines, as their guards expect.
     async fn close(&self) -> Result<(), LockError> {
         self.client.close().await;
         Ok(())

@@ -1,19 +1,24 @@
 //! The lock file's client: one function per operation, each write one
 //! `BEGIN IMMEDIATE` transaction (a deferred transaction that turns into a
 //! write fails with `SQLITE_BUSY` instead of waiting, whatever the busy
-//! timeout), each owner- and fence-checked.
+//! timeout), each owner- and fence-checked. Closing it is in `closing.rs`,
+//! undoing a grant cut short in `undo.rs`.
 //!
-//! This file is over 400 lines because every operation shares the same
-//! judgement of a row (`Client::is_live`) and the same bookkeeping of this
-//! process's presence files; splitting it would spread one invariant over
-//! several files.
+//! This file is over 500 lines because every operation shares the same
+//! judgement of a row (`Client::is_live`), the same check that the files
+//! are still the ones opened (`Client::begin`), and the same bookkeeping of
+//! this process's presence files; splitting it would spread one invariant
+//! over several files.
+
+mod closing;
+mod undo;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lockcore::backend::{CancellationToken, LockRequest, Moment, Wakeup, timed};
+use lockcore::backend::{CancellationToken, Cleanups, LockRequest, Moment, Wakeup, timed};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
@@ -21,12 +26,17 @@ use lockcore::{
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Row as _, Sqlite, Transaction};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::clock::{self, HostClock};
-use crate::error::{self, BACKEND};
+use crate::error::{self, BACKEND, shown};
+use crate::files::FileSet;
+use crate::held::{Closed, Grants, Held};
 use crate::notify::{self, Doorbells};
 use crate::presence::{self, FileId, Presence, Renewing};
 use crate::sql;
+
+use undo::Undo;
 
 /// Leases renewed by one statement (bounds the JSON of one batch).
 const RENEW_CHUNK: usize = 1000;
@@ -96,17 +106,25 @@ impl Row {
     }
 }
 
-/// A grant this backend made and still watches: its presence file, owner
-/// and loss signal.
+/// A row a renewal extended: which grant it is, and its new expiry.
 #[derive(Debug)]
-struct Held {
-    /// The presence file, kept in `presence::KEPT`.
-    path: PathBuf,
-    name: LockName,
-    slot: Option<u32>,
-    owner: OwnerToken,
-    lost: CancellationToken,
-    watch: Option<i32>,
+struct Renewed {
+    kind: String,
+    name: String,
+    slot: i64,
+    owner: String,
+    expires_at: i64,
+}
+
+impl Renewed {
+    /// Whether this row is `lease`'s grant: kind, name, slot and owner, not
+    /// only the fence (a batch may hold a forged lease with a real fence).
+    fn is(&self, lease: &Lease) -> bool {
+        self.kind == Kind::of(lease).as_str()
+            && self.name == lease.name().as_str()
+            && self.slot == i64::from(lease.slot().unwrap_or(0))
+            && self.owner == lease.owner().encode()
+    }
 }
 
 /// The client of one lock file.
@@ -117,36 +135,74 @@ pub(crate) struct Client {
     clock: HostClock,
     presence: Option<Presence>,
     bells: Option<Doorbells>,
-    held: Mutex<HashMap<u64, Held>>,
+    /// What it granted, and whether it is closed.
+    grants: Grants,
+    /// The lock file and its companions as opened.
+    files: FileSet,
+    path: PathBuf,
     limit: Duration,
+    /// Work it owes the store (undoing a grant cut short), which `close`
+    /// finishes.
+    cleanups: Cleanups,
+    /// Ends its own background tasks.
+    stop: CancellationToken,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Held by `close` while it runs; `true` once it has.
+    closing: tokio::sync::Mutex<bool>,
+    me: Weak<Client>,
 }
 
 type Tx = Transaction<'static, Sqlite>;
 
+/// What a client is made of, opened by `SqliteBackend::with_config`.
+pub(crate) struct Parts {
+    pub(crate) writer: SqlitePool,
+    pub(crate) reader: SqlitePool,
+    pub(crate) clock: HostClock,
+    pub(crate) presence: Option<Presence>,
+    pub(crate) bells: Option<(Doorbells, mpsc::UnboundedReceiver<u64>)>,
+    pub(crate) path: PathBuf,
+    pub(crate) op_timeout: Duration,
+}
+
 impl Client {
-    pub(crate) fn new(
-        writer: SqlitePool,
-        reader: SqlitePool,
-        clock: HostClock,
-        presence: Option<Presence>,
-        bells: Option<(Doorbells, mpsc::UnboundedReceiver<u64>)>,
-        op_timeout: Duration,
-    ) -> Arc<Client> {
-        let (bells, touched) = bells.unzip();
-        let client = Arc::new(Client {
-            writer,
-            reader,
-            clock,
-            presence,
+    pub(crate) fn new(parts: Parts) -> Arc<Client> {
+        let (bells, touched) = parts.bells.unzip();
+        let client = Arc::new_cyclic(|me| Client {
+            writer: parts.writer,
+            reader: parts.reader,
+            clock: parts.clock,
+            presence: parts.presence,
             bells,
-            held: Mutex::default(),
+            grants: Grants::default(),
+            files: FileSet::record(&parts.path),
+            path: parts.path,
             // Waiting for the pool, then for the file's write lock.
-            limit: op_timeout * 2 + Duration::from_secs(1),
+            limit: parts.op_timeout * 2 + Duration::from_secs(1),
+            cleanups: Cleanups::new(),
+            stop: CancellationToken::new(),
+            tasks: Mutex::default(),
+            closing: tokio::sync::Mutex::new(false),
+            me: me.clone(),
         });
         if let Some(touched) = touched {
-            tokio::spawn(check_touched(Arc::downgrade(&client), touched));
+            let task = tokio::spawn(check_touched(
+                Arc::downgrade(&client),
+                touched,
+                client.stop.clone(),
+            ));
+            client.tasks().push(task);
         }
         client
+    }
+
+    fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lock file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Whether waiters are woken by the kernel and holders told of evictions.
@@ -154,8 +210,25 @@ impl Client {
         self.bells.is_some()
     }
 
-    fn held(&self) -> MutexGuard<'_, HashMap<u64, Held>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    /// Refuses work once closed.
+    fn open(&self) -> Result<(), LockError> {
+        match self.grants.closed() {
+            None => Ok(()),
+            Some(Closed::ByCall) => Err(LockError::unavailable(
+                BACKEND,
+                "this client was closed; connect a new one",
+            )),
+            Some(Closed::Replaced(what)) => Err(self.replaced_error(&what)),
+        }
+    }
+
+    /// Checks that the files are still the ones this client opened; if not,
+    /// closes it (see `files.rs`).
+    fn check_files(&self) -> Result<(), LockError> {
+        match self.files.replaced() {
+            None => Ok(()),
+            Some(what) => Err(self.replaced(what)),
+        }
     }
 
     /// A row counts while it is of this boot, unexpired, and its holder is
@@ -171,11 +244,22 @@ impl Client {
         }
     }
 
+    /// The file's write lock, on the files this client opened.
     async fn begin(&self) -> Result<Tx, LockError> {
-        self.writer
+        let tx = self
+            .writer
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(error::map)
+            .map_err(error::map)?;
+        self.check_files()?;
+        Ok(tx)
+    }
+
+    /// A reader connection, on the files this client opened.
+    async fn read(&self) -> Result<sqlx::pool::PoolConnection<Sqlite>, LockError> {
+        let conn = self.reader.acquire().await.map_err(error::map)?;
+        self.check_files()?;
+        Ok(conn)
     }
 
     async fn rows(
@@ -201,6 +285,7 @@ impl Client {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
+        self.open()?;
         timed(
             BACKEND,
             "acquire",
@@ -216,10 +301,11 @@ impl Client {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
-        let sent = Moment::now();
+        let sent = request.now();
         let mut tx = self.begin().await?;
         let now = self.clock.now()?;
         presence::close_expired(now);
+        self.drop_expired(now);
         let rows = Self::rows(&mut tx, kind, request.name()).await?;
         let (live, stale): (Vec<Row>, Vec<Row>) =
             rows.into_iter().partition(|r| self.is_live(r, now));
@@ -247,12 +333,28 @@ impl Client {
                 .await
                 .map_err(error::map)?;
         }
-        let fence: i64 = sqlx::query_scalar(sql::NEXT_FENCE)
-            .fetch_one(&mut *tx)
+        let fence: Option<i64> = sqlx::query_scalar(sql::NEXT_FENCE)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(error::map)?;
+        let Some(fence) = fence else {
+            return Err(LockError::store(
+                BACKEND,
+                format!(
+                    "the fence counter of {} is at its end ({}): no more grants; only a new lock \
+                     file (and fenced resources that start over) can help",
+                    shown(&self.path),
+                    i64::MAX
+                ),
+            ));
+        };
         let token = FencingToken::from_store(BACKEND, fence)?;
-        let file = self.presence.as_ref().and_then(|p| p.create(token.get()));
+        let file = match &self.presence {
+            Some(presence) => presence
+                .create(token.get())
+                .map_err(|_| self.fence_in_use(token))?,
+            None => None,
+        };
         let owner = OwnerToken::new();
         let expires_at = now.saturating_add(clock::nanos(request.ttl().get()));
         let granted = sqlx::query(sql::GRANT)
@@ -269,10 +371,22 @@ impl Client {
             .bind(file.as_ref().map(|f| f.id.ino))
             .execute(&mut *tx)
             .await;
+        // From here the grant may commit although this future is dropped
+        // (a timeout, a cancelled acquire): then it is undone.
+        let undo = Undo::arm(
+            self,
+            kind,
+            request.name(),
+            slot,
+            owner,
+            fence,
+            request.ttl().get(),
+        );
         let committed = match granted {
             Ok(_) => tx.commit().await,
             Err(e) => Err(e),
         };
+        undo.disarm();
         if let Err(e) = committed {
             if let (Some(presence), Some(_)) = (&self.presence, &file) {
                 presence.remove(token.get());
@@ -281,36 +395,59 @@ impl Client {
         }
         self.tidy_stale(&stale);
         let lost = CancellationToken::new();
-        let mut kept_path = None;
-        if let Some(file) = file {
-            let watch = self
-                .bells
-                .as_ref()
-                .and_then(|b| b.hold(&file.path, token.get()));
-            let path = file.path.clone();
-            kept_path = Some(path.clone());
-            presence::keep(file, expires_at);
-            self.held().insert(
-                token.get(),
-                Held {
-                    path,
-                    name: request.name().clone(),
-                    slot: (kind == Kind::Permit).then(|| u32::try_from(slot).unwrap_or(u32::MAX)),
-                    owner,
-                    lost: lost.clone(),
-                    watch,
-                },
-            );
+        let slot = (kind == Kind::Permit).then(|| u32::try_from(slot).unwrap_or(u32::MAX));
+        let (path, watch) = match file {
+            Some(file) => {
+                let watch = self
+                    .bells
+                    .as_ref()
+                    .and_then(|b| b.hold(&file.path, token.get()));
+                let path = file.path.clone();
+                presence::keep(file, expires_at);
+                (Some(path), watch)
+            }
+            None => (None, None),
+        };
+        // What `presence_fd` finds the grant's presence file by.
+        let presence_of = path.clone().map(presence::PresenceOf);
+        let held = Held {
+            path,
+            kind: kind.as_str(),
+            name: request.name().clone(),
+            slot,
+            owner,
+            lost: lost.clone(),
+            watch,
+            until: expires_at,
+        };
+        if let Err(held) = self.grants.insert(token.get(), held) {
+            // Closed while this grant committed: lost at once, and its
+            // presence file let go, so others may take it.
+            held.lost.cancel();
+            self.let_go(token.get(), held, false);
         }
-        let mut lease = Lease::new(request.name().clone(), owner, token, request.ttl(), sent)
-            .with_loss_signal(lost);
-        if let Some(path) = kept_path {
-            lease = lease.with_extension(presence::PresenceOf(path));
+        let mut lease = Lease::granted(request, owner, token, sent).with_loss_signal(lost);
+        if let Some(presence_of) = presence_of {
+            lease = lease.with_extension(presence_of);
         }
-        Ok(Attempt::Acquired(match kind {
-            Kind::Lock => lease,
-            Kind::Permit => lease.with_slot(u32::try_from(slot).unwrap_or(u32::MAX)),
+        Ok(Attempt::Acquired(match slot {
+            None => lease,
+            Some(slot) => lease.with_slot(slot),
         }))
+    }
+
+    /// The next fence's presence file is held by a live process: the
+    /// counter went back (a restore), and granting would repeat a fence.
+    fn fence_in_use(&self, token: FencingToken) -> LockError {
+        LockError::store(
+            BACKEND,
+            format!(
+                "fence {token} of {} is already held by a live process: the fence counter went \
+                 back (the file restored from a backup?); raise the fence floor above the highest \
+                 fence in use (docs/operations.md, section 5) before granting again",
+                shown(&self.path)
+            ),
+        )
     }
 
     /// After a commit that replaced expired or dead holders: remove their
@@ -323,9 +460,22 @@ impl Client {
         }
     }
 
+    /// Forgets our grants whose rows expired by `now`.
+    fn drop_expired(&self, now: i64) {
+        for (fence, held) in self.grants.expired(now) {
+            if let (Some(wd), Some(bells)) = (held.watch, &self.bells) {
+                bells.unhold(wd, fence);
+            }
+        }
+    }
+
     /// Renews every lease in one transaction, [`RENEW_CHUNK`] per statement.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        match timed(BACKEND, "renew", self.limit, self.renew_all(leases)).await {
+        let renewed = match self.open() {
+            Ok(()) => timed(BACKEND, "renew", self.limit, self.renew_all(leases)).await,
+            Err(e) => Err(e),
+        };
+        match renewed {
             Ok(results) => results,
             Err(e) => leases.iter().map(|_| Err(copy(&e))).collect(),
         }
@@ -345,11 +495,11 @@ impl Client {
                     .map(|p| Renewing::start(p.path(l.fence().get())))
             })
             .collect();
-        let sent = Moment::now();
+        let sent = sent_times(leases);
         let mut tx = self.begin().await?;
         let now = self.clock.now()?;
-        // Fence (unique per grant) → the expiry its row was renewed to.
-        let mut renewed: HashMap<i64, i64> = HashMap::with_capacity(leases.len());
+        // Fence (unique per grant) → the row renewed under it.
+        let mut renewed: HashMap<i64, Renewed> = HashMap::with_capacity(leases.len());
         for chunk in leases.chunks(RENEW_CHUNK) {
             let batch: Vec<serde_json::Value> = (chunk.iter())
                 .map(|lease| {
@@ -363,27 +513,42 @@ impl Client {
                     ])
                 })
                 .collect();
-            let rows: Vec<(i64, i64)> = sqlx::query_as(sql::RENEW)
+            let rows: Vec<(String, String, i64, String, i64, i64)> = sqlx::query_as(sql::RENEW)
                 .bind(serde_json::Value::Array(batch).to_string())
                 .bind(self.clock.boot_id())
                 .bind(now)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(error::map)?;
-            renewed.extend(rows);
+            renewed.extend(
+                rows.into_iter()
+                    .map(|(kind, name, slot, owner, fence, expires_at)| {
+                        let row = Renewed {
+                            kind,
+                            name,
+                            slot,
+                            owner,
+                            expires_at,
+                        };
+                        (fence, row)
+                    }),
+            );
         }
         tx.commit().await.map_err(error::map)?;
-        let results: Vec<Result<Lease, LockError>> = (leases.iter().zip(&renewing))
-            .map(|(lease, renewing)| match renewed.get(&fence_of(lease)) {
-                Some(&at) => {
-                    if let Some(renewing) = renewing {
-                        renewing.extended(at);
+        let results: Vec<Result<Lease, LockError>> = (leases.iter().zip(&renewing).zip(sent))
+            .map(|((lease, renewing), sent)| {
+                match renewed.get(&fence_of(lease)).filter(|row| row.is(lease)) {
+                    Some(row) => {
+                        if let Some(renewing) = renewing {
+                            renewing.extended(row.expires_at);
+                        }
+                        self.grants.extend(lease.fence().get(), row.expires_at);
+                        Ok(lease.renewed(sent))
                     }
-                    Ok(lease.renewed(sent))
+                    None => Err(LockError::NotHeld {
+                        name: lease.name().clone(),
+                    }),
                 }
-                None => Err(LockError::NotHeld {
-                    name: lease.name().clone(),
-                }),
             })
             .collect();
         for (lease, result) in leases.iter().zip(&results) {
@@ -396,6 +561,7 @@ impl Client {
 
     /// Releases `lease` if this owner still holds it.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.open()?;
         timed(BACKEND, "release", self.limit, async {
             let mut tx = self.begin().await?;
             let now = self.clock.now()?;
@@ -429,36 +595,39 @@ impl Client {
 
     /// The grant `fence` ended for this process: stop watching it and close
     /// its presence file if it is `lease`'s grant made here (any lease when
-    /// `None`), or whoever made it when `row_gone` (its row was deleted);
-    /// with `row_gone`, also remove the file, which wakes waiters.
+    /// `None`; a forged lease touches nothing), or whoever made it when
+    /// `row_gone` (its row was deleted); with `row_gone`, also remove the
+    /// file, which wakes waiters.
     fn forget(&self, fence: u64, lease: Option<&Lease>, row_gone: bool) {
-        let ours = {
-            let mut held = self.held();
-            // A forged lease (another owner, name or slot with this fence)
-            // touches nothing.
-            let same = |h: &Held| {
-                lease.is_none_or(|l| {
-                    l.owner() == h.owner && l.name() == &h.name && l.slot() == h.slot
-                })
-            };
-            match held.get(&fence) {
-                Some(h) if same(h) => held.remove(&fence),
-                _ => None,
-            }
-        };
-        if let (Some(held), Some(bells)) = (&ours, &self.bells)
-            && let Some(wd) = held.watch
-        {
+        match self.grants.remove(fence, lease) {
+            Some(held) => self.let_go(fence, held, row_gone),
+            None if row_gone => self.remove_presence(fence),
+            None => {}
+        }
+    }
+
+    /// Stops watching grant `fence` and closes its presence file (the
+    /// `flock` goes: its holder counts as gone); removes the file when its
+    /// row is gone.
+    fn let_go(&self, fence: u64, held: Held, row_gone: bool) {
+        if let (Some(wd), Some(bells)) = (held.watch, &self.bells) {
             bells.unhold(wd, fence);
         }
-        if let Some(presence) = &self.presence
-            && (ours.is_some() || row_gone)
-        {
+        if let Some(path) = &held.path {
+            presence::unkeep(path);
+        }
+        if row_gone {
+            self.remove_presence(fence);
+        }
+    }
+
+    /// Closes (if this process keeps it) and removes the presence file of
+    /// `fence`, whose row is gone.
+    fn remove_presence(&self, fence: u64) {
+        if let Some(presence) = &self.presence {
             // Closing drops the flock; waiters wake on the close and the removal.
             presence::unkeep(&presence.path(fence));
-            if row_gone {
-                presence.remove(fence);
-            }
+            presence.remove(fence);
         }
     }
 
@@ -468,8 +637,9 @@ impl Client {
         kind: Kind,
         name: &LockName,
     ) -> Result<Vec<Holder>, LockError> {
+        self.open()?;
         timed(BACKEND, "inspect", self.limit, async {
-            let mut conn = self.reader.acquire().await.map_err(error::map)?;
+            let mut conn = self.read().await?;
             let rows = Self::rows(&mut conn, kind, name).await?;
             let now = self.clock.now()?;
             rows.iter()
@@ -492,6 +662,7 @@ impl Client {
         name: &LockName,
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
+        self.open()?;
         timed(BACKEND, "evict", self.limit, async {
             let mut tx = self.begin().await?;
             let now = self.clock.now()?;
@@ -513,9 +684,7 @@ impl Client {
             let fence = row.fence as u64;
             // A holder in this process hears it directly; one elsewhere, and
             // every waiter, through the presence file's removal.
-            if let Some(held) = self.held().get(&fence) {
-                held.lost.cancel();
-            }
+            self.grants.lose(fence);
             self.forget(fence, None, true);
             Ok(Some(row.holder(now)?))
         })
@@ -530,10 +699,11 @@ impl Client {
         kind: Kind,
         name: &LockName,
     ) -> Result<Option<Wakeup>, LockError> {
+        self.open()?;
         let (Some(bells), Some(presence)) = (&self.bells, &self.presence) else {
             return Ok(None);
         };
-        let mut conn = self.reader.acquire().await.map_err(error::map)?;
+        let mut conn = self.read().await?;
         let rows = Self::rows(&mut conn, kind, name).await?;
         drop(conn);
         let now = self.clock.now()?;
@@ -557,8 +727,9 @@ impl Client {
         Ok(Some(notify::first_of(wakeups)))
     }
 
-    /// Raises the fence counter to at least `floor`.
+    /// Raises the fence counter to at least `floor` (checked by the caller).
     pub(crate) async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.open()?;
         timed(BACKEND, "raise_fence_floor", self.limit, async {
             let mut tx = self.begin().await?;
             sqlx::query(sql::RAISE_FLOOR)
@@ -623,13 +794,68 @@ impl Client {
         Ok(())
     }
 
+    /// Refuses to start on a file whose fence counter is below a grant a
+    /// live process still holds (its presence file's `flock`): the file was
+    /// replaced while that process ran, and granting would repeat fences and
+    /// make two holders. Looked at twice, a moment apart, so a grant of
+    /// another process between its file and its commit is not mistaken for
+    /// one.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] naming the grant, until that process is
+    /// gone (or has noticed, and closed its client) and the floor is raised.
+    pub(crate) async fn refuse_holders_beyond_the_counter(&self) -> Result<(), LockError> {
+        let Some(presence) = &self.presence else {
+            return Ok(());
+        };
+        let (_, first) = self.held_beyond_the_counter(presence).await?;
+        if first.is_empty() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (last, again) = self.held_beyond_the_counter(presence).await?;
+        match again.intersection(&first).min() {
+            None => Ok(()),
+            Some(fence) => Err(LockError::unavailable(
+                BACKEND,
+                format!(
+                    "a process still holds grant {fence} of {}, beyond the file's fence counter \
+                     ({last}): the file was replaced while that process ran (restored from a \
+                     backup with clients running); stop every process that uses the lock file, \
+                     then raise the fence floor above the highest fence in use \
+                     (docs/operations.md, section 5)",
+                    shown(&self.path)
+                ),
+            )),
+        }
+    }
+
+    /// The fence counter, and the fences above it whose presence files some
+    /// process holds.
+    async fn held_beyond_the_counter(
+        &self,
+        presence: &Presence,
+    ) -> Result<(u64, HashSet<u64>), LockError> {
+        let mut conn = self.read().await?;
+        let last: i64 = sqlx::query_scalar(sql::LAST_FENCE)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(error::map)?;
+        drop(conn);
+        let last = u64::try_from(last).unwrap_or(0);
+        let beyond = (presence.fences().into_iter())
+            .filter(|&fence| fence > last && presence.is_held(fence))
+            .collect();
+        Ok((last, beyond))
+    }
+
     /// Someone touched the presence file of our grant `fence`: if our row is
     /// gone (evicted, taken over), say so through the lease's loss signal.
     async fn check_held(&self, fence: u64) -> Result<(), LockError> {
-        let Some(owner) = self.held().get(&fence).map(|h| h.owner) else {
+        let Some(owner) = self.grants.owner(fence) else {
             return Ok(());
         };
-        let mut conn = self.reader.acquire().await.map_err(error::map)?;
+        let mut conn = self.read().await?;
         let row = sqlx::query(sql::HOLDS)
             .bind(i64::try_from(fence).unwrap_or(i64::MAX))
             .bind(owner.encode())
@@ -647,32 +873,61 @@ impl Client {
             None => false,
         };
         if !still {
-            if let Some(held) = self.held().get(&fence) {
-                held.lost.cancel();
-            }
+            self.grants.lose(fence);
             self.forget(fence, None, false);
         }
         Ok(())
     }
+}
 
-    /// Closes both pools and every presence file, as a dying process would.
-    pub(crate) async fn close(&self) {
-        self.writer.close().await;
-        self.reader.close().await;
-        let held: Vec<Held> = self.held().drain().map(|(_, held)| held).collect();
-        for held in held {
-            presence::unkeep(&held.path);
-        }
+impl Drop for Client {
+    /// A client dropped unclosed still ends its own tasks (its connections
+    /// close with their pools; its leases run to their deadlines).
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
-/// Checks every touched presence file of ours, until the client is dropped.
-async fn check_touched(client: Weak<Client>, mut touched: mpsc::UnboundedReceiver<u64>) {
-    while let Some(fence) = touched.recv().await {
+/// When each renewal is sent: read on each lease's own clock before the
+/// batch leaves (once per clock, not once per lease).
+fn sent_times(leases: &[Lease]) -> Vec<Moment> {
+    let mut last: Option<(&Lease, Moment)> = None;
+    leases
+        .iter()
+        .map(|lease| {
+            let moment = match last {
+                Some((prev, moment)) if Arc::ptr_eq(prev.clock(), lease.clock()) => moment,
+                _ => lease.now(),
+            };
+            last = Some((lease, moment));
+            moment
+        })
+        .collect()
+}
+
+/// Checks every touched presence file of ours, until the client is closed
+/// or dropped.
+async fn check_touched(
+    client: Weak<Client>,
+    mut touched: mpsc::UnboundedReceiver<u64>,
+    stop: CancellationToken,
+) {
+    loop {
+        let fence = tokio::select! {
+            _ = stop.cancelled() => return,
+            fence = touched.recv() => match fence {
+                Some(fence) => fence,
+                None => return,
+            },
+        };
         let Some(client) = client.upgrade() else {
             return;
         };
-        if let Err(e) = client.check_held(fence).await {
+        let checked = tokio::select! {
+            _ = stop.cancelled() => return,
+            checked = client.check_held(fence) => checked,
+        };
+        if let Err(e) = checked {
             tracing::debug!(fence, error = %e, "cannot check a touched presence file; the next renewal will tell");
         }
     }

@@ -6,6 +6,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lockcore::LockError;
+use lockcore::backend::redact_url;
+
+use crate::error::shown;
 
 /// Where the locks live and how long an operation may wait for the file.
 ///
@@ -47,8 +50,9 @@ impl SqliteConfig {
         }
         if is_in_memory(&text) {
             return Err(LockError::config(format!(
-                "{text:?} is an in-memory SQLite database, private to one process: it cannot \
-                 lock anything across processes; name a file, e.g. sqlite:///var/lib/app/locks.db"
+                "{} is an in-memory SQLite database, private to one process: it cannot lock \
+                 anything across processes; name a file, e.g. sqlite:///var/lib/app/locks.db",
+                shown(path)
             )));
         }
         Ok(SqliteConfig {
@@ -109,7 +113,7 @@ impl FromStr for SqliteConfig {
             .ok_or_else(|| {
                 LockError::config(format!(
                     "{:?} is not a SQLite lock URL: expected sqlite://PATH (sqlite:///abs/path.db, sqlite://rel/path.db)",
-                    lockcore::backend::redact_url(url)
+                    redact_url(url)
                 ))
             })?;
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -117,12 +121,16 @@ impl FromStr for SqliteConfig {
             .decode_utf8()
             .map_err(|e| LockError::config_caused_by("the lock file path is not UTF-8", e))?;
         let mut config = SqliteConfig::new(path.as_ref())?;
+        // Nothing of the URL is echoed but what `redact_url` shows of it.
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
                 "timeout_ms" => {
                     let ms: u64 = value.parse().map_err(|_| {
-                        LockError::config(format!("timeout_ms={value:?} is not a whole number"))
+                        LockError::config(format!(
+                            "timeout_ms in {} is not a whole number of milliseconds",
+                            redact_url(url)
+                        ))
                     })?;
                     config = config.timeout(Duration::from_millis(ms))?;
                 }
@@ -132,9 +140,10 @@ impl FromStr for SqliteConfig {
                          cannot lock anything across processes",
                     ));
                 }
-                other => {
+                _ => {
                     return Err(LockError::config(format!(
-                        "unknown SQLite lock URL option {other:?} (known: timeout_ms)"
+                        "{} has an option this backend does not know (it knows timeout_ms)",
+                        redact_url(url)
                     )));
                 }
             }
@@ -146,7 +155,7 @@ impl FromStr for SqliteConfig {
 impl fmt::Debug for SqliteConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteConfig")
-            .field("path", &self.path)
+            .field("path", &shown(&self.path))
             .field("timeout", &self.timeout)
             .finish()
     }

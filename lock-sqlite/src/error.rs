@@ -3,6 +3,7 @@
 
 use lockcore::LockError;
 use std::io;
+use std::path::Path;
 
 pub(crate) const BACKEND: &str = "sqlite";
 
@@ -53,6 +54,13 @@ pub(crate) fn io(what: &str, error: io::Error) -> LockError {
         BACKEND,
         io::Error::new(error.kind(), format!("{what}: {error}")),
     )
+}
+
+/// `path` as errors, logs and `Debug` show it: the `sqlite://` URL it
+/// stands for, through the one redaction of distlock, so nothing shows more
+/// of it than `redact_url` of that URL would.
+pub(crate) fn shown(path: &Path) -> String {
+    lockcore::backend::redact_url(&format!("sqlite://{}", path.display()))
 }
 
 /// A row that breaks the table's invariants (someone edited it by hand).

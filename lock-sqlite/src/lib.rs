@@ -4,6 +4,8 @@ mod client;
 mod clock;
 mod config;
 mod error;
+mod files;
+mod held;
 #[cfg_attr(not(target_os = "linux"), path = "notify_none.rs")]
 mod notify;
 mod presence;

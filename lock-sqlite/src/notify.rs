@@ -8,11 +8,15 @@
 //! someone else removes it, the lease was evicted or taken over, and the
 //! holder is told at once instead of at its next renewal. Expiry changes
 //! nothing on disk; waiters retry at the holder's expiry instead.
+//!
+//! The instance's descriptor belongs to its reader task, which closes it
+//! when it ends ([`Doorbells::close`], or dropping the backend); nothing
+//! else uses the descriptor once the task has marked the instance closed.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::pin::Pin;
@@ -22,6 +26,7 @@ use std::task::{Context, Poll};
 use lockcore::backend::{CancellationToken, Wakeup};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 /// What ends a hold, on the presence file: written and closed (release,
 /// crash), attributes changed (the link count, on removal), removed, moved.
@@ -33,14 +38,25 @@ const MASK: u32 =
 pub(crate) struct Doorbells {
     shared: Arc<Shared>,
     stop: CancellationToken,
+    /// The reader task, which owns the descriptor.
+    reader: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[derive(Debug)]
 struct Shared {
-    fd: AsyncFd<OwnedFd>,
-    watches: Mutex<HashMap<i32, Watch>>,
+    /// The instance's descriptor, valid while `Watches::open`.
+    raw: RawFd,
+    watches: Mutex<Watches>,
     /// Fences of held presence files that someone else touched.
     touched: mpsc::UnboundedSender<u64>,
+}
+
+#[derive(Debug)]
+struct Watches {
+    /// Whether `Shared::raw` is still open; cleared, with every watch, by
+    /// the reader task before it closes the descriptor.
+    open: bool,
+    by_wd: HashMap<i32, Watch>,
 }
 
 #[derive(Debug)]
@@ -77,25 +93,47 @@ impl Doorbells {
         // for its whole life.
         let fd = unsafe { AsyncFd::register(fd)? };
         let shared = Arc::new(Shared {
-            fd,
-            watches: Mutex::default(),
+            raw,
+            watches: Mutex::new(Watches {
+                open: true,
+                by_wd: HashMap::new(),
+            }),
             touched,
         });
         let stop = CancellationToken::new();
-        tokio::spawn(read_events(shared.clone(), stop.clone()));
-        Ok((Doorbells { shared, stop }, rx))
+        let reader = tokio::spawn(read_events(shared.clone(), fd, stop.clone()));
+        Ok((
+            Doorbells {
+                shared,
+                stop,
+                reader: Mutex::new(Some(reader)),
+            },
+            rx,
+        ))
+    }
+
+    /// Ends the reader task, which closes the instance: every waiter wakes
+    /// (and polls from then on), nothing is watched any more. Returns once
+    /// the descriptor is closed.
+    pub(crate) async fn close(&self) {
+        self.stop.cancel();
+        let reader = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(reader) = reader {
+            let _ = reader.await;
+        }
     }
 
     /// A wake-up for the next change of the presence file at `path`.
-    /// `Ok(None)` when the file is already gone.
+    /// `Ok(None)` when the file is already gone, or the instance is closed.
     pub(crate) fn ring(&self, path: &Path) -> io::Result<Option<Wakeup>> {
         let mut watches = self.shared.lock();
-        let wd = match self.shared.add_watch(path) {
-            Ok(wd) => wd,
+        let wd = match self.shared.add_watch(&watches, path) {
+            Ok(Some(wd)) => wd,
+            Ok(None) => return Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let watch = watches.entry(wd).or_insert_with(|| Watch {
+        let watch = watches.by_wd.entry(wd).or_insert_with(|| Watch {
             waiters: 0,
             ring: watch::channel(()).0,
             held: None,
@@ -119,10 +157,11 @@ impl Doorbells {
         let mut watches = self.shared.lock();
         let wd = self
             .shared
-            .add_watch(path)
+            .add_watch(&watches, path)
             .map_err(|e| tracing::warn!(fence, error = %e, "cannot watch a presence file; an eviction is noticed at the next renewal"))
-            .ok()?;
+            .ok()??;
         watches
+            .by_wd
             .entry(wd)
             .or_insert_with(|| Watch {
                 waiters: 0,
@@ -136,7 +175,7 @@ impl Doorbells {
     /// Stops watching our own presence file (released, or lost).
     pub(crate) fn unhold(&self, wd: i32, fence: u64) {
         let mut watches = self.shared.lock();
-        if let Some(watch) = watches.get_mut(&wd)
+        if let Some(watch) = watches.by_wd.get_mut(&wd)
             && watch.held == Some(fence)
         {
             watch.held = None;
@@ -146,31 +185,41 @@ impl Doorbells {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, HashMap<i32, Watch>> {
+    fn lock(&self) -> MutexGuard<'_, Watches> {
         self.watches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add_watch(&self, path: &Path) -> io::Result<i32> {
+    /// Adds a watch of `path` (`None` once the instance is closed); called
+    /// with the watches locked, so the descriptor cannot close meanwhile.
+    fn add_watch(&self, watches: &Watches, path: &Path) -> io::Result<Option<i32>> {
+        if !watches.open {
+            return Ok(None);
+        }
         let path = std::ffi::CString::new(path.as_os_str().as_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: a valid descriptor and a NUL-terminated path.
-        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr(), MASK) };
+        // SAFETY: an open descriptor (checked above, under the lock) and a
+        // NUL-terminated path.
+        let wd = unsafe { libc::inotify_add_watch(self.raw, path.as_ptr(), MASK) };
         if wd < 0 {
             Err(io::Error::last_os_error())
         } else {
-            Ok(wd)
+            Ok(Some(wd))
         }
     }
 
     /// Removes watch `wd` once nobody waits on it and it is not ours.
-    fn forget_if_unused(&self, watches: &mut HashMap<i32, Watch>, wd: i32) {
+    fn forget_if_unused(&self, watches: &mut Watches, wd: i32) {
         if watches
+            .by_wd
             .get(&wd)
             .is_some_and(|w| w.waiters == 0 && w.held.is_none())
         {
-            watches.remove(&wd);
-            // SAFETY: a valid descriptor; an already removed watch only errs.
-            unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
+            watches.by_wd.remove(&wd);
+            if watches.open {
+                // SAFETY: an open descriptor (under the lock); an already
+                // removed watch only errs.
+                unsafe { libc::inotify_rm_watch(self.raw, wd) };
+            }
         }
     }
 
@@ -192,7 +241,7 @@ impl Shared {
             let mask = word(4);
             let len = word(12) as usize;
             at += 16 + len;
-            let Some(watch) = watches.get(&wd) else {
+            let Some(watch) = watches.by_wd.get(&wd) else {
                 continue;
             };
             watch.ring.send_replace(());
@@ -204,7 +253,7 @@ impl Shared {
             if mask & libc::IN_IGNORED != 0 {
                 // The kernel dropped the watch (the file is gone): waiters see
                 // their channel close, which wakes them.
-                watches.remove(&wd);
+                watches.by_wd.remove(&wd);
             }
         }
     }
@@ -219,20 +268,34 @@ struct Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut watches = self.shared.lock();
-        if let Some(watch) = watches.get_mut(&self.wd) {
+        if let Some(watch) = watches.by_wd.get_mut(&self.wd) {
             watch.waiters = watch.waiters.saturating_sub(1);
             self.shared.forget_if_unused(&mut watches, self.wd);
         }
     }
 }
 
-/// The reader task: until the backend is dropped.
-async fn read_events(shared: Arc<Shared>, stop: CancellationToken) {
+/// The reader task: until stopped (close, or the backend dropped) or the
+/// instance fails. It owns the descriptor: on the way out it marks the
+/// instance closed and drops every watch (their waiters wake and poll from
+/// then on), then closes the descriptor.
+async fn read_events(shared: Arc<Shared>, fd: AsyncFd<OwnedFd>, stop: CancellationToken) {
+    read_until_stopped(&shared, &fd, &stop).await;
+    let dropped = {
+        let mut watches = shared.lock();
+        watches.open = false;
+        std::mem::take(&mut watches.by_wd)
+    };
+    drop(dropped);
+    drop(fd);
+}
+
+async fn read_until_stopped(shared: &Shared, fd: &AsyncFd<OwnedFd>, stop: &CancellationToken) {
     let mut buf = vec![0_u8; 16 * 1024];
     loop {
         let mut ready = tokio::select! {
             _ = stop.cancelled() => return,
-            ready = shared.fd.readable() => match ready {
+            ready = fd.readable() => match ready {
                 Ok(ready) => ready,
                 Err(e) => {
                     tracing::warn!(error = %e, "inotify failed; waiters fall back to polling");

@@ -24,6 +24,7 @@ impl Doorbells {
         None
     }
     pub(crate) fn unhold(&self, _wd: i32, _fence: u64) {}
+    pub(crate) async fn close(&self) {}
 }
 
 pub(crate) fn first_of(wakeups: Vec<Wakeup>) -> Wakeup {

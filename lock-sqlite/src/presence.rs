@@ -25,6 +25,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::error::shown;
+
 /// The directory of presence files of one lock file.
 #[derive(Debug, Clone)]
 pub(crate) struct Presence {
@@ -76,7 +78,7 @@ impl Presence {
         if !std::fs::metadata(&dir)?.is_dir() {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a directory", dir.display()),
+                format!("{} exists and is not a directory", shown(&dir)),
             ));
         }
         Ok(Presence { dir })
@@ -87,32 +89,44 @@ impl Presence {
         self.dir.join(fence.to_string())
     }
 
-    /// Creates the presence file of `fence` and takes its `flock`. `None`
+    /// Creates the presence file of `fence` and takes its `flock`. `Ok(None)`
     /// when that is not possible (the grant then has no presence file, and
     /// only its TTL frees it).
-    pub(crate) fn create(&self, fence: u64) -> Option<PresenceFile> {
+    ///
+    /// # Errors
+    /// [`Taken`] when a live process holds the `flock` of this fence's file:
+    /// the fence was granted before, so the counter went back (a restore).
+    pub(crate) fn create(&self, fence: u64) -> Result<Option<PresenceFile>, Taken> {
         let path = self.path(fence);
-        let file = OpenOptions::new()
+        let Ok(file) = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
             .open(&path)
-            .map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot create a presence file; this grant is freed by its TTL only"))
-            .ok()?;
+            .map_err(|e| tracing::warn!(path = %shown(&path), error = %e, "cannot create a presence file; this grant is freed by its TTL only"))
+        else {
+            return Ok(None);
+        };
         if !try_flock(&file) {
-            // A file of this fence locked by someone else: only after a
-            // restore that moved the counter back. Leave it alone.
-            tracing::warn!(path = %path.display(), "presence file already locked; this grant is freed by its TTL only");
-            return None;
+            // Left alone: it is a live holder's proof of life.
+            return Err(Taken);
         }
-        let id = FileId::of(&file.metadata().ok()?);
-        Some(PresenceFile {
+        let Ok(meta) = file.metadata() else {
+            return Ok(None);
+        };
+        Ok(Some(PresenceFile {
             flock: file,
-            id,
+            id: FileId::of(&meta),
             path,
-        })
+        }))
+    }
+
+    /// Whether some process (this one included) holds the `flock` of the
+    /// presence file of `fence`.
+    pub(crate) fn is_held(&self, fence: u64) -> bool {
+        File::open(self.path(fence)).is_ok_and(|file| !try_flock(&file))
     }
 
     /// Whether the holder of the grant `fence`, whose presence file was
@@ -159,6 +173,10 @@ impl Presence {
         }
     }
 }
+
+/// The presence file of a fence is held by a live process.
+#[derive(Debug)]
+pub(crate) struct Taken;
 
 /// Presence files this process holds, by path: kept for as long as their
 /// grant may count, whoever made them. Dropping a backend must not free its
@@ -278,14 +296,17 @@ mod tests {
     fn a_held_file_is_alive_until_closed_and_a_replaced_one_proves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let presence = Presence::open(&dir.path().join("locks.db")).unwrap();
-        let held = presence.create(7).unwrap();
+        let held = presence.create(7).unwrap().unwrap();
+        assert!(presence.is_held(7));
+        assert!(presence.create(7).is_err(), "held: taken");
         assert!(!presence.holder_gone(7, held.id), "held in this process");
         let id = held.id;
         drop(held);
+        assert!(!presence.is_held(7));
         assert!(presence.holder_gone(7, id), "closed: gone");
         // Someone replaces the file: another inode proves nothing.
         presence.remove(7);
-        let other = presence.create(7).unwrap();
+        let other = presence.create(7).unwrap().unwrap();
         let other_id = other.id;
         drop(other);
         if other_id != id {
@@ -301,7 +322,7 @@ mod tests {
         use lockcore::{Capabilities, FencingToken, Lease, LockName, OwnerToken};
         let dir = tempfile::tempdir().unwrap();
         let presence = Presence::open(&dir.path().join("locks.db")).unwrap();
-        let file = presence.create(9).unwrap();
+        let file = presence.create(9).unwrap().unwrap();
         let (id, path) = (file.id, file.path.clone());
         keep(file, i64::MAX);
         let ttl = Capabilities::new("test")

@@ -12,12 +12,12 @@ use lockcore::LockError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 use sqlx::{ConnectOptions, Connection};
 
-use crate::error::{self, code};
+use crate::error::{self, code, shown};
 use crate::sql;
 
-/// File systems where SQLite's locking (and `flock`) is not shared between
-/// hosts or is unreliable: NFS, SMB/CIFS, 9p, Ceph, AFS, Lustre.
-const NETWORK_FS: &[(i64, &str)] = &[
+/// File systems where SQLite's locks (and `flock`) are not shared between
+/// hosts or are unreliable: NFS, SMB/CIFS, 9p, Ceph, AFS, Lustre.
+const NOT_LOCAL_FS: &[(i64, &str)] = &[
     (0x6969, "NFS"),
     (0x517B, "SMB"),
     (0xFF53_4D42, "CIFS"),
@@ -35,57 +35,62 @@ const NETWORK_FS: &[(i64, &str)] = &[
 /// network file system, a path that is not a regular file, or a file this
 /// user cannot write.
 pub(crate) fn check_path(path: &Path) -> Result<PathBuf, LockError> {
-    let path = std::path::absolute(path).map_err(|e| {
-        LockError::config_caused_by(format!("cannot resolve {}", path.display()), e)
-    })?;
+    let path = std::path::absolute(path)
+        .map_err(|e| LockError::config_caused_by(format!("cannot resolve {}", shown(path)), e))?;
     let dir = path.parent().unwrap_or(Path::new("/"));
     match std::fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => {
             return Err(LockError::config(format!(
                 "{} is not a directory: the lock file {} cannot be created there",
-                dir.display(),
-                path.display()
+                shown(dir),
+                shown(&path)
             )));
         }
         Err(e) => {
             return Err(LockError::config_caused_by(
                 format!(
                     "the directory {} of the lock file does not exist or cannot be read (create it first)",
-                    dir.display()
+                    shown(dir)
                 ),
                 e,
             ));
         }
     }
-    if let Some(fs) = network_fs(dir) {
+    if let Some(fs) = not_local_fs(dir) {
         return Err(LockError::config(format!(
             "{} is on {fs}: SQLite's locks (and the presence files' flocks) are not shared across \
              hosts there, so two holders could coexist; put the lock file on a local file system",
-            path.display()
+            shown(&path)
         )));
     }
     if !writable(dir) {
         return Err(LockError::config(format!(
             "the directory {} is not writable for this user: SQLite keeps its write-ahead log next \
              to the lock file",
-            dir.display()
+            shown(dir)
         )));
     }
-    match std::fs::metadata(&path) {
-        Ok(meta) if !meta.is_file() => Err(LockError::config(format!(
+    let meta = match std::fs::metadata(&path) {
+        Ok(meta) => meta,
+        Err(_) => return Ok(path),
+    };
+    if !meta.is_file() {
+        return Err(LockError::config(format!(
             "{} exists and is not a regular file",
-            path.display()
-        ))),
-        Ok(_) if !writable(&path) => Err(LockError::config(format!(
-            "{} is read-only for this user: distlock writes every grant to its lock file",
-            path.display()
-        ))),
-        _ => Ok(path),
+            shown(&path)
+        )));
     }
+    if !writable(&path) {
+        return Err(LockError::config(format!(
+            "{} is read-only for this user: distlock writes every grant to its lock file",
+            shown(&path)
+        )));
+    }
+    Ok(path)
 }
 
-fn network_fs(dir: &Path) -> Option<&'static str> {
+fn not_local_fs(dir: &Path) -> Option<&'static str> {
     let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: a zeroed statfs is a valid out-parameter; the path is NUL-terminated.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
@@ -95,7 +100,7 @@ fn network_fs(dir: &Path) -> Option<&'static str> {
     }
     #[allow(clippy::unnecessary_cast)] // f_type's type differs between platforms
     let kind = stat.f_type as i64;
-    NETWORK_FS
+    NOT_LOCAL_FS
         .iter()
         .find(|(magic, _)| *magic == kind)
         .map(|(_, name)| *name)
@@ -109,7 +114,8 @@ fn writable(path: &Path) -> bool {
 }
 
 /// Options every connection of the lock file uses: durable commits, the
-/// busy timeout, no foreign-key pragma (we have no foreign keys).
+/// busy timeout, no foreign-key pragma (we have no foreign keys). Each
+/// connection, once open, also gets [`no_checkpoint_on_close`].
 pub(crate) fn options(path: &Path, timeout: Duration) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
         .filename(path)
@@ -118,6 +124,38 @@ pub(crate) fn options(path: &Path, timeout: Duration) -> SqliteConnectOptions {
         .busy_timeout(timeout)
         .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
         .disable_statement_logging()
+}
+
+/// Keeps `conn` from checkpointing the write-ahead log into the database
+/// file and deleting the `-wal` and `-shm` when it closes as the last
+/// connection (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). A client whose lock file
+/// was replaced under it (a backup copied over it, see `files.rs`) still
+/// has the old log open: checkpointing it would write old pages into the
+/// restored file. Nothing is lost: the log is checkpointed as it grows, and
+/// the next connection reads whatever is left in it.
+///
+/// # Errors
+/// When the connection's worker is gone.
+pub(crate) async fn no_checkpoint_on_close(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle();
+    // SAFETY: a valid open handle, locked for this call; this op takes an
+    // int (1: on) and an int pointer for the old value (none wanted).
+    let rc = unsafe {
+        libsqlite3_sys::sqlite3_db_config(
+            db.as_ptr(),
+            libsqlite3_sys::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            1 as libc::c_int,
+            std::ptr::null_mut::<libc::c_int>(),
+        )
+    };
+    if rc == libsqlite3_sys::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(sqlx::Error::Protocol(format!(
+            "sqlite3_db_config(NO_CKPT_ON_CLOSE) returned {rc}"
+        )))
+    }
 }
 
 /// Looks at an existing, non-empty file without writing to it: is it a
@@ -129,7 +167,7 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
     let size = match std::fs::metadata(path) {
         Ok(meta) => meta.len(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(error::io(&format!("cannot read {}", path.display()), e)),
+        Err(e) => return Err(error::io(&format!("cannot read {}", shown(path)), e)),
     };
     if size == 0 {
         return Ok(());
@@ -137,7 +175,7 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
     let not_ours = |why: String| {
         LockError::config(format!(
             "{} {why}; distlock keeps its locks in a file of its own and leaves this one untouched",
-            path.display()
+            shown(path)
         ))
     };
     let mut conn = options(path, timeout)
@@ -148,6 +186,10 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
             Some(code::NOTADB) => not_ours("is not a SQLite database".to_owned()),
             _ => not_ours(format!("cannot be opened as a SQLite database ({e})")),
         })?;
+    if let Err(e) = no_checkpoint_on_close(&mut conn).await {
+        let _ = conn.close().await;
+        return Err(error::map(e));
+    }
     // One read transaction, so the three reads see one snapshot: another
     // process creating the schema in between must not make the file look
     // half ours (tables, but no application id yet).
@@ -165,7 +207,7 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
             if version > sql::SCHEMA_VERSION {
                 return Err(LockError::config(format!(
                     "{} was written by a newer distlock (schema {version}, this one knows {}): upgrade",
-                    path.display(),
+                    shown(path),
                     sql::SCHEMA_VERSION
                 )));
             }
@@ -229,7 +271,7 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
                 return Err(LockError::config_caused_by(
                     format!(
                         "{} is read-only: distlock writes every grant to it",
-                        path.display()
+                        shown(path)
                     ),
                     e,
                 ));
@@ -241,7 +283,7 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
         return Err(LockError::config(format!(
             "{} cannot be put in WAL mode (SQLite says {mode:?}): without it a reader could block \
              every writer and commits would not be durable the way this backend relies on",
-            path.display()
+            shown(path)
         )));
     }
     let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
@@ -251,7 +293,7 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
     if sync < 2 {
         return Err(LockError::config(format!(
             "synchronous={sync} on {}: fences need synchronous=FULL to survive a power loss",
-            path.display()
+            shown(path)
         )));
     }
     let mut tx = conn
@@ -272,7 +314,7 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
     if app != 0 || tables != 0 {
         return Err(LockError::config(format!(
             "{} became another program's database while connecting; distlock leaves it untouched",
-            path.display()
+            shown(path)
         )));
     }
     for statement in sql::CREATE.iter().chain(sql::STAMP) {
@@ -297,13 +339,13 @@ pub(crate) async fn pool(
         .idle_timeout(None)
         .max_lifetime(None)
         .acquire_timeout(timeout)
+        .after_connect(|conn, _| Box::pin(no_checkpoint_on_close(conn)))
         .connect_with(options(path, timeout))
         .await
         .map_err(|e| match error::primary_code(&e) {
-            Some(code::CANTOPEN) => LockError::config_caused_by(
-                format!("cannot open the lock file {}", path.display()),
-                e,
-            ),
+            Some(code::CANTOPEN) => {
+                LockError::config_caused_by(format!("cannot open the lock file {}", shown(path)), e)
+            }
             _ => error::map(e),
         })
 }

@@ -51,9 +51,12 @@ pub(crate) const ROWS: &str = "
 SELECT slot, permits, owner, fence, label, boot_id, expires_at, presence_dev, presence_ino
 FROM distlock_leases WHERE kind = ?1 AND name = ?2 ORDER BY slot";
 
-/// The next fence.
-pub(crate) const NEXT_FENCE: &str =
-    "UPDATE distlock_fence SET last = last + 1 WHERE id = 1 RETURNING last";
+/// The next fence; no row once the counter is at `i64::MAX` (SQLite would
+/// turn `last + 1` into a float).
+pub(crate) const NEXT_FENCE: &str = "UPDATE distlock_fence SET last = last + 1 WHERE id = 1 AND last < 9223372036854775807 RETURNING last";
+
+/// The last fence handed out (or the floor).
+pub(crate) const LAST_FENCE: &str = "SELECT last FROM distlock_fence WHERE id = 1";
 
 /// Grants a slot (replacing an expired or dead holder's row).
 pub(crate) const GRANT: &str = "
@@ -77,7 +80,7 @@ FROM json_each(?1) AS r
 WHERE l.kind = r.value ->> 1 AND l.name = r.value ->> 2 AND l.slot = r.value ->> 3
   AND l.owner = r.value ->> 4 AND l.fence = r.value ->> 5
   AND l.boot_id = ?2 AND l.expires_at > ?3
-RETURNING fence, expires_at";
+RETURNING kind, name, slot, owner, fence, expires_at";
 
 /// Deletes this owner's row of a slot; the caller judges whether it was live.
 pub(crate) const RELEASE: &str = "

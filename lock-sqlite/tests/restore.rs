@@ -1,15 +1,23 @@
 //! Restoring the lock file from an older backup moves the fence counter
 //! back; the procedure (raise the fence floor to the highest fence the
 //! resources saw, before clients take locks again) makes every fence handed
-//! out afterwards larger again, for used and never-used names.
+//! out afterwards larger again, for used and never-used names. It runs in
+//! one process (close, copy, reconnect) without a file error, and a client
+//! left running across it (against the procedure) never makes a second
+//! holder nor a repeated fence: it notices its files were replaced and
+//! closes itself, and until it does nobody can connect.
+
+mod support;
 
 use std::path::Path;
 use std::time::Duration;
 
+use lock_conformance::kit::scaled;
 use lock_sqlite::SqliteBackend;
 use lockcore::backend::LockBackendExt;
-use lockcore::{FencingToken, LockBackend, LockName};
+use lockcore::{FencingToken, LockBackend, LockError, LockName};
 use sqlx::Connection;
+use tokio::time::Instant;
 
 fn url(path: &Path) -> String {
     format!("sqlite://{}", path.display())
@@ -35,8 +43,20 @@ async fn cycles(backend: &SqliteBackend, lock: &LockName, n: usize) -> FencingTo
     last.expect("at least one cycle")
 }
 
-/// Puts `backup` in place of the lock file at `path`, as an operator does
-/// with every client stopped.
+/// An online backup of the lock file at `path`, the way an operator takes one.
+async fn backup(path: &Path, to: &Path) {
+    let mut conn = sqlx::SqliteConnection::connect(&url(path)).await.unwrap();
+    sqlx::query("VACUUM INTO ?")
+        .bind(to.to_string_lossy().into_owned())
+        .execute(&mut conn)
+        .await
+        .expect("VACUUM INTO the backup");
+    conn.close().await.unwrap();
+}
+
+/// Puts `backup` in place of the lock file at `path`, as docs/operations.md
+/// says (with every client stopped): its `-wal` and `-shm` removed, the
+/// backup copied over it.
 fn restore(backup: &Path, path: &Path) {
     for suffix in ["-wal", "-shm"] {
         let side = path.with_file_name(format!(
@@ -97,4 +117,200 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
         .unwrap();
     assert!(cycles(&client, &lock, 1).await > again);
     client.close().await.unwrap();
+}
+
+/// docs/operations.md's procedure, in one process and 20 times over: close
+/// the client, copy the backup over the file, reconnect, raise the floor,
+/// take locks. Before `close` waited for every connection to close, a
+/// connection left open saw the file change under it: "disk I/O error"
+/// (code 522), then "file is not a database".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restore_procedure_runs_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, saved) = (dir.path().join("locks.db"), dir.path().join("backup.db"));
+    let lock = name("restored-in-process");
+    let mut highest = 0;
+    for round in 0..20 {
+        let client = SqliteBackend::connect(&url(&path)).await.unwrap();
+        cycles(&client, &lock, 2).await;
+        let _ = std::fs::remove_file(&saved);
+        backup(&path, &saved).await;
+        highest = cycles(&client, &lock, 3).await.get().max(highest);
+        client.close().await.unwrap();
+
+        restore(&saved, &path);
+        let client = SqliteBackend::connect(&url(&path))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: reconnecting after the restore: {e}"));
+        client
+            .raise_fence_floor(FencingToken::new(highest).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: raising the floor: {e}"));
+        for lock in [&lock, &name("never-used")] {
+            let next = cycles(&client, lock, 2).await;
+            assert!(
+                next.get() > highest,
+                "round {round}: {next} after {highest}"
+            );
+            highest = next.get();
+        }
+        client.close().await.unwrap();
+    }
+}
+
+/// A holder left running across a restore (the procedure says to stop
+/// every client; this one was not), renewing as usual: no second holder
+/// and no repeated fence. Until it notices, the operator cannot connect to
+/// the restored file: refused (the holder's grant is beyond the file's
+/// counter), or held up by the holder's lock on the file (a backup in
+/// rollback mode, as `VACUUM INTO` writes it, is put back in WAL mode, which
+/// SQLite does only with the file to itself). The holder notices at
+/// its next renewal (its files are not the ones it opened), loses its lease
+/// and closes itself; then the operator raises the floor and every fence
+/// granted is above every fence seen before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_left_running_across_a_restore_makes_no_second_holder() {
+    for backup_in_wal_mode in [false, true] {
+        left_running_across_a_restore(backup_in_wal_mode).await;
+    }
+}
+
+async fn left_running_across_a_restore(backup_in_wal_mode: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, saved) = (dir.path().join("locks.db"), dir.path().join("backup.db"));
+    let lock = name("live");
+    // Renewed every TTL/3: that long, the holder has not noticed yet.
+    let ttl = scaled(Duration::from_secs(6));
+    let before = SqliteBackend::connect(&url(&path)).await.unwrap();
+    cycles(&before, &lock, 3).await;
+    backup(&path, &saved).await;
+    if backup_in_wal_mode {
+        // As sqlite3's `.backup` leaves it.
+        let mut conn = sqlx::SqliteConnection::connect(&url(&saved)).await.unwrap();
+        sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    }
+    let mut highest = cycles(&before, &lock, 3).await.get();
+    before.close().await.unwrap();
+
+    let mut holder = support::helper(
+        &path,
+        &format!("hold-renewing {} {}", lock.as_str(), ttl.as_millis()),
+    )
+    .unwrap();
+    let held: u64 = support::expect_line(&mut holder, "held")
+        .unwrap()
+        .rsplit(' ')
+        .next()
+        .and_then(|f| f.parse().ok())
+        .expect("the holder's fence");
+    assert!(held > highest);
+    highest = held;
+
+    restore(&saved, &path);
+    let restored = Instant::now();
+    let mut refused = Vec::new();
+    let (operator, let_in) = loop {
+        match SqliteBackend::connect(&url(&path)).await {
+            Ok(operator) => break (operator, support::monotonic_ns()),
+            Err(e @ LockError::Unavailable { .. })
+                if e.to_string().contains(&format!("still holds grant {held}"))
+                    || e.to_string().contains("database is locked") =>
+            {
+                refused.push(e.to_string());
+                assert!(
+                    restored.elapsed() < ttl,
+                    "the holder never noticed the restore: {e}"
+                );
+            }
+            Err(e) => panic!("connecting to the restored file: {e}"),
+        }
+    };
+    // By then the holder's lease was lost: its loss fires before its
+    // presence file and its connections let go, which is what lets the
+    // operator in.
+    let lost = support::expect_line(&mut holder, "lost").unwrap();
+    assert!(lost.contains("held=false"), "{lost}");
+    let lost_at: u128 = lost
+        .rsplit("at=")
+        .next()
+        .and_then(|t| t.parse().ok())
+        .expect("when the holder lost its lease");
+    assert!(
+        lost_at < let_in,
+        "the operator got in {:?} before the holder lost its lease: two holders possible",
+        Duration::from_nanos((lost_at - let_in) as u64)
+    );
+    eprintln!(
+        "backup in WAL mode: {backup_in_wal_mode}; the operator was let in after {:?}, refused \
+         {} times before ({:?}); the holder said {lost:?}",
+        restored.elapsed(),
+        refused.len(),
+        refused.first()
+    );
+    operator
+        .raise_fence_floor(FencingToken::new(highest).unwrap())
+        .await
+        .unwrap();
+    let clients = [operator, SqliteBackend::connect(&url(&path)).await.unwrap()];
+    for client in &clients {
+        for lock in [&lock, &name("never-used")] {
+            let next = cycles(client, lock, 2).await;
+            assert!(next.get() > highest, "{next} after {highest}");
+            highest = next.get();
+        }
+    }
+    for client in clients {
+        client.close().await.unwrap();
+    }
+}
+
+/// Without replacing the files, a fence counter moved back under a live
+/// holder (what a restore does to the table) grants nothing twice: not the
+/// holder's fence to another name (its presence file is held), and no new
+/// client connects while the holder holds a grant beyond the counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_held_beyond_a_counter_moved_back_is_never_granted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let holder = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let held = holder
+        .try_acquire_for(&name("held"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let mut conn = sqlx::SqliteConnection::connect(&url(&path)).await.unwrap();
+    sqlx::query("UPDATE distlock_fence SET last = ?1")
+        .bind(held.fence().get() as i64 - 1)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let repeated = holder
+        .try_acquire_for(&name("other"), Duration::from_secs(60))
+        .await;
+    assert!(
+        matches!(&repeated, Err(e @ LockError::Store { .. }) if e.to_string().contains("already held by a live process")),
+        "{repeated:?}"
+    );
+    let newcomer = SqliteBackend::connect(&url(&path)).await;
+    assert!(
+        matches!(&newcomer, Err(e @ LockError::Unavailable { .. }) if e.to_string().contains("beyond the file's fence counter")),
+        "{newcomer:?}"
+    );
+    holder.release(&held).await.unwrap();
+    let newcomer = SqliteBackend::connect(&url(&path)).await.unwrap();
+    newcomer.close().await.unwrap();
+    holder.close().await.unwrap();
+}
+
+/// Not a test: the helper processes of `support` (a holder that renews).
+#[test]
+#[ignore = "helper process for the restore cases, run by the tests themselves"]
+fn sqlite_helper_process() {
+    support::helper_main();
 }

@@ -36,7 +36,8 @@ use lockcore::{LockBackend, LockError};
 /// The variable naming the lock file (`sqlite://PATH`) a helper process (a
 /// lock-taker, a helper) must use instead of making its own.
 pub(crate) const URL_ENV: env::Var = env::SQLITE_URL;
-/// What a helper process does: `write`, `stall` or `hold NAME`.
+/// What a helper process does: `write`, `stall`, `hold NAME` or
+/// `hold-renewing NAME TTL_MS`.
 pub(crate) const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
 
 /// The URL of the lock file at `path`.
@@ -273,13 +274,13 @@ pub(crate) fn helper(path: &Path, what: &str) -> io::Result<Helper> {
     Ok(Helper(child, rx))
 }
 
-/// Waits (up to 30 s) for a line containing `HELPER {want}`.
-pub(crate) fn expect_line(helper: &mut Helper, want: &str) -> io::Result<()> {
+/// Waits (up to 30 s) for a line containing `HELPER {want}`, and returns it.
+pub(crate) fn expect_line(helper: &mut Helper, want: &str) -> io::Result<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match helper.1.recv_timeout(left) {
-            Ok(line) if line.contains(&format!("HELPER {want}")) => return Ok(()),
+            Ok(line) if line.contains(&format!("HELPER {want}")) => return Ok(line),
             Ok(line) if line.contains("HELPER error") => return Err(io::Error::other(line)),
             Ok(_) => {}
             Err(_) => {
@@ -307,12 +308,30 @@ pub(crate) fn helper_main() {
             Some("write") => write_forever(&path).await,
             Some("stall") => stall_forever(&path).await,
             Some(hold) if hold.starts_with("hold ") => hold_forever(&path, &hold[5..]).await,
+            Some(hold) if hold.starts_with("hold-renewing ") => {
+                let mut words = hold[14..].split(' ');
+                let (name, ttl) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                let ttl = ttl.parse().map_err(|_| format!("bad TTL {ttl:?}"))?;
+                hold_renewing(&path, name, Duration::from_millis(ttl)).await
+            }
             other => Err(format!("unknown helper {other:?}")),
         }
     });
     if let Err(e) = result {
         println!("HELPER error {e}");
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process of the
+/// host, to order what two processes saw.
+pub(crate) fn monotonic_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
 
 fn say(line: &str) {
@@ -358,6 +377,27 @@ async fn hold_forever(path: &Path, name: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .ok_or("the lock was held")?;
     say(&format!("held {}", guard.fencing_token()));
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Takes lock `name` for `ttl`, renewed as usual, says when it is lost, and
+/// keeps running until killed.
+async fn hold_renewing(path: &Path, name: &str, ttl: Duration) -> Result<(), String> {
+    let url = url(path);
+    let backend = SqliteBackend::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let locker = lockcore::Locker::new(backend).ttl(ttl);
+    let guard = locker
+        .try_acquire(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the lock was held")?;
+    say(&format!("held {}", guard.fencing_token().get()));
+    let reason = guard.lost().await;
+    let at = monotonic_ns();
+    say(&format!("lost {reason:?} held={} at={at}", guard.is_held()));
     std::future::pending::<()>().await;
     Ok(())
 }

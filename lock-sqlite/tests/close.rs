@@ -1,0 +1,304 @@
+//! Closing a client: `close` returns once every connection, file and task
+//! of it is closed (this process's `/proc/self/fd` shows none of the lock
+//! file's, its `-wal`, `-shm` or presence files, nor its inotify instance);
+//! every lease it granted is lost first, and what it held is free at once;
+//! an acquire cut short, or a waiter that gave up, leaves nothing behind
+//! once its client is closed; a dropped client keeps its leases to their
+//! deadlines. The tests of this file run one at a time: they count this
+//! process's descriptors.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_conformance::kit::scaled;
+use lock_sqlite::SqliteBackend;
+use lockcore::backend::LockBackendExt;
+use lockcore::{
+    Attempt, Lease, LockBackend, LockError, LockName, Locker, LossReason, ReleaseOutcome,
+};
+use sqlx::Connection;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn name(n: &str) -> LockName {
+    LockName::new(n).unwrap()
+}
+
+/// What this process's descriptors point at.
+fn open_files() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| {
+            let link = std::fs::read_link(entry.ok()?.path()).ok()?;
+            Some(link.to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// This process's descriptors under `dir` (deleted files included).
+fn open_under(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().into_owned();
+    open_files()
+        .into_iter()
+        .filter(|f| f.starts_with(&dir))
+        .collect()
+}
+
+fn inotify_instances() -> usize {
+    open_files()
+        .iter()
+        .filter(|f| f.as_str() == "anon_inode:inotify")
+        .count()
+}
+
+/// Rows of the lock table, as the file itself has them.
+async fn rows(path: &Path) -> Vec<(String, i64)> {
+    let mut conn = sqlx::SqliteConnection::connect(&support::url(path))
+        .await
+        .unwrap();
+    let rows = sqlx::query_as("SELECT name, fence FROM distlock_leases ORDER BY fence")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    rows
+}
+
+async fn take(backend: &SqliteBackend, lock: &LockName) -> Lease {
+    backend
+        .try_acquire_for(lock, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("a free lock")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_returns_once_every_file_of_the_client_is_closed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    const ROUNDS: usize = 25;
+    for round in 0..ROUNDS {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.db");
+        let inotify = inotify_instances();
+        let backend = SqliteBackend::connect(&support::url(&path)).await.unwrap();
+        let locker = Locker::new(backend.clone()).ttl(Duration::from_secs(30));
+        // Use every part: both pools, presence files, watches of holders
+        // and of waiters, a renewal, a release, a permit.
+        let kept = locker.acquire("kept").await.unwrap();
+        let released = locker.acquire("released").await.unwrap();
+        let permits = locker.semaphore("permits", 2).unwrap();
+        let permit = permits.acquire().await.unwrap();
+        let waiting = tokio::time::timeout(Duration::from_millis(30), locker.acquire("kept")).await;
+        assert!(waiting.is_err(), "the name is held");
+        backend.inspect(&name("kept")).await.unwrap().unwrap();
+        let direct = take(&backend, &name("direct")).await;
+        backend.renew(&direct).await.unwrap();
+        released.release().await.unwrap();
+        if round % 2 == 0 {
+            locker.close().await.unwrap();
+        } else {
+            backend.close().await.unwrap();
+        }
+        let open = open_under(dir.path());
+        assert!(
+            open.is_empty(),
+            "round {round}: still open right after close returned: {open:?}"
+        );
+        assert_eq!(
+            inotify_instances(),
+            inotify,
+            "round {round}: the client's inotify instance is still open"
+        );
+        assert!(!kept.is_held() && !permit.is_held());
+        assert!(
+            direct.is_expired(),
+            "round {round}: a direct lease reads held"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_loses_every_lease_first_and_frees_it_at_once() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let (a, b) = (
+        SqliteBackend::connect(&url).await.unwrap(),
+        SqliteBackend::connect(&url).await.unwrap(),
+    );
+    let lock = take(&a, &name("closing")).await;
+    let permit = a
+        .try_acquire_permit(
+            &lockcore::backend::LockRequest::new(
+                name("closing-permits"),
+                a.capabilities()
+                    .effective_ttl(Duration::from_secs(60))
+                    .unwrap(),
+            ),
+            1,
+        )
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    a.clone().close().await.unwrap();
+    for lease in [&lock, &permit] {
+        assert!(
+            lease.loss_signal().is_some_and(|s| s.is_cancelled()),
+            "{}: the loss signal did not fire at close",
+            lease.name()
+        );
+        assert!(lease.is_expired());
+    }
+    // Released, not only let go: the file has no row of them.
+    assert_eq!(rows(file.path()).await, vec![]);
+    assert!(b.inspect(&name("closing")).await.unwrap().is_none());
+    let next = take(&b, &name("closing")).await;
+    assert!(next.fence() > permit.fence());
+    b.release(&next).await.unwrap();
+    // Closed: refused, retry on another client; closing again is harmless.
+    for refused in [
+        a.try_acquire_for(&name("after"), Duration::from_secs(1))
+            .await
+            .map(drop),
+        a.release(&lock).await.map(drop),
+        a.inspect(&name("after")).await.map(drop),
+        a.renew(&lock).await.map(drop),
+        a.raise_fence_floor(lockcore::FencingToken::new(5).unwrap())
+            .await,
+    ] {
+        assert!(
+            matches!(refused, Err(LockError::Unavailable { .. })),
+            "{refused:?}"
+        );
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// A dropped client does not free what it granted (a lease outlives its
+/// backend to its deadline): its leases keep reading held, and are held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_client_keeps_its_leases_to_their_deadline() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let a = SqliteBackend::connect(&url).await.unwrap();
+    let lease = take(&a, &name("dropped")).await;
+    drop(a);
+    let b = SqliteBackend::connect(&url).await.unwrap();
+    assert!(!lease.is_expired());
+    let holder = b.inspect(&name("dropped")).await.unwrap();
+    assert_eq!(holder.map(|h| h.fence), Some(lease.fence()));
+    assert!(matches!(
+        b.try_acquire_for(&name("dropped"), Duration::from_secs(1))
+            .await
+            .unwrap(),
+        Attempt::Held { .. }
+    ));
+    // The lease still releases through another client of the file.
+    assert_eq!(b.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+    b.close().await.unwrap();
+}
+
+/// A waiter that timed out, its client closed right away (a process that
+/// exits after a failed `distlock run --wait`), leaves nothing: once the
+/// holder releases, the file has no row and another client takes the name
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_waiter_closed_at_once_leaves_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let holder = SqliteBackend::connect(&url).await.unwrap();
+    let lock = name("waited-for");
+    let lease = take(&holder, &lock).await;
+    for i in 0..10_u64 {
+        let waiter =
+            Locker::new(SqliteBackend::connect(&url).await.unwrap()).ttl(Duration::from_secs(60));
+        let outcome = waiter
+            .acquire_timeout(&lock, Duration::from_millis(10 + 3 * i))
+            .await;
+        assert!(
+            matches!(outcome, Err(LockError::Timeout { .. })),
+            "{outcome:?}"
+        );
+        waiter.close().await.unwrap();
+    }
+    assert_eq!(
+        rows(file.path()).await,
+        vec![(lock.as_str().to_owned(), lease.fence().get() as i64)]
+    );
+    holder.release(&lease).await.unwrap();
+    assert_eq!(rows(file.path()).await, vec![]);
+    let other = SqliteBackend::connect(&url).await.unwrap();
+    let next = take(&other, &lock).await;
+    other.release(&next).await.unwrap();
+    other.close().await.unwrap();
+    holder.close().await.unwrap();
+}
+
+/// An acquire cut short at every point of its transaction (a timeout, a
+/// dropped future), its client closed at once, leaves no row: one granted
+/// is released by the close, one whose commit was under way when it was
+/// dropped is undone by a clean-up that the close finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_cut_short_anywhere_leaves_nothing_once_closed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    // How long a whole acquire takes here, to cut it at every point of it.
+    let probe = SqliteBackend::connect(&url).await.unwrap();
+    let started = std::time::Instant::now();
+    let lease = take(&probe, &name("probe")).await;
+    let whole = started.elapsed();
+    probe.release(&lease).await.unwrap();
+    probe.close().await.unwrap();
+    let steps = 60_u32;
+    let (mut granted, mut cut) = (0, 0);
+    for step in 0..=steps {
+        let client = Arc::new(SqliteBackend::connect(&url).await.unwrap());
+        let lock = name(&format!("cut-{step}"));
+        let at = scaled(whole) * 2 * step / steps;
+        match tokio::time::timeout(at, client.try_acquire_for(&lock, Duration::from_secs(60))).await
+        {
+            Ok(attempt) => {
+                attempt.unwrap().into_lease().expect("a free lock");
+                granted += 1;
+            }
+            Err(_) => cut += 1,
+        }
+        client.close().await.unwrap();
+        let left = rows(file.path()).await;
+        assert!(
+            left.is_empty(),
+            "step {step} (cut after {at:?}): rows left after close: {left:?}"
+        );
+    }
+    eprintln!("{granted} acquires completed, {cut} cut short; none left a row");
+    assert!(
+        cut > 0 && granted > 0,
+        "the steps never cut an acquire short, or always did"
+    );
+}
+
+/// The guard's view of a close through its `Locker`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_reads_closed_after_its_locker_closed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let file = support::SqliteFactory::fresh();
+    let locker = Locker::new(
+        SqliteBackend::connect(&support::url(file.path()))
+            .await
+            .unwrap(),
+    );
+    let guard = locker.acquire("guarded").await.unwrap();
+    locker.close().await.unwrap();
+    assert!(!guard.is_held());
+    assert_eq!(guard.loss_reason(), Some(LossReason::Closed));
+    assert_eq!(rows(file.path()).await, vec![]);
+}
