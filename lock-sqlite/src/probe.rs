@@ -1,10 +1,12 @@
 //! What is checked at connect, before anything is written: the file is on
-//! a local file system, writable, and either new, empty, or a distlock lock
-//! file. A file that is not ours is never written to (not even its journal
-//! mode), and the error says why.
+//! a local file system, has one name and is no mount point, is writable,
+//! and is either new, empty, or a distlock lock file. A file that is not
+//! ours is never written to (not even its journal mode), and the error says
+//! why.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,7 +18,9 @@ use crate::error::{self, code, shown};
 use crate::sql;
 
 /// File systems where SQLite's locks (and `flock`) are not shared between
-/// hosts or are unreliable: NFS, SMB/CIFS, 9p, Ceph, AFS, Lustre.
+/// hosts, or not reliably enforced: network and cluster file systems, and
+/// FUSE (sshfs, GlusterFS, virtiofs, s3fs, ...: each daemon implements
+/// locking its own way, or not at all). `statfs` magic numbers.
 const NOT_LOCAL_FS: &[(i64, &str)] = &[
     (0x6969, "NFS"),
     (0x517B, "SMB"),
@@ -25,15 +29,29 @@ const NOT_LOCAL_FS: &[(i64, &str)] = &[
     (0x0102_1997, "9p"),
     (0x00C3_6400, "Ceph"),
     (0x5346_414F, "AFS"),
+    (0x6B41_4653, "kAFS"),
     (0x0BD0_0BD0, "Lustre"),
+    (0x0116_1970, "GFS2"),
+    (0x7461_636F, "OCFS2"),
+    (0x4750_4653, "GPFS"),
+    (0x1983_0326, "BeeGFS"),
+    (0x2003_0528, "OrangeFS"),
+    (0xAAD7_AAEA, "PanFS"),
+    (0x7375_7245, "Coda"),
+    (0x786F_4256, "VirtualBox shared folder"),
+    (
+        0x6573_5546,
+        "FUSE (fuse, fuseblk: sshfs, GlusterFS, virtiofs, ...)",
+    ),
 ];
 
-/// The absolute path of the lock file, its directory checked.
+/// The absolute path of the lock file, its directory and itself checked.
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] for a missing or unwritable directory, a
-/// network file system, a path that is not a regular file, or a file this
-/// user cannot write.
+/// network, cluster or FUSE file system, a path that is not a regular file,
+/// a file with more than one name (hard links) or that is a mount point,
+/// or a file this user cannot write.
 pub(crate) fn check_path(path: &Path) -> Result<PathBuf, LockError> {
     let path = std::path::absolute(path)
         .map_err(|e| LockError::config_caused_by(format!("cannot resolve {}", shown(path)), e))?;
@@ -60,7 +78,8 @@ pub(crate) fn check_path(path: &Path) -> Result<PathBuf, LockError> {
     if let Some(fs) = not_local_fs(dir) {
         return Err(LockError::config(format!(
             "{} is on {fs}: SQLite's locks (and the presence files' flocks) are not shared across \
-             hosts there, so two holders could coexist; put the lock file on a local file system",
+             hosts there, or not reliably enforced, so two holders could coexist; put the lock \
+             file on a local file system",
             shown(&path)
         )));
     }
@@ -78,6 +97,25 @@ pub(crate) fn check_path(path: &Path) -> Result<PathBuf, LockError> {
     if !meta.is_file() {
         return Err(LockError::config(format!(
             "{} exists and is not a regular file",
+            shown(&path)
+        )));
+    }
+    if meta.nlink() > 1 {
+        return Err(LockError::config(format!(
+            "{} has {} names (hard links): SQLite keeps the -wal and -shm next to the name a \
+             process opens, so processes using different names would each keep a log of their \
+             own (two holders, then a corrupt file); give the lock file one name (to share it with \
+             a container, bind-mount its directory)",
+            shown(&path),
+            meta.nlink()
+        )));
+    }
+    if is_mount_point(&path) {
+        return Err(LockError::config(format!(
+            "{} is a mount point (a single file bind-mounted, say into a container): SQLite keeps \
+             the -wal and -shm, and distlock its -distlock/ presence files, next to the lock file, \
+             so each side of the mount would keep its own (two holders, then a corrupt file); \
+             bind-mount the directory that holds the lock file instead",
             shown(&path)
         )));
     }
@@ -104,6 +142,62 @@ fn not_local_fs(dir: &Path) -> Option<&'static str> {
         .iter()
         .find(|(magic, _)| *magic == kind)
         .map(|(_, name)| *name)
+}
+
+/// Whether the existing file at `path` is a mount point: on another device
+/// than its directory (a file bind-mounted from another file system), or
+/// named as a mount point in `/proc/self/mountinfo` (a bind mount within one
+/// file system, which keeps the device).
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(real) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    if let (Some(file), Some(dir)) = (dev(&real), real.parent().and_then(dev))
+        && file != dir
+    {
+        return true;
+    }
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| mounted_on(&text, &real))
+        .unwrap_or(false)
+}
+
+/// Whether `/proc/self/mountinfo` text names `path` as a mount point (its
+/// fifth field, with spaces, tabs, newlines and backslashes octal-escaped).
+fn mounted_on(mountinfo: &str, path: &Path) -> bool {
+    let want = path.as_os_str().as_bytes();
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|point| unescape_octal(point) == want)
+}
+
+fn unescape_octal(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = (bytes[i] == b'\\')
+            .then(|| bytes.get(i + 1..i + 4))
+            .flatten()
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| {
+                let value = d.iter().fold(0_u32, |n, c| n * 8 + u32::from(c - b'0'));
+                u8::try_from(value).ok()
+            });
+        match octal {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn writable(path: &Path) -> bool {
@@ -348,4 +442,23 @@ pub(crate) async fn pool(
             }
             _ => error::map(e),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_read_with_their_escapes() {
+        let mountinfo = "\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+45 22 8:1 /srv/a /data/my\\040locks.db rw,relatime - ext4 /dev/sda1 rw
+46 22 8:1 /srv/b /data/back\\134slash rw - ext4 /dev/sda1 rw
+";
+        assert!(mounted_on(mountinfo, Path::new("/data/my locks.db")));
+        assert!(mounted_on(mountinfo, Path::new("/data/back\\slash")));
+        assert!(!mounted_on(mountinfo, Path::new("/data/my\\040locks.db")));
+        assert!(!mounted_on(mountinfo, Path::new("/data")));
+        assert_eq!(unescape_octal("a\\9\\777\\"), b"a\\9\\777\\");
+    }
 }

@@ -1,6 +1,8 @@
 //! The lock file itself: bad paths and files that are not ours get a clear
-//! `InvalidConfig` and are never changed; fences survive every process
-//! closing the file and reopening it; a row of an earlier boot is expired.
+//! `InvalidConfig` and are never changed (a file with two names or that is
+//! a mount point included: each name would get a write-ahead log of its
+//! own); fences survive every process closing the file and reopening it; a
+//! row of an earlier boot is expired.
 
 use std::path::Path;
 use std::time::Duration;
@@ -240,4 +242,92 @@ async fn a_row_of_an_earlier_boot_is_expired() {
         .into_lease()
         .expect("a row of an earlier boot is free");
     assert!(next.fence() > old.fence());
+}
+
+/// A lock file with a second name (a hard link, as a container given the
+/// file under another path would have): refused under either name, since
+/// each would get its own `-wal` and `-shm`.
+#[tokio::test]
+async fn a_lock_file_with_two_names_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let backend = SqliteBackend::connect(&url(&path)).await.unwrap();
+    backend.close().await.unwrap();
+    let other = dir.path().join("other-name.db");
+    std::fs::hard_link(&path, &other).unwrap();
+    for name in [&path, &other] {
+        refused(name, "has 2 names (hard links)").await;
+        refused(name, "bind-mount its directory").await;
+    }
+    std::fs::remove_file(&other).unwrap();
+    SqliteBackend::connect(&url(&path))
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+}
+
+/// Unmounts a bind mount when dropped.
+struct BindMount(std::path::PathBuf);
+
+impl BindMount {
+    /// `source` bind-mounted on `target`, or `None` (saying why) where this
+    /// process may not mount.
+    fn new(source: &Path, target: &Path) -> Option<BindMount> {
+        let mounted = std::process::Command::new("mount")
+            .arg("--bind")
+            .arg(source)
+            .arg(target)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("SKIP: cannot bind-mount here (needs root and mount(8))");
+            return None;
+        }
+        Some(BindMount(target.to_owned()))
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        // Lazy: detached even while a failed test still has the file open.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A lock file that is a mount point, as when a single file is bind-mounted
+/// into a container (here within one file system, so the device number
+/// says nothing: /proc/self/mountinfo does): refused, saying to bind-mount
+/// the directory.
+#[tokio::test]
+async fn a_lock_file_that_is_a_mount_point_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (host, inside) = (dir.path().join("host"), dir.path().join("container"));
+    std::fs::create_dir(&host).unwrap();
+    std::fs::create_dir(&inside).unwrap();
+    let (source, target) = (host.join("locks.db"), inside.join("locks.db"));
+    let backend = SqliteBackend::connect(&url(&source)).await.unwrap();
+    backend.close().await.unwrap();
+    std::fs::write(&target, b"").unwrap();
+    let Some(_mounted) = BindMount::new(&source, &target) else {
+        return;
+    };
+    refused(&target, "is a mount point").await;
+    refused(&target, "bind-mount the directory that holds the lock file").await;
+    // The directory bind-mounted instead is what works.
+    drop(_mounted);
+    std::fs::remove_file(&target).unwrap();
+    let Some(_mounted) = BindMount::new(&host, &inside) else {
+        return;
+    };
+    SqliteBackend::connect(&url(&target))
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
 }

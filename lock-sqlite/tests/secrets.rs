@@ -4,7 +4,7 @@
 //! (`#/?@:%` between two runs of letters) goes in the path, raw and
 //! percent-encoded, and in the query, through every connect and error
 //! path (a missing directory, a file that is not a database or not ours,
-//! a directory, bad options, one-slash and non-URLs,
+//! one with two names, a directory, bad options, one-slash and non-URLs,
 //! in-memory names, the builder, a file replaced under a client, a counter
 //! behind a live holder). For each: the error's `Display` and `Debug`,
 //! `Debug` of the config and of the backend, and every log line captured
@@ -168,6 +168,12 @@ async fn no_output_shows_more_of_a_url_than_its_redaction() {
     let mut case = Case::new("another program's database", url_of(&theirs));
     build(&mut case, &theirs).await;
     case.check();
+    let linked = raw_dir.join("linked.db");
+    std::fs::hard_link(&raw_db, &linked).unwrap();
+    let mut case = Case::new("a file with two names", url_of(&linked));
+    build(&mut case, &linked).await;
+    case.check();
+    std::fs::remove_file(&linked).unwrap();
     let mut case = Case::new("a directory", url_of(&raw_dir));
     build(&mut case, &raw_dir).await;
     case.check();
