@@ -18,33 +18,38 @@ use crate::presence::FileId;
 /// The lock file and its two companions, as a client opened them.
 #[derive(Debug)]
 pub(crate) struct FileSet {
-    files: Vec<(PathBuf, Option<FileId>)>,
+    /// Each file, in words (never its name: see `error::shown`), its path
+    /// and its identity when opened.
+    files: Vec<(&'static str, PathBuf, Option<FileId>)>,
 }
 
 impl FileSet {
     /// The files next to `db` as they are now (right after the client's
     /// first connection opened them).
     pub(crate) fn record(db: &Path) -> FileSet {
-        let files = [db.to_owned(), companion(db, "-wal"), companion(db, "-shm")]
-            .into_iter()
-            .map(|path| {
-                let id = identify(&path);
-                (path, id)
-            })
-            .collect();
+        let files = [
+            ("the lock file", db.to_owned()),
+            ("its -wal", companion(db, "-wal")),
+            ("its -shm", companion(db, "-shm")),
+        ]
+        .into_iter()
+        .map(|(what, path)| {
+            let id = identify(&path);
+            (what, path, id)
+        })
+        .collect();
         FileSet { files }
     }
 
     /// What was replaced since [`record`](Self::record), in words; `None`
     /// while every file is the one this client opened.
     pub(crate) fn replaced(&self) -> Option<String> {
-        self.files.iter().find_map(|(path, recorded)| {
+        self.files.iter().find_map(|(what, path, recorded)| {
             let recorded = (*recorded)?;
-            let name = path.file_name()?.to_string_lossy().into_owned();
             match identify(path) {
                 Some(now) if now == recorded => None,
-                Some(_) => Some(format!("{name} is another file than the one it opened")),
-                None => Some(format!("{name} was removed")),
+                Some(_) => Some(format!("{what} is another file than the one opened")),
+                None => Some(format!("{what} was removed")),
             }
         })
     }
@@ -86,11 +91,11 @@ mod tests {
         std::fs::write(&db, b"restored").unwrap();
         assert_eq!(set.replaced(), None);
         std::fs::remove_file(companion(&db, "-wal")).unwrap();
-        assert_eq!(set.replaced().as_deref(), Some("locks.db-wal was removed"));
+        assert_eq!(set.replaced().as_deref(), Some("its -wal was removed"));
         std::fs::write(companion(&db, "-wal"), b"new").unwrap();
         assert_eq!(
             set.replaced().as_deref(),
-            Some("locks.db-wal is another file than the one it opened")
+            Some("its -wal is another file than the one opened")
         );
     }
 }

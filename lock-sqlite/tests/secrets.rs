@@ -225,21 +225,25 @@ async fn no_output_shows_more_of_a_url_than_its_redaction() {
     }
     case.check();
 
-    // A lock file replaced under a client, and a counter behind a holder.
-    let mut case = Case::new("a file replaced under its client", url_of(&raw_db));
-    let client = SqliteBackend::with_config(SqliteConfig::new(&raw_db).unwrap())
-        .await
-        .unwrap();
-    let mut wal = raw_db.clone().into_os_string();
-    wal.push("-wal");
-    std::fs::remove_file(&wal).unwrap();
+    // A lock file replaced under a client (the marker in its directory, and
+    // in its own name), and a counter behind a holder.
     let name = LockName::new("after-the-swap").unwrap();
-    match client.try_acquire_for(&name, Duration::from_secs(30)).await {
-        Ok(attempt) => panic!("a replaced file was written to: {attempt:?}"),
-        Err(e) => case.error(&e),
+    let marked_name = base.join(format!("{}.db", MARKER.replace('/', "")));
+    for db in [&raw_db, &marked_name] {
+        let mut case = Case::new("a file replaced under its client", url_of(db));
+        let client = SqliteBackend::with_config(SqliteConfig::new(db).unwrap())
+            .await
+            .unwrap();
+        let mut wal = db.clone().into_os_string();
+        wal.push("-wal");
+        std::fs::remove_file(&wal).unwrap();
+        match client.try_acquire_for(&name, Duration::from_secs(30)).await {
+            Ok(attempt) => panic!("a replaced file was written to: {attempt:?}"),
+            Err(e) => case.error(&e),
+        }
+        client.close().await.unwrap();
+        case.check();
     }
-    client.close().await.unwrap();
-    case.check();
 
     let mut case = Case::new("a counter behind a live holder", url_of(&raw_db));
     let holder = SqliteBackend::with_config(SqliteConfig::new(&raw_db).unwrap())
