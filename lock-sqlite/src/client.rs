@@ -1,8 +1,9 @@
 //! The lock file's client: one function per operation, each write one
 //! `BEGIN IMMEDIATE` transaction (a deferred transaction that turns into a
 //! write fails with `SQLITE_BUSY` instead of waiting, whatever the busy
-//! timeout), each owner- and fence-checked. Closing it is in `closing.rs`,
-//! undoing a grant cut short in `undo.rs`.
+//! timeout), each owner- and fence-checked. Renewing a batch is in
+//! `renew.rs`, what connect checks in `startup.rs`, closing in
+//! `closing.rs`, undoing a grant cut short in `undo.rs`.
 //!
 //! This file is over 500 lines because every operation shares the same
 //! judgement of a row (`Client::is_live`), the same check that the files
@@ -11,14 +12,16 @@
 //! over several files.
 
 mod closing;
+mod renew;
+mod startup;
 mod undo;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lockcore::backend::{CancellationToken, Cleanups, LockRequest, Moment, Wakeup, timed};
+use lockcore::backend::{CancellationToken, Cleanups, LockRequest, Wakeup, timed};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
@@ -33,13 +36,10 @@ use crate::error::{self, BACKEND, shown};
 use crate::files::FileSet;
 use crate::held::{Closed, Grants, Held};
 use crate::notify::{self, Doorbells};
-use crate::presence::{self, FileId, Presence, Renewing};
+use crate::presence::{self, FileId, Presence};
 use crate::sql;
 
 use undo::Undo;
-
-/// Leases renewed by one statement (bounds the JSON of one batch).
-const RENEW_CHUNK: usize = 1000;
 
 /// Locks and semaphores live in separate namespaces of one table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,27 +103,6 @@ impl Row {
             Holder::new(fence, owner, Some(clock::duration(self.expires_at - now)))
                 .with_label(label),
         )
-    }
-}
-
-/// A row a renewal extended: which grant it is, and its new expiry.
-#[derive(Debug)]
-struct Renewed {
-    kind: String,
-    name: String,
-    slot: i64,
-    owner: String,
-    expires_at: i64,
-}
-
-impl Renewed {
-    /// Whether this row is `lease`'s grant: kind, name, slot and owner, not
-    /// only the fence (a batch may hold a forged lease with a real fence).
-    fn is(&self, lease: &Lease) -> bool {
-        self.kind == Kind::of(lease).as_str()
-            && self.name == lease.name().as_str()
-            && self.slot == i64::from(lease.slot().unwrap_or(0))
-            && self.owner == lease.owner().encode()
     }
 }
 
@@ -469,96 +448,6 @@ impl Client {
         }
     }
 
-    /// Renews every lease in one transaction, [`RENEW_CHUNK`] per statement.
-    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        let renewed = match self.open() {
-            Ok(()) => timed(BACKEND, "renew", self.limit, self.renew_all(leases)).await,
-            Err(e) => Err(e),
-        };
-        match renewed {
-            Ok(results) => results,
-            Err(e) => leases.iter().map(|_| Err(copy(&e))).collect(),
-        }
-    }
-
-    async fn renew_all(
-        &self,
-        leases: &[Lease],
-    ) -> Result<Vec<Result<Lease, LockError>>, LockError> {
-        // Before the clock is read: no presence file closes while a renewal
-        // may be moving its expiry.
-        let renewing: Vec<Option<Renewing>> = leases
-            .iter()
-            .map(|l| {
-                self.presence
-                    .as_ref()
-                    .map(|p| Renewing::start(p.path(l.fence().get())))
-            })
-            .collect();
-        let sent = sent_times(leases);
-        let mut tx = self.begin().await?;
-        let now = self.clock.now()?;
-        // Fence (unique per grant) → the row renewed under it.
-        let mut renewed: HashMap<i64, Renewed> = HashMap::with_capacity(leases.len());
-        for chunk in leases.chunks(RENEW_CHUNK) {
-            let batch: Vec<serde_json::Value> = (chunk.iter())
-                .map(|lease| {
-                    serde_json::json!([
-                        now.saturating_add(clock::nanos(lease.ttl())),
-                        Kind::of(lease).as_str(),
-                        lease.name().as_str(),
-                        i64::from(lease.slot().unwrap_or(0)),
-                        lease.owner().encode(),
-                        fence_of(lease),
-                    ])
-                })
-                .collect();
-            let rows: Vec<(String, String, i64, String, i64, i64)> = sqlx::query_as(sql::RENEW)
-                .bind(serde_json::Value::Array(batch).to_string())
-                .bind(self.clock.boot_id())
-                .bind(now)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(error::map)?;
-            renewed.extend(
-                rows.into_iter()
-                    .map(|(kind, name, slot, owner, fence, expires_at)| {
-                        let row = Renewed {
-                            kind,
-                            name,
-                            slot,
-                            owner,
-                            expires_at,
-                        };
-                        (fence, row)
-                    }),
-            );
-        }
-        tx.commit().await.map_err(error::map)?;
-        let results: Vec<Result<Lease, LockError>> = (leases.iter().zip(&renewing).zip(sent))
-            .map(|((lease, renewing), sent)| {
-                match renewed.get(&fence_of(lease)).filter(|row| row.is(lease)) {
-                    Some(row) => {
-                        if let Some(renewing) = renewing {
-                            renewing.extended(row.expires_at);
-                        }
-                        self.grants.extend(lease.fence().get(), row.expires_at);
-                        Ok(lease.renewed(sent))
-                    }
-                    None => Err(LockError::NotHeld {
-                        name: lease.name().clone(),
-                    }),
-                }
-            })
-            .collect();
-        for (lease, result) in leases.iter().zip(&results) {
-            if result.is_err() {
-                self.forget(lease.fence().get(), Some(lease), false);
-            }
-        }
-        Ok(results)
-    }
-
     /// Releases `lease` if this owner still holds it.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.open()?;
@@ -742,113 +631,6 @@ impl Client {
         .await
     }
 
-    /// Removes rows of earlier boots and past their expiry, and presence
-    /// files no row names (left by a holder that died mid-release). Inside
-    /// the write lock, so no grant is between creating its file and
-    /// committing its row.
-    pub(crate) async fn sweep(&self) -> Result<(), LockError> {
-        let mut tx = self.begin().await?;
-        let now = self.clock.now()?;
-        let stale = sqlx::query(sql::STALE)
-            .bind(self.clock.boot_id())
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(error::map)?;
-        let mut gone = Vec::with_capacity(stale.len());
-        for row in &stale {
-            let (kind, name, slot, fence): (String, String, i64, i64) = (
-                row.try_get(0).map_err(error::map)?,
-                row.try_get(1).map_err(error::map)?,
-                row.try_get(2).map_err(error::map)?,
-                row.try_get(3).map_err(error::map)?,
-            );
-            sqlx::query(sql::DROP_SLOT)
-                .bind(kind)
-                .bind(name)
-                .bind(slot)
-                .bind(fence)
-                .execute(&mut *tx)
-                .await
-                .map_err(error::map)?;
-            gone.push(fence as u64);
-        }
-        if let Some(presence) = &self.presence {
-            for fence in presence.fences() {
-                let named: Option<SqliteRow> = sqlx::query(sql::EXPIRY_OF)
-                    .bind(i64::try_from(fence).unwrap_or(i64::MAX))
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(error::map)?;
-                if named.is_none() && !gone.contains(&fence) {
-                    presence.remove_if_unlocked(fence);
-                }
-            }
-        }
-        tx.commit().await.map_err(error::map)?;
-        if let Some(presence) = &self.presence {
-            for fence in gone {
-                presence.remove(fence);
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses to start on a file whose fence counter is below a grant a
-    /// live process still holds (its presence file's `flock`): the file was
-    /// replaced while that process ran, and granting would repeat fences and
-    /// make two holders. Looked at twice, a moment apart, so a grant of
-    /// another process between its file and its commit is not mistaken for
-    /// one.
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] naming the grant, until that process is
-    /// gone (or has noticed, and closed its client) and the floor is raised.
-    pub(crate) async fn refuse_holders_beyond_the_counter(&self) -> Result<(), LockError> {
-        let Some(presence) = &self.presence else {
-            return Ok(());
-        };
-        let (_, first) = self.held_beyond_the_counter(presence).await?;
-        if first.is_empty() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let (last, again) = self.held_beyond_the_counter(presence).await?;
-        match again.intersection(&first).min() {
-            None => Ok(()),
-            Some(fence) => Err(LockError::unavailable(
-                BACKEND,
-                format!(
-                    "a process still holds grant {fence} of {}, beyond the file's fence counter \
-                     ({last}): the file was replaced while that process ran (restored from a \
-                     backup with clients running); stop every process that uses the lock file, \
-                     then raise the fence floor above the highest fence in use \
-                     (docs/operations.md, section 5)",
-                    shown(&self.path)
-                ),
-            )),
-        }
-    }
-
-    /// The fence counter, and the fences above it whose presence files some
-    /// process holds.
-    async fn held_beyond_the_counter(
-        &self,
-        presence: &Presence,
-    ) -> Result<(u64, HashSet<u64>), LockError> {
-        let mut conn = self.read().await?;
-        let last: i64 = sqlx::query_scalar(sql::LAST_FENCE)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(error::map)?;
-        drop(conn);
-        let last = u64::try_from(last).unwrap_or(0);
-        let beyond = (presence.fences().into_iter())
-            .filter(|&fence| fence > last && presence.is_held(fence))
-            .collect();
-        Ok((last, beyond))
-    }
-
     /// Someone touched the presence file of our grant `fence`: if our row is
     /// gone (evicted, taken over), say so through the lease's loss signal.
     async fn check_held(&self, fence: u64) -> Result<(), LockError> {
@@ -888,23 +670,6 @@ impl Drop for Client {
     }
 }
 
-/// When each renewal is sent: read on each lease's own clock before the
-/// batch leaves (once per clock, not once per lease).
-fn sent_times(leases: &[Lease]) -> Vec<Moment> {
-    let mut last: Option<(&Lease, Moment)> = None;
-    leases
-        .iter()
-        .map(|lease| {
-            let moment = match last {
-                Some((prev, moment)) if Arc::ptr_eq(prev.clock(), lease.clock()) => moment,
-                _ => lease.now(),
-            };
-            last = Some((lease, moment));
-            moment
-        })
-        .collect()
-}
-
 /// Checks every touched presence file of ours, until the client is closed
 /// or dropped.
 async fn check_touched(
@@ -935,13 +700,4 @@ async fn check_touched(
 
 fn fence_of(lease: &Lease) -> i64 {
     i64::try_from(lease.fence().get()).unwrap_or(i64::MAX)
-}
-
-/// The same error again, for every lease of a failed batch.
-fn copy(e: &LockError) -> LockError {
-    if e.is_retryable() {
-        LockError::unavailable(BACKEND, e.to_string())
-    } else {
-        LockError::store(BACKEND, e.to_string())
-    }
 }
