@@ -231,6 +231,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.capabilities().check_fence_floor(floor)?;
         self.inner.raise_fence_floor(floor).await
     }
 }

@@ -74,6 +74,10 @@ pub(crate) async fn capabilities(
         .notifications(true)
         .semaphores(true)
         .fence_floor(true)
+        // A fence is an int64 revision plus the fence offset: kept within
+        // i64 like every other store's, so resources can keep it in a
+        // signed 64-bit column (the floor is checked against it).
+        .max_fence(i64::MAX as u64)
         .expiry_slack(fixed_expiry_slack(min_ttl))
         .expiry_slack_ttl_percent(SLACK_TTL_PERCENT)
         // Evictions leave a notice the holder follows (see `notify`).

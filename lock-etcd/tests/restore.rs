@@ -120,3 +120,101 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
     client.raise_fence_floor(back).await.unwrap();
     assert!(cycles(&client, &lock, 1).await > again);
 }
+
+/// A floor the counter could not count past is refused before any I/O
+/// (here the store is out of reach: the answer still comes at once) and
+/// changes nothing; the largest floor accepted still lets locks, waiters
+/// and permits be granted, with fences above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_beyond_the_counter_is_refused_and_the_largest_one_still_grants() {
+    use lock_conformance::proxy::{FaultProxy, Mode};
+    use lockcore::{Capabilities, LockError};
+    let store = private_etcd().await;
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = scaled(Duration::from_secs(2));
+    let cut_off = EtcdBackend::connect_with(
+        lock_etcd::EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let caps = cut_off.capabilities();
+    assert_eq!(caps.max_fence, i64::MAX as u64);
+    let largest = caps.max_fence_floor();
+    assert_eq!(
+        largest,
+        i64::MAX as u64 - Capabilities::FENCE_FLOOR_HEADROOM
+    );
+    let mut raw = raw(&store.endpoint()).await;
+    let floor_key = b"distlock//fence-floor".to_vec();
+    let before = raw.get(floor_key.clone(), None).await.unwrap().kvs().len();
+    proxy.set(Mode::Blackhole);
+    for too_high in [largest + 1, i64::MAX as u64, u64::MAX] {
+        let too_high = FencingToken::new(too_high).unwrap();
+        let sent = Instant::now();
+        let refused = cut_off.raise_fence_floor(too_high).await;
+        assert!(
+            matches!(refused, Err(LockError::InvalidConfig { .. })),
+            "floor {too_high}: {refused:?}"
+        );
+        assert!(
+            sent.elapsed() < timeout / 2,
+            "floor {too_high} refused only after {:?}: it went to the store",
+            sent.elapsed()
+        );
+    }
+    proxy.set(Mode::Pass);
+    let after = raw.get(floor_key.clone(), None).await.unwrap();
+    assert_eq!(after.kvs().len(), before, "a refused floor was written");
+
+    // The largest floor accepted: every kind of grant still works above it.
+    let client = connect(&store.endpoint()).await;
+    let holder = connect(&store.endpoint()).await;
+    let queued = name("largest-floor-queued");
+    let held = acquire(&holder, &queued, TTL).await;
+    let waiting = {
+        let (client, queued) = (client.clone(), queued.clone());
+        tokio::spawn(async move {
+            let wait = WaitPolicy::new(Instant::now() + scaled(Duration::from_secs(30)));
+            client.acquire_for(&queued, TTL, &wait).await
+        })
+    };
+    let queue = queue_of(&holder, &held);
+    until(
+        scaled(Duration::from_secs(10)),
+        "the waiter in line",
+        || {
+            let (mut raw, queue) = (raw.clone(), queue.clone());
+            async move { queue_len(&mut raw, queue).await == 2 }
+        },
+    )
+    .await;
+    let floor = FencingToken::new(largest).unwrap();
+    client.raise_fence_floor(floor).await.unwrap();
+    let lock = cycles(&client, &name("largest-floor"), 2).await;
+    let ttl = client.capabilities().effective_ttl(TTL).unwrap();
+    let permit = client
+        .try_acquire_permit(&LockRequest::new(name("largest-floor-permits"), ttl), 2)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("a free permit");
+    client.release(&permit).await.unwrap();
+    holder.release(&held).await.unwrap();
+    let waited = tokio::time::timeout(scaled(Duration::from_secs(10)), waiting)
+        .await
+        .expect("the waiter is served")
+        .unwrap()
+        .unwrap()
+        .expect("granted");
+    client.release(&waited).await.unwrap();
+    for (what, fence) in [
+        ("a lock", lock),
+        ("a permit", permit.fence()),
+        ("a waiter", waited.fence()),
+    ] {
+        assert!(
+            fence > floor && fence.get() <= i64::MAX as u64,
+            "{what}: fence {fence} above the largest floor {floor}"
+        );
+    }
+}
