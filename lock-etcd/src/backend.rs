@@ -104,6 +104,7 @@ impl EtcdBackend {
                 client.clone(),
                 keys.clone(),
                 timeout,
+                config.clock.clone(),
                 Box::new(move |session| notices.follow(sessions.clone(), session)),
             )
         });
@@ -119,6 +120,7 @@ impl EtcdBackend {
             floor,
             hub,
             sessions,
+            clock: config.clock.clone(),
             client,
             keys,
             caps,

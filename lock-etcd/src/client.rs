@@ -5,24 +5,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnResponse,
-};
-use lockcore::backend::{CancellationToken, LockRequest, Wakeup};
-use lockcore::{
-    Attempt, Capabilities, FencingToken, Holder, Lease, LockError, LockName, OwnerToken,
-    ReleaseOutcome,
-};
-use tokio::time::Instant;
-
 use crate::error::{self, BACKEND, lease_not_found, timed};
 use crate::floor::Floor;
 use crate::hub::{Events, Hub};
 use crate::keys::{Keys, range_end};
 use crate::line::Lines;
 use crate::record::Record;
-use crate::session::{Entry, Kind, Sessions};
+use crate::session::{Entry, Kind, Paid, Sessions};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnResponse,
+};
+use lockcore::backend::{CancellationToken, Clock, LockRequest, Moment, Wakeup};
+use lockcore::{
+    Attempt, Capabilities, FencingToken, Holder, Lease, LockError, LockName, OwnerToken,
+    ReleaseOutcome,
+};
 
 pub(crate) struct Inner {
     pub(crate) client: Client,
@@ -34,6 +32,9 @@ pub(crate) struct Inner {
     pub(crate) sessions: Arc<Sessions>,
     pub(crate) lines: Arc<Lines>,
     pub(crate) floor: Arc<Floor>,
+    /// What leases are stamped with and judged on: the clock every
+    /// session's proof of life is read on.
+    pub(crate) clock: Arc<dyn Clock>,
     pub(crate) endpoints: Vec<String>,
     pub(crate) prefix: String,
 }
@@ -63,7 +64,7 @@ impl Inner {
         key: Vec<u8>,
         revision: i64,
         value: Arc<[u8]>,
-        refreshed: Instant,
+        refreshed: Moment,
         number: Option<(Vec<u8>, u32)>,
     ) -> Result<Lease, LockError> {
         let lost = CancellationToken::new();
@@ -74,7 +75,10 @@ impl Inner {
                 revision,
                 value: value.clone(),
                 kind: Kind::Held {
-                    paid_until: refreshed + request.ttl().get(),
+                    paid: Paid {
+                        from: refreshed,
+                        ttl: request.ttl().get(),
+                    },
                 },
                 lost: lost.clone(),
                 number,
@@ -84,7 +88,9 @@ impl Inner {
     }
 
     /// The lease of a grant: entry `key`, created at `revision` with `value`
-    /// (`record`), on a session last refreshed at `refreshed`.
+    /// (`record`), on a session last proved alive by a request sent at
+    /// `refreshed`: the lease counts from there, on the clock that read it
+    /// (not the request's: the proof is older than the request).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn lease(
         &self,
@@ -93,7 +99,7 @@ impl Inner {
         key: Vec<u8>,
         revision: i64,
         value: Arc<[u8]>,
-        refreshed: Instant,
+        refreshed: Moment,
         lost: CancellationToken,
     ) -> Result<Lease, LockError> {
         let fence = Record::fence(record.offset, revision)?;
@@ -102,8 +108,9 @@ impl Inner {
             record.owner,
             fence,
             request.ttl(),
-            lockcore::backend::Moment::from(refreshed),
+            refreshed,
         )
+        .with_clock(self.clock.clone())
         .with_loss_signal(lost)
         .with_extension(Grant {
             key,

@@ -3,9 +3,11 @@
 
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::LockError;
+use lockcore::backend::{Clock, SystemClock};
 use percent_encoding::percent_decode_str;
 
 /// The longest key prefix accepted, in bytes.
@@ -36,6 +38,7 @@ pub struct EtcdConfig {
     pub(crate) tls: Option<TlsConfig>,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 /// TLS settings: the CA that signed the servers' certificates, an optional
@@ -103,6 +106,7 @@ impl EtcdConfig {
             tls: None,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
+            clock: Arc::new(SystemClock),
         }
     }
 
@@ -235,6 +239,16 @@ impl EtcdConfig {
     /// Gives up connecting to an endpoint after this long (default 3 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// For tests: reads every proof that a session is alive, and so stamps
+    /// and judges every lease, on `clock` instead of the system clocks (a
+    /// clock whose boot time jumps plays a host suspend). A lease counts
+    /// from its session's last proof of life, which is older than the
+    /// request, so it is judged on this clock, not on the `Locker`'s.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
         self
     }
 

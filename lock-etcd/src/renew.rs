@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::{GetOptions, LeaseTimeToLiveOptions, Txn, TxnOp, TxnOpResponse};
+use lockcore::backend::Moment;
 use lockcore::{Lease, LockError};
-use tokio::time::Instant;
 
 use crate::client::{Grant, Inner};
 use crate::error::{BACKEND, timed};
@@ -22,7 +22,7 @@ const CHECK_BATCH: usize = 128;
 
 /// Which renewed keys a session carries, as of a keep-alive sent at `sent`.
 struct Checked {
-    sent: Instant,
+    sent: Moment,
     /// Key → the session it is on.
     present: HashMap<Vec<u8>, i64>,
     /// The session moved keys were written to, kept until they are booked.
@@ -90,7 +90,7 @@ impl Inner {
                     if let Some(on) = at
                         && self.sessions.renewed(&grant.key, grant.revision, on, sent)
                     {
-                        Ok(lease.renewed(lockcore::backend::Moment::from(sent)))
+                        Ok(lease.renewed(sent))
                     } else {
                         self.lost(lease, grant);
                         Err(not_held(lease))

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use lockcore::backend::CancellationToken;
+use lockcore::backend::{CancellationToken, Clock, Moment};
 use tokio::time::Instant;
 
 use crate::keys::Keys;
@@ -52,8 +52,9 @@ pub(crate) fn fresh_enough(ttl: Duration) -> Duration {
 /// not revoke it) until this is dropped.
 pub(crate) struct Use {
     pub(crate) session: Arc<Session>,
-    /// When its lease was last refreshed (a new entry's lease counts from then).
-    pub(crate) refreshed: Instant,
+    /// When the last request that proved its lease alive was sent (a new
+    /// entry's lease counts from then).
+    pub(crate) refreshed: Moment,
     sessions: Arc<Sessions>,
 }
 
@@ -89,11 +90,33 @@ pub(crate) enum Status {
 pub(crate) enum Kind {
     /// A place in a queue: kept alive while its waiter waits.
     Waiting,
-    /// A grant: alive until `paid_until` unless renewed.
-    Held { paid_until: Instant },
-    /// To be deleted (a cancelled wait whose cleanup failed): alive until
-    /// `paid_until` at most.
-    Doomed { paid_until: Instant },
+    /// A grant: alive until it is no longer paid for, unless renewed.
+    Held { paid: Paid },
+    /// To be deleted (a cancelled wait whose cleanup failed): alive as long
+    /// as it is paid for at most.
+    Doomed { paid: Paid },
+}
+
+/// How long a key is paid for: a TTL from a proof that its session was
+/// alive, read (both clocks) before the request that proved it was sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Paid {
+    pub(crate) from: Moment,
+    pub(crate) ttl: Duration,
+}
+
+impl Paid {
+    /// Whether, as of `now`, the time paid for has run out (a host suspend
+    /// counts: see [`Moment::since`]).
+    pub(crate) fn over(&self, now: Moment) -> bool {
+        now.since(self.from) >= self.ttl
+    }
+}
+
+/// Whether clock reading `a` was taken no earlier than `b` (both on the
+/// same clock, whose monotonic part orders them).
+pub(crate) fn not_before(a: Moment, b: Moment) -> bool {
+    a.mono() >= b.mono()
 }
 
 /// A key to move to another session: its create revision and value.
@@ -119,7 +142,8 @@ pub(crate) struct Entry {
 
 struct SessionState {
     handle: Arc<Session>,
-    refreshed: Instant,
+    /// The latest proof that its lease is alive (see [`Use::refreshed`]).
+    refreshed: Moment,
     status: Status,
     /// Entry numbers in use per queue.
     numbers: HashMap<Vec<u8>, BTreeSet<u32>>,
@@ -146,6 +170,8 @@ pub(crate) struct Sessions {
     client: Client,
     keys: Keys,
     timeout: Duration,
+    /// What every proof of life is read on (the system clocks, or a test's).
+    pub(crate) clock: Arc<dyn Clock>,
     on_session: OnSession,
     book: Mutex<Book>,
     /// Serializes session grants, so concurrent first uses share one.
@@ -158,12 +184,14 @@ impl Sessions {
         client: Client,
         keys: Keys,
         timeout: Duration,
+        clock: Arc<dyn Clock>,
         on_session: OnSession,
     ) -> Self {
         Sessions {
             client,
             keys,
             timeout,
+            clock,
             on_session,
             book: Mutex::default(),
             granting: tokio::sync::Mutex::new(()),
@@ -242,13 +270,9 @@ impl Sessions {
             .cloned()
     }
 
-    /// A waiting entry became the holder: it is paid up to its session's
-    /// last refresh + TTL, which the grant's lease counts from.
-    pub(crate) fn granted(
-        &self,
-        key: &[u8],
-        revision: i64,
-    ) -> Option<(Instant, CancellationToken)> {
+    /// A waiting entry became the holder: it is paid for a TTL from its
+    /// session's last proof of life, which the grant's lease counts from.
+    pub(crate) fn granted(&self, key: &[u8], revision: i64) -> Option<(Moment, CancellationToken)> {
         let mut book = self.book();
         let session = book
             .entries
@@ -259,7 +283,10 @@ impl Sessions {
         let (refreshed, ttl) = (state.refreshed, state.handle.ttl);
         let entry = book.entries.get_mut(key)?;
         entry.kind = Kind::Held {
-            paid_until: refreshed + ttl,
+            paid: Paid {
+                from: refreshed,
+                ttl,
+            },
         };
         Some((refreshed, entry.lost.clone()))
     }
@@ -274,7 +301,7 @@ impl Sessions {
 
     /// A renewal of the grant created at `revision` was answered for a
     /// keep-alive sent at `sent`; `false` if the book no longer holds it.
-    pub(crate) fn renewed(&self, key: &[u8], revision: i64, session: i64, sent: Instant) -> bool {
+    pub(crate) fn renewed(&self, key: &[u8], revision: i64, session: i64, sent: Moment) -> bool {
         let mut book = self.book();
         let Some(ttl) = book.sessions.get(&session).map(|s| s.handle.ttl) else {
             return false;
@@ -285,7 +312,7 @@ impl Sessions {
             {
                 entry.session = session;
                 entry.kind = Kind::Held {
-                    paid_until: sent + ttl,
+                    paid: Paid { from: sent, ttl },
                 };
                 true
             }
@@ -320,12 +347,18 @@ impl Sessions {
         else {
             return;
         };
-        let paid_until = book
-            .sessions
-            .get(&session)
-            .map_or_else(Instant::now, |s| s.refreshed + s.handle.ttl);
+        let paid = book.sessions.get(&session).map_or_else(
+            || Paid {
+                from: self.clock.now(),
+                ttl: Duration::ZERO,
+            },
+            |s| Paid {
+                from: s.refreshed,
+                ttl: s.handle.ttl,
+            },
+        );
         if let Some(entry) = book.entries.get_mut(key) {
-            entry.kind = Kind::Doomed { paid_until };
+            entry.kind = Kind::Doomed { paid };
         }
     }
 

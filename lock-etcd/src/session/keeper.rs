@@ -7,9 +7,9 @@ use std::sync::{Arc, Weak};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lockcore::LockError;
-use tokio::time::Instant;
+use lockcore::backend::Moment;
 
-use super::{Attached, Book, IDLE, Kind, Session, Sessions, Status, TICK, free_number};
+use super::{Attached, Book, IDLE, Kind, Paid, Session, Sessions, Status, TICK, free_number};
 use crate::error::{BACKEND, timed};
 
 /// What the keeper does in one tick, decided under the book's lock.
@@ -43,7 +43,7 @@ pub(super) async fn keep(sessions: Weak<Sessions>) {
                 return;
             }
         }
-        let chores = sessions.plan(Instant::now());
+        let chores = sessions.plan(sessions.clock.now());
         for session in chores.refresh {
             let sessions = sessions.clone();
             tokio::spawn(async move {
@@ -66,7 +66,7 @@ pub(super) async fn keep(sessions: Weak<Sessions>) {
 }
 
 impl Sessions {
-    fn plan(&self, now: Instant) -> Chores {
+    fn plan(&self, now: Moment) -> Chores {
         let mut chores = Chores::default();
         let mut book = self.book();
         // Per session: how many entries, and whether some wait.
@@ -77,7 +77,7 @@ impl Sessions {
             counts.0 += 1;
             match entry.kind {
                 Kind::Waiting => counts.1 = true,
-                Kind::Held { paid_until } | Kind::Doomed { paid_until } if paid_until <= now => {
+                Kind::Held { paid } | Kind::Doomed { paid } if paid.over(now) => {
                     overdue.push(key.clone());
                 }
                 _ => {}
@@ -89,7 +89,10 @@ impl Sessions {
             if let Some(entry) = book.entries.get_mut(&key) {
                 entry.lost.cancel();
                 entry.kind = Kind::Doomed {
-                    paid_until: now + TICK * 10,
+                    paid: Paid {
+                        from: now,
+                        ttl: TICK * 10,
+                    },
                 };
                 chores.overdue.push((key, entry.revision, entry.session));
             }
@@ -103,14 +106,16 @@ impl Sessions {
             let (count, waiting) = used.get(id).copied().unwrap_or_default();
             let count = count + state.users;
             state.empty_since = match (count, state.empty_since) {
-                (0, None) => Some(now),
+                (0, None) => Some(now.mono()),
                 (0, since) => since,
                 _ => None,
             };
             // An unused session is kept a while for the next lock, as long
             // as its lease may still be alive.
-            let idle = state.empty_since.is_some_and(|since| now - since >= IDLE)
-                || state.refreshed.elapsed() > state.handle.ttl;
+            let idle = state
+                .empty_since
+                .is_some_and(|since| now.mono().saturating_duration_since(since) >= IDLE)
+                || now.since(state.refreshed) > state.handle.ttl;
             let is_current = current.get(&state.handle.ttl) == Some(id);
             let keep = count > 0 || (state.status == Status::Live && is_current && !idle);
             if !keep {
@@ -122,7 +127,9 @@ impl Sessions {
             }
             match state.status {
                 Status::Live
-                    if waiting && !state.busy && now >= state.refreshed + state.handle.ttl / 3 =>
+                    if waiting
+                        && !state.busy
+                        && now.since(state.refreshed) >= state.handle.ttl / 3 =>
                 {
                     state.busy = true;
                     chores.refresh.push(state.handle.clone());

@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lockcore::LockError;
-use tokio::time::Instant;
-
-use lockcore::backend::CancellationToken;
+use lockcore::backend::{CancellationToken, Moment};
 
 use super::{
     Attached, MOVE_BATCH, Session, SessionState, Sessions, Status, Use, fresh_enough, keeper,
+    not_before,
 };
 use crate::error::{self, BACKEND, lease_not_found, timed};
 
@@ -27,7 +26,7 @@ impl Sessions {
             let Some(mut using) = self.claim(&session) else {
                 continue;
             };
-            if using.refreshed.elapsed() <= fresh_enough(ttl) {
+            if self.clock.now().since(using.refreshed) <= fresh_enough(ttl) {
                 return Ok(using);
             }
             if let Some(sent) = self.refresh(&session).await? {
@@ -50,7 +49,8 @@ impl Sessions {
             return Ok(session);
         }
         let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        let sent = Instant::now();
+        // Read before the grant leaves: the lease lives at least a TTL from here.
+        let sent = self.clock.now();
         let granted = timed(
             self.timeout,
             "lease grant",
@@ -138,23 +138,24 @@ impl Sessions {
 
     /// Restarts the session's TTL: one keep-alive on its stream, shared by
     /// every caller waiting meanwhile. `Some(sent)`: the lease lives at least
-    /// until `sent` + TTL, `sent` taken after this call began. `None`: etcd
-    /// says it is gone (or it was retired: it may not be refreshed).
-    pub(crate) async fn refresh(&self, session: &Session) -> Result<Option<Instant>, LockError> {
-        let asked = Instant::now();
+    /// a TTL from `sent` (both clocks, read before the keep-alive left),
+    /// taken after this call began. `None`: etcd says it is gone (or it was
+    /// retired: it may not be refreshed).
+    pub(crate) async fn refresh(&self, session: &Session) -> Result<Option<Moment>, LockError> {
+        let asked = self.clock.now();
         let mut stream = session.stream.lock().await;
         {
             let book = self.book();
             match book.sessions.get(&session.id) {
                 Some(state) if state.status == Status::Live => {
-                    if state.refreshed >= asked {
+                    if not_before(state.refreshed, asked) {
                         return Ok(Some(state.refreshed));
                     }
                 }
                 _ => return Ok(None),
             }
         }
-        let sent = Instant::now();
+        let sent = self.clock.now();
         let outcome = tokio::time::timeout(self.timeout, async {
             match stream.as_mut() {
                 Some((keeper, replies)) => {
@@ -183,8 +184,10 @@ impl Sessions {
         match outcome {
             Ok(Ok(true)) => {
                 let mut book = self.book();
-                if let Some(state) = book.sessions.get_mut(&session.id) {
-                    state.refreshed = state.refreshed.max(sent);
+                if let Some(state) = book.sessions.get_mut(&session.id)
+                    && not_before(sent, state.refreshed)
+                {
+                    state.refreshed = sent;
                 }
                 Ok(Some(sent))
             }
