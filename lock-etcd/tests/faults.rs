@@ -285,3 +285,82 @@ async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
     assert_eq!(view.fence, kept.fencing_token(), "same grant, same fence");
     kept.release().await.unwrap();
 }
+
+/// etcd's keep-alive replies carry no request id: a keep-alive given up on
+/// mid-flight (a renewal's caller timed out) leaves its reply on the stream.
+/// Here that reply comes late, after the renewal was cancelled; a later
+/// refresh whose own keep-alive is lost must not take it as its answer and
+/// date the session from its own send, or a lock written to the session
+/// next claims time etcd never granted. Compared with etcd's own count of
+/// the session's time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_reply_that_comes_after_its_cancellation_extends_nothing() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = scaled(Duration::from_millis(800));
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let mut raw = support::raw(&store.endpoint()).await;
+    let ttl = Duration::from_secs(10);
+    let first = client
+        .try_acquire_for(&name("late-reply", 0), ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    let session = support::etcd_lease_of(&mut raw, &client.key_of(&first).unwrap()).await;
+    // Opens the session's keep-alive stream.
+    let first = client.renew(&first).await.unwrap();
+
+    // A renewal whose keep-alive reaches etcd, and whose reply comes only
+    // after the renewal was given up on.
+    let late = scaled(Duration::from_millis(500));
+    proxy.set(Mode::DelayDownstream {
+        base: late,
+        jitter: Duration::ZERO,
+    });
+    let kept_alive = Instant::now();
+    let cancelled = tokio::time::timeout(late / 4, client.renew(&first)).await;
+    assert!(
+        cancelled.is_err(),
+        "the renewal should still have been waiting"
+    );
+    proxy.set(Mode::Pass);
+    // The session is no longer fresh enough for a new lock without a refresh.
+    tokio::time::sleep_until(kept_alive + ttl / 4 + late).await;
+
+    // The next keep-alive is lost (and the renewal's check with it).
+    proxy.set(Mode::Blackhole);
+    let outcome = client.renew(&first).await;
+    assert!(
+        outcome.is_err(),
+        "renewed through a black hole: {outcome:?}"
+    );
+    proxy.set(Mode::Pass);
+
+    // A new lock on the session: it may claim only what etcd grants.
+    let second = client
+        .try_acquire_for(&name("late-reply", 1), ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    let claimed = second.remaining();
+    let key = client.key_of(&second).unwrap();
+    let on = support::etcd_lease_of(&mut raw, &key).await;
+    let left = raw.lease_time_to_live(on, None).await.unwrap().ttl();
+    // etcd truncates to whole seconds.
+    let granted = Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1);
+    eprintln!(
+        "session {session:x} then {on:x}: the lock claims {claimed:?}, etcd keeps it {left} s more"
+    );
+    assert!(
+        claimed <= granted,
+        "the lock claims {claimed:?} but etcd keeps its session only {left} s more: \
+         a late keep-alive reply was taken for a later keep-alive's"
+    );
+    client.release(&second).await.unwrap();
+}

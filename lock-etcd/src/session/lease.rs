@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
 use lockcore::LockError;
 use lockcore::backend::{CancellationToken, Moment};
 
@@ -14,6 +14,26 @@ use super::{
     not_before,
 };
 use crate::error::{self, BACKEND, lease_not_found, timed};
+
+/// A session's keep-alive stream, lent for whole exchanges only: etcd's
+/// keep-alive replies carry no request id, so the reply of a keep-alive
+/// given up on mid-flight (its caller timed out or was dropped) would answer
+/// the next one, and date the session from that later send. Dropped with an
+/// exchange in flight, it closes the stream (the next refresh opens
+/// another), and that late reply goes with it.
+struct Lent<'a> {
+    stream: tokio::sync::MutexGuard<'a, Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
+    /// A keep-alive was sent and its reply not read yet.
+    in_flight: bool,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if self.in_flight {
+            *self.stream = None;
+        }
+    }
+}
 
 impl Sessions {
     /// The live session for new entries of `ttl`, refreshed first if it is
@@ -143,7 +163,10 @@ impl Sessions {
     /// retired: it may not be refreshed).
     pub(crate) async fn refresh(&self, session: &Session) -> Result<Option<Moment>, LockError> {
         let asked = self.clock.now();
-        let mut stream = session.stream.lock().await;
+        let mut stream = Lent {
+            stream: session.stream.lock().await,
+            in_flight: false,
+        };
         {
             let book = self.book();
             match book.sessions.get(&session.id) {
@@ -157,10 +180,13 @@ impl Sessions {
         }
         let sent = self.clock.now();
         let outcome = tokio::time::timeout(self.timeout, async {
-            match stream.as_mut() {
+            match stream.stream.as_mut() {
                 Some((keeper, replies)) => {
+                    stream.in_flight = true;
                     keeper.keep_alive().await?;
-                    match replies.message().await? {
+                    let reply = replies.message().await?;
+                    stream.in_flight = false;
+                    match reply {
                         Some(reply) => Ok(reply.ttl() > 0),
                         None => Err(etcd_client::Error::WatchError(
                             "keep-alive stream closed".into(),
@@ -168,8 +194,9 @@ impl Sessions {
                     }
                 }
                 None => {
+                    // Dropped mid-way, the opening takes its stream with it.
                     let opened = self.client.lease_client().keep_alive(session.id).await?;
-                    *stream = Some(opened);
+                    *stream.stream = Some(opened);
                     Ok(true)
                 }
             }
@@ -192,16 +219,16 @@ impl Sessions {
                 Ok(Some(sent))
             }
             Ok(Ok(false)) => {
-                *stream = None;
+                *stream.stream = None;
                 self.gone(session.id);
                 Ok(None)
             }
             Ok(Err(e)) => {
-                *stream = None;
+                *stream.stream = None;
                 Err(error::map(e))
             }
             Err(_) => {
-                *stream = None;
+                *stream.stream = None;
                 Err(LockError::unavailable(
                     BACKEND,
                     format!("lease keep-alive got no answer within {:?}", self.timeout),
