@@ -13,6 +13,7 @@ use lockcore::{
 
 use crate::client::Inner;
 use crate::config::EtcdConfig;
+use crate::conn::Conn;
 use crate::error::timed;
 use crate::floor::Floor;
 use crate::hub::Hub;
@@ -88,20 +89,21 @@ impl EtcdBackend {
             Client::connect(endpoints.clone(), Some(options)),
         )
         .await?;
-        let caps = probe::capabilities(&client, config.request_timeout).await?;
+        let conn = Arc::new(Conn::new(client.clone()));
+        let caps = probe::capabilities(&client, &conn, config.request_timeout).await?;
         let keys = Keys::new(&config.prefix);
         let timeout = config.request_timeout;
-        let hub = Arc::new(Hub::new(client.clone(), timeout));
+        let hub = Arc::new(Hub::new(conn.clone(), timeout));
         let notices = Notices {
             hub: hub.clone(),
-            client: client.clone(),
+            conn: conn.clone(),
             keys: keys.clone(),
             timeout,
         };
         let sessions = Arc::new_cyclic(|sessions: &std::sync::Weak<Sessions>| {
             let sessions = sessions.clone();
             Sessions::new(
-                client.clone(),
+                conn.clone(),
                 keys.clone(),
                 timeout,
                 config.clock.clone(),
@@ -110,10 +112,11 @@ impl EtcdBackend {
         });
         let floor = Arc::new(Floor::new(&keys));
         probe::fence_floor(&client, &config.prefix, &floor, timeout).await?;
+        drop(client); // from here on, only through the conn
         let inner = Inner {
             lines: Arc::new(Lines::new(
                 hub.clone(),
-                client.clone(),
+                conn.clone(),
                 timeout,
                 floor.clone(),
             )),
@@ -121,12 +124,14 @@ impl EtcdBackend {
             hub,
             sessions,
             clock: config.clock.clone(),
-            client,
+            conn,
             keys,
             caps,
             timeout,
             endpoints,
             prefix: config.prefix.clone(),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            closing: tokio::sync::Mutex::new(false),
         };
         Ok(EtcdBackend {
             inner: Arc::new(inner),
@@ -135,8 +140,12 @@ impl EtcdBackend {
 
     /// The underlying etcd client (shares this backend's connection), for
     /// your own transactions with [`fence_compare`](Self::fence_compare).
-    pub fn etcd_client(&self) -> Client {
-        self.inner.client.clone()
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] once the backend was closed
+    /// ([`LockBackend::close`]).
+    pub fn etcd_client(&self) -> Result<Client, LockError> {
+        self.inner.conn.get()
     }
 
     /// Live sessions of this client: one lease per TTL in use, which every
@@ -172,10 +181,12 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        self.inner.open()?;
         self.inner.try_acquire(request).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.inner.open()?;
         let mut outcome = self.inner.renew_many(std::slice::from_ref(lease)).await;
         outcome.pop().unwrap_or_else(|| {
             Err(LockError::NotHeld {
@@ -185,14 +196,19 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.inner.open().is_err() {
+            return leases.iter().map(|_| Err(crate::conn::closed())).collect();
+        }
         self.inner.renew_many(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.inner.open()?;
         self.inner.release(lease).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        self.inner.open()?;
         self.inner.inspect(name).await
     }
 
@@ -201,10 +217,12 @@ impl LockBackend for EtcdBackend {
         name: &LockName,
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
+        self.inner.open()?;
         self.inner.evict(name, expected).await
     }
 
     async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.inner.open()?;
         self.inner.watch(name).await
     }
 
@@ -213,6 +231,7 @@ impl LockBackend for EtcdBackend {
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
+        self.inner.open()?;
         wait::acquire(&self.inner, request, wait).await
     }
 
@@ -221,19 +240,33 @@ impl LockBackend for EtcdBackend {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
+        self.inner.open()?;
         self.inner.try_acquire_permit(request, permits).await
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.inner.open()?;
         self.inner.inspect_permits(name).await
     }
 
     async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        self.inner.open()?;
         self.inner.watch_permits(name).await
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
         self.capabilities().check_fence_floor(floor)?;
+        self.inner.open()?;
         self.inner.raise_fence_floor(floor).await
+    }
+
+    /// Fires the loss signal of every lease this client granted and still
+    /// holds, finishes its clean-ups (the entry of a waiter that gave up,
+    /// for at most the request timeout), revokes its sessions (etcd deletes
+    /// every key on them at once: held locks, waiting entries, anything a
+    /// lost reply left), ends its watch stream, views and keeper, and drops
+    /// its connection. Clones share the client: they are all closed.
+    async fn close(&self) -> Result<(), LockError> {
+        self.inner.close().await
     }
 }

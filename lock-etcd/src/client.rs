@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conn::Conn;
 use crate::error::{self, BACKEND, lease_not_found, timed};
 use crate::floor::Floor;
 use crate::hub::{Events, Hub};
@@ -13,8 +14,8 @@ use crate::line::Lines;
 use crate::record::Record;
 use crate::session::{Entry, Kind, Paid, Sessions};
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnResponse,
 };
 use lockcore::backend::{CancellationToken, Clock, LockRequest, Moment, Wakeup};
 use lockcore::{
@@ -23,7 +24,8 @@ use lockcore::{
 };
 
 pub(crate) struct Inner {
-    pub(crate) client: Client,
+    /// The connection, and the work tied to it, until closed.
+    pub(crate) conn: Arc<Conn>,
     pub(crate) keys: Keys,
     pub(crate) caps: Capabilities,
     pub(crate) timeout: Duration,
@@ -37,6 +39,10 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) endpoints: Vec<String>,
     pub(crate) prefix: String,
+    /// Set when closing begins: every operation is refused from then on.
+    pub(crate) closed: std::sync::atomic::AtomicBool,
+    /// Whether `close` finished (held while it runs, so calls queue up).
+    pub(crate) closing: tokio::sync::Mutex<bool>,
 }
 
 /// What a granted lock or permit carries in its [`Lease`] extension.
@@ -49,7 +55,7 @@ pub(crate) struct Grant {
 
 impl Inner {
     pub(crate) async fn txn(&self, what: &'static str, txn: Txn) -> Result<TxnResponse, LockError> {
-        timed(self.timeout, what, self.client.kv_client().txn(txn)).await
+        timed(self.timeout, what, self.conn.kv()?.txn(txn)).await
     }
 
     /// A grant this client just wrote on `session`: recorded as held (its
@@ -143,7 +149,7 @@ impl Inner {
                     Some(PutOptions::new().with_lease(session.id)),
                 )])
                 .or_else([self.floor.get()]);
-            let reply = tokio::time::timeout(self.timeout, self.client.kv_client().txn(txn)).await;
+            let reply = tokio::time::timeout(self.timeout, self.conn.kv()?.txn(txn)).await;
             let reply = match self.written(reply, session.id, "acquire") {
                 Ok(Some(reply)) => reply,
                 Ok(None) => {
@@ -266,7 +272,7 @@ impl Inner {
         let mut reply = timed(
             self.timeout,
             "inspect",
-            self.client.kv_client().get(queue, Some(options)),
+            self.conn.kv()?.get(queue, Some(options)),
         )
         .await?;
         let revision = reply.header().map_or(0, |h| h.revision());
@@ -288,7 +294,7 @@ impl Inner {
         let ttl = timed(
             self.timeout,
             "lease time-to-live",
-            self.client.lease_client().time_to_live(lease, None),
+            self.conn.lease()?.time_to_live(lease, None),
         )
         .await?;
         // etcd truncates the remaining TTL to whole seconds: report the

@@ -60,7 +60,7 @@ impl Inner {
         let reply = crate::error::timed(
             self.timeout,
             "list queues",
-            self.client.kv_client().get(start.clone(), Some(everything)),
+            self.conn.kv()?.get(start.clone(), Some(everything)),
         )
         .await?;
         let mut counts: std::collections::BTreeMap<Vec<u8>, usize> = Default::default();
@@ -188,12 +188,12 @@ impl EtcdBackend {
     /// possibly stale, state.
     ///
     /// ```no_run
-    /// # async fn demo(backend: lock_etcd::EtcdBackend, lease: lockcore::Lease) -> Result<(), etcd_client::Error> {
+    /// # async fn demo(backend: lock_etcd::EtcdBackend, lease: lockcore::Lease) -> Result<(), Box<dyn std::error::Error>> {
     /// use etcd_client::{Txn, TxnOp};
     /// let txn = Txn::new()
     ///     .when([backend.fence_compare(&lease)])
     ///     .and_then([TxnOp::put("inventory/sku-42", "41", None)]);
-    /// let applied = backend.etcd_client().txn(txn).await?.succeeded();
+    /// let applied = backend.etcd_client()?.txn(txn).await?.succeeded();
     /// // `applied == false`: the lock was lost (expired, released or evicted); nothing was written.
     /// # Ok(()) }
     /// ```

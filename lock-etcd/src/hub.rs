@@ -31,6 +31,7 @@ use lockcore::LockError;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::conn::Conn;
 use crate::error::{self, BACKEND, timed};
 use crate::keys::range_end;
 
@@ -85,7 +86,7 @@ impl Failed {
 
 /// The shared stream of one backend instance.
 pub(crate) struct Hub {
-    client: Client,
+    conn: Arc<Conn>,
     timeout: Duration,
     state: Mutex<State>,
 }
@@ -155,9 +156,9 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    pub(crate) fn new(client: Client, timeout: Duration) -> Self {
+    pub(crate) fn new(conn: Arc<Conn>, timeout: Duration) -> Self {
         Hub {
-            client,
+            conn,
             timeout,
             state: Mutex::default(),
         }
@@ -257,19 +258,21 @@ impl Hub {
         state.names.insert(queue.to_vec(), Name::default());
         state.creating.push_back(queue.to_vec());
         if state.task.is_none() {
-            // Without a runtime there is no stream: the send below fails and
-            // the subscriber gets an error, never a panic.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                state.generation += 1;
+            // Without a runtime, or once closed, there is no stream: the
+            // send below fails and the subscriber gets an error, never a panic.
+            if let Ok(client) = self.conn.get() {
                 let (tx, inbox) = mpsc::unbounded_channel();
-                runtime.spawn(run(
+                let task = run(
                     Arc::downgrade(self),
-                    self.client.clone(),
+                    client,
                     self.timeout,
                     inbox,
-                    state.generation,
-                ));
-                state.task = Some(tx);
+                    state.generation + 1,
+                );
+                if self.conn.spawn_task(task) {
+                    state.generation += 1;
+                    state.task = Some(tx);
+                }
             }
         }
         let sent = state
@@ -280,6 +283,12 @@ impl Hub {
             // The task is gone: fail everything, the subscribers start over.
             Self::clear(state);
         }
+    }
+
+    /// Ends the stream at close: every subscription ends (the conn lets no
+    /// new stream start).
+    pub(crate) fn close(&self) {
+        Self::clear(&mut self.lock());
     }
 
     /// Ends the current stream: every subscription ends, the next one opens a

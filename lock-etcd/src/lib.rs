@@ -1,7 +1,9 @@
 #![doc = include_str!("../README.md")]
 mod backend;
 mod client;
+mod close;
 mod config;
+mod conn;
 mod error;
 mod fence;
 mod floor;

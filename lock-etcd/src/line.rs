@@ -20,11 +20,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use lockcore::{Backoff, LockError};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::conn::Conn;
 use crate::error::timed;
 use crate::floor::Floor;
 use crate::hub::{Change, Events, Hub};
@@ -61,7 +62,7 @@ pub(crate) enum Read {
 /// The lines of one client.
 pub(crate) struct Lines {
     hub: Arc<Hub>,
-    client: Client,
+    conn: Arc<Conn>,
     timeout: Duration,
     floor: Arc<Floor>,
     lines: Mutex<HashMap<Vec<u8>, Arc<Line>>>,
@@ -104,10 +105,15 @@ struct State {
 }
 
 impl Lines {
-    pub(crate) fn new(hub: Arc<Hub>, client: Client, timeout: Duration, floor: Arc<Floor>) -> Self {
+    pub(crate) fn new(
+        hub: Arc<Hub>,
+        conn: Arc<Conn>,
+        timeout: Duration,
+        floor: Arc<Floor>,
+    ) -> Self {
         Lines {
             hub,
-            client,
+            conn,
             timeout,
             floor,
             lines: Mutex::default(),
@@ -157,12 +163,9 @@ impl Lines {
         state.idle_since = None;
         state.wanted = state.wanted.max(revision);
         if !state.task {
-            state.task = true;
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(follow(Arc::downgrade(self), line.clone()));
-            } else {
-                state.task = false;
-            }
+            state.task = self
+                .conn
+                .spawn_task(follow(Arc::downgrade(self), line.clone()));
         }
         drop(state);
         line.work.notify_one();
@@ -185,7 +188,7 @@ impl Lines {
         let reply = timed(
             self.timeout,
             "queue read",
-            self.client.kv_client().txn(Txn::new().and_then(reads)),
+            self.conn.kv()?.txn(Txn::new().and_then(reads)),
         )
         .await?;
         let at = reply.header().map_or(0, |h| h.revision());

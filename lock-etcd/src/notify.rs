@@ -20,9 +20,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::GetOptions;
 use lockcore::{Backoff, LockError};
 
+use crate::conn::Conn;
 use crate::error::timed;
 use crate::hub::{Events, Hub};
 use crate::keys::{Keys, range_end};
@@ -40,7 +41,7 @@ pub(crate) const NOTICE: Duration = UNSYNCED_LOOP;
 #[derive(Clone)]
 pub(crate) struct Notices {
     pub(crate) hub: Arc<Hub>,
-    pub(crate) client: Client,
+    pub(crate) conn: Arc<Conn>,
     pub(crate) keys: Keys,
     pub(crate) timeout: Duration,
 }
@@ -48,11 +49,10 @@ pub(crate) struct Notices {
 impl Notices {
     /// Follows the notices of `session` until it ends.
     pub(crate) fn follow(&self, sessions: Weak<Sessions>, session: &Arc<Session>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: evictions are noticed at the next renewal
-        };
+        // Without a runtime (or once closed) nothing follows them: evictions
+        // are noticed at the next renewal.
         let (this, session) = (self.clone(), session.clone());
-        runtime.spawn(async move {
+        self.conn.spawn_task(async move {
             let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
             let mut failures = 0;
             loop {
@@ -83,7 +83,7 @@ impl Notices {
         let there = timed(
             self.timeout,
             "notice read",
-            self.client.kv_client().get(prefix.clone(), Some(options)),
+            self.conn.kv()?.get(prefix.clone(), Some(options)),
         )
         .await?;
         if !there.kvs().iter().any(|kv| kv.key() == alive.as_slice()) {
@@ -126,8 +126,11 @@ impl Notices {
             tracing::debug!(revision, "held lock evicted in etcd: lease lost");
             entry.lost.cancel();
         }
-        let (mut kv, key, limit) = (self.client.kv_client(), notice.to_vec(), self.timeout);
-        tokio::spawn(async move {
+        let Ok(mut kv) = self.conn.kv() else {
+            return; // closed: it goes with its session
+        };
+        let (key, limit) = (notice.to_vec(), self.timeout);
+        self.conn.cleanup(async move {
             let _ = tokio::time::timeout(limit, kv.delete(key, None)).await;
         });
     }

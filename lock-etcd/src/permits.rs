@@ -110,7 +110,7 @@ impl Inner {
                 ),
                 self.floor.get(),
             ]);
-            let reply = tokio::time::timeout(self.timeout, self.client.kv_client().txn(txn)).await;
+            let reply = tokio::time::timeout(self.timeout, self.conn.kv()?.txn(txn)).await;
             let Some(reply) = self.written(reply, session.id, "permit acquire")? else {
                 continue; // the session was gone: a new one
             };
@@ -136,7 +136,7 @@ impl Inner {
         let reply = timed(
             self.timeout,
             "inspect permits",
-            self.client.kv_client().get(slots.clone(), Some(options)),
+            self.conn.kv()?.get(slots.clone(), Some(options)),
         )
         .await?;
         // One look at each session's lease for the time left.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use lockcore::{Capabilities, ExpiryClock, Fairness, FenceDurability, LockError};
 
+use crate::conn::Conn;
 use crate::error::{BACKEND, timed};
 use crate::floor::Floor;
 
@@ -56,14 +57,16 @@ const SLACK_TTL_PERCENT: u32 = 100;
 /// read back (and revoked).
 pub(crate) async fn capabilities(
     client: &Client,
+    conn: &Conn,
     timeout: Duration,
 ) -> Result<Capabilities, LockError> {
     let probe = timed(timeout, "lease grant", client.lease_client().grant(1, None)).await?;
     let min_secs = u64::try_from(probe.ttl()).unwrap_or(0).max(1);
     let min_ttl = Duration::from_secs(min_secs);
+    // Gone within a second anyway: revoked in the background, a clean-up.
     let mut leases = client.lease_client();
-    tokio::spawn(async move {
-        let _ = leases.revoke(probe.id()).await;
+    conn.cleanup(async move {
+        let _ = tokio::time::timeout(timeout, leases.revoke(probe.id())).await;
     });
     Ok(Capabilities::new(BACKEND)
         .expiry_clock(ExpiryClock::StoreLeaseTimer)

@@ -163,8 +163,8 @@ impl Inner {
         let reply = timed(
             self.timeout,
             "renew check",
-            self.client
-                .lease_client()
+            self.conn
+                .lease()?
                 .time_to_live(session, Some(LeaseTimeToLiveOptions::new().with_keys())),
         )
         .await?;

@@ -25,10 +25,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use lockcore::backend::{CancellationToken, Clock, Moment};
 use tokio::time::Instant;
 
+use crate::conn::Conn;
 use crate::keys::Keys;
 
 mod keeper;
@@ -167,7 +168,7 @@ pub(crate) type OnSession = Box<dyn Fn(&Arc<Session>) + Send + Sync>;
 
 /// Every session of one client and the book of its keys.
 pub(crate) struct Sessions {
-    client: Client,
+    conn: Arc<Conn>,
     keys: Keys,
     timeout: Duration,
     /// What every proof of life is read on (the system clocks, or a test's).
@@ -177,18 +178,20 @@ pub(crate) struct Sessions {
     /// Serializes session grants, so concurrent first uses share one.
     granting: tokio::sync::Mutex<()>,
     keeper: Mutex<bool>,
+    /// Set at close: nothing new enters the book.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Sessions {
     pub(crate) fn new(
-        client: Client,
+        conn: Arc<Conn>,
         keys: Keys,
         timeout: Duration,
         clock: Arc<dyn Clock>,
         on_session: OnSession,
     ) -> Self {
         Sessions {
-            client,
+            conn,
             keys,
             timeout,
             clock,
@@ -196,6 +199,7 @@ impl Sessions {
             book: Mutex::default(),
             granting: tokio::sync::Mutex::new(()),
             keeper: Mutex::new(false),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -253,9 +257,14 @@ impl Sessions {
         }
     }
 
-    /// Records a key this client attached to `session`.
+    /// Records a key this client attached to `session` (once closed, the
+    /// grant is lost at once: its session is revoked).
     pub(crate) fn record(&self, key: Vec<u8>, entry: Entry) {
         let mut book = self.book();
+        if self.is_closed() {
+            entry.lost.cancel();
+            return;
+        }
         if let Some(old) = book.entries.insert(key, entry) {
             old.lost.cancel();
         }
@@ -274,6 +283,9 @@ impl Sessions {
     /// session's last proof of life, which the grant's lease counts from.
     pub(crate) fn granted(&self, key: &[u8], revision: i64) -> Option<(Moment, CancellationToken)> {
         let mut book = self.book();
+        if self.is_closed() {
+            return None;
+        }
         let session = book
             .entries
             .get(key)
@@ -360,6 +372,35 @@ impl Sessions {
         if let Some(entry) = book.entries.get_mut(key) {
             entry.kind = Kind::Doomed { paid };
         }
+    }
+
+    /// Closing: every key of the book is forgotten and every grant's loss
+    /// signal fires; every session leaves the book (no new one is granted:
+    /// the conn is shut down first), its notices stop. Returns the sessions
+    /// etcd may still have, to revoke.
+    pub(crate) fn close(&self) -> Vec<Arc<Session>> {
+        let mut book = self.book();
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        for entry in book.entries.values() {
+            entry.lost.cancel();
+        }
+        book.entries.clear();
+        book.current.clear();
+        book.sessions
+            .drain()
+            .map(|(_, state)| {
+                state.handle.ended.cancel();
+                (state.status, state.handle)
+            })
+            .filter(|(status, _)| *status != Status::Dead)
+            .map(|(_, handle)| handle)
+            .collect()
+    }
+
+    /// Whether the client was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The status and TTL of `session`.

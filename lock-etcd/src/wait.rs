@@ -15,8 +15,9 @@
 //!    lock whose entry died.
 //!
 //! While we wait, the keeper refreshes our session. Cancellation: the entry
-//! is removed when the waiter is dropped (in the background); if that
-//! fails, the keeper deletes it once its session's last refresh runs out.
+//! is removed when the waiter is dropped (a clean-up in the background,
+//! which closing the client finishes); if that fails, the keeper deletes it
+//! once its session's last refresh runs out.
 
 use std::sync::Arc;
 
@@ -116,7 +117,7 @@ impl LineWaiter {
             ])
             .and_then(ops)
             .or_else([inner.floor.get()]);
-        let reply = tokio::time::timeout(inner.timeout, inner.client.kv_client().txn(txn)).await;
+        let reply = tokio::time::timeout(inner.timeout, inner.conn.kv()?.txn(txn)).await;
         let reply = match inner.written(reply, session.id, "enqueue") {
             Ok(Some(reply)) if reply.succeeded() => reply,
             other => {
@@ -303,18 +304,21 @@ impl Drop for LineWaiter {
         let Some(place) = place else {
             return;
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the keeper or the session's expiry removes it
-        };
+        // No longer kept alive by the keeper for this waiter: if the removal
+        // below fails (or never runs), the keeper deletes the entry once its
+        // session's last refresh runs out.
+        self.inner.sessions.doom(&place.key, place.revision);
         let inner = self.inner.clone();
-        runtime.spawn(async move {
+        // A clean-up this client owes the store, tracked: closing the client
+        // finishes it, so a process that exits right after its wait gave up
+        // leaves no entry to block the name until its session's TTL.
+        self.inner.conn.cleanup(async move {
             match inner.delete_entry(&place.key, place.revision, &place.value).await {
                 Ok(_) => {
                     inner.sessions.forget(&place.key, place.revision);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "removing a queue entry failed; the keeper removes it");
-                    inner.sessions.doom(&place.key, place.revision);
                 }
             }
         });

@@ -22,7 +22,7 @@ async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
         let txn = Txn::new()
             .when([backend.fence_compare(lease)])
             .and_then([TxnOp::put(resource.clone(), value, None)]);
-        let mut client = backend.etcd_client();
+        let mut client = backend.etcd_client().unwrap();
         async move { client.txn(txn).await.unwrap().succeeded() }
     };
     let lease = acquire(&holder, &lock, Duration::from_secs(10)).await;

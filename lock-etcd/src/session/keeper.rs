@@ -45,19 +45,26 @@ pub(super) async fn keep(sessions: Weak<Sessions>) {
         }
         let chores = sessions.plan(sessions.clock.now());
         for session in chores.refresh {
-            let sessions = sessions.clone();
-            tokio::spawn(async move {
-                if let Err(e) = sessions.refresh(&session).await {
+            let refreshing = sessions.clone();
+            let started = sessions.conn.spawn_task(async move {
+                if let Err(e) = refreshing.refresh(&session).await {
                     tracing::debug!(error = %e, "refreshing an etcd session failed; retrying");
                 }
-                sessions.done_with(session.id);
+                refreshing.done_with(session.id);
             });
+            if !started {
+                return;
+            }
         }
         for (from, keys) in chores.moves {
-            tokio::spawn(sessions.clone().move_waiting(from, keys));
+            sessions
+                .conn
+                .spawn_task(sessions.clone().move_waiting(from, keys));
         }
         for (key, revision, session) in chores.overdue {
-            tokio::spawn(sessions.clone().delete_overdue(key, revision, session));
+            sessions
+                .conn
+                .cleanup(sessions.clone().delete_overdue(key, revision, session));
         }
         for id in chores.revoke {
             sessions.spawn_revoke(id);
@@ -201,13 +208,11 @@ impl Sessions {
                 revision,
             )])
             .and_then([TxnOp::delete(key.clone(), None)]);
-        match timed(
-            self.timeout,
-            "delete an expired entry",
-            self.client.kv_client().txn(txn),
-        )
-        .await
-        {
+        let deleted = match self.conn.kv() {
+            Ok(mut kv) => timed(self.timeout, "delete an expired entry", kv.txn(txn)).await,
+            Err(e) => Err(e),
+        };
+        match deleted {
             Ok(_) => {
                 self.forget(&key, revision);
             }

@@ -68,13 +68,16 @@ impl Sessions {
         if let Some(session) = self.live_current(ttl) {
             return Ok(session);
         }
+        if self.is_closed() {
+            return Err(crate::conn::closed());
+        }
         let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
         // Read before the grant leaves: the lease lives at least a TTL from here.
         let sent = self.clock.now();
         let granted = timed(
             self.timeout,
             "lease grant",
-            self.client.lease_client().grant(secs, None),
+            self.conn.lease()?.grant(secs, None),
         )
         .await?;
         if !granted.error().is_empty() {
@@ -102,7 +105,7 @@ impl Sessions {
         if let Err(e) = timed(
             self.timeout,
             "session marker",
-            self.client.kv_client().txn(Txn::new().and_then([marker])),
+            self.conn.kv()?.txn(Txn::new().and_then([marker])),
         )
         .await
         {
@@ -116,6 +119,11 @@ impl Sessions {
             ended: CancellationToken::new(),
         });
         let mut book = self.book();
+        if self.is_closed() {
+            drop(book);
+            self.spawn_revoke(session.id);
+            return Err(crate::conn::closed());
+        }
         book.sessions.insert(
             session.id,
             SessionState {
@@ -195,7 +203,12 @@ impl Sessions {
                 }
                 None => {
                     // Dropped mid-way, the opening takes its stream with it.
-                    let opened = self.client.lease_client().keep_alive(session.id).await?;
+                    let Ok(mut leases) = self.conn.lease() else {
+                        return Err(etcd_client::Error::LeaseKeepAliveError(
+                            "the client was closed".into(),
+                        ));
+                    };
+                    let opened = leases.keep_alive(session.id).await?;
                     *stream.stream = Some(opened);
                     Ok(true)
                 }
@@ -274,7 +287,7 @@ impl Sessions {
             let reply = timed(
                 self.timeout,
                 "move to a new session",
-                self.client.kv_client().txn(Txn::new().and_then(ops)),
+                self.conn.kv()?.txn(Txn::new().and_then(ops)),
             )
             .await?;
             for (Attached { key, .. }, op) in batch.iter().zip(reply.op_responses()) {
@@ -288,24 +301,45 @@ impl Sessions {
         Ok(moved)
     }
 
+    /// Revokes session `id` in the background (one of the client's
+    /// clean-ups: closing finishes it).
     pub(super) fn spawn_revoke(&self, id: i64) {
-        let mut leases = self.client.lease_client();
+        let Ok(mut leases) = self.conn.lease() else {
+            return; // closed: closing revoked what the book had
+        };
         let limit = self.timeout;
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
-            });
+        self.conn.cleanup(async move {
+            let _ = tokio::time::timeout(limit, leases.revoke(id)).await;
+        });
+    }
+
+    /// Revokes `session` now (etcd deletes every key on it); its keep-alive
+    /// stream closes.
+    pub(crate) async fn revoke(&self, session: &Session) -> Result<(), LockError> {
+        let revoked = async {
+            let mut leases = self.conn.lease()?;
+            match tokio::time::timeout(self.timeout, leases.revoke(session.id)).await {
+                Ok(Ok(_)) => Ok(()),
+                // Expired meanwhile: gone all the same.
+                Ok(Err(e)) if lease_not_found(&e) => Ok(()),
+                Ok(Err(e)) => Err(error::map(e)),
+                Err(_) => Err(LockError::unavailable(
+                    BACKEND,
+                    format!("lease revoke got no answer within {:?}", self.timeout),
+                )),
+            }
         }
+        .await;
+        if let Ok(mut stream) = tokio::time::timeout(self.timeout, session.stream.lock()).await {
+            *stream = None;
+        }
+        revoked
     }
 
     pub(super) fn start_keeper(self: &Arc<Self>) {
         let mut running = self.keeper.lock().unwrap_or_else(|p| p.into_inner());
-        if *running {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            *running = true;
-            runtime.spawn(keeper::keep(Arc::downgrade(self)));
+        if !*running {
+            *running = self.conn.spawn_task(keeper::keep(Arc::downgrade(self)));
         }
     }
 }
