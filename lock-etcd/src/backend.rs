@@ -94,10 +94,12 @@ impl EtcdBackend {
         let keys = Keys::new(&config.prefix);
         let timeout = config.request_timeout;
         let hub = Arc::new(Hub::new(conn.clone(), timeout));
+        let floor = Arc::new(Floor::new(&keys));
         let notices = Notices {
             hub: hub.clone(),
             conn: conn.clone(),
             keys: keys.clone(),
+            floor: floor.clone(),
             timeout,
         };
         let sessions = Arc::new_cyclic(|sessions: &std::sync::Weak<Sessions>| {
@@ -107,10 +109,10 @@ impl EtcdBackend {
                 keys.clone(),
                 timeout,
                 config.clock.clone(),
+                floor.clone(),
                 Box::new(move |session| notices.follow(sessions.clone(), session)),
             )
         });
-        let floor = Arc::new(Floor::new(&keys));
         probe::fence_floor(&client, &config.prefix, &floor, timeout).await?;
         drop(client); // from here on, only through the conn
         let inner = Inner {
@@ -155,8 +157,9 @@ impl EtcdBackend {
     }
 
     /// Key prefixes this client watches on its one watch stream right now:
-    /// queues it waits on (or used in the last few seconds), and one per
-    /// session for eviction notices (for tests and metrics).
+    /// queues it waits on (or used in the last few seconds), one per
+    /// session for eviction notices, and the fence floor's key while it has
+    /// a session (for tests and metrics).
     pub fn watched(&self) -> usize {
         self.inner.hub.watched()
     }

@@ -13,7 +13,9 @@
 //! then deleted), which reaches every waiting client on its queue's watch
 //! in order with the queue's other deletes; a waiter whose entry carries an
 //! older offset rewrites it (same key, same create revision, so it keeps its
-//! place) before it takes the lock.
+//! place) before it takes the lock. A client that sees a raise resumes no
+//! session granted before it (a restore brings sessions back from the
+//! backup, with keys only the backup remembers; see `session`).
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,

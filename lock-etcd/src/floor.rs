@@ -61,6 +61,12 @@ impl Floor {
             .iter()
             .find(|kv| kv.key() == self.key)
             .map(|kv| kv.value().to_vec());
+        self.learn_value(seen)
+    }
+
+    /// Learns the offset from its key's value (`None`: absent); `true` if
+    /// it changed.
+    pub(crate) fn learn_value(&self, seen: Option<Vec<u8>>) -> Result<bool, LockError> {
         if let Some(value) = &seen {
             parse(value).ok_or_else(|| {
                 protocol(format!(

@@ -13,6 +13,11 @@
 //! and is then deleted; the marker's delete (or absence) fires every loss
 //! signal of the session.
 //!
+//! The same follower watches the fence floor's key (one more watch per
+//! client, shared by its sessions) and reads it with the session's keys: a
+//! raise, which follows a restore from a backup, reaches the client at once,
+//! and the keeper retires every session from before it (see `session`).
+//!
 //! A watch that lives on is synced: etcd sends its events as it commits
 //! them. A watch created while a write races it starts unsynced and is
 //! caught up by a loop that runs every 100 ms ([`NOTICE`]).
@@ -20,11 +25,12 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::GetOptions;
+use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::{Backoff, LockError};
 
 use crate::conn::Conn;
 use crate::error::timed;
+use crate::floor::Floor;
 use crate::hub::{Events, Hub};
 use crate::keys::{Keys, range_end};
 use crate::session::{Session, Sessions};
@@ -43,6 +49,8 @@ pub(crate) struct Notices {
     pub(crate) hub: Arc<Hub>,
     pub(crate) conn: Arc<Conn>,
     pub(crate) keys: Keys,
+    /// Followed too: a raise (after a restore) retires older sessions.
+    pub(crate) floor: Arc<Floor>,
     pub(crate) timeout: Duration,
 }
 
@@ -77,27 +85,47 @@ impl Notices {
         let prefix = self.keys.session(session);
         let alive = self.keys.alive(session);
         let mut changes = self.hub.subscribe(&prefix, Events::All).await?;
+        let floor_key = self.floor.key();
+        let mut raises = self.hub.subscribe(&floor_key, Events::All).await?;
         // Subscribed: a change from now on arrives as an event, one before
         // shows in this read.
         let options = GetOptions::new().with_range(range_end(&prefix));
-        let there = timed(
-            self.timeout,
-            "notice read",
-            self.conn.kv()?.get(prefix.clone(), Some(options)),
-        )
-        .await?;
-        if !there.kvs().iter().any(|kv| kv.key() == alive.as_slice()) {
+        let reads =
+            Txn::new().and_then([TxnOp::get(prefix.clone(), Some(options)), self.floor.get()]);
+        let there = timed(self.timeout, "notice read", self.conn.kv()?.txn(reads)).await?;
+        self.floor.learn_from(&there)?;
+        let kvs = there
+            .op_responses()
+            .into_iter()
+            .find_map(|r| match r {
+                TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        if !kvs.iter().any(|kv| kv.key() == alive.as_slice()) {
             return self.gone(sessions, session);
         }
-        for kv in there.kvs() {
+        for kv in &kvs {
             self.handle(sessions, &prefix, kv.key(), kv.value());
         }
-        while let Some(change) = changes.next().await {
-            if change.key == alive && change.deleted {
-                return self.gone(sessions, session);
-            }
-            if !change.deleted {
-                self.handle(sessions, &prefix, &change.key, &change.value);
+        loop {
+            tokio::select! {
+                change = changes.next() => {
+                    let Some(change) = change else { break };
+                    if change.key == alive && change.deleted {
+                        return self.gone(sessions, session);
+                    }
+                    if !change.deleted {
+                        self.handle(sessions, &prefix, &change.key, &change.value);
+                    }
+                }
+                raise = raises.next() => {
+                    let Some(raise) = raise else { break };
+                    if raise.key == floor_key {
+                        // The keeper's next look retires what came before.
+                        self.floor.learn_value((!raise.deleted).then_some(raise.value))?;
+                    }
+                }
             }
         }
         Err(LockError::unavailable(

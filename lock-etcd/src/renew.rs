@@ -132,14 +132,17 @@ impl Inner {
     }
 
     /// Which grants' keys exist with their create revision, and on which
-    /// lease: one transaction of gets (linearizable).
+    /// lease: one transaction of gets (linearizable), which reads the fence
+    /// floor too (a raise retires the sessions from before it).
     async fn check_exact(&self, grants: &[&Grant]) -> Result<HashMap<Vec<u8>, i64>, LockError> {
         let only_keys = GetOptions::new().with_keys_only();
-        let gets: Vec<TxnOp> = grants
+        let mut gets: Vec<TxnOp> = grants
             .iter()
             .map(|g| TxnOp::get(g.key.clone(), Some(only_keys.clone())))
             .collect();
+        gets.push(self.floor.get());
         let reply = self.txn("renew check", Txn::new().and_then(gets)).await?;
+        self.floor.learn_from(&reply)?;
         let mut present = HashMap::new();
         for (grant, op) in grants.iter().zip(reply.op_responses()) {
             if let TxnOpResponse::Get(get) = op

@@ -20,6 +20,16 @@
 //! at their next renewal (a put that keeps the key and its create revision),
 //! and locks nobody renews go with it. A session etcd reports gone (expired,
 //! revoked) takes every entry on it: each held lock's loss signal fires.
+//!
+//! A raise of the fence floor (the step that follows a restore from a
+//! backup) retires every session granted before the client knew of it: the
+//! restore brings a session back as the backup had it, with keys only the
+//! backup remembers (a lock released since, a wait given up since), which
+//! refreshing it would keep blocking their names for ever. Retired, it goes
+//! the way of every retired session, and is revoked, keys and all, once
+//! none of the client's own keys is left on it. Since restored revisions
+//! repeat, a key is moved or deleted only if both its create revision and
+//! its value (owner token, offset, label: one grant's) are the book's.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,6 +40,7 @@ use lockcore::backend::{CancellationToken, Clock, Moment};
 use tokio::time::Instant;
 
 use crate::conn::Conn;
+use crate::floor::Floor;
 use crate::keys::Keys;
 
 mod keeper;
@@ -145,6 +156,8 @@ struct SessionState {
     handle: Arc<Session>,
     /// The latest proof that its lease is alive (see [`Use::refreshed`]).
     refreshed: Moment,
+    /// The fence offset this client knew when it granted the lease.
+    epoch: u64,
     status: Status,
     /// Entry numbers in use per queue.
     numbers: HashMap<Vec<u8>, BTreeSet<u32>>,
@@ -173,6 +186,9 @@ pub(crate) struct Sessions {
     timeout: Duration,
     /// What every proof of life is read on (the system clocks, or a test's).
     pub(crate) clock: Arc<dyn Clock>,
+    /// The fence offset as this client knows it: a session granted under a
+    /// lower one may be a restored backup's, and is retired (see `keeper`).
+    floor: Arc<Floor>,
     on_session: OnSession,
     book: Mutex<Book>,
     /// Serializes session grants, so concurrent first uses share one.
@@ -188,6 +204,7 @@ impl Sessions {
         keys: Keys,
         timeout: Duration,
         clock: Arc<dyn Clock>,
+        floor: Arc<Floor>,
         on_session: OnSession,
     ) -> Self {
         Sessions {
@@ -195,6 +212,7 @@ impl Sessions {
             keys,
             timeout,
             clock,
+            floor,
             on_session,
             book: Mutex::default(),
             granting: tokio::sync::Mutex::new(()),

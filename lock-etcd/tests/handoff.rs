@@ -122,11 +122,12 @@ async fn a_hand_off_costs_etcd_the_release_and_nothing_else() {
     let after = metrics(&store).await;
     let spent = |method| handled(&after, method) - handled(&before, method);
     let clients = WAITERS + 1;
-    // Markers, the holder's acquire and release, each waiter's enqueue,
-    // its first read of the queue (with the fence floor) and its release.
-    let txns = clients + 2 + 3 * WAITERS;
-    // Notice reads (and this test's own).
-    let ranges = clients + our_reads;
+    // Markers, notice reads (each session's keys and the fence floor), the
+    // holder's acquire and release, each waiter's enqueue, its first read
+    // of the queue (with the fence floor) and its release.
+    let txns = 2 * clients + 2 + 3 * WAITERS;
+    // This test's own.
+    let ranges = our_reads;
     assert_eq!(
         (spent("Txn"), spent("Range")),
         (txns as f64, ranges as f64),
@@ -189,9 +190,9 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
         held.push(lease);
     }
     // The waiting client follows its names on one stream, whatever their
-    // number, and its session's notices on the same; the holder follows
-    // only its session's notices, however many locks it holds.
-    let expected = (2.0, NAMES as f64 + 2.0);
+    // number, and its session's notices and the fence floor on the same;
+    // the holder follows only those two, however many locks it holds.
+    let expected = (2.0, NAMES as f64 + 4.0);
     let open = eventually(
         Duration::from_secs(10),
         "one stream per client and one watch per name",
@@ -207,7 +208,7 @@ async fn each_client_keeps_one_watch_stream_and_closes_it_when_idle() {
     )
     .await;
     assert_eq!(open, expected);
-    assert_eq!((waiter.watched(), holder.watched()), (NAMES + 1, 1));
+    assert_eq!((waiter.watched(), holder.watched()), (NAMES + 2, 2));
 
     for lease in &held {
         holder.release(lease).await.unwrap();
@@ -248,8 +249,9 @@ async fn a_waiter_whose_watch_stream_is_cut_rejoins_the_line() {
     let (tx, mut grants) = mpsc::unbounded_channel();
     let _waiting = wait_for(waiter.clone(), &lock, 0, &tx);
     queue_reaches(&mut raw, &holder, &held, 2).await;
+    // Its session's notices, the fence floor and the queue.
     until(Duration::from_secs(10), "the waiter watching", || async {
-        waiter.watched() > 1
+        waiter.watched() > 2
     })
     .await;
 

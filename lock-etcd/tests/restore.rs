@@ -218,3 +218,135 @@ async fn a_floor_beyond_the_counter_is_refused_and_the_largest_one_still_grants(
         );
     }
 }
+
+/// The procedure with clients that keep running across the restore, cut
+/// off from etcd while it is restored and the floor raised (the procedure's
+/// "keep the store unreachable"). etcd restores their sessions from the
+/// backup, with keys only the backup remembers: here a lock released after
+/// the backup was taken, which a client that kept refreshing its session
+/// would block for ever. Once the clients see the raise, they resume no
+/// session from before it: the released lock is free as soon as the
+/// client's locks have moved off the restored session (their next
+/// renewal), the locks held throughout are kept with their fences, the
+/// waiter keeps its place and is granted above the floor, and every new
+/// grant is above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_running_across_a_restore_resume_no_session_from_before_the_floor() {
+    use lock_conformance::proxy::{FaultProxy, Mode};
+    use lockcore::Locker;
+    const TTL: Duration = Duration::from_secs(30);
+    let store = private_etcd().await;
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let running = || async {
+        EtcdBackend::connect_with(
+            lock_etcd::EtcdConfig::new([store.endpoint_via(proxy.addr())])
+                .request_timeout(scaled(Duration::from_secs(1))),
+        )
+        .await
+        .unwrap()
+    };
+    let (a, b) = (running().await, running().await);
+    let renew_every = scaled(Duration::from_secs(2));
+    let locker = |backend: &EtcdBackend| {
+        Locker::new(backend.clone())
+            .ttl(TTL)
+            .renew_every(renew_every)
+    };
+    let (locker_a, locker_b) = (locker(&a), locker(&b));
+    let (held, queued, released) = (name("held"), name("queued"), name("released-since"));
+    // `a` holds a lock, and waits in line for one `b` holds.
+    let held_a = locker_a.acquire(&held).await.unwrap();
+    let held_b = locker_b.acquire(&queued).await.unwrap();
+    let waiting = {
+        let (locker_a, queued) = (locker_a.clone(), queued.clone());
+        tokio::spawn(async move {
+            locker_a
+                .acquire_timeout(&queued, scaled(Duration::from_secs(90)))
+                .await
+        })
+    };
+    let mut raw = raw(&store.endpoint()).await;
+    let queue = queue_of(&b, &held_b.lease());
+    until(scaled(Duration::from_secs(10)), "a in line", || {
+        let (mut raw, queue) = (raw.clone(), queue.clone());
+        async move { queue_len(&mut raw, queue).await == 2 }
+    })
+    .await;
+    let held_key = a.key_of(&held_a.lease()).unwrap();
+    let restored_session = etcd_lease_of(&mut raw, &held_key).await;
+    // A lock `a` holds when the backup is taken and releases right after.
+    let gone_since = acquire(&a, &released, TTL).await;
+
+    let backup = tempfile::tempdir().unwrap();
+    let snapshot = backup.path().join("snapshot.db");
+    {
+        let (store, snapshot) = (&store, snapshot.clone());
+        tokio::task::block_in_place(|| etcd::snapshot(store, &snapshot)).expect("snapshot");
+    }
+    a.release(&gone_since).await.unwrap();
+    // History the restore loses: the resources saw these fences.
+    let highest = cycles(&connect(&store.endpoint()).await, &name("lost-history"), 5).await;
+
+    proxy.set(Mode::Blackhole);
+    tokio::task::block_in_place(|| etcd::restore(&store, &snapshot)).expect("restore");
+    let admin = connect(&store.endpoint()).await;
+    admin.raise_fence_floor(highest).await.unwrap();
+    let raised = Instant::now();
+    proxy.set(Mode::Pass);
+    proxy.reset_existing();
+
+    // Long before the TTL: the restored session is revoked once `a`'s locks
+    // moved off it (at their next renewal), its waiter's entry at once.
+    let within = renew_every * 2 + scaled(Duration::from_secs(5));
+    let next = lock_conformance::stores::eventually(
+        within,
+        "the lock released after the backup free",
+        || async {
+            admin
+                .try_acquire_for(&released, TTL)
+                .await
+                .ok()?
+                .into_lease()
+        },
+    )
+    .await;
+    eprintln!(
+        "the lock only the backup remembered free {:?} after the raise",
+        raised.elapsed()
+    );
+    let mut raw = raw.clone();
+    let moved = etcd_lease_of(&mut raw, &held_key).await;
+    assert_ne!(
+        moved, restored_session,
+        "a's lock is still on the restored session"
+    );
+    for (who, guard) in [("a", &held_a), ("b", &held_b)] {
+        assert!(guard.is_held(), "{who}'s lock held throughout was lost");
+        let seen = admin.inspect(guard.lease().name()).await.unwrap();
+        assert_eq!(
+            seen.map(|h| h.fence),
+            Some(guard.fencing_token()),
+            "{who}'s lock: etcd shows another holder"
+        );
+    }
+    held_b.release().await.unwrap();
+    let waited = tokio::time::timeout(scaled(Duration::from_secs(10)), waiting)
+        .await
+        .expect("a's waiter served once b released")
+        .unwrap()
+        .expect("granted");
+    let again = cycles(&b, &name("after"), 1).await;
+    for (what, fence) in [
+        ("the name released after the backup", next.fence()),
+        ("a's waiter", waited.fencing_token()),
+        ("a new lock of a running client", again),
+    ] {
+        assert!(
+            fence > highest,
+            "{what}: fence {fence} not above the floor {highest}"
+        );
+    }
+    admin.release(&next).await.unwrap();
+    waited.release().await.unwrap();
+    held_a.release().await.unwrap();
+}

@@ -1,6 +1,7 @@
 //! The keeper: one task per client that refreshes sessions with waiting
 //! entries, deletes keys whose time ran out, moves waiting entries off
-//! retired sessions and drops sessions nobody uses.
+//! retired sessions, drops sessions nobody uses, and retires what a raise of
+//! the fence floor (a restore) leaves behind.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -18,8 +19,8 @@ struct Chores {
     refresh: Vec<Arc<Session>>,
     /// Retired sessions' waiting entries to move: (from, keys).
     moves: Vec<(i64, Vec<Attached>)>,
-    /// Keys whose time ran out: (key, create revision, session).
-    overdue: Vec<(Vec<u8>, i64, i64)>,
+    /// Keys whose time ran out.
+    overdue: Vec<(Attached, i64)>,
     revoke: Vec<i64>,
 }
 
@@ -61,10 +62,10 @@ pub(super) async fn keep(sessions: Weak<Sessions>) {
                 .conn
                 .spawn_task(sessions.clone().move_waiting(from, keys));
         }
-        for (key, revision, session) in chores.overdue {
+        for (key, session) in chores.overdue {
             sessions
                 .conn
-                .cleanup(sessions.clone().delete_overdue(key, revision, session));
+                .cleanup(sessions.clone().delete_overdue(key, session));
         }
         for id in chores.revoke {
             sessions.spawn_revoke(id);
@@ -75,6 +76,7 @@ pub(super) async fn keep(sessions: Weak<Sessions>) {
 impl Sessions {
     fn plan(&self, now: Moment) -> Chores {
         let mut chores = Chores::default();
+        let floor = self.floor.offset();
         let mut book = self.book();
         // Per session: how many entries, and whether some wait.
         let mut used: HashMap<i64, (usize, bool)> = HashMap::new();
@@ -101,7 +103,15 @@ impl Sessions {
                         ttl: TICK * 10,
                     },
                 };
-                chores.overdue.push((key, entry.revision, entry.session));
+                let session = entry.session;
+                chores.overdue.push((
+                    Attached {
+                        key,
+                        revision: entry.revision,
+                        value: entry.value.clone(),
+                    },
+                    session,
+                ));
             }
         }
         let Book {
@@ -110,6 +120,15 @@ impl Sessions {
             entries,
         } = &mut *book;
         sessions.retain(|id, state| {
+            // Granted before the fence floor was raised: maybe restored from a
+            // backup with keys only the backup remembers (see the module doc).
+            if state.status == Status::Live && state.epoch < floor {
+                tracing::debug!(
+                    session = id,
+                    "etcd session granted before the fence floor was raised: retired"
+                );
+                state.status = Status::Retired;
+            }
             let (count, waiting) = used.get(id).copied().unwrap_or_default();
             let count = count + state.users;
             state.empty_since = match (count, state.empty_since) {
@@ -198,15 +217,20 @@ impl Sessions {
         }
     }
 
-    /// Deletes a key whose time ran out (if it is still that grant); if etcd
-    /// cannot be told, its session is retired so no refresh extends it.
-    async fn delete_overdue(self: Arc<Self>, key: Vec<u8>, revision: i64, session: i64) {
+    /// Deletes a key whose time ran out (if it is still that grant: same
+    /// create revision and value); if etcd cannot be told, its session is
+    /// retired so no refresh extends it.
+    async fn delete_overdue(self: Arc<Self>, entry: Attached, session: i64) {
+        let Attached {
+            key,
+            revision,
+            value,
+        } = entry;
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                key.clone(),
-                CompareOp::Equal,
-                revision,
-            )])
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, revision),
+                Compare::value(key.clone(), CompareOp::Equal, value.to_vec()),
+            ])
             .and_then([TxnOp::delete(key.clone(), None)]);
         let deleted = match self.conn.kv() {
             Ok(mut kv) => timed(self.timeout, "delete an expired entry", kv.txn(txn)).await,

@@ -72,8 +72,10 @@ impl Sessions {
             return Err(crate::conn::closed());
         }
         let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        // Read before the grant leaves: the lease lives at least a TTL from here.
+        // Read before the grant leaves: the lease lives at least a TTL from
+        // here, and is granted under at least this fence offset.
         let sent = self.clock.now();
+        let epoch = self.floor.offset();
         let granted = timed(
             self.timeout,
             "lease grant",
@@ -129,6 +131,7 @@ impl Sessions {
             SessionState {
                 handle: session.clone(),
                 refreshed: sent,
+                epoch,
                 status: Status::Live,
                 numbers: HashMap::new(),
                 busy: false,
@@ -143,10 +146,13 @@ impl Sessions {
         Ok(session)
     }
 
+    /// The current session of `ttl` if it is live and was granted under the
+    /// fence offset in force (one from before a raise is about to be retired).
     fn live_current(&self, ttl: Duration) -> Option<Arc<Session>> {
+        let floor = self.floor.offset();
         let book = self.book();
         let state = book.sessions.get(book.current.get(&ttl)?)?;
-        (state.status == Status::Live).then(|| state.handle.clone())
+        (state.status == Status::Live && state.epoch >= floor).then(|| state.handle.clone())
     }
 
     /// Marks `session` in use (if it is live), with its last refresh.
@@ -251,8 +257,9 @@ impl Sessions {
     }
 
     /// Moves `keys` (with their create revisions and values) onto `target`,
-    /// keeping each key's create revision; returns the keys moved (the
-    /// others are gone).
+    /// keeping each key's create revision, each only if it is still that
+    /// grant (create revision and value: after a restore, revisions repeat);
+    /// returns the keys moved (the others are gone).
     pub(crate) async fn move_to(
         &self,
         target: i64,
@@ -270,11 +277,14 @@ impl Sessions {
                      }| {
                         TxnOp::txn(
                             Txn::new()
-                                .when([Compare::create_revision(
-                                    key.clone(),
-                                    CompareOp::Equal,
-                                    *revision,
-                                )])
+                                .when([
+                                    Compare::create_revision(
+                                        key.clone(),
+                                        CompareOp::Equal,
+                                        *revision,
+                                    ),
+                                    Compare::value(key.clone(), CompareOp::Equal, value.to_vec()),
+                                ])
                                 .and_then([TxnOp::put(
                                     key.clone(),
                                     value.to_vec(),
