@@ -167,8 +167,14 @@ impl EtcdBackend {
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<String> = self
+            .inner
+            .endpoints
+            .iter()
+            .map(|e| lockcore::backend::redact_url(e))
+            .collect();
         f.debug_struct("EtcdBackend")
-            .field("endpoints", &self.inner.endpoints)
+            .field("endpoints", &endpoints)
             .field("prefix", &self.inner.prefix)
             .field("min_ttl", &self.inner.caps.min_ttl)
             .field("sessions", &self.inner.sessions.live())

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::LockError;
-use lockcore::backend::{Clock, SystemClock};
+use lockcore::backend::{Clock, SystemClock, redact_url};
 use percent_encoding::percent_decode_str;
 
 /// The longest key prefix accepted, in bytes.
@@ -112,7 +112,9 @@ impl EtcdConfig {
 
     /// Parses `etcd://[user[:password]@]host:port[,host:port...][/prefix][?options]`
     /// (`etcds://` for TLS). `user`, `password` and `prefix` are
-    /// percent-decoded; an empty path keeps the default prefix.
+    /// percent-decoded; an empty path keeps the default prefix. The user
+    /// info runs to the last `@`, so a password may hold `/`, `?`, `#` or `@`
+    /// unescaped; an `@` in the prefix must be written `%40`.
     ///
     /// Options: `ca=PATH` (PEM CA, implies TLS), `cert=PATH` and `key=PATH`
     /// (client identity), `domain=NAME`, `timeout=SECONDS`.
@@ -133,15 +135,17 @@ impl EtcdConfig {
                 )));
             }
         };
+        // The user info runs to the last `@` (a password may hold `/`, `?`,
+        // `#`, `@` unescaped): the same rule `redact_url` hides it by.
+        let (userinfo, rest) = match userinfo_end(rest) {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
         let (rest, query) = match rest.split_once('?') {
             Some((rest, query)) => (rest, Some(query)),
             None => (rest, None),
         };
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
+        let (hosts, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
         if hosts.iter().any(|h| h.is_empty()) {
             return Err(LockError::config(
@@ -285,15 +289,17 @@ impl EtcdConfig {
             return Err(LockError::config("at least one etcd endpoint is needed"));
         }
         for endpoint in self.endpoints() {
+            // Said back redacted: one may carry a password it should not.
+            let shown = redact_url(&endpoint);
             let (scheme, host) = endpoint.split_once("://").unwrap_or(("", ""));
             if !matches!(scheme, "http" | "https") {
                 return Err(LockError::config(format!(
-                    "endpoint {endpoint:?}: the scheme must be http or https"
+                    "endpoint {shown:?}: the scheme must be http or https"
                 )));
             }
             if scheme == "http" && self.tls.is_some() {
                 return Err(LockError::config(format!(
-                    "endpoint {endpoint:?} is http:// but TLS is configured: use https://"
+                    "endpoint {shown:?} is http:// but TLS is configured: use https://"
                 )));
             }
             let valid_host = host.rsplit_once(':').is_some_and(|(h, port)| {
@@ -303,7 +309,7 @@ impl EtcdConfig {
             });
             if !valid_host {
                 return Err(LockError::config(format!(
-                    "endpoint {endpoint:?}: expected scheme://host:port"
+                    "endpoint {shown:?}: expected scheme://host:port (a user and password go in `user()`)"
                 )));
             }
         }
@@ -340,8 +346,9 @@ impl EtcdConfig {
 
 impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<String> = self.endpoints.iter().map(|e| redact_url(e)).collect();
         f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &endpoints)
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(user, _)| user))
             .field("password", &self.user.as_ref().map(|_| "***"))
@@ -350,6 +357,20 @@ impl fmt::Debug for EtcdConfig {
             .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
+}
+
+/// Where the user info of the part after `scheme://` ends: at its last
+/// `@`, unless a `/`, `?` or `#` comes before the user name's `:` (then that
+/// `@` is in the path or query). As [`lockcore::backend::redact_url`] reads it.
+fn userinfo_end(rest: &str) -> Option<usize> {
+    rest.rfind('@').filter(|&at| {
+        let userinfo = &rest[..at];
+        match (userinfo.find(['/', '?', '#']), userinfo.find(':')) {
+            (Some(delimiter), Some(colon)) => colon < delimiter,
+            (Some(_), None) => false,
+            (None, _) => true,
+        }
+    })
 }
 
 fn decode(text: &str, what: &str) -> Result<String, LockError> {
@@ -383,6 +404,20 @@ mod tests {
 
         // The option that bounded TTLs is gone: etcd's own maximum applies.
         assert!(EtcdConfig::from_url("etcd://h:1?max_ttl=3600").is_err());
+
+        // A password with the characters URLs treat specially, unescaped:
+        // the user info runs to the last `@`.
+        let c = EtcdConfig::from_url("etcd://u:p#/?@:%x@a:1/app/?timeout=2").unwrap();
+        assert_eq!(c.endpoints(), ["http://a:1"]);
+        assert_eq!(c.user, Some(("u".into(), "p#/?@:%x".into())));
+        assert_eq!(c.key_prefix(), "app/");
+        assert_eq!(c.request_timeout, Duration::from_secs(2));
+        // An `@` in the prefix is written `%40` (unescaped, everything up to
+        // it reads as user info, as `redact_url` hides it).
+        let c = EtcdConfig::from_url("etcd://a:1/x%40y/").unwrap();
+        assert!(c.user.is_none());
+        assert_eq!(c.key_prefix(), "x@y/");
+        assert!(EtcdConfig::from_url("etcd://a:1/x@y/").is_err());
 
         let c = EtcdConfig::from_url("etcds://h:2379?domain=etcd.local").unwrap();
         assert_eq!(c.endpoints(), ["https://h:2379"]);

@@ -16,7 +16,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use super::{Cluster, Kind, Launch, Probe, SharedSlot, Spec, Store, net};
 
 /// Launch options.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Options {
     /// `--heartbeat-interval` in ms (default 10).
@@ -27,6 +27,9 @@ pub struct Options {
     pub election_timeout_ms: u32,
     /// Serve clients over TLS (default: plaintext). Single member only.
     pub tls: Option<ClientTls>,
+    /// Turn authentication on once started, with this password for the
+    /// `root` user (default: off). Plaintext, single member only.
+    pub root_password: Option<String>,
 }
 
 impl Default for Options {
@@ -35,6 +38,7 @@ impl Default for Options {
             heartbeat_ms: 10,
             election_timeout_ms: 100,
             tls: None,
+            root_password: None,
         }
     }
 }
@@ -52,6 +56,27 @@ impl Options {
     pub fn tls(mut self, tls: ClientTls) -> Self {
         self.tls = Some(tls);
         self
+    }
+
+    /// Turns authentication on once the member is up (`etcdctl user add
+    /// root`, `auth enable`): clients then need `root` and `password` (in a
+    /// URL: `etcd://root:<percent-encoded password>@127.0.0.1:P`); a wrong
+    /// one is refused. The password may hold any character.
+    pub fn root_password(mut self, password: impl Into<String>) -> Self {
+        self.root_password = Some(password.into());
+        self
+    }
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the password.
+        f.debug_struct("Options")
+            .field("heartbeat_ms", &self.heartbeat_ms)
+            .field("election_timeout_ms", &self.election_timeout_ms)
+            .field("tls", &self.tls)
+            .field("auth", &self.root_password.is_some())
+            .finish()
     }
 }
 
@@ -303,6 +328,12 @@ pub fn start(options: Options) -> io::Result<Store> {
         };
         match launched {
             Err(e) if net::port_clash(&e) => last = Some(e),
+            Ok(store) => {
+                if let Some(password) = &options.root_password {
+                    enable_auth(&store, password)?;
+                }
+                return Ok(store);
+            }
             other => return other,
         }
     }
@@ -424,6 +455,27 @@ pub fn restore(store: &Store, snapshot: &Path) -> io::Result<()> {
         .args(["--initial-advertise-peer-urls", &peer]);
     run(cmd, "etcdctl snapshot restore")?;
     store.restart_now()
+}
+
+/// Adds the `root` user with `password` and turns authentication on.
+fn enable_auth(store: &Store, password: &str) -> io::Result<()> {
+    let ctl = |args: &[&str]| -> io::Result<()> {
+        let mut cmd = etcdctl()?;
+        cmd.arg("--endpoints")
+            .arg(store.endpoint())
+            .args(["--dial-timeout", "5s", "--command-timeout", "10s"])
+            .args(args);
+        run(cmd, "etcdctl (enabling auth)")
+    };
+    ctl(&[
+        "user",
+        "add",
+        "root",
+        "--interactive=false",
+        &format!("--new-user-password={password}"),
+    ])?;
+    ctl(&["user", "grant-role", "root", "root"])?;
+    ctl(&["auth", "enable"])
 }
 
 fn etcdctl() -> io::Result<Command> {
