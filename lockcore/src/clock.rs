@@ -67,20 +67,6 @@ impl Moment {
     }
 }
 
-impl From<Instant> for Moment {
-    /// The reading at `at`, a monotonic instant in the recent past: the boot
-    /// clock is read now and taken back by the monotonic time since `at`.
-    /// Prefer [`Moment::now`] taken at the right time.
-    fn from(at: Instant) -> Moment {
-        let now = Moment::now();
-        let back = now.mono.saturating_duration_since(at);
-        Moment {
-            mono: at,
-            boot: now.boot.map(|b| b.saturating_sub(back)),
-        }
-    }
-}
-
 /// A source of [`Moment`]s. [`SystemClock`] reads the real clocks; tests
 /// inject their own (say, one whose boot clock jumps as if the host slept).
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
