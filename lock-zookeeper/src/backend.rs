@@ -58,11 +58,21 @@ impl ZooKeeperBackend {
         self.client.session_timeout()
     }
 
-    /// The client of the current session, for diagnostics and tests (its
+    /// The client of the current session, for diagnostics, tests and
+    /// [`fenced_write`](crate::fenced_write) (its
     /// [`session`](zk::Client::session) identifies the owner of this
     /// backend's lock nodes).
-    pub fn zk_client(&self) -> zk::Client {
-        self.client.current().session.client.clone()
+    ///
+    /// Drop it when done: [`close`](LockBackend::close) closes the session
+    /// once every handle of it is dropped, and waits for that no longer
+    /// than its limit.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] once the backend is closed.
+    pub fn zk_client(&self) -> Result<zk::Client, LockError> {
+        self.client.refuse_closed()?;
+        let session = &self.client.current().session;
+        (session.client()).map_err(|e| crate::error::map("the current session", e))
     }
 
     /// The ZooKeeper path of `name`'s queue: one child of the root.
@@ -149,11 +159,21 @@ impl LockBackend for ZooKeeperBackend {
         self.client.raise_fence_floor(floor).await
     }
 
+    /// Loses every lease of this client (their loss signals fire), finishes
+    /// its clean-ups (queue nodes of cancelled waiters), closes its session
+    /// (ZooKeeper deletes its nodes at once) and ends its tasks, each step
+    /// within the session timeout (at most 5 s). Clones share the client:
+    /// they are all closed.
+    async fn close(&self) -> Result<(), LockError> {
+        self.client.close().await
+    }
+
     async fn acquire(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
+        self.client.refuse_closed()?;
         let mut waiter = LineWaiter::new(&self.client, request);
         // Requests wait out a disconnection; never let one hold the caller
         // past its deadline (dropping the waiter removes its node).

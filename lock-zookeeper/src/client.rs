@@ -6,26 +6,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Wakeup};
+use lockcore::backend::{CancellationToken, Cleanups, LockRequest};
 use lockcore::{
-    Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
-    Lease, LeaseKind, LockError, LockName, OwnerToken, ReleaseOutcome,
+    Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Lease,
+    LeaseKind, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 use zookeeper_client as zk;
 
+use crate::acls::Acls;
 use crate::config::ZooKeeperConfig;
 use crate::error::{BACKEND, map};
 use crate::held::{Held, Over, gone};
-use crate::names::{NodeData, segment};
+use crate::names::segment;
 use crate::notify::Keeper;
-use crate::queue::{Acls, Entry};
-use crate::requests::{delete_node, list, retry};
+use crate::queue::Entry;
+use crate::requests::retry;
 use crate::session::{Session, Timing};
-
-/// How many times inspect and evict look again when the holder changes
-/// under them.
-const LOOKS: usize = 8;
 
 /// A session and the keeper that watches its longer-held grants.
 #[derive(Debug)]
@@ -37,7 +35,7 @@ pub(crate) struct Live {
 impl Live {
     fn new(session: Arc<Session>) -> Arc<Live> {
         Arc::new(Live {
-            keeper: Keeper::start(session.timeout, session.ended.clone()),
+            keeper: Keeper::start(session.timeout, session.losing.clone(), &session.tasks),
             session,
         })
     }
@@ -52,6 +50,14 @@ pub(crate) struct Client {
     reconnecting: tokio::sync::Mutex<()>,
     /// The latest negotiated session timeout, for `capabilities()`.
     timeout_ms: AtomicU64,
+    /// The background clean-ups this client owes the store: removing the
+    /// queue nodes of cancelled waiters, closing sessions it gave up or
+    /// retired. [`close`](Self::close) finishes them.
+    pub(crate) cleanups: Cleanups,
+    /// Cancelled once the client is closed (or dropped).
+    pub(crate) closed: CancellationToken,
+    /// The client's own task (keeping a session).
+    pub(crate) tasks: TaskTracker,
 }
 
 impl Client {
@@ -62,19 +68,38 @@ impl Client {
         let acls = Arc::new(Acls::new(config.digest.is_some()));
         let session = Session::open(&config).await?;
         let root = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&acls.dirs));
-        retry(|| session.client.mkdir(&config.root, &root))
+        let creating = |e| map(format!("creating the lock root {}", config.root), e);
+        let handle = session.client().map_err(creating)?;
+        retry(|| handle.mkdir(&config.root, &root))
             .await
-            .map_err(|e| map(format!("creating the lock root {}", config.root), e))?;
-        crate::probe::may_queue_under(&session.client, &config.root).await?;
+            .map_err(creating)?;
+        crate::probe::may_queue_under(&handle, &config.root).await?;
+        drop(handle);
         let client = Arc::new(Client {
             timeout_ms: AtomicU64::new(millis(session.timeout)),
             live: Mutex::new(Live::new(session)),
             reconnecting: tokio::sync::Mutex::new(()),
             acls,
             config,
+            cleanups: Cleanups::new(),
+            closed: CancellationToken::new(),
+            tasks: TaskTracker::new(),
         });
-        tokio::spawn(keep_a_session(Arc::downgrade(&client)));
+        (client.tasks).spawn(keep_a_session(Arc::downgrade(&client)));
         Ok(client)
+    }
+
+    /// Whether the client was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// `Unavailable` once the client is closed.
+    pub(crate) fn refuse_closed(&self) -> Result<(), LockError> {
+        if self.is_closed() {
+            return Err(closed());
+        }
+        Ok(())
     }
 
     /// The current session, live or ended.
@@ -83,19 +108,23 @@ impl Client {
     }
 
     /// The live session, or a new one if it ended (expired: every lock it
-    /// held is already gone on the server).
+    /// held is already gone on the server; retired: the client closes it).
+    /// A session whose fence floor was raised is retired here, at its next
+    /// use (see [`crate::floor`]).
     pub(crate) async fn live(&self) -> Result<Arc<Live>, LockError> {
+        self.refuse_closed()?;
         let current = self.current();
-        if !current.session.is_ended() {
+        if !current.session.is_ended() && current.session.floor_holds().await? {
             return Ok(current);
         }
         let _one_at_a_time = self.reconnecting.lock().await;
+        self.refuse_closed()?;
         let current = self.current();
         if !current.session.is_ended() {
             return Ok(current);
         }
         let old = &current.session;
-        if old.client.state() == zk::SessionState::AuthFailed {
+        if old.state() == zk::SessionState::AuthFailed {
             return Err(LockError::store(
                 BACKEND,
                 "ZooKeeper refused the session's credentials (AuthFailed)",
@@ -108,13 +137,22 @@ impl Client {
         let live = Live::new(fresh.clone());
         *self.live.lock().unwrap_or_else(|p| p.into_inner()) = live.clone();
         // Expired here may mean given up here while the servers still keep
-        // it (and its nodes): close it there.
-        if old.client.state() == zk::SessionState::Expired {
-            tokio::spawn(crate::session::reap(
-                self.config.clone(),
-                old.clone(),
-                fresh,
-            ));
+        // it (and its nodes): close it there. A retired session is still
+        // open: close it.
+        let config = self.config.clone();
+        match old.state() {
+            zk::SessionState::Expired => {
+                (self.cleanups).spawn(crate::session::reap(config, old.clone(), fresh));
+            }
+            state if !state.is_terminated() => {
+                let (old, limit) = (old.clone(), self.close_limit());
+                self.cleanups.spawn(async move {
+                    if let Err(e) = old.shut(limit).await {
+                        tracing::debug!(error = %e, "could not close a retired session");
+                    }
+                });
+            }
+            _ => {}
         }
         Ok(live)
     }
@@ -146,6 +184,12 @@ impl Client {
             // 7/5 of the timeout + 1.5 ticks (see `Timing::new`).
             .expiry_slack(timing.slack)
             .fence_floor(true)
+            // A fence is a `czxid` (at most `i64::MAX`) plus the floor's
+            // offset, summed in 64 unsigned bits. Declaring the signed range
+            // keeps `2^63` of room above any accepted floor for `czxid`s to
+            // grow (a leader election alone moves them by `2^32`), so no floor
+            // accepted here makes later grants overflow.
+            .max_fence(i64::MAX as u64)
             .semaphores(true)
     }
 
@@ -173,15 +217,33 @@ impl Client {
         })
     }
 
-    /// One attempt: enqueue, and keep the node only if it is first.
+    /// One attempt: enqueue, and keep the node only if it is first. Made
+    /// once more on a new session if the session ended under it (retired
+    /// for a raised fence floor, or expired).
     pub(crate) async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        let name = request.name();
         let live = self.live().await?;
+        match self.try_acquire_on(&live, request).await {
+            Err(_) if live.session.is_ended() && !self.is_closed() => {
+                let live = self.live().await?;
+                self.try_acquire_on(&live, request).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`try_acquire`](Self::try_acquire) on the session of `live`.
+    async fn try_acquire_on(
+        &self,
+        live: &Live,
+        request: &LockRequest,
+    ) -> Result<Attempt, LockError> {
+        let name = request.name();
         let mut entry = Entry::new(
             live.session.clone(),
             self.lock_path(name),
             self.acls.clone(),
-            Some(request.label()),
+            self.cleanups.clone(),
+            Some(request),
         );
         let Some(mut queue) = entry.enqueue(true).await? else {
             return Err(LockError::store(
@@ -198,7 +260,7 @@ impl Client {
             if !entry.prove_recent().await? {
                 return Err(vanished(name));
             }
-            return Ok(Attempt::Acquired(self.grant(&live, name, entry, alone)?));
+            return Ok(Attempt::Acquired(self.grant(live, name, entry, alone)?));
         }
         if let Err(e) = entry.remove().await {
             tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
@@ -210,7 +272,8 @@ impl Client {
     /// `alive_since`: the send time of a request that went through the leader
     /// (a write or a `sync`), so the leader keeps the session (and the node)
     /// until `alive_since + timeout`, less the session's margin (see
-    /// [`Timing::new`]). A read answered by a follower proves nothing of the
+    /// [`Timing::new`]). The lease is judged on the clock that time was read
+    /// on, the request's. A read answered by a follower proves nothing of the
     /// kind: a follower cut off from the leader keeps answering for a while.
     /// Callers make that start recent first ([`Entry::prove_recent`]).
     /// `alone`: the latest look at the queue showed only our node, so nobody
@@ -250,6 +313,7 @@ impl Client {
             ttl,
             alive_since,
         )
+        .with_clock(entry.clock.clone())
         .with_extra_margin(session.timing.margin);
         let held = Held::start(entry, name.clone(), fence, alone, lease.deadline())
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
@@ -265,6 +329,7 @@ impl Client {
 
     /// Deletes the grant's node if it is still this lease's.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.refuse_closed()?;
         let Some(held) = self.held(lease) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
@@ -301,98 +366,19 @@ impl Client {
         })
     }
 
-    /// The head of `name`'s queue, read after a `sync`: its path and holder.
-    async fn head(
-        &self,
-        session: &Session,
-        name: &LockName,
-    ) -> Result<Option<(String, Holder)>, LockError> {
-        let parent = self.lock_path(name);
-        for _ in 0..LOOKS {
-            let queue = list(&session.client, &parent, true).await?;
-            let Some(head) = queue.head() else {
-                return Ok(None);
-            };
-            let path = format!("{parent}/{}", head.name);
-            let read = match retry(|| session.client.get_data(&path)).await {
-                Ok(read) => read,
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(map(format!("reading {path}"), e)),
-            };
-            let (data, stat) = read;
-            let data = NodeData::decode(&data);
-            let holder = Holder::new(
-                data.fence(stat.czxid)?,
-                Some(OwnerToken::from_uuid(head.guid)),
-                None,
-            )
-            .with_label(data.label);
-            return Ok(Some((path, holder)));
-        }
-        Err(LockError::unavailable(
-            BACKEND,
-            format!("the holder of {parent} kept changing while being read"),
-        ))
-    }
-
-    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        let live = self.live().await?;
-        Ok(self.head(&live.session, name).await?.map(|(_, h)| h))
-    }
-
-    /// Deletes the head of the queue (if its fence is `expected`, when given).
-    pub(crate) async fn evict(
-        &self,
-        name: &LockName,
-        expected: Option<FencingToken>,
-    ) -> Result<Option<Holder>, LockError> {
-        let live = self.live().await?;
-        for _ in 0..LOOKS {
-            let Some((path, current)) = self.head(&live.session, name).await? else {
-                return Ok(None);
-            };
-            if expected.is_some_and(|fence| fence != current.fence) {
-                return Ok(None);
-            }
-            // The path names one grant (its owner's uuid and sequence), so
-            // this deletes exactly the holder just read.
-            if delete_node(&live.session.client, &path)
-                .await
-                .map_err(|e| map(format!("force-releasing {path}"), e))?
-            {
-                return Ok(Some(current));
-            }
-        }
-        Ok(None)
-    }
-
-    /// A wake-up once the head of `name`'s queue is gone (at once if the
-    /// queue is empty): an `exists` watch on it, as the session's waiters
-    /// watch the node ahead of theirs.
-    pub(crate) async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        let live = self.live().await?;
-        let client = &live.session.client;
-        let parent = self.lock_path(name);
-        let queue = list(client, &parent, false).await?;
-        let Some(head) = queue.head() else {
-            return Ok(Some(Box::pin(async {})));
-        };
-        let path = format!("{parent}/{}", head.name);
-        match client.check_and_watch_stat(&path).await {
-            Ok((Some(_), watcher)) => Ok(Some(Box::pin(async move {
-                watcher.changed().await;
-            }))),
-            Ok((None, _)) => Ok(Some(Box::pin(async {}))),
-            Err(e) => Err(map(format!("watching {path}"), e)),
-        }
-    }
-
     /// Raises the fence floor of this client's lock root (see
     /// [`crate::floor`]).
     pub(crate) async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
+        self.capabilities().check_fence_floor(floor)?;
         let live = self.live().await?;
+        let raising = |e| {
+            map(
+                format!("raising the fence floor of {}", self.config.root),
+                e,
+            )
+        };
         crate::floor::raise(
-            &live.session.client,
+            &live.session.client().map_err(raising)?,
             &self.config.root,
             &self.acls.dirs,
             floor,
@@ -402,26 +388,45 @@ impl Client {
 }
 
 /// Opens a new session as soon as the current one ends, not only at the
-/// next call, so that a session this client gave up is closed on the
-/// servers promptly (see [`crate::session::reap`]). Stops with the backend.
+/// next call, so that a session this client gave up (or retired) is closed
+/// on the servers promptly (see [`crate::session::reap`]). After each
+/// reconnection, looks at once whether the fence floor was raised meanwhile
+/// (a restore), so that a session resumed from before the floor is retired
+/// and closed with the nodes it had then (see [`crate::floor`]). Stops with
+/// the backend, or when it is closed.
 async fn keep_a_session(client: Weak<Client>) {
     let backoff = Backoff::default();
     loop {
-        let Some(ended) = client.upgrade().map(|c| c.current().session.ended.clone()) else {
+        let Some((session, closed)) = client
+            .upgrade()
+            .map(|c| (c.current().session.clone(), c.closed.clone()))
+        else {
             return;
         };
-        ended.cancelled().await;
+        let (ended, reconnected) = (session.ended.clone(), session.reconnected.clone());
+        drop(session);
+        tokio::select! {
+            _ = closed.cancelled() => return,
+            _ = ended.cancelled() => {}
+            _ = reconnected.notified() => {}
+        }
         let mut failures = 0;
         loop {
             let Some(strong) = client.upgrade() else {
                 return;
             };
+            if strong.is_closed() {
+                return;
+            }
             match strong.live().await {
                 Ok(_) => break,
                 Err(e) if e.is_retryable() => {
                     drop(strong);
                     tracing::debug!(error = %e, "no new zookeeper session yet; will retry");
-                    tokio::time::sleep(backoff.delay(failures)).await;
+                    tokio::select! {
+                        _ = closed.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.delay(failures)) => {}
+                    }
                     failures = failures.saturating_add(1);
                 }
                 Err(e) => {
@@ -431,6 +436,11 @@ async fn keep_a_session(client: Weak<Client>) {
             }
         }
     }
+}
+
+/// `Unavailable`: the client was closed.
+pub(crate) fn closed() -> LockError {
+    LockError::unavailable(BACKEND, "this ZooKeeper client was closed")
 }
 
 /// `NotHeld` for `lease`.

@@ -51,6 +51,14 @@ struct State {
     known: Option<Known>,
     /// The session's connection state, to notice a reconnection.
     link: zk::StateWatcher,
+    /// How many times the connection state changed so far.
+    breaks: u64,
+    /// The offset last read, and `breaks` when that read was sent.
+    seen: Option<(u64, u64)>,
+    /// A read after a break found the offset changed since the one before
+    /// it: the floor was raised while the session was away (see
+    /// [`raised_while_away`](Floor::raised_while_away)). Never reset.
+    away: bool,
 }
 
 /// The offset as read, and the watch set by that read.
@@ -66,6 +74,9 @@ impl Floor {
             state: Mutex::new(State {
                 known: None,
                 link: client.state_watcher(),
+                breaks: 0,
+                seen: None,
+                away: false,
             }),
         }
     }
@@ -76,10 +87,22 @@ impl Floor {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let reconnected = ready(pin!(state.link.changed()));
         let fired = (state.known.as_mut()).is_some_and(|k| ready(k.fired.as_mut()));
+        if reconnected {
+            state.breaks += 1;
+        }
         if reconnected || fired {
             state.known = None;
         }
         state
+    }
+
+    /// Whether the offset changed across a break of the session's
+    /// connection: the floor was raised while the session was away, as the
+    /// restore procedure does, so the session may have been resumed from a
+    /// restored server along with nodes (and a queue state) from before the
+    /// floor. Such a session is retired.
+    pub(crate) fn raised_while_away(&self) -> bool {
+        self.lock().away
     }
 
     /// The offset to create a node with: the one known, or read now.
@@ -110,6 +133,7 @@ impl Floor {
 
     /// Reads the floor after a `sync`, with a watch.
     async fn read(&self, client: &zk::Client) -> Result<u64, LockError> {
+        let breaks = self.lock().breaks;
         let path = &self.path;
         let reading = |e| map(format!("reading the fence floor {path}"), e);
         let synced = client.sync(path);
@@ -128,7 +152,18 @@ impl Floor {
             },
             Err(e) => return Err(reading(e)),
         };
-        self.lock().known = Some(Known { offset, fired });
+        let mut state = self.lock();
+        if let Some((seen, then)) = state.seen
+            && seen != offset
+            && breaks > then
+        {
+            state.away = true;
+        }
+        state.seen = Some((offset, breaks));
+        // Known (and watched) only if the connection held since the read.
+        if state.breaks == breaks {
+            state.known = Some(Known { offset, fired });
+        }
         Ok(offset)
     }
 }
@@ -218,6 +253,18 @@ fn parse(path: &str, data: &[u8]) -> Result<u64, LockError> {
                 ),
             )
         })
+}
+
+/// The retryable error of a request on a session retired because the
+/// floor was raised while it was disconnected: a new session takes over.
+pub(crate) fn floor_raised(parent: &str) -> LockError {
+    LockError::unavailable(
+        BACKEND,
+        format!(
+            "the fence floor was raised while this session was disconnected (queueing under {parent}); \
+             the session is retired and a new one takes over"
+        ),
+    )
 }
 
 /// Polls `future` once: whether it has completed (its event has arrived).

@@ -87,7 +87,8 @@ pub(crate) struct Held {
     /// the session vouches for the next number (see [`crate::quiet`]).
     pub(crate) vouch: Option<(u64, u32)>,
     /// The lease's loss signal: cancelled when the node is deleted by anyone
-    /// else or the session ends (it is a child of the session's signal).
+    /// else, the session ends or its client is closed (it is a child of the
+    /// session's `losing`).
     pub(crate) lost: CancellationToken,
     /// Stops the watcher task after a release.
     done: CancellationToken,
@@ -128,7 +129,7 @@ impl Held {
         let czxid = node.czxid;
         let vouch = watched.zip(node.sequence).filter(|_| alone && !strays);
         Some(Arc::new(Held {
-            lost: session.ended.child_token(),
+            lost: session.losing.child_token(),
             session,
             name,
             parent,
@@ -211,9 +212,10 @@ impl Held {
     /// Deletes this node (and, after a lost create reply, any stray node of
     /// the same owner). `Ok(true)` if this call deleted the node.
     pub(crate) async fn delete(&self) -> Result<bool, zk::Error> {
-        let deleted = requests::delete_node(&self.session.client, &self.path).await;
+        let client = self.session.client()?;
+        let deleted = requests::delete_node(&client, &self.path).await;
         if self.strays {
-            requests::sweep_owner(&self.session.client, &self.parent, self.guid).await;
+            requests::sweep_owner(&client, &self.parent, self.guid).await;
         }
         deleted
     }

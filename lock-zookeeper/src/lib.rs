@@ -1,12 +1,15 @@
 #![doc = include_str!("../README.md")]
+mod acls;
 mod backend;
 mod client;
+mod close;
 mod config;
 mod connect;
 mod error;
 mod fence;
 mod floor;
 mod held;
+mod holders;
 mod line;
 mod names;
 mod notify;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use lockcore::backend::CancellationToken;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 use zookeeper_client as zk;
 
 use crate::held::{Held, Over, deleted};
@@ -29,6 +30,8 @@ pub(crate) struct Keeper {
     due: Mutex<VecDeque<(Instant, Arc<Held>)>>,
     added: Notify,
     delay: Duration,
+    /// The session's tasks: the keeper's own and its watches.
+    tasks: TaskTracker,
 }
 
 impl Keeper {
@@ -47,15 +50,21 @@ impl Keeper {
         Self::delay(timeout) * 5 / 4
     }
 
-    /// Starts the keeper of a session with timeout `timeout`, which stops
-    /// when `ended` fires.
-    pub(crate) fn start(timeout: Duration, ended: CancellationToken) -> Arc<Keeper> {
+    /// Starts the keeper of a session with timeout `timeout` among the
+    /// session's `tasks`; it stops when `losing` fires (the session ended,
+    /// or its client is closed: every grant's loss signal fired).
+    pub(crate) fn start(
+        timeout: Duration,
+        losing: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Arc<Keeper> {
         let keeper = Arc::new(Keeper {
             due: Mutex::new(VecDeque::new()),
             added: Notify::new(),
             delay: Self::delay(timeout),
+            tasks: tasks.clone(),
         });
-        tokio::spawn(keep(keeper.clone(), ended));
+        tasks.spawn(keep(keeper.clone(), losing));
         keeper
     }
 
@@ -92,7 +101,7 @@ impl std::fmt::Debug for Keeper {
     }
 }
 
-async fn keep(keeper: Arc<Keeper>, ended: CancellationToken) {
+async fn keep(keeper: Arc<Keeper>, losing: CancellationToken) {
     // Looks at most four times per delay, whatever the rate of grants: a
     // grant is looked at between one and one and a quarter delays after it
     // was made.
@@ -101,7 +110,7 @@ async fn keep(keeper: Arc<Keeper>, ended: CancellationToken) {
         let next = keeper.lock().front().map(|&(at, _)| at.max(rest_until));
         tokio::select! {
             biased;
-            _ = ended.cancelled() => break,
+            _ = losing.cancelled() => break,
             // `notify_one` leaves a permit if it comes before this waits.
             _ = keeper.added.notified(), if next.is_none() => continue,
             _ = sleep_until_some(next) => {}
@@ -110,7 +119,7 @@ async fn keep(keeper: Arc<Keeper>, ended: CancellationToken) {
         rest_until = now + keeper.delay / 4;
         while let Some(held) = keeper.pop_due(now) {
             if held.over() == Over::No {
-                tokio::spawn(watch_over(held));
+                keeper.tasks.spawn(watch_over(held));
             }
         }
     }
@@ -121,15 +130,16 @@ async fn keep(keeper: Arc<Keeper>, ended: CancellationToken) {
 /// Watches a granted node until it is released, expires (then deletes it:
 /// an abandoned lease must not outlive its deadline just because the session
 /// does), or is deleted by someone else (then fires the loss signal). The
-/// watch is the grant's ([`Held::watching`]): renewals rely on it too.
+/// watch is the grant's ([`Held::watching`]): renewals rely on it too. Ends
+/// with the loss signal, too (the session ended, or its client is closed).
 async fn watch_over(held: Arc<Held>) {
-    let mut registering: Option<BoxFuture<'static, Registered>> =
-        Some(watch(held.session.client.clone(), held.path.clone()));
+    let mut registering: Option<BoxFuture<'static, Registered>> = Some(watch(&held));
     loop {
         let deadline = held.deadline();
         tokio::select! {
             biased;
             _ = held.stopped() => return,
+            _ = held.lost.cancelled() => return,
             registered = poll_some(&mut registering) => {
                 registering = None;
                 match registered {
@@ -139,7 +149,7 @@ async fn watch_over(held: Arc<Held>) {
                     // the reconnection); the deadline bounds the grant anyway.
                     Err(e) if crate::error::transient(&e) && !held.session.is_ended() => {
                         tracing::debug!(path = %held.path, error = %e, "watching a granted lock node failed; again");
-                        registering = Some(watch(held.session.client.clone(), held.path.clone()));
+                        registering = Some(watch(&held));
                     }
                     Err(e) => tracing::debug!(path = %held.path, error = %e, "could not watch a granted lock node"),
                 }
@@ -147,7 +157,7 @@ async fn watch_over(held: Arc<Held>) {
             event = std::future::poll_fn(|cx| held.poll_watch(cx)) => {
                 if event.event_type == zk::EventType::NodeDataChanged {
                     // Someone wrote to the node (no ACL in use): watch again.
-                    registering = Some(watch(held.session.client.clone(), held.path.clone()));
+                    registering = Some(watch(&held));
                 } else {
                     return deleted(&held);
                 }
@@ -170,8 +180,10 @@ async fn watch_over(held: Arc<Held>) {
 
 type Registered = Result<(Option<zk::Stat>, zk::OneshotWatcher), zk::Error>;
 
-fn watch(client: zk::Client, path: String) -> BoxFuture<'static, Registered> {
-    Box::pin(async move { client.check_and_watch_stat(&path).await })
+/// Sets a watch on `held`'s node (an `exists`).
+fn watch(held: &Held) -> BoxFuture<'static, Registered> {
+    let (client, path) = (held.session.client(), held.path.clone());
+    Box::pin(async move { client?.check_and_watch_stat(&path).await })
 }
 
 async fn sleep_until_some(at: Option<Instant>) {

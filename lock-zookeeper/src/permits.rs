@@ -57,21 +57,41 @@ impl Client {
         format!("{}/{PERMITS_NODE}/{}", self.config.root, segment(name))
     }
 
-    /// One attempt at one of `permits` slots of `request.name()`.
+    /// One attempt at one of `permits` slots of `request.name()`; made once
+    /// more on a new session if the session ended under it (as
+    /// [`try_acquire`](Client::try_acquire)).
     pub(crate) async fn try_acquire_permit(
         &self,
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
-        let name = request.name();
-        lockcore::backend::check_permits(name, permits)?;
+        lockcore::backend::check_permits(request.name(), permits)?;
         let live = self.live().await?;
+        match self.try_acquire_permit_on(&live, request, permits).await {
+            Err(_) if live.session.is_ended() && !self.is_closed() => {
+                let live = self.live().await?;
+                self.try_acquire_permit_on(&live, request, permits).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`try_acquire_permit`](Self::try_acquire_permit) on the session of `live`.
+    async fn try_acquire_permit_on(
+        &self,
+        live: &Live,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        let name = request.name();
         let path = self.semaphore_path(name);
+        let reading = |e| map(format!("reading the semaphore {path}"), e);
+        let client = live.session.client().map_err(reading)?;
         for _ in 0..ATTEMPTS {
-            let semaphore = read(&live.session.client, &path).await?;
+            let semaphore = read(&client, &path).await?;
             match semaphore.count {
                 None => {
-                    self.create_semaphore(&live, &path, permits).await?;
+                    self.create_semaphore(&client, &path, permits).await?;
                     continue;
                 }
                 Some(existing) if existing != permits => {
@@ -82,7 +102,7 @@ impl Client {
                             existing,
                         });
                     }
-                    clear(&live.session.client, &path, &semaphore).await?;
+                    clear(&client, &path, &semaphore).await?;
                     continue;
                 }
                 Some(_) => {}
@@ -94,7 +114,10 @@ impl Client {
             let Some(slot) = free_slot(&taken, permits) else {
                 return Ok(Attempt::Held { expires_in: None });
             };
-            match self.take_slot(&live, request, &path, slot, permits).await? {
+            match self
+                .take_slot(live, &client, request, &path, slot, permits)
+                .await?
+            {
                 Taken::Granted(lease) => return Ok(Attempt::Acquired(lease)),
                 // Taken by someone else meanwhile, or the semaphore changed.
                 Taken::Busy | Taken::Changed => continue,
@@ -107,6 +130,7 @@ impl Client {
     async fn take_slot(
         &self,
         live: &Live,
+        client: &zk::Client,
         request: &LockRequest,
         path: &str,
         slot: u32,
@@ -118,7 +142,8 @@ impl Client {
             session.clone(),
             parent,
             self.acls.clone(),
-            Some(request.label()),
+            self.cleanups.clone(),
+            Some(request),
         )
         .in_semaphore(path.to_owned());
         let mut queue = match entry.enqueue(true).await {
@@ -134,7 +159,7 @@ impl Client {
             Some(data) => Some(data),
             // Not read with the create (a lost reply): read it now, under
             // the node that pins it.
-            None => match session.client.get_data(path).await {
+            None => match client.get_data(path).await {
                 Ok((data, _)) => Some(data),
                 Err(zk::Error::NoNode) => None,
                 Err(e) => return Err(map(format!("reading the semaphore {path}"), e)),
@@ -161,11 +186,10 @@ impl Client {
     /// Creates the semaphore node with `permits` (and the node above it).
     async fn create_semaphore(
         &self,
-        live: &Live,
+        client: &zk::Client,
         path: &str,
         permits: u32,
     ) -> Result<(), LockError> {
-        let client = &live.session.client;
         let dir = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.acls.dirs));
         let data = permits.to_string();
         let creating = |e| map(format!("creating the semaphore {path}"), e);
@@ -184,8 +208,9 @@ impl Client {
     /// The holders of the semaphore `name`, one per held slot.
     pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
         let live = self.live().await?;
-        let client = &live.session.client;
         let path = self.semaphore_path(name);
+        let reading = |e| map(format!("reading the semaphore {path}"), e);
+        let client = &live.session.client().map_err(reading)?;
         let semaphore = read(client, &path).await?;
         let heads: Vec<_> = (semaphore.slots.iter())
             .filter_map(|(k, q)| q.head().map(|head| (*k, head.clone())))
@@ -218,9 +243,12 @@ impl Client {
     pub(crate) async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let live = self.live().await?;
         let path = self.semaphore_path(name);
-        let watching = (live.session.client)
+        let client = (live.session.client())
+            .map_err(|e| map(format!("watching the semaphore {path}"), e))?;
+        let watching = client
             .watch(&path, zk::AddWatchMode::PersistentRecursive)
             .await;
+        drop(client);
         let mut watcher = match watching {
             Ok(watcher) => watcher,
             Err(zk::Error::Unimplemented) => {

@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use lockcore::backend::Moment;
 use lockcore::{Lease, LockError};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::client::{Client, not_held};
-use crate::error::map;
+use crate::client::{Client, closed, not_held};
+use crate::error::{BACKEND, map};
 use crate::held::{Held, Over, gone};
 use crate::session::Session;
 
@@ -27,7 +26,13 @@ impl Client {
     /// for less than a twentieth of the session) is read instead, in the
     /// same round trip. So renewing any number of watched leases costs one
     /// request.
+    ///
+    /// A session whose fence floor was raised is retired instead (see
+    /// [`crate::floor`]): its leases are lost.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.is_closed() {
+            return leases.iter().map(|_| Err(closed())).collect();
+        }
         let now = Instant::now();
         let mut verdicts: Vec<Option<Result<Lease, LockError>>> = Vec::with_capacity(leases.len());
         let mut expired = Vec::new();
@@ -74,26 +79,45 @@ impl Client {
         leases: &[Lease],
         group: &[Indexed],
     ) -> Vec<(usize, Result<Lease, LockError>)> {
-        let client = &session.client;
-        let sent_at = Moment::now();
+        let client = match session.client() {
+            Ok(client) => client,
+            Err(e) => {
+                let failed = |(i, held): &Indexed| {
+                    (*i, Err(map(format!("renewing {}", held.path), e.clone())))
+                };
+                return group.iter().map(failed).collect();
+            }
+        };
+        let client = &client;
+        // Each lease's send time, on its own clock, and this process's
+        // monotonic one for the watches: all read before the sync leaves.
+        let sent: Vec<_> = group.iter().map(|(i, _)| leases[*i].now()).collect();
+        let sent_at = Instant::now();
         let synced = client.sync(&self.config.root);
         // Requests go out in call order: these reads come after the sync.
         let reads: Vec<_> = (group.iter())
-            .map(|(_, held)| {
-                (!held.watched_before(sent_at.mono())).then(|| client.check_stat(&held.path))
-            })
+            .map(|(_, held)| (!held.watched_before(sent_at)).then(|| client.check_stat(&held.path)))
             .collect();
         let synced = match synced.await {
             Ok(()) | Err(zk::Error::NoNode) => Ok(()),
             Err(e) => Err(e),
         };
+        // Under a raised floor the session is retired: its leases are lost.
+        let synced = match synced {
+            Ok(()) => match session.floor_holds().await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(zk::Error::SessionExpired),
+                Err(e) => return group.iter().map(|(i, _)| (*i, Err(again(&e)))).collect(),
+            },
+            Err(e) => Err(e),
+        };
         let mut renewed = Vec::with_capacity(group.len());
-        for ((i, held), read) in group.iter().zip(reads) {
+        for (((i, held), read), sent) in group.iter().zip(reads).zip(sent) {
             let (i, lease) = (*i, &leases[*i]);
             let ours = match (&synced, read) {
                 (Err(e), _) => Err(e.clone()),
                 (Ok(()), Some(read)) => read.await.map(|stat| self.is_ours(held, stat)),
-                (Ok(()), None) => match held.watched_through(sent_at.mono()) {
+                (Ok(()), None) => match held.watched_through(sent_at) {
                     Some(alive) => Ok(alive),
                     // The watch went in between, or fired for a write: read
                     // the node after all.
@@ -105,7 +129,7 @@ impl Client {
             };
             let verdict = match ours {
                 Ok(true) => {
-                    let lease = lease.renewed(sent_at);
+                    let lease = lease.renewed(sent);
                     if held.extend(Instant::now(), lease.deadline()) {
                         Ok(lease)
                     } else {
@@ -127,5 +151,15 @@ impl Client {
     /// `czxid`, this session's ephemeral.
     fn is_ours(&self, held: &Held, stat: Option<zk::Stat>) -> bool {
         stat.is_some_and(|s| s.czxid == held.czxid && s.ephemeral_owner == held.session.id())
+    }
+}
+
+/// `e` once more, for another lease of the batch.
+fn again(e: &LockError) -> LockError {
+    match e {
+        LockError::Unavailable { source, .. } => {
+            LockError::unavailable(BACKEND, source.to_string())
+        }
+        other => LockError::store(BACKEND, other.to_string()),
     }
 }

@@ -1,16 +1,20 @@
-//! One ZooKeeper session: the client, the negotiated timeout (every lease's
-//! TTL) and a signal that fires when the session ends for good.
+//! One ZooKeeper session: its client handle, the negotiated timeout (every
+//! lease's TTL), the fence floor it lives under, the signals that fire when
+//! it ends for good, and shutting it.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockcore::backend::CancellationToken;
 use lockcore::{Backoff, Lease, LockError};
+use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
+use crate::error::{BACKEND, map};
 use crate::floor::Floor;
 use crate::line::Lines;
 use crate::quiet::QuietQueues;
@@ -95,14 +99,29 @@ impl Timing {
 /// A live (or ended) session. Every lock node this client creates is an
 /// ephemeral of one session, and lives no longer than it.
 pub(crate) struct Session {
-    pub(crate) client: zk::Client,
+    /// The session's one long-lived client handle: requests take a clone
+    /// for their duration ([`client`](Self::client)), and nothing keeps one
+    /// longer. Taken out when the session is shut: once the last handle is
+    /// dropped, the client sends `closeSession` on its own connection.
+    handle: Mutex<Option<zk::Client>>,
+    /// Its id and password, to close it from another connection.
+    info: zk::SessionInfo,
+    states: zk::StateWatcher,
     /// The timeout the server granted, after clamping the one asked for.
     pub(crate) timeout: Duration,
     /// Margin and slack for that timeout.
     pub(crate) timing: Timing,
-    /// Cancelled once the session is expired, closed or refused: every
-    /// ephemeral node it owned is gone (or going) on the server.
+    /// Cancelled once the session is expired, closed, refused or retired:
+    /// every ephemeral node it owned is gone (or going) on the server.
     pub(crate) ended: CancellationToken,
+    /// Fires the loss signal of every lease granted on this session (each
+    /// a child): when it ends, or when its client is closed.
+    pub(crate) losing: CancellationToken,
+    /// Told when the connection is back after a break.
+    pub(crate) reconnected: Arc<Notify>,
+    /// Its background tasks (its state, the keeper and its node watches,
+    /// the queue views), which end with it.
+    pub(crate) tasks: TaskTracker,
     /// The queues this session may take without listing them.
     pub(crate) quiet: QuietQueues,
     /// The views of the queues this session's waiters are in.
@@ -115,17 +134,7 @@ impl Session {
     /// Opens a session and starts watching its state.
     pub(crate) async fn open(config: &ZooKeeperConfig) -> Result<Arc<Session>, LockError> {
         let client = crate::connect::open(config).await?;
-        let ended = CancellationToken::new();
-        let mut states = client.state_watcher();
-        let signal = ended.clone();
-        tokio::spawn(async move {
-            let mut state = states.state();
-            while !state.is_terminated() {
-                state = states.changed().await;
-            }
-            tracing::debug!(%state, "zookeeper session ended");
-            signal.cancel();
-        });
+        let states = client.state_watcher();
         tracing::debug!(
             session = %client.session_id(),
             timeout = ?client.session_timeout(),
@@ -135,37 +144,196 @@ impl Session {
         let timeout = client.session_timeout();
         let timing = Timing::new(timeout, config);
         timing.check()?;
-        let session = Arc::new(Session {
+        let floor = Floor::new(&client, &config.root);
+        // Known from the start (and watched): a create never waits for it.
+        floor.offset(&client).await?;
+        let (ended, reconnected, tasks) =
+            (CancellationToken::new(), Arc::default(), TaskTracker::new());
+        tasks.spawn(follow(
+            states.clone(),
+            ended.clone(),
+            Arc::clone(&reconnected),
+        ));
+        Ok(Arc::new(Session {
             timing,
             quiet: QuietQueues::new(&client, timeout),
             lines: Lines::default(),
-            floor: Floor::new(&client, &config.root),
+            floor,
             timeout,
-            client,
+            info: client.session().clone(),
+            handle: Mutex::new(Some(client)),
+            states,
+            losing: ended.child_token(),
             ended,
-        });
-        // Known from the start (and watched): a create never waits for it.
-        session.floor.offset(&session.client).await?;
-        Ok(session)
+            reconnected,
+            tasks,
+        }))
+    }
+
+    /// A handle for requests; `ClientClosed` once the session is shut.
+    pub(crate) fn client(&self) -> Result<zk::Client, zk::Error> {
+        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
+        handle.clone().ok_or(zk::Error::ClientClosed)
     }
 
     /// The session id, what `Stat::ephemeral_owner` holds for its nodes.
     pub(crate) fn id(&self) -> i64 {
-        self.client.session_id().0
+        self.info.id().0
+    }
+
+    /// The session's id and password.
+    pub(crate) fn info(&self) -> &zk::SessionInfo {
+        &self.info
+    }
+
+    /// A watcher of the session's state from now on.
+    pub(crate) fn state_watcher(&self) -> zk::StateWatcher {
+        let mut states = self.states.clone();
+        states.state();
+        states
+    }
+
+    /// The client's latest view of the session.
+    pub(crate) fn state(&self) -> zk::SessionState {
+        self.states.peek_state()
     }
 
     /// Whether the session ended (its ephemerals are gone or going).
     pub(crate) fn is_ended(&self) -> bool {
-        self.ended.is_cancelled() || self.client.state().is_terminated()
+        self.ended.is_cancelled() || self.state().is_terminated()
     }
+
+    /// The fence floor's offset to create nodes with (known, or read after
+    /// a raise or a reconnection), unless the session is from before the
+    /// floor: its connection broke while the floor was raised, as when it
+    /// is resumed from a restored server (see [`crate::floor`]). Such a
+    /// session is retired (`None`): its leases are lost, its waiters queue
+    /// again on a new session, and the client closes it, with every node it
+    /// had (those the restore brought back included).
+    pub(crate) async fn floor_offset(&self) -> Result<Option<u64>, LockError> {
+        let client = (self.client()).map_err(|e| map("reading the fence floor", e))?;
+        let offset = self.floor.offset(&client).await?;
+        Ok(self.not_from_before_the_floor().then_some(offset))
+    }
+
+    /// [`floor_offset`](Self::floor_offset) for a session about to grant
+    /// or renew: whether it may (it is not from before the floor).
+    pub(crate) async fn floor_holds(&self) -> Result<bool, LockError> {
+        Ok(self.floor_offset().await?.is_some())
+    }
+
+    /// `false`, and the session retired, once the floor was raised while
+    /// the session's connection was broken.
+    pub(crate) fn not_from_before_the_floor(&self) -> bool {
+        if self.floor.raised_while_away() {
+            self.retire("the fence floor was raised while it was disconnected (a restore)");
+            return false;
+        }
+        true
+    }
+
+    /// Ends the session on this side, saying why: its leases are lost, and
+    /// the client opens another and closes this one (see [`shut`](Self::shut)).
+    pub(crate) fn retire(&self, why: &str) {
+        if !self.ended.is_cancelled() {
+            tracing::info!(session = %self.info.id(), "retiring the zookeeper session: {why}");
+            self.ended.cancel();
+        }
+    }
+
+    /// Ends the session on this side and drops its handle: the client
+    /// closes it once no request holds another (see [`shut`](Self::shut)).
+    pub(crate) fn let_go(&self) {
+        self.ended.cancel();
+        drop(self.handle.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
+    /// Ends the session for good and returns once it is closed on the
+    /// servers (its ephemeral nodes deleted) and its tasks ended, or after
+    /// `within`. Its client sends `closeSession` on its own connection once
+    /// the last handle is dropped: this one, and those of requests in flight
+    /// (or kept by a caller of
+    /// [`ZooKeeperBackend::zk_client`](crate::ZooKeeperBackend::zk_client)).
+    /// (Closing it from another connection would not do: the servers hand
+    /// the session to the newest connection, and this client, still
+    /// running, takes it back at once.) A session that already ended is left
+    /// to the servers (see [`reap`]).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the session was not closed in time
+    /// (no server answers, or a handle is still kept): its nodes go when the
+    /// servers expire it.
+    pub(crate) async fn shut(&self, within: Duration) -> Result<(), LockError> {
+        let deadline = Instant::now() + within;
+        self.let_go();
+        let mut states = self.state_watcher();
+        if !ends_by(&mut states, deadline).await {
+            return Err(LockError::unavailable(
+                BACKEND,
+                format!(
+                    "closing ZooKeeper session {}: not closed within {within:?} (no server answers, \
+                     or a handle from zk_client() is still kept); its nodes go when the servers expire it",
+                    self.info.id()
+                ),
+            ));
+        }
+        self.tasks.close();
+        if tokio::time::timeout_at(deadline, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::debug!(session = %self.info.id(), "tasks of a closed session still running at the close limit");
+        }
+        Ok(())
+    }
+}
+
+/// Whether the session `states` reports ends (is expired, closed or
+/// refused) by `deadline`.
+async fn ends_by(states: &mut zk::StateWatcher, deadline: Instant) -> bool {
+    loop {
+        if states.state().is_terminated() {
+            return true;
+        }
+        if tokio::time::timeout_at(deadline, states.changed())
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+}
+
+/// Follows a session's state: tells `reconnected` when the connection is
+/// back after a break, and cancels `ended` once the session is over.
+async fn follow(mut states: zk::StateWatcher, ended: CancellationToken, reconnected: Arc<Notify>) {
+    let mut state = states.state();
+    let mut broken = false;
+    while !state.is_terminated() {
+        state = tokio::select! {
+            state = states.changed() => state,
+            // Retired or shut: nothing left to tell.
+            _ = ended.cancelled() => return,
+        };
+        match state {
+            zk::SessionState::Disconnected => broken = true,
+            zk::SessionState::SyncConnected if broken => {
+                broken = false;
+                reconnected.notify_one();
+            }
+            _ => {}
+        }
+    }
+    tracing::debug!(%state, "zookeeper session ended");
+    ended.cancel();
 }
 
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
-            .field("id", &self.client.session_id())
+            .field("id", &self.info.id())
             .field("timeout", &self.timeout)
-            .field("state", &self.client.state())
+            .field("state", &self.state())
             .finish()
     }
 }
@@ -186,14 +354,17 @@ pub(crate) async fn reap(config: ZooKeeperConfig, old: Arc<Session>, fresh: Arc<
     let surely_gone = |last_touch: Instant| last_touch + timeout + tick * 2;
     let mut gone_by = surely_gone(Instant::now());
     let backoff = Backoff::new(timeout / 20, timeout / 4);
-    let info = old.client.session().clone();
+    let info = old.info().clone();
     for attempt in 0_u32.. {
         if attempt > 0 {
             tokio::time::sleep(backoff.delay(attempt)).await;
             if fresh.is_ended() || Instant::now() >= gone_by {
                 return;
             }
-            if fresh.client.sync(&config.root).await.is_err() {
+            let Ok(client) = fresh.client() else {
+                return;
+            };
+            if client.sync(&config.root).await.is_err() {
                 continue;
             }
         }

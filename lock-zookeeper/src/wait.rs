@@ -74,9 +74,9 @@ impl<'a> LineWaiter<'a> {
         let live = self.client.live().await?;
         let parent = self.client.lock_path(self.request.name());
         let session = &live.session;
-        let line = session.lines.line(&session.client, &parent);
-        let label = Some(self.request.label());
-        let mut entry = Entry::new(session.clone(), parent, self.client.acls.clone(), label);
+        let line = session.lines.line(session, &parent);
+        let (acls, cleanups) = (self.client.acls.clone(), self.client.cleanups.clone());
+        let mut entry = Entry::new(session.clone(), parent, acls, cleanups, Some(self.request));
         let probe = line.probe();
         let queue = entry.enqueue(probe.is_some()).await?;
         drop(probe);
@@ -93,7 +93,12 @@ impl<'a> LineWaiter<'a> {
         let sequence = entry
             .sequence()
             .ok_or_else(|| LockError::store(BACKEND, "a created queue node has no sequence"))?;
-        let turn = line.join(sequence, self.woken.clone());
+        let turn = line.join(
+            sequence,
+            entry.guid,
+            self.woken.clone(),
+            entry.clock.clone(),
+        );
         Ok(Joined::InLine(Queued {
             live,
             line,
@@ -114,7 +119,9 @@ impl<'a> LineWaiter<'a> {
     async fn look(&self, queued: &mut Queued) -> Result<Found, LockError> {
         let alone = match queued.line.place(queued.sequence) {
             Place::First { alone, synced } => {
-                queued.entry.seen_alive(synced);
+                if let Some(synced) = synced {
+                    queued.entry.seen_alive(synced);
+                }
                 alone
             }
             Place::Behind => {
@@ -140,7 +147,9 @@ impl<'a> LineWaiter<'a> {
         for stray in queued.line.strays_ahead(guid, queued.sequence) {
             let path = format!("{}/{stray}", queued.entry.parent);
             tracing::debug!(%path, "deleting a stray queue node of ours ahead of ours");
-            delete_node(&queued.live.session.client, &path)
+            let client =
+                (queued.live.session.client()).map_err(|e| map(format!("deleting {path}"), e))?;
+            delete_node(&client, &path)
                 .await
                 .map_err(|e| map(format!("deleting {path}"), e))?;
         }

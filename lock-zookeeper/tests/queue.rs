@@ -278,7 +278,7 @@ async fn abandoned_lease_is_deleted_at_its_deadline() {
     );
     b.release(&next).await.unwrap();
     assert_eq!(
-        a.zk_client().state(),
+        a.zk_client().unwrap().state(),
         zk::SessionState::SyncConnected,
         "A's session lives on"
     );

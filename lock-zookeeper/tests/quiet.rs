@@ -139,7 +139,7 @@ async fn a_reconnection_voids_the_proof() {
     let parent = a.lock_path(&name);
     cycle(&a, &name).await;
 
-    let mut states = a.zk_client().state_watcher();
+    let mut states = a.zk_client().unwrap().state_watcher();
     proxy.reset_existing();
     timeout(Duration::from_secs(5), async {
         while states.changed().await != zk::SessionState::Disconnected {}

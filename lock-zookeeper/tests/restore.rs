@@ -7,11 +7,14 @@
 mod support;
 
 use std::path::Path;
+use std::time::Duration;
 
-use lock_conformance::stores::{Store, zookeeper};
+use lock_conformance::proxy::{FaultProxy, Mode};
+use lock_conformance::stores::{Store, eventually, zookeeper};
 use lock_zookeeper::ZooKeeperBackend;
 use lockcore::{FencingToken, LockBackend, LockName};
-use support::{connect, take, unique};
+use support::{children, connect, connect_with, locker, raw, session_id, take, unique};
+use tokio::time::{Instant, timeout};
 
 /// Copies the directory tree `from` to `to` (which must not exist).
 fn copy_tree(from: &Path, to: &Path) {
@@ -100,4 +103,168 @@ async fn a_restored_data_dir_repeats_fences_unless_the_floor_is_raised() {
         "fences: {in_backup} in the backup, {newest} before the restore, {repeated} after a \
          careless restore, {before} after the procedure"
     );
+}
+
+/// The restore procedure with running clients kept away (docs/operations.md
+/// §5: the store unreachable to them until the floor is raised). Clients
+/// with a long session hold and wait across both the backup and the
+/// restore; when they come back, their sessions, restored from the backup,
+/// are still on the server with nodes from back then: the lock they held
+/// then (released since) and the place in line they had. ZooKeeper lets a
+/// client resume such a session once the server's zxids are past what the
+/// client saw, as they soon are on a busy server.
+///
+/// A session resumed after the floor was raised is from before the floor:
+/// the backend retires it (its leases lost, its waiters queued again on a
+/// new session) and closes it, so its nodes from the backup go at once. No
+/// lease from before the restore is kept, every grant afterwards has a fence
+/// above the floor, and no name stays blocked by a node nobody knows of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_running_across_a_restore_never_resume_sessions_from_before_the_floor() {
+    if !support::may_launch_servers("clients_running_across_a_restore") {
+        return;
+    }
+    let store = tokio::task::spawn_blocking(|| zookeeper::start(zookeeper::Options::default()))
+        .await
+        .unwrap()
+        .unwrap();
+    let data = store.data_dir().unwrap().join("data");
+    let backup = store.data_dir().unwrap().join("backup");
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    // Long enough to outlive a stop and a start of the server.
+    let long = Duration::from_secs(20)
+        .mul_f64(support::time_scale())
+        .min(Duration::from_secs(60));
+    let running = || {
+        let url = store.endpoint_via(proxy.addr());
+        async move {
+            connect_with(&url, |c| c.session_timeout(long))
+                .await
+                .unwrap()
+        }
+    };
+    let (c, h) = (running().await, running().await);
+    let (c_sid, h_sid) = (session_id(&c), session_id(&h));
+    let (held, waited, busy) = (
+        unique("running-held"),
+        unique("running-waited"),
+        unique("running-busy"),
+    );
+    let observer = raw(&store.endpoint()).await;
+
+    // In the backup: `c` holds `held`, `h` holds `waited`, `c` waits for it.
+    let c_locker = locker(&c);
+    let before = c_locker.acquire(&held).await.unwrap();
+    let h_guard = locker(&h).acquire(&waited).await.unwrap();
+    let waiter = tokio::spawn({
+        let (locker, name) = (locker(&c), waited.clone());
+        async move { locker.acquire(&name).await }
+    });
+    eventually(Duration::from_secs(5), "the waiter queueing", || async {
+        (children(&observer, &c.lock_path(&waited)).await.len() == 2).then_some(())
+    })
+    .await;
+    drop(observer);
+    store.stop_now().unwrap();
+    copy_tree(&data, &backup);
+    store.restart_now().unwrap();
+
+    // After the backup (lost by the restore): `c` takes `held` again, and
+    // other grants move fences on.
+    let d = connect(store.endpoint()).await.unwrap();
+    let mut newest = before.fencing_token();
+    before.release().await.unwrap();
+    let held_guard = c_locker.acquire(&held).await.unwrap();
+    newest = newest.max(held_guard.fencing_token());
+    for _ in 0..20 {
+        newest = newest.max(cycle(&d, &busy).await);
+    }
+    drop(d);
+    assert!(h_guard.is_held() && held_guard.is_held());
+    let seen = support::zxid(store.addr());
+
+    // The restore, with the running clients kept away until the floor is up.
+    proxy.set(Mode::Refuse);
+    restore(&store, &data, &backup);
+    let operator = connect(store.endpoint()).await.unwrap();
+    let floor = newest;
+    operator.raise_fence_floor(floor).await.unwrap();
+    drop(operator);
+    // A busy server: its zxids pass what the running clients saw, so they
+    // may resume their sessions.
+    let filler = raw(&store.endpoint()).await;
+    let open = lock_zookeeper::zk::CreateMode::Persistent
+        .with_acls(lock_zookeeper::zk::Acls::anyone_all());
+    while support::zxid(store.addr()) <= seen {
+        filler.create("/filler", b"", &open).await.unwrap();
+        filler.delete("/filler", None).await.unwrap();
+    }
+    let observer = raw(&store.endpoint()).await;
+    let zombies = |sid: i64, name: &LockName| {
+        let (observer, parent) = (&observer, c.lock_path(name));
+        async move {
+            let mut owned = Vec::new();
+            for child in children(observer, &parent).await {
+                let path = format!("{parent}/{child}");
+                if let Ok(Some(stat)) = observer.check_stat(&path).await
+                    && stat.ephemeral_owner == sid
+                {
+                    owned.push(path);
+                }
+            }
+            owned
+        }
+    };
+    assert!(
+        !zombies(c_sid, &held).await.is_empty(),
+        "the backup's node of `held` is back"
+    );
+    assert!(
+        !zombies(h_sid, &waited).await.is_empty(),
+        "the backup's node of `waited` is back"
+    );
+    let reopened = Instant::now();
+    proxy.set(Mode::Pass);
+
+    // Resumed, retired, closed: the nodes from the backup go, the leases
+    // from before the restore are lost.
+    let within = long / 2;
+    for (sid, name) in [(c_sid, &held), (c_sid, &waited), (h_sid, &waited)] {
+        eventually(within, "the restored session's nodes deleted", || async {
+            zombies(sid, name).await.is_empty().then_some(())
+        })
+        .await;
+    }
+    eprintln!(
+        "restored sessions closed {:?} after the store reopened",
+        reopened.elapsed()
+    );
+    for (what, guard) in [("held", &held_guard), ("waited", &h_guard)] {
+        let reason = timeout(within, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("the lease of {what} from before the restore is kept"));
+        eprintln!("{what}: lost ({reason})");
+    }
+    let _ = h_guard.release().await;
+
+    // Every grant afterwards is above the floor: the waiter's (queued again
+    // on a new session), a fresh client's of the name held in the backup.
+    let granted = timeout(within, waiter)
+        .await
+        .expect("the waiter is granted")
+        .unwrap()
+        .unwrap();
+    assert!(
+        granted.fencing_token() > floor,
+        "the waiter was granted fence {} under the floor {floor}",
+        granted.fencing_token()
+    );
+    granted.release().await.unwrap();
+    let e = connect(store.endpoint()).await.unwrap();
+    let next = cycle(&e, &held).await;
+    assert!(
+        next > floor,
+        "`held` was granted fence {next} under the floor {floor}"
+    );
+    let _ = held_guard.release().await;
 }

@@ -71,7 +71,7 @@ async fn digest_acl_keeps_other_identities_off_the_lock_nodes() {
             Err(zk::Error::NoAuth),
             "{who} queues"
         );
-        let (acl, _) = alice.zk_client().get_acl(&node).await.unwrap();
+        let (acl, _) = alice.zk_client().unwrap().get_acl(&node).await.unwrap();
         assert!(
             acl.iter()
                 .all(|a| a.scheme() == "digest" && a.id().starts_with("alice:")),

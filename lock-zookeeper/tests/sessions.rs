@@ -34,7 +34,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
 
     let guard = locker(&a).acquire(&name).await.unwrap();
     let fence_a = guard.fencing_token();
-    let old_session = a.zk_client().session_id();
+    let old_session = a.zk_client().unwrap().session_id();
     let waiter = tokio::spawn({
         let (locker, name) = (locker(&b), name.clone());
         async move { locker.acquire(&name).await }
@@ -52,7 +52,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
     proxy.set(Mode::Refuse);
     proxy.reset_existing();
     let killer = zk::Client::connector()
-        .with_session(a.zk_client().session().clone())
+        .with_session(a.zk_client().unwrap().session().clone())
         .connect(&store.endpoint())
         .await
         .unwrap();
@@ -109,7 +109,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
         .expect("A locks again");
     assert!(again.fence() > fence_b);
     assert_ne!(
-        a.zk_client().session_id(),
+        a.zk_client().unwrap().session_id(),
         old_session,
         "A opened a fresh session"
     );
@@ -162,7 +162,7 @@ async fn cut_off_holder_counts_the_lease_lost_by_its_own_clock() {
         fired - deadline
     );
     assert_ne!(
-        a.zk_client().state(),
+        a.zk_client().unwrap().state(),
         zk::SessionState::Expired,
         "the client cannot have heard of the expiry yet: the loss came from its own clock"
     );
@@ -212,7 +212,7 @@ async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
     let nodes = children(&observer, &a.lock_path(&name)).await;
     let node = format!("{}/{}", a.lock_path(&name), nodes[0]);
     let (_, deleted) = observer.check_and_watch_stat(&node).await.unwrap();
-    let given_up = a.zk_client();
+    let given_up = a.zk_client().unwrap();
 
     proxy.set(Mode::DropDownstream);
     eventually(ttl * 2, "the client giving its session up", || async {
@@ -240,7 +240,7 @@ async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
         "the node lived {gone:?} past the local end: the session was left to expire on the server"
     );
     assert!(
-        !a.zk_client().state().is_terminated(),
+        !a.zk_client().unwrap().state().is_terminated(),
         "the backend went on with a new session"
     );
 }

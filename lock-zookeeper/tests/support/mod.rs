@@ -124,6 +124,16 @@ fn four_letters(addr: std::net::SocketAddr, command: &str) -> String {
     reply
 }
 
+/// The last zxid the server at `addr` processed (`srvr`'s `Zxid:` line).
+pub(crate) fn zxid(addr: std::net::SocketAddr) -> i64 {
+    let reply = four_letters(addr, "srvr");
+    let hex = reply
+        .lines()
+        .find_map(|l| l.strip_prefix("Zxid: 0x"))
+        .unwrap_or_else(|| panic!("no Zxid in {reply}"));
+    i64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
 /// The `cons` four-letter command's line for session `sid` on the server at
 /// `addr` (one line per connection of that session).
 pub(crate) fn connections(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
@@ -162,7 +172,7 @@ pub(crate) fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
 
 /// The session id of `backend`'s current session.
 pub(crate) fn session_id(backend: &ZooKeeperBackend) -> i64 {
-    backend.zk_client().session_id().0
+    backend.zk_client().unwrap().session_id().0
 }
 
 /// This process's peak resident set so far (`VmHWM`), in bytes.

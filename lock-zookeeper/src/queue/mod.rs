@@ -4,43 +4,17 @@
 
 use std::sync::Arc;
 
-use lockcore::backend::Moment;
+use lockcore::backend::{Cleanups, Clock, LockRequest, Moment, SystemClock};
 use lockcore::{FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
+use crate::acls::Acls;
 use crate::error::{BACKEND, connection_lost, map};
+use crate::floor::floor_raised;
 use crate::names::{NodeData, Queue, QueueNode, node_prefix};
 use crate::requests::{ATTEMPTS, delete_node, list, retry, sweep_owner};
 use crate::session::Session;
-
-/// ACLs for the lock root and lock parents, and for the queue nodes.
-#[derive(Debug, Clone)]
-pub(crate) struct Acls {
-    pub(crate) dirs: Vec<zk::Acl>,
-    pub(crate) nodes: Vec<zk::Acl>,
-}
-
-impl Acls {
-    /// Open ACLs, or (with digest credentials) nodes only this identity may
-    /// touch under parents everyone may read but only it may change.
-    pub(crate) fn new(digest: bool) -> Acls {
-        if digest {
-            Acls {
-                dirs: vec![
-                    zk::Acl::new(zk::Permission::ALL, zk::AuthId::authed()),
-                    zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone()),
-                ],
-                nodes: zk::Acls::creator_all().to_vec(),
-            }
-        } else {
-            Acls {
-                dirs: zk::Acls::anyone_all().to_vec(),
-                nodes: zk::Acls::anyone_all().to_vec(),
-            }
-        }
-    }
-}
 
 /// Our node, once we know it.
 #[derive(Debug, Clone)]
@@ -54,8 +28,9 @@ pub(crate) struct Node {
     pub(crate) offset: u64,
     /// The send time of the latest request through the leader (a write or
     /// a `sync`) that showed the node alive: its create, the `sync` behind
-    /// the listing that found it after a lost create reply, or a later one.
-    /// A lease from this node starts here (see [`Entry::prove_recent`]).
+    /// the listing that found it after a lost create reply, or a later one,
+    /// read on the entry's clock before that request was sent. A lease from
+    /// this node starts here (see [`Entry::prove_recent`]).
     pub(crate) alive_since: Moment,
 }
 
@@ -67,13 +42,18 @@ impl Node {
 }
 
 /// A queue entry being created or waiting. Dropping it while armed removes
-/// its node in the background, so a cancelled acquire never blocks others.
+/// its node in the background (through the client's [`Cleanups`], which
+/// closing the client finishes), so a cancelled acquire never blocks others.
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) session: Arc<Session>,
     pub(crate) parent: String,
     pub(crate) guid: Uuid,
+    /// The clock of the request: the node's proofs of life are read on it,
+    /// and its lease is judged on it.
+    pub(crate) clock: Arc<dyn Clock>,
     acls: Arc<Acls>,
+    cleanups: Cleanups,
     /// The label the node is created with.
     label: Option<HolderLabel>,
     pub(crate) node: Option<Node>,
@@ -91,18 +71,23 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// An entry for `request` (none: no label, the system clocks) in the
+    /// queue under `parent`, on `session`.
     pub(crate) fn new(
         session: Arc<Session>,
         parent: String,
         acls: Arc<Acls>,
-        label: Option<&HolderLabel>,
+        cleanups: Cleanups,
+        request: Option<&LockRequest>,
     ) -> Entry {
         Entry {
             session,
             parent,
             guid: Uuid::new_v4(),
+            clock: request.map_or_else(|| Arc::new(SystemClock) as _, |r| r.clock().clone()),
             acls,
-            label: label.cloned(),
+            cleanups,
+            label: request.map(|r| r.label().clone()),
             node: None,
             strays: false,
             watched: None,
@@ -132,19 +117,29 @@ impl Entry {
     ///
     /// The node carries the fence floor's offset, confirmed in force at the
     /// create (see [`crate::floor`]); when the floor was raised meanwhile,
-    /// the node is created again.
+    /// the node is created again. A session from before the floor (raised
+    /// while it was disconnected) is retired instead, and this fails with a
+    /// retryable error.
     pub(crate) async fn enqueue(&mut self, listing: bool) -> Result<Option<Queue>, LockError> {
         let session = self.session.clone();
-        let (client, floor) = (&session.client, &session.floor);
+        let parent = self.parent.clone();
+        let reading = |e| map(format!("queueing under {parent}"), e);
         for _ in 0..ATTEMPTS {
-            let offset = floor.offset(client).await?;
+            let Some(offset) = session.floor_offset().await? else {
+                return Err(floor_raised(&self.parent));
+            };
             let queue = self.create(listing, offset).await?;
-            if floor.confirm(client, offset).await? {
+            let client = session.client().map_err(reading)?;
+            let confirmed = session.floor.confirm(&client, offset).await?;
+            if !session.not_from_before_the_floor() {
+                return Err(floor_raised(&self.parent));
+            }
+            if confirmed {
                 return Ok(queue);
             }
             tracing::debug!(parent = %self.parent, "the fence floor was raised during a create; creating again");
             if let Some(node) = self.node.take() {
-                delete_node(client, &node.path)
+                delete_node(&client, &node.path)
                     .await
                     .map_err(|e| map(format!("deleting {}", node.path), e))?;
             }
@@ -163,7 +158,9 @@ impl Entry {
         let data = NodeData::new(self.label.as_ref(), offset).encode();
         self.counted = None;
         let session = self.session.clone();
-        let (client, quiet) = (&session.client, &session.quiet);
+        let creating = |e| map(format!("creating a queue node under {}", self.parent), e);
+        let client = session.client().map_err(creating)?;
+        let (client, quiet) = (&client, &session.quiet);
         let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
         let acls = self.acls.clone();
         let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&acls.nodes));
@@ -177,7 +174,7 @@ impl Entry {
                 .or_else(|| quiet.watched(&self.parent));
             let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
                 .then(|| client.check_and_watch_stat(&self.parent));
-            let sent = Moment::now();
+            let sent = self.clock.now();
             let create = client.create(&prefix, &data, &mode);
             let list = (listing && claim.is_none()).then(|| client.list_children(&self.parent));
             let counting = self.semaphore.as_ref().map(|p| client.get_data(p));
@@ -253,13 +250,15 @@ impl Entry {
     async fn recover(&mut self, offset: u64) -> Result<Option<Queue>, LockError> {
         // `sync` first: a create that reached the leader through the lost
         // connection is then visible here.
-        let sent = Moment::now();
+        let sent = self.clock.now();
         let queue = self.relist(true).await?;
         let Some(ours) = queue.first_of(self.guid).cloned() else {
             return Ok(None);
         };
         let path = format!("{}/{}", self.parent, ours.name);
-        let stat = retry(|| self.session.client.check_stat(&path))
+        let reading = |e| map(format!("reading {path}"), e);
+        let client = self.session.client().map_err(reading)?;
+        let stat = retry(|| client.check_stat(&path))
             .await
             .map_err(|e| map(format!("reading {path}"), e))?;
         match stat {
@@ -280,7 +279,8 @@ impl Entry {
     }
 
     async fn create_parent(&self) -> Result<(), LockError> {
-        let client = &self.session.client;
+        let creating = |e| map(format!("creating the lock parent {}", self.parent), e);
+        let client = &self.session.client().map_err(creating)?;
         let dir = zk::CreateMode::Container.with_acls(zk::Acls::new(&self.acls.dirs));
         match client.create(&self.parent, &[], &dir).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
@@ -304,7 +304,8 @@ impl Entry {
 
     /// The queue now; with `sync`, after the server caught up with the leader.
     pub(crate) async fn relist(&self, sync: bool) -> Result<Queue, LockError> {
-        list(&self.session.client, &self.parent, sync).await
+        let listing = |e| map(format!("listing {}", self.parent), e);
+        list(&self.session.client().map_err(listing)?, &self.parent, sync).await
     }
 
     /// After a lost create reply, a create sent through the old connection
@@ -319,10 +320,17 @@ impl Entry {
         if !self.strays || !queue.all_of(self.guid).any(|n| ahead(&n.name)) {
             return Ok(None);
         }
+        let deleting = |e| {
+            map(
+                format!("deleting a stray queue node under {}", self.parent),
+                e,
+            )
+        };
+        let client = self.session.client().map_err(deleting)?;
         for stray in queue.all_of(self.guid).filter(|n| ahead(&n.name)) {
             let path = format!("{}/{}", self.parent, stray.name);
             tracing::debug!(%path, "deleting a stray queue node of ours ahead of ours");
-            delete_node(&self.session.client, &path)
+            delete_node(&client, &path)
                 .await
                 .map_err(|e| map(format!("deleting {path}"), e))?;
         }
@@ -356,16 +364,23 @@ impl Entry {
     /// (a create answered late, a reply lost and the node found again after
     /// a reconnection), a `sync` and an `exists` prove it again. Else a
     /// grant could hand out a lease already near or past its deadline.
-    /// `false`: the node is gone (its session ended).
+    /// Checks, too, that the session is not from before the fence floor
+    /// (see [`Session::floor_offset`]): after a reconnection, no node is
+    /// granted before the floor was read again. `false`: the node is gone
+    /// (its session ended, or was retired for the floor).
     pub(crate) async fn prove_recent(&mut self) -> Result<bool, LockError> {
+        if self.node.is_none() || !self.session.floor_holds().await? {
+            return Ok(false);
+        }
         let Some(node) = self.node.as_mut() else {
             return Ok(false);
         };
-        if Moment::now().since(node.alive_since) <= self.session.timeout / Self::RECENT {
+        if self.clock.now().since(node.alive_since) <= self.session.timeout / Self::RECENT {
             return Ok(true);
         }
-        let client = &self.session.client;
-        let sent = Moment::now();
+        let syncing = |e| map(format!("syncing {}", node.path), e);
+        let client = &self.session.client().map_err(syncing)?;
+        let sent = self.clock.now();
         let synced = client.sync(&node.path);
         let exists = client.check_stat(&node.path);
         let outcome = match synced.await {
@@ -430,17 +445,14 @@ impl Drop for Entry {
         // Requests go out in call order, so a create still in flight when
         // the future was dropped reaches the server before the sweep below.
         let strays = self.strays || node.is_none();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(e) = remove(&session, &parent, guid, node, strays).await {
-                        tracing::debug!(%parent, error = %e, "could not remove an abandoned queue node; its session will");
-                    }
-                });
+        let parent_shown = parent.clone();
+        let spawned = self.cleanups.spawn(async move {
+            if let Err(e) = remove(&session, &parent, guid, node, strays).await {
+                tracing::debug!(%parent, error = %e, "could not remove an abandoned queue node; its session will");
             }
-            Err(_) => {
-                tracing::debug!(%parent, "queue entry dropped outside a runtime; its session removes the node")
-            }
+        });
+        if !spawned {
+            tracing::debug!(parent = %parent_shown, "queue entry dropped outside a runtime; its session removes the node");
         }
     }
 }
@@ -454,64 +466,18 @@ async fn remove(
 ) -> Result<(), zk::Error> {
     if session.is_ended() {
         // Its ephemerals go with it: on the servers' timer, or at once when
-        // the backend closes a session it gave up (`session::reap`).
+        // the client closes the session (`Session::shut`, `session::reap`).
         return Ok(());
     }
+    let client = session.client()?;
     if let Some(node) = node {
-        delete_node(&session.client, &node.path).await?;
+        delete_node(&client, &node.path).await?;
     }
     if strays {
-        sweep_owner(&session.client, parent, guid).await;
+        sweep_owner(&client, parent, guid).await;
     }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::ZooKeeperConfig;
-
-    /// A create sent through a lost connection may land after the client
-    /// looked for it and made another node: if that stray lands ahead of the
-    /// new node, `prune` deletes it so the client does not wait behind
-    /// itself (and block everyone behind it) until its session ends.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stray_of_ours_ahead_of_our_node_is_deleted() {
-        let store = lock_conformance::stores::zookeeper::shared();
-        let config = ZooKeeperConfig::new(store.endpoint());
-        let session = Session::open(&config).await.unwrap();
-        let acls = Arc::new(Acls::new(false));
-        let parent = format!("/zk-unit-prune-{}", Uuid::new_v4().simple());
-        let mut entry = Entry::new(session.clone(), parent.clone(), acls, None);
-        let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        session.client.create(&parent, &[], &open).await.unwrap();
-        // The "late" create of the lost reply, landing first.
-        let stray = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-        let prefix = format!("{parent}/{}", node_prefix(entry.guid));
-        session.client.create(&prefix, &[], &stray).await.unwrap();
-
-        let queue = entry.enqueue(true).await.unwrap().unwrap();
-        assert_eq!(
-            queue.position(entry.name().unwrap()),
-            Some(1),
-            "behind our own stray"
-        );
-        assert!(
-            entry.prune(&queue).await.unwrap().is_none(),
-            "nothing pruned without a lost reply"
-        );
-        entry.strays = true;
-        let queue = entry
-            .prune(&queue)
-            .await
-            .unwrap()
-            .expect("the stray was deleted");
-        assert_eq!(queue.position(entry.name().unwrap()), Some(0));
-        assert_eq!(
-            session.client.list_children(&parent).await.unwrap().len(),
-            1
-        );
-        entry.remove().await.unwrap();
-        session.client.delete(&parent, None).await.unwrap();
-    }
-}
+mod tests;

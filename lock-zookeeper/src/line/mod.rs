@@ -25,20 +25,19 @@
 //! (ZOOKEEPER-4466).
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Duration;
 
-use lockcore::Backoff;
-use lockcore::backend::Moment;
+use lockcore::backend::{Clock, Moment};
 use tokio::sync::Notify;
 use uuid::Uuid;
-use zookeeper_client as zk;
 
-use crate::error::{map, transient};
 use crate::names::QueueNode;
+use crate::session::Session;
+
+mod task;
+
+use task::{Link, run, same_clock};
 
 /// The lines of one session, by parent path.
 #[derive(Debug, Default)]
@@ -48,8 +47,8 @@ pub(crate) struct Lines {
 
 impl Lines {
     /// The view of the queue under `parent`, shared with every other waiter
-    /// of this session.
-    pub(crate) fn line(&self, client: &zk::Client, parent: &str) -> Arc<Line> {
+    /// of `session` (whose lines these are).
+    pub(crate) fn line(&self, session: &Arc<Session>, parent: &str) -> Arc<Line> {
         let mut lines = self.lock();
         if let Some(line) = lines.get(parent).and_then(Weak::upgrade) {
             return line;
@@ -57,7 +56,7 @@ impl Lines {
         if lines.len() >= 64 {
             lines.retain(|_, line| line.strong_count() > 0);
         }
-        let line = Line::start(client.clone(), parent.to_owned());
+        let line = Line::start(session, parent.to_owned());
         lines.insert(parent.to_owned(), Arc::downgrade(&line));
         line
     }
@@ -80,8 +79,9 @@ impl Lines {
 pub(crate) enum Place {
     /// First in line; `alone` when nobody else is queued. `synced`: the
     /// send time of the `sync` the listing was read behind (the session was
-    /// in touch with the leader then, and the node existed after it).
-    First { alone: bool, synced: Moment },
+    /// in touch with the leader then, and the node existed after it), if it
+    /// was read on this waiter's clock.
+    First { alone: bool, synced: Option<Moment> },
     /// Behind another node.
     Behind,
     /// Not in the queue (deleted, or its session ended).
@@ -107,8 +107,9 @@ struct State {
     /// Listings started so far, and the number of the one in `nodes`.
     started: u64,
     listed: u64,
-    /// When the `sync` before that listing was sent.
-    synced: Moment,
+    /// When the `sync` before that listing was sent, and the clock it was
+    /// read on (the first local waiter's).
+    synced: Option<(Moment, Arc<dyn Clock>)>,
     /// Local waiters by the sequence number of their node.
     waiting: BTreeMap<u32, Waiting>,
     /// The waiter last told it is first.
@@ -123,9 +124,21 @@ struct State {
 }
 
 struct Waiting {
+    /// The owner uuid of its node: a node of another owner with the same
+    /// sequence number (a parent created again, a restored server) is not it.
+    guid: Uuid,
     woken: Arc<Notify>,
     /// Listings started before the waiter joined: a later one shows it.
     since: u64,
+    /// The clock its lease will be judged on.
+    clock: Arc<dyn Clock>,
+}
+
+impl Waiting {
+    /// Whether `nodes` show this waiter's node as `sequence`.
+    fn shown(&self, nodes: &BTreeMap<u32, QueueNode>, sequence: u32) -> bool {
+        nodes.get(&sequence).is_some_and(|n| n.guid == self.guid)
+    }
 }
 
 /// A local waiter's place in the view; dropping it withdraws it.
@@ -152,8 +165,9 @@ impl Drop for Probe {
 
 /// What the task does next.
 enum Step {
-    /// List the queue (the listing's number).
-    List(u64),
+    /// List the queue (the listing's number), reading the time of its
+    /// `sync` on the first local waiter's clock.
+    List(u64, Option<Arc<dyn Clock>>),
     /// Watch the node just ahead of the first local waiter.
     Watch(u32, String),
     /// Nothing to do until poked.
@@ -163,14 +177,14 @@ enum Step {
 }
 
 impl Line {
-    fn start(client: zk::Client, parent: String) -> Arc<Line> {
+    fn start(session: &Arc<Session>, parent: String) -> Arc<Line> {
         let line = Arc::new(Line {
             parent: parent.clone(),
             state: Mutex::new(State {
                 nodes: BTreeMap::new(),
                 started: 0,
                 listed: 0,
-                synced: Moment::now(),
+                synced: None,
                 waiting: BTreeMap::new(),
                 told: None,
                 ended: None,
@@ -181,7 +195,12 @@ impl Line {
             probing: AtomicBool::new(false),
         });
         let poke = line.poke.clone();
-        let task = tokio::spawn(run(Arc::downgrade(&line), poke, client, parent));
+        let link = Link {
+            session: Arc::downgrade(session),
+            ended: session.ended.clone(),
+            states: session.state_watcher(),
+        };
+        let task = (session.tasks).spawn(run(Arc::downgrade(&line), poke, link, parent));
         let _ = line.task.set(task.abort_handle());
         line
     }
@@ -190,12 +209,25 @@ impl Line {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Joins the view with node `sequence`, whose create was answered:
-    /// `woken` is told when it may have become first (or the view ended).
-    pub(crate) fn join(self: &Arc<Self>, sequence: u32, woken: Arc<Notify>) -> Turn {
+    /// Joins the view with node `sequence` of owner `guid`, whose create
+    /// was answered: `woken` is told when it may have become first (or the
+    /// view ended). `clock`: the one its lease will be judged on.
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        sequence: u32,
+        guid: Uuid,
+        woken: Arc<Notify>,
+        clock: Arc<dyn Clock>,
+    ) -> Turn {
         let mut state = self.lock();
         let since = state.started;
-        state.waiting.insert(sequence, Waiting { woken, since });
+        let waiting = Waiting {
+            guid,
+            woken,
+            since,
+            clock,
+        };
+        state.waiting.insert(sequence, waiting);
         drop(state);
         self.poke.notify_one();
         Turn {
@@ -217,21 +249,22 @@ impl Line {
     /// Where node `sequence` (a joined waiter's) stands.
     pub(crate) fn place(&self, sequence: u32) -> Place {
         let state = self.lock();
-        let listed_since = state
-            .waiting
-            .get(&sequence)
-            .is_some_and(|w| state.listed > w.since);
-        if state.ended.is_some() || !listed_since {
+        let Some(waiting) = state.waiting.get(&sequence) else {
+            return Place::Unknown;
+        };
+        if state.ended.is_some() || state.listed <= waiting.since {
             return Place::Unknown;
         }
-        if !state.nodes.contains_key(&sequence) {
+        if !waiting.shown(&state.nodes, sequence) {
             return Place::Missing;
         }
         match state.nodes.range(..sequence).next() {
             Some(_) => Place::Behind,
             None => Place::First {
                 alone: state.nodes.len() == 1,
-                synced: state.synced,
+                synced: (state.synced.as_ref())
+                    .filter(|(_, clock)| same_clock(clock, &waiting.clock))
+                    .map(|(at, _)| *at),
             },
         }
     }
@@ -260,8 +293,8 @@ impl Line {
         let mut state = self.lock();
         state.nodes.remove(&sequence);
         let State { nodes, waiting, .. } = &*state;
-        let first = waiting.keys().find(|s| nodes.contains_key(s));
-        let stale = first.is_some_and(|&first| nodes.range(..first).next().is_some());
+        let first = waiting.iter().find(|(s, w)| w.shown(nodes, **s));
+        let stale = first.is_some_and(|(&first, _)| nodes.range(..first).next().is_some());
         state.stale = stale;
     }
 
@@ -278,11 +311,13 @@ impl Line {
             ..
         } = &*state;
         if state.stale || waiting.values().any(|w| w.since >= *listed) {
+            // The earliest local waiter is the only one a listing can make first.
+            let clock = waiting.values().next().map(|w| w.clock.clone());
             state.stale = false;
             state.started += 1;
-            return Step::List(state.started);
+            return Step::List(state.started, clock);
         }
-        let Some(&first) = waiting.keys().find(|s| nodes.contains_key(s)) else {
+        let Some((&first, _)) = waiting.iter().find(|(s, w)| w.shown(nodes, **s)) else {
             return Step::Rest;
         };
         if let Some((&ahead, node)) = nodes.range(..first).next_back() {
@@ -297,8 +332,14 @@ impl Line {
         Step::Rest
     }
 
-    /// Takes listing number `number` (read behind a `sync` sent at `synced`).
-    fn install(&self, number: u64, children: Vec<String>, synced: Moment) {
+    /// Takes listing number `number` (read behind a `sync` sent at `synced`,
+    /// read on `clock`).
+    fn install(
+        &self,
+        number: u64,
+        children: Vec<String>,
+        synced: Option<(Moment, Arc<dyn Clock>)>,
+    ) {
         let mut state = self.lock();
         if number <= state.listed {
             return;
@@ -316,7 +357,7 @@ impl Line {
         (state.listed, state.synced) = (number, synced);
         // Waiters whose node the listing does not show learn it now.
         for (sequence, w) in &state.waiting {
-            if w.since < number && !state.nodes.contains_key(sequence) {
+            if w.since < number && !w.shown(&state.nodes, *sequence) {
                 w.woken.notify_one();
             }
         }
@@ -348,115 +389,5 @@ impl std::fmt::Debug for Line {
             .field("nodes", &state.nodes.len())
             .field("waiting", &state.waiting.len())
             .finish()
-    }
-}
-
-type Fired = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
-
-/// Keeps the view: lists the queue (behind a `sync`, in the same round
-/// trip) when a waiter joined since the last listing, else watches the node
-/// ahead of the first local waiter. Stops with the line or the session.
-async fn run(line: Weak<Line>, poke: Arc<Notify>, client: zk::Client, parent: String) {
-    let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    let mut failures = 0;
-    // The node watched, and its watch (kept while it stays the one to watch).
-    let mut watching: Option<(u32, Fired)> = None;
-    let mut states = client.state_watcher();
-    loop {
-        let Some(live) = line.upgrade() else {
-            return;
-        };
-        let step = live.next_step();
-        let outcome = match step {
-            Step::Stop => return,
-            Step::Rest => {
-                drop(live);
-                tokio::select! {
-                    _ = poke.notified() => continue,
-                    state = states.changed() => match state.is_terminated() {
-                        true => Err(zk::Error::SessionExpired),
-                        false => continue,
-                    },
-                }
-            }
-            Step::List(number) => {
-                drop(live);
-                let synced = Moment::now();
-                let syncing = client.sync(&parent);
-                let listing = client.list_children(&parent);
-                let listed = match syncing.await {
-                    Ok(()) | Err(zk::Error::NoNode) => listing.await,
-                    Err(e) => Err(e),
-                };
-                match listed {
-                    Ok(children) => Ok((number, children, synced)),
-                    Err(zk::Error::NoNode) => Ok((number, Vec::new(), synced)),
-                    Err(e) => Err(e),
-                }
-                .map(|(number, children, synced)| {
-                    if let Some(live) = line.upgrade() {
-                        live.install(number, children, synced);
-                    }
-                })
-            }
-            Step::Watch(sequence, path) => {
-                let kept = watching.take().filter(|(s, _)| *s == sequence);
-                let fired = match kept {
-                    Some((_, fired)) => Ok(Some(fired)),
-                    None => match client.check_and_watch_stat(&path).await {
-                        Ok((Some(_), watcher)) => Ok(Some(Box::pin(watcher.changed()) as Fired)),
-                        Ok((None, _)) => Ok(None),
-                        Err(e) => Err(e),
-                    },
-                };
-                match fired {
-                    Ok(None) => {
-                        live.passed(sequence);
-                        Ok(())
-                    }
-                    Ok(Some(mut fired)) => {
-                        drop(live);
-                        tokio::select! {
-                            biased;
-                            event = &mut fired => match event.event_type {
-                                zk::EventType::NodeDeleted => {
-                                    if let Some(live) = line.upgrade() {
-                                        live.passed(sequence);
-                                    }
-                                    Ok(())
-                                }
-                                zk::EventType::Session if event.session_state.is_terminated() => {
-                                    Err(zk::Error::SessionExpired)
-                                }
-                                // Written to, or a session event: watch again.
-                                _ => Ok(()),
-                            },
-                            _ = poke.notified() => {
-                                watching = Some((sequence, fired));
-                                Ok(())
-                            }
-                        }
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        match outcome {
-            Ok(()) => failures = 0,
-            Err(e) => {
-                let Some(live) = line.upgrade() else {
-                    return;
-                };
-                if !transient(&e)
-                    || matches!(e, zk::Error::SessionExpired | zk::Error::ClientClosed)
-                {
-                    live.end(map(format!("watching the queue {parent}"), e).to_string());
-                    return;
-                }
-                drop(live);
-                tokio::time::sleep(backoff.delay(failures)).await;
-                failures = failures.saturating_add(1);
-            }
-        }
     }
 }
