@@ -28,6 +28,11 @@ pub struct Options {
     pub min_session_ms: u32,
     /// `maxSessionTimeout` in ms (default 60000).
     pub max_session_ms: u32,
+    /// Refuse clients that do not authenticate with the digest scheme
+    /// (`enforce.auth.enabled`, ZooKeeper 3.7+; default off). Digest
+    /// credentials themselves are never refused: a wrong password is another
+    /// identity, which ACLs keep out.
+    pub require_digest: bool,
 }
 
 impl Default for Options {
@@ -36,6 +41,7 @@ impl Default for Options {
             tick_ms: 250,
             min_session_ms: 1000,
             max_session_ms: 60_000,
+            require_digest: false,
         }
     }
 }
@@ -65,6 +71,9 @@ fn config(options: &Options, data: &Path, client: u16, servers: &[(u16, u16)]) -
         options.max_session_ms,
         data.display()
     );
+    if options.require_digest {
+        cfg.push_str("enforce.auth.enabled=true\nenforce.auth.schemes=digest\n");
+    }
     if !servers.is_empty() {
         // initLimit/syncLimit are in ticks: 10 s / 2.5 s at the default tick.
         cfg.push_str("initLimit=40\nsyncLimit=10\n");

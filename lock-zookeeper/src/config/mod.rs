@@ -17,7 +17,10 @@ use lockcore::LockError;
 /// ```
 ///
 /// (`zookeeper://` works too; a plain connect string `host:port[,...][/chroot]`
-/// is accepted as well.) `Debug` never shows the password.
+/// is accepted as well.) The password may hold any character, even
+/// unescaped `#/?@:` (the user info ends at the last `@`, as
+/// [`redact_url`](lockcore::backend::redact_url) reads it); percent-escapes
+/// are decoded. `Debug` and errors never show it.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ZooKeeperConfig {
@@ -72,26 +75,52 @@ impl ZooKeeperConfig {
     /// [`LockError::InvalidConfig`] naming what to fix.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let Some((scheme, rest)) = url.split_once("://") else {
+            let lower = url.trim().to_ascii_lowercase();
+            if lower.starts_with("zk:") || lower.starts_with("zookeeper:") {
+                return Err(LockError::config(
+                    "a ZooKeeper URL starts with zk:// or zookeeper:// (two slashes); the rest is not shown",
+                ));
+            }
             let config = ZooKeeperConfig::new(url.trim());
             config.validate()?;
             return Ok(config);
         };
         if !matches!(scheme.to_ascii_lowercase().as_str(), "zk" | "zookeeper") {
+            let shown = match scheme_word(scheme) {
+                true => format!("{scheme}://"),
+                false => "this".to_owned(),
+            };
             return Err(LockError::config(format!(
-                "{scheme}:// is not a ZooKeeper URL: expected zk:// or zookeeper://"
+                "{shown} is not a ZooKeeper URL: expected zk:// or zookeeper://"
             )));
+        }
+        // The user info ends at the last `@` if no `/`, `?` or `#` comes
+        // before the user name's `:` (else that `@` is in the path or the
+        // query): a password may hold any of `#/?@:` unescaped.
+        let userinfo_end = rest.rfind('@').filter(|&at| {
+            let userinfo = &rest[..at];
+            match (userinfo.find(['/', '?', '#']), userinfo.find(':')) {
+                (Some(delimiter), Some(colon)) => colon < delimiter,
+                (Some(_), None) => false,
+                (None, _) => true,
+            }
+        });
+        let (userinfo, rest) = match userinfo_end {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        if rest.contains('#') {
+            return Err(LockError::config(
+                "a ZooKeeper URL has no #fragment (write a # in the password as %23); the URL is not shown",
+            ));
         }
         let (rest, query) = match rest.split_once('?') {
             Some((rest, query)) => (rest, Some(query)),
             None => (rest, None),
         };
-        let (authority, root) = match rest.find('/') {
+        let (hosts, root) = match rest.find('/') {
             Some(i) => (&rest[..i], Some(&rest[i..])),
             None => (rest, None),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
         };
         let mut config = ZooKeeperConfig::new(hosts);
         if let Some(root) = root.filter(|r| *r != "/" && !r.is_empty()) {
@@ -108,18 +137,23 @@ impl ZooKeeperConfig {
         }
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value, key)?;
-            match key {
-                "session_timeout" => config.session_timeout = duration(key, &value)?,
-                "connection_timeout" => config.connection_timeout = Some(duration(key, &value)?),
-                "connect_timeout" => config.connect_timeout = duration(key, &value)?,
-                "tick_time" => config.tick_time = Some(duration(key, &value)?),
+            let setting = match key {
+                "session_timeout" => &mut config.session_timeout,
+                "connection_timeout" => config.connection_timeout.insert(Duration::ZERO),
+                "connect_timeout" => &mut config.connect_timeout,
+                "tick_time" => config.tick_time.insert(Duration::ZERO),
                 other => {
+                    // Shown only if it looks like an option's name.
+                    let shown = match option_word(other) {
+                        true => format!("{other:?}"),
+                        false => "(not shown)".to_owned(),
+                    };
                     return Err(LockError::config(format!(
-                        "unknown ZooKeeper URL option {other:?}; known: session_timeout, tick_time, connection_timeout, connect_timeout"
+                        "unknown ZooKeeper URL option {shown}; known: session_timeout, tick_time, connection_timeout, connect_timeout"
                     )));
                 }
-            }
+            };
+            *setting = duration(key, &decode(value, key)?)?;
         }
         config.validate()?;
         Ok(config)
@@ -205,11 +239,11 @@ impl ZooKeeperConfig {
     /// # Errors
     /// [`LockError::InvalidConfig`] naming what to fix.
     pub fn validate(&self) -> Result<(), LockError> {
-        if self.connect.is_empty() || self.connect.starts_with('/') || self.connect.contains(' ') {
-            return Err(LockError::config(format!(
-                "ZooKeeper connect string {:?} must be host:port[,host:port...][/chroot]",
-                self.connect
-            )));
+        if !connect_string(&self.connect) {
+            // Not shown: what is no connect string may be part of a URL.
+            return Err(LockError::config(
+                "ZooKeeper connect string must be host:port[,host:port...][/chroot] (the one given is not shown)",
+            ));
         }
         validate_root(&self.root)?;
         let max = Duration::from_millis(i32::MAX as u64);
@@ -256,13 +290,74 @@ fn decode(s: &str, what: &str) -> Result<String, LockError> {
         .map_err(|e| LockError::config_caused_by(format!("ZooKeeper URL {what} is not UTF-8"), e))
 }
 
+/// The duration option `key` (a known option's name) set to `value`, which
+/// an error does not show.
 fn duration(key: &str, value: &str) -> Result<Duration, LockError> {
     humantime::parse_duration(value).map_err(|e| {
         LockError::config_caused_by(
-            format!("ZooKeeper URL option {key}={value:?} is not a duration like 30s or 500ms"),
+            format!("ZooKeeper URL option {key} is not a duration like 30s or 500ms"),
             e,
         )
     })
+}
+
+/// Whether `scheme` is a URL scheme's word (safe to show).
+fn scheme_word(scheme: &str) -> bool {
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// Whether `key` looks like an option's name (lower-case words joined by
+/// `_`): safe to show in an error, unlike a piece of a mistyped URL.
+fn option_word(key: &str) -> bool {
+    (1..=32).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+}
+
+/// Whether `connect` reads as a connect string, `host[:port][,...][/chroot]`
+/// (hosts may carry `tcp://` or `tcp+tls://`): no part of a URL's user
+/// info can, so one that does is safe to show.
+fn connect_string(connect: &str) -> bool {
+    let entries: Vec<&str> = connect.split(',').collect();
+    let last = entries.len() - 1;
+    entries.iter().enumerate().all(|(i, entry)| {
+        let entry = (entry.strip_prefix("tcp://"))
+            .or_else(|| entry.strip_prefix("tcp+tls://"))
+            .unwrap_or(entry);
+        let (address, chroot) = match entry.find('/') {
+            Some(at) if i == last => entry.split_at(at),
+            Some(_) => return false,
+            None => (entry, ""),
+        };
+        address_word(address)
+            && chroot.chars().all(|c| {
+                !c.is_whitespace()
+                    && !matches!(c, '@' | '?' | '#')
+                    && !crate::names::refused_by_zookeeper(c)
+            })
+    })
+}
+
+/// Whether `address` is `host[:port]` or `[v6][:port]`.
+fn address_word(address: &str) -> bool {
+    let (host, port) = match address.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((host, "")) => (host, ""),
+            Some((host, rest)) if rest.starts_with(':') => (host, &rest[1..]),
+            _ => return false,
+        },
+        None => match address.rsplit_once(':') {
+            Some((host, port)) => (host, port),
+            None => (address, ""),
+        },
+    };
+    let host_ok = !host.is_empty()
+        && host.chars().all(|c| match address.starts_with('[') {
+            true => c.is_ascii_hexdigit() || matches!(c, ':' | '.'),
+            false => c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'),
+        });
+    let port_ok = port.is_empty() || (port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()));
+    host_ok && port_ok
 }
 
 /// A root is an absolute path of valid segments, not `/` itself and not
@@ -305,8 +400,12 @@ impl FromStr for ZooKeeperConfig {
 
 impl fmt::Debug for ZooKeeperConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let connect = match connect_string(&self.connect) {
+            true => self.connect.clone(),
+            false => lockcore::backend::redact_url(&self.connect),
+        };
         f.debug_struct("ZooKeeperConfig")
-            .field("connect", &self.connect)
+            .field("connect", &connect)
             .field("root", &self.root)
             .field("session_timeout", &self.session_timeout)
             .field("connection_timeout", &self.connection_timeout)
@@ -318,69 +417,4 @@ impl fmt::Debug for ZooKeeperConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_urls_and_connect_strings() {
-        let c: ZooKeeperConfig =
-            "zk://alice:s%40cret@zk1:2181,zk2:2181/apps/locks?session_timeout=10s&connection_timeout=2s&tick_time=250ms"
-                .parse()
-                .unwrap();
-        assert_eq!(c.tick_time, Some(Duration::from_millis(250)));
-        assert_eq!(c.connect, "zk1:2181,zk2:2181");
-        assert_eq!(c.root, "/apps/locks");
-        assert_eq!(c.session_timeout, Duration::from_secs(10));
-        assert_eq!(c.connection_timeout, Some(Duration::from_secs(2)));
-        let d = c.digest.as_ref().unwrap();
-        assert_eq!((d.user.as_str(), d.password.as_str()), ("alice", "s@cret"));
-
-        let plain = ZooKeeperConfig::from_url("127.0.0.1:2181/chroot").unwrap();
-        assert_eq!(plain.connect, "127.0.0.1:2181/chroot");
-        assert_eq!(plain.root, ZooKeeperConfig::DEFAULT_ROOT);
-        let bare = ZooKeeperConfig::from_url("zookeeper://h:1").unwrap();
-        assert_eq!(bare.root, ZooKeeperConfig::DEFAULT_ROOT);
-    }
-
-    #[test]
-    fn rejects_bad_values_with_a_reason() {
-        for (url, why) in [
-            ("redis://h:1", "not a ZooKeeper URL"),
-            ("zk://h:1/", ""),
-            ("zk://h:1/a//b", "empty segment"),
-            ("zk://h:1/a/../b", "relative"),
-            ("zk://h:1/zookeeper/x", "reserved"),
-            ("zk://h:1/a?session_timeout=forever", "not a duration"),
-            ("zk://h:1/a?session_timeout=0s", "session timeout"),
-            ("zk://h:1/a?tick_time=0s", "tick time"),
-            ("zk://h:1/a?ttl=3s", "unknown"),
-            ("zk://nocolon@h:1/a", "user:password"),
-            ("zk:///a", "connect string"),
-        ] {
-            match ZooKeeperConfig::from_url(url) {
-                Err(e @ LockError::InvalidConfig { .. }) => {
-                    assert!(e.to_string().contains(why), "{url}: {e}")
-                }
-                other if why.is_empty() => assert!(other.is_ok(), "{url}: {other:?}"),
-                other => panic!("{url}: expected InvalidConfig, got {other:?}"),
-            }
-        }
-        assert!(
-            ZooKeeperConfig::new("h:1")
-                .root("relative")
-                .validate()
-                .is_err()
-        );
-        assert!(ZooKeeperConfig::new("h:1").root("/").validate().is_err());
-    }
-
-    #[test]
-    fn debug_hides_the_password() {
-        let c = ZooKeeperConfig::new("h:1").digest("alice", "hunter2");
-        let shown = format!("{c:?}");
-        assert!(
-            shown.contains("alice") && !shown.contains("hunter2"),
-            "{shown}"
-        );
-    }
-}
+mod tests;
