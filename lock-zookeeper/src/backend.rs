@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::backend::{LockRequest, WaitPolicy, Wakeup};
+use lockcore::backend::{LockRequest, PermitPolling, WaitPolicy, Wakeup};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     ReleaseOutcome,
@@ -78,6 +78,19 @@ impl ZooKeeperBackend {
     /// The ZooKeeper path of `name`'s queue: one child of the root.
     pub fn lock_path(&self, name: &LockName) -> String {
         self.client.lock_path(name)
+    }
+
+    /// `waiting`, ended with `Unavailable` if the client is closed
+    /// meanwhile: a wait does not outlive its client (it would retry until
+    /// its deadline).
+    async fn until_closed<T>(
+        &self,
+        waiting: impl std::future::Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        tokio::select! {
+            waited = waiting => waited,
+            _ = self.client.closed.cancelled() => Err(crate::client::closed()),
+        }
     }
 }
 
@@ -179,8 +192,23 @@ impl LockBackend for ZooKeeperBackend {
         // past its deadline (dropping the waiter removes its node).
         let stuck = wait.deadline + Duration::from_millis(250);
         let waiting = lockcore::wait::wait(wait, &mut waiter);
-        tokio::time::timeout_at(stuck, waiting)
+        let waited = async {
+            tokio::time::timeout_at(stuck, waiting)
+                .await
+                .unwrap_or(Ok(None))
+        };
+        self.until_closed(waited).await
+    }
+
+    async fn acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        self.client.refuse_closed()?;
+        let mut polling = PermitPolling::new(self, request, permits);
+        self.until_closed(lockcore::wait::wait(wait, &mut polling))
             .await
-            .unwrap_or(Ok(None))
     }
 }

@@ -213,3 +213,52 @@ async fn close_says_when_a_kept_handle_holds_the_session() {
     )
     .await;
 }
+
+/// Waits in progress when their client is closed (for a lock and for a
+/// permit) end at once, `Unavailable`, rather than retrying until their
+/// deadline; their queue node goes with the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_in_progress_end_when_their_client_is_closed() {
+    let store = zookeeper::shared();
+    let (a, b) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let rtt = round_trip(&b).await;
+    let (name, permits) = (unique("close-waiting"), unique("close-waiting-permits"));
+    let holder = take(&b, &name).await;
+    let request = LockRequest::new(permits.clone(), holder.checked_ttl());
+    let permit = b
+        .try_acquire_permit(&request, 1)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let lock_wait = tokio::spawn({
+        let (locker, name) = (locker(&a), name.clone());
+        async move { locker.acquire(&name).await.map(|_| ()) }
+    });
+    let permit_wait = tokio::spawn({
+        let semaphore = locker(&a).semaphore(permits.clone(), 1).unwrap();
+        async move { semaphore.acquire().await.map(|_| ()) }
+    });
+    let observer = raw(&store.endpoint()).await;
+    let parent = a.lock_path(&name);
+    eventually(rtt * 10, "the lock waiter queueing", || async {
+        (children(&observer, &parent).await.len() == 2).then_some(())
+    })
+    .await;
+    a.close().await.unwrap();
+    let closed = Instant::now();
+    for (what, wait) in [("lock", lock_wait), ("permit", permit_wait)] {
+        let outcome = tokio::time::timeout(rtt * 10, wait)
+            .await
+            .unwrap_or_else(|_| panic!("the {what} wait outlived its client"))
+            .unwrap();
+        unavailable(what, outcome);
+    }
+    eprintln!("waits ended {:?} after the close", closed.elapsed());
+    assert_eq!(children(&observer, &parent).await.len(), 1);
+    b.release(&holder).await.unwrap();
+    b.release(&permit).await.unwrap();
+}
