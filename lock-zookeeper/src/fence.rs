@@ -26,7 +26,7 @@ use crate::requests::ATTEMPTS;
 /// # async fn example(backend: &lock_zookeeper::ZooKeeperBackend, guard: &lockcore::LockGuard) -> Result<(), lockcore::LockError> {
 /// use lock_zookeeper::{fenced_write, zk};
 ///
-/// let client = backend.zk_client();
+/// let client = backend.zk_client()?;
 /// let written = fenced_write(&client, "/app/orders/42-fence", guard.fencing_token(), |multi| {
 ///     multi.add_set_data("/app/orders/42", b"shipped", None)
 /// })

@@ -24,6 +24,17 @@
 //! watches), the floor is read again: a value still equal to the one used
 //! was in force at the create too, since offsets only grow; otherwise the
 //! node is deleted and created again. Nothing is read on the common path.
+//!
+//! **Sessions from before the floor.** Restoring a server brings back the
+//! sessions of its backup with their nodes (a lock released since, a place
+//! in line), and their clients, if still running, may resume them once the
+//! server's zxids pass what they saw. The procedure raises the floor while
+//! clients are away, so a session whose floor changed across a break of
+//! its connection is one of those: it is retired ([`Session::floor_offset`](crate::session::Session::floor_offset))
+//! and closed, which deletes those nodes. After every break the floor is
+//! read again before the session grants, renews or queues anything. A raise
+//! seen while connected (its watch fired) retires nothing: no restore came
+//! in between.
 
 use std::future::Future;
 use std::pin::{Pin, pin};

@@ -27,8 +27,9 @@ impl Client {
     /// same round trip. So renewing any number of watched leases costs one
     /// request.
     ///
-    /// A session whose fence floor was raised is retired instead (see
-    /// [`crate::floor`]): its leases are lost.
+    /// A session whose fence floor was raised while it was disconnected
+    /// (a restore) is retired instead (see [`crate::floor`]): its leases
+    /// are lost.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if self.is_closed() {
             return leases.iter().map(|_| Err(closed())).collect();

@@ -17,7 +17,11 @@
 //! listing read after a node's create shows every node still ahead of it;
 //! so once each of those is known gone (deleted by this session, an event,
 //! or an `exists` that finds nothing), the node is first. A waiter's place
-//! is judged only on a listing sent after its create was answered.
+//! is judged only on a listing sent after its create was answered, and its
+//! node is known by its owner uuid as well as its sequence number: a parent
+//! created again, or a server restored from a backup, numbers new nodes
+//! from where it stands, and another owner's node may then bear the same
+//! number.
 //!
 //! An `exists` watch on a queue node never shares a node with the sequence
 //! proof's data watch on the parent ([`crate::quiet`]); a persistent watch
