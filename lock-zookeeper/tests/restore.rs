@@ -105,25 +105,36 @@ async fn a_restored_data_dir_repeats_fences_unless_the_floor_is_raised() {
     );
 }
 
-/// The restore procedure with running clients kept away (docs/operations.md
-/// §5: the store unreachable to them until the floor is raised). Clients
-/// with a long session hold and wait across both the backup and the
-/// restore; when they come back, their sessions, restored from the backup,
-/// are still on the server with nodes from back then: the lock they held
-/// then (released since) and the place in line they had. ZooKeeper lets a
-/// client resume such a session once the server's zxids are past what the
-/// client saw, as they soon are on a busy server.
+/// When the running clients are let back in, relative to the restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reopen {
+    /// As the procedure says (docs/operations.md §5, step 5): once the
+    /// longest lease TTL in use has passed since the old store stopped
+    /// answering them.
+    AfterTheirTtl,
+    /// As soon as the floor is raised: step 5 skipped on purpose, so that
+    /// the running clients come back while their sessions, restored from
+    /// the backup, are still on the server.
+    AtOnce,
+}
+
+/// Clients with a long session hold and wait across both the backup and the
+/// restore, cut off from the store (a refusing proxy) from before the
+/// restore until `reopen`; returns how long after the reopening the nodes
+/// of their sessions in the backup were gone.
 ///
-/// A session resumed after the floor was raised is from before the floor:
-/// the backend retires it (its leases lost, its waiters queued again on a
-/// new session) and closes it, so its nodes from the backup go at once. No
-/// lease from before the restore is kept, every grant afterwards has a fence
-/// above the floor, and no name stays blocked by a node nobody knows of.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_running_across_a_restore_never_resume_sessions_from_before_the_floor() {
-    if !support::may_launch_servers("clients_running_across_a_restore") {
-        return;
-    }
+/// Their sessions, restored from the backup, are on the server with nodes
+/// from back then: the lock `c` held then (released since), the lock `h`
+/// held then, `c`'s place in line behind it. ZooKeeper lets a client resume
+/// such a session once the server's zxids are past what the client saw (as
+/// they soon are on a busy server: here, filler writes). A session resumed
+/// after the floor was raised is from before the floor: the backend retires
+/// it (its leases lost, its waiters queued again on a new session) and
+/// closes it, so its nodes from the backup go at once. Checked either way:
+/// no lease from before the restore is kept once a grant that contradicts
+/// it is made (no second holder), every grant afterwards is above the
+/// floor, and no name stays blocked by a node nobody knows of.
+async fn across_a_restore(reopen: Reopen) -> Duration {
     let store = tokio::task::spawn_blocking(|| zookeeper::start(zookeeper::Options::default()))
         .await
         .unwrap()
@@ -183,9 +194,12 @@ async fn clients_running_across_a_restore_never_resume_sessions_from_before_the_
     assert!(h_guard.is_held() && held_guard.is_held());
     let seen = support::zxid(store.addr());
 
-    // The restore, with the running clients kept away until the floor is up.
+    // 1. Running clients cut off (the server's stop ends their connections).
     proxy.set(Mode::Refuse);
+    let cut_off = Instant::now();
+    // 2. The largest fence in use: `newest`. 3. The restore.
     restore(&store, &data, &backup);
+    // 4. The floor, raised by a client of its own.
     let operator = connect(store.endpoint()).await.unwrap();
     let floor = newest;
     operator.raise_fence_floor(floor).await.unwrap();
@@ -215,19 +229,30 @@ async fn clients_running_across_a_restore_never_resume_sessions_from_before_the_
             owned
         }
     };
-    assert!(
-        !zombies(c_sid, &held).await.is_empty(),
-        "the backup's node of `held` is back"
-    );
-    assert!(
-        !zombies(h_sid, &waited).await.is_empty(),
-        "the backup's node of `waited` is back"
-    );
+    // 5. Their longest TTL since the old store stopped answering them.
+    if reopen == Reopen::AfterTheirTtl {
+        tokio::time::sleep_until(cut_off + long).await;
+        assert!(
+            !held_guard.is_held() && !h_guard.is_held(),
+            "a lease from before the restore reads held a TTL after the store stopped answering"
+        );
+    } else {
+        assert!(
+            !zombies(c_sid, &held).await.is_empty(),
+            "the backup's node of `held` is back"
+        );
+        assert!(
+            !zombies(h_sid, &waited).await.is_empty(),
+            "the backup's node of `waited` is back"
+        );
+    }
+    // 6. Traffic reopened.
     let reopened = Instant::now();
     proxy.set(Mode::Pass);
 
-    // Resumed, retired, closed: the nodes from the backup go, the leases
-    // from before the restore are lost.
+    // The backup's nodes of the running clients' sessions go (closed by
+    // the backend when the session was resumed; else expired), and no lease
+    // from before the restore is kept.
     let within = long / 2;
     for (sid, name) in [(c_sid, &held), (c_sid, &waited), (h_sid, &waited)] {
         eventually(within, "the restored session's nodes deleted", || async {
@@ -235,25 +260,24 @@ async fn clients_running_across_a_restore_never_resume_sessions_from_before_the_
         })
         .await;
     }
-    eprintln!(
-        "restored sessions closed {:?} after the store reopened",
-        reopened.elapsed()
-    );
+    let gone = reopened.elapsed();
     for (what, guard) in [("held", &held_guard), ("waited", &h_guard)] {
         let reason = timeout(within, guard.lost())
             .await
             .unwrap_or_else(|_| panic!("the lease of {what} from before the restore is kept"));
         eprintln!("{what}: lost ({reason})");
     }
-    let _ = h_guard.release().await;
 
-    // Every grant afterwards is above the floor: the waiter's (queued again
-    // on a new session), a fresh client's of the name held in the backup.
+    // Every grant afterwards is above the floor, and made while nobody
+    // else reads held: the waiter's (queued again on a new session), a
+    // fresh client's of the name held in the backup.
     let granted = timeout(within, waiter)
         .await
         .expect("the waiter is granted")
         .unwrap()
         .unwrap();
+    assert!(!h_guard.is_held(), "two holders of `waited`");
+    let _ = h_guard.release().await;
     assert!(
         granted.fencing_token() > floor,
         "the waiter was granted fence {} under the floor {floor}",
@@ -261,10 +285,41 @@ async fn clients_running_across_a_restore_never_resume_sessions_from_before_the_
     );
     granted.release().await.unwrap();
     let e = connect(store.endpoint()).await.unwrap();
-    let next = cycle(&e, &held).await;
+    let next = take(&e, &held).await;
+    assert!(!held_guard.is_held(), "two holders of `held`");
     assert!(
-        next > floor,
-        "`held` was granted fence {next} under the floor {floor}"
+        next.fence() > floor,
+        "`held` was granted fence {} under the floor {floor}",
+        next.fence()
     );
+    e.release(&next).await.unwrap();
     let _ = held_guard.release().await;
+    gone
+}
+
+/// The procedure of docs/operations.md §5 with clients running across the
+/// restore (holding, and waiting behind another running client), cut off
+/// from before it until their TTL has passed: no second holder, every
+/// later fence above the floor, nothing of theirs left from the backup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restore_procedure_with_running_clients_makes_no_second_holder() {
+    if !support::may_launch_servers("the_restore_procedure_with_running_clients") {
+        return;
+    }
+    let gone = across_a_restore(Reopen::AfterTheirTtl).await;
+    eprintln!("the backup's sessions gone {gone:?} after the store reopened");
+}
+
+/// The same, with the running clients let back as soon as the floor is
+/// raised: they resume their sessions from the backup, which the backend
+/// retires and closes at once (before, the backup's nodes stayed, the lease
+/// from before the restore stayed held, and the waiter was granted a fence
+/// under the floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_clients_let_back_early_never_resume_sessions_from_before_the_floor() {
+    if !support::may_launch_servers("running_clients_let_back_early") {
+        return;
+    }
+    let gone = across_a_restore(Reopen::AtOnce).await;
+    eprintln!("restored sessions closed {gone:?} after the store reopened");
 }
