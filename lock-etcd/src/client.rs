@@ -135,13 +135,14 @@ impl Inner {
             let (session, refreshed) = (&using.session, using.refreshed);
             let n = self.sessions.reserve(session.id, &queue);
             let key = Keys::entry(&queue, session.id, n);
-            let record = Record::new(OwnerToken::new(), self.floor.offset(), request.label());
+            let (floor, offset) = self.floor.guard();
+            let record = Record::new(OwnerToken::new(), offset, request.label());
             let value: Arc<[u8]> = record.encode().into();
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
                         .with_range(range_end(&queue)),
-                    self.floor.compare(),
+                    floor,
                 ])
                 .and_then([TxnOp::put(
                     key.clone(),
@@ -166,7 +167,7 @@ impl Inner {
             };
             if !reply.succeeded() {
                 self.sessions.unreserve(session.id, &queue, n);
-                if self.floor.learn_from(&reply)? {
+                if self.floor.moved_since(&reply, offset)? {
                     continue; // the floor moved: write with the new offset
                 }
                 return Ok(Attempt::Held { expires_in: None });

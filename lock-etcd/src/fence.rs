@@ -37,13 +37,17 @@ impl Inner {
                 .txn("fence floor", Txn::new().and_then([self.floor.get()]))
                 .await?;
             self.floor.learn_from(&reply)?;
-            let current = self.floor.offset();
+            // The compare and the offset it holds at, read together: a raise
+            // learned in between must not be written over with a lower one.
+            let (unchanged, current) = self.floor.guard();
             if current >= floor.get() {
                 break current;
             }
-            let set = Txn::new()
-                .when([self.floor.compare()])
-                .and_then([TxnOp::put(key.clone(), floor.get().to_string(), None)]);
+            let set = Txn::new().when([unchanged]).and_then([TxnOp::put(
+                key.clone(),
+                floor.get().to_string(),
+                None,
+            )]);
             if self.txn("raise the fence floor", set).await?.succeeded() {
                 self.floor.raised(floor.get());
                 tracing::info!(%floor, "fence floor raised");

@@ -35,18 +35,36 @@ impl Floor {
         self.known.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The offset to record in a new entry (with [`compare`](Self::compare)
-    /// in the same `Txn`).
+    /// The offset this client knows (a new entry records the one
+    /// [`guard`](Self::guard) compares, read with it).
     pub(crate) fn offset(&self) -> u64 {
         self.known().map_or(0, |v| parse(&v).unwrap_or(0))
     }
 
-    /// Holds while the offset is still the one this client knows.
-    pub(crate) fn compare(&self) -> Compare {
+    /// One reading of what this client knows: the compare that holds while
+    /// the offset is still that, and that offset. A `Txn` records the offset
+    /// it compares, never one read a moment apart (a raise learned in
+    /// between would let an entry under the old offset pass the new floor).
+    pub(crate) fn guard(&self) -> (Compare, u64) {
         match self.known() {
-            Some(value) => Compare::value(self.key.clone(), CompareOp::Equal, value),
-            None => Compare::version(self.key.clone(), CompareOp::Equal, 0),
+            Some(value) => {
+                let offset = parse(&value).unwrap_or(0);
+                (
+                    Compare::value(self.key.clone(), CompareOp::Equal, value),
+                    offset,
+                )
+            }
+            None => (Compare::version(self.key.clone(), CompareOp::Equal, 0), 0),
         }
+    }
+
+    /// After a `Txn` guarded at `offset` failed: learns the floor from its
+    /// reply, and whether the floor is no longer `offset` (taught by this
+    /// reply or, meanwhile, by another read: either way the guard failed
+    /// because of it, or may have).
+    pub(crate) fn moved_since(&self, reply: &TxnResponse, offset: u64) -> Result<bool, LockError> {
+        self.learn_from(reply)?;
+        Ok(self.offset() != offset)
     }
 
     /// Reads the offset (in a `Txn`'s failure branch).

@@ -67,7 +67,8 @@ impl Inner {
             let using = self.sessions.for_entry(ttl).await?;
             let (session, refreshed) = (&using.session, using.refreshed);
             let key = Keys::slot(&slots, slot);
-            let record = Record::new(OwnerToken::new(), self.floor.offset(), request.label());
+            let (floor, offset) = self.floor.guard();
+            let record = Record::new(OwnerToken::new(), offset, request.label());
             let value: Arc<[u8]> = record.encode().into();
             let put = TxnOp::put(
                 key.clone(),
@@ -81,7 +82,7 @@ impl Inner {
                     .when([
                         Compare::value(count_key.clone(), CompareOp::Equal, count),
                         free,
-                        self.floor.compare(),
+                        floor,
                     ])
                     .and_then([put])
             } else {
@@ -95,7 +96,7 @@ impl Inner {
                 let empty = Compare::create_revision(slots.clone(), CompareOp::Equal, 0)
                     .with_range(range_end(&slots));
                 Txn::new()
-                    .when([unchanged, empty, free, self.floor.compare()])
+                    .when([unchanged, empty, free, floor])
                     .and_then([TxnOp::put(count_key.clone(), count, None), put])
             }
             .or_else([

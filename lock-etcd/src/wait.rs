@@ -85,11 +85,8 @@ impl LineWaiter {
         let session = &using.session;
         let n = inner.sessions.reserve(session.id, &self.queue);
         let key = Keys::entry(&self.queue, session.id, n);
-        let record = Record::new(
-            OwnerToken::new(),
-            inner.floor.offset(),
-            self.request.label(),
-        );
+        let (floor, offset) = inner.floor.guard();
+        let record = Record::new(OwnerToken::new(), offset, self.request.label());
         let value: Arc<[u8]> = record.encode().into();
         let read = self.line.begin_enqueue();
         let mut ops = vec![TxnOp::put(
@@ -113,7 +110,7 @@ impl LineWaiter {
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                inner.floor.compare(),
+                floor,
             ])
             .and_then(ops)
             .or_else([inner.floor.get()]);
@@ -125,7 +122,7 @@ impl LineWaiter {
                 return match other {
                     Ok(Some(reply)) => {
                         inner.sessions.unreserve(session.id, &self.queue, n);
-                        if inner.floor.learn_from(&reply)? {
+                        if inner.floor.moved_since(&reply, offset)? {
                             // The floor moved: queue with the new offset.
                             Err(LockError::unavailable(
                                 BACKEND,
@@ -193,16 +190,20 @@ impl LineWaiter {
         let Some(place) = self.place.as_mut() else {
             return Err(protocol("a grant without an entry"));
         };
-        while place.record.offset < inner.floor.offset() {
+        loop {
+            let (floor, offset) = inner.floor.guard();
+            if place.record.offset >= offset {
+                break;
+            }
             let record = Record {
-                offset: inner.floor.offset(),
+                offset,
                 ..place.record.clone()
             };
             let value: Arc<[u8]> = record.encode().into();
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(place.key.clone(), CompareOp::Equal, place.revision),
-                    inner.floor.compare(),
+                    floor,
                 ])
                 .and_then([TxnOp::put(
                     place.key.clone(),
@@ -220,7 +221,7 @@ impl LineWaiter {
                     .rewritten(&place.key, place.revision, value.clone());
                 place.record = record;
                 place.value = value;
-            } else if !inner.floor.learn_from(&reply)? {
+            } else if !inner.floor.moved_since(&reply, offset)? {
                 // Not the floor: our entry is gone.
                 return Ok(Attempt::Held { expires_in: None });
             }
