@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use lockcore::backend::redact_url;
 use lockcore::{LockBackend, LockError, MemoryBackend};
 
 /// Every scheme distlock knows, with the cargo feature that enables it.
@@ -34,7 +35,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// # Errors
 /// [`LockError::InvalidConfig`] for a URL without a scheme, an unknown
 /// scheme, or one whose feature was not compiled in (the message names the
-/// feature); the backend's own errors otherwise.
+/// feature); the backend's own errors otherwise. No error shows the URL but
+/// through [`redact_url`](lockcore::backend::redact_url), and none a password.
 pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     // `sqlite::memory:` has no `//`: let the SQLite backend refuse it by name.
     let scheme = if url
@@ -43,14 +45,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     {
         "sqlite".to_owned()
     } else {
-        url.split_once("://")
-            .map(|(scheme, _)| scheme.to_ascii_lowercase())
-            .ok_or_else(|| {
-                LockError::config(format!(
-                    "{:?} is not a URL: expected scheme://...",
-                    redact(url)
-                ))
-            })?
+        scheme_of(url).ok_or_else(|| {
+            LockError::config(format!(
+                "the lock store URL is not scheme://... ({})",
+                redact_url(url)
+            ))
+        })?
     };
     match scheme.as_str() {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
@@ -88,19 +88,16 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     }
 }
 
-/// The URL with any password replaced, for error messages.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.chars().take(64).collect();
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{path}")
-        }
-        None => url.to_string(),
-    }
+/// The scheme of `scheme://...`, lowercase: letters, digits, `+`, `-` and
+/// `.` only, the rule [`redact_url`] reads URLs by. Text before a `://` that
+/// is not a scheme (`host=h password=a://b`) is no scheme: an error must
+/// not show it.
+fn scheme_of(url: &str) -> Option<String> {
+    let end = url
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .unwrap_or(url.len());
+    let (scheme, rest) = url.split_at(end);
+    (!scheme.is_empty() && rest.starts_with("://")).then(|| scheme.to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -118,9 +115,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    #[tokio::test]
+    async fn errors_show_no_part_of_a_password() {
+        for url in [
+            "host=h password=se:cret://x",
+            "redis:/u:secret@h:1",
+            "ftp://u:secret@h/",
+            "secret",
+        ] {
+            let Err(e) = connect(url).await else {
+                panic!("{url} connected");
+            };
+            let shown = format!("{e} {e:?}");
+            assert!(!shown.contains("secret"), "{url}: {shown}");
+        }
     }
 }

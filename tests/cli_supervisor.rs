@@ -15,90 +15,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::store::{Store, ms, output, spawn};
 use common::{
     Cleanup, Shell, alive, eventually, exit_within, held_still, read_pid, show, signal, stat,
     stderr_of,
 };
 use lock_conformance::kit::scaled;
-
-/// A store to run `distlock` against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Store {
-    Sqlite,
-    Redis,
-    Postgres,
-    Etcd,
-    ZooKeeper,
-}
-
-impl Store {
-    /// `--url` for the kit's shared instance, with a session of `ttl` on
-    /// ZooKeeper (its leases are its sessions); `None`: the default file.
-    fn url(self, ttl: Duration) -> Option<String> {
-        use lock_conformance::kit::stores;
-        match self {
-            Store::Sqlite => None,
-            Store::Redis => Some(stores::redis::shared().url()),
-            Store::Postgres => Some(stores::postgres::shared().url()),
-            Store::Etcd => Some(stores::etcd::shared().url()),
-            Store::ZooKeeper => Some(format!(
-                "{}?session_timeout={}",
-                stores::zookeeper::shared().url(),
-                ms(ttl)
-            )),
-        }
-    }
-
-    /// `distlock --ttl TTL [--url URL]` on this store, then `rest`.
-    fn args(self, ttl: Duration, rest: &[&str]) -> Vec<String> {
-        let mut args = vec!["--ttl".to_owned(), ms(ttl)];
-        if let Some(url) = self.url(ttl) {
-            args.extend(["--url".to_owned(), url]);
-        }
-        args.extend(rest.iter().map(|s| (*s).to_owned()));
-        args
-    }
-
-    /// The TTL the store enforces for `ttl`, and how long after it the
-    /// store may still hold an abandoned lease, as the backend declares.
-    fn declared(self, ttl: Duration) -> (Duration, Duration) {
-        let Some(url) = self.url(ttl) else {
-            return (ttl, Duration::ZERO);
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let capabilities = distlock::connect(&url).await.unwrap().capabilities();
-            let effective = capabilities.effective_ttl(ttl).unwrap().get();
-            (effective, capabilities.slack_for(effective))
-        })
-    }
-
-    /// How long a second `run` may wait for a lease its holder stopped
-    /// renewing: the enforced TTL, the slack, and room for a loaded host.
-    fn takeover_wait(self, ttl: Duration) -> Duration {
-        let (effective, slack) = self.declared(ttl);
-        effective + slack + scaled(Duration::from_secs(10))
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
-fn spawn(shell: &Shell, store: Store, ttl: Duration, args: &[&str]) -> std::process::Child {
-    let args = store.args(ttl, args);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    shell.spawn(&args)
-}
-
-fn output(shell: &Shell, store: Store, ttl: Duration, args: &[&str]) -> std::process::Output {
-    let args = store.args(ttl, args);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    shell.output(&args)
-}
 
 /// A shell line for a second job: prints `ALIVE pid state` for each of
 /// `pids` that is still a live process, then `checked`.
@@ -421,31 +343,8 @@ fn a_killed_supervisor_takes_the_job_and_frees_the_lock(store: Store) {
     cleanup.0.clear();
 }
 
-/// One test per store for each case above.
-macro_rules! on_every_store {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            use super::Store;
-            #[test]
-            #[cfg(feature = "sqlite")]
-            fn sqlite() { super::$case(Store::Sqlite) }
-            #[test]
-            #[cfg(feature = "redis")]
-            fn redis() { super::$case(Store::Redis) }
-            #[test]
-            #[cfg(feature = "postgres")]
-            fn postgres() { super::$case(Store::Postgres) }
-            #[test]
-            #[cfg(feature = "etcd")]
-            fn etcd() { super::$case(Store::Etcd) }
-            #[test]
-            #[cfg(feature = "zookeeper")]
-            fn zookeeper() { super::$case(Store::ZooKeeper) }
-        }
-    )*};
-}
-
-on_every_store!(
+// One test per store for each case above.
+crate::on_every_store!(
     kill_9_of_distlock_kills_the_whole_job,
     ctrl_z_stops_the_job_and_the_deadline_kills_it,
     a_setsid_daemon_is_killed_with_the_job,

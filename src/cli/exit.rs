@@ -17,7 +17,10 @@ Exit codes:
   70   run, elect: the supervisor process died; the command was killed
   75   busy: the lock is held and --no-wait was given (as `flock -E 75`)
   126  the command cannot be executed; 127: not found
-  N    run, elect: the command's own exit code; 128+S if it died of signal S";
+  N    run, elect: the command's own exit code; 128+S if it died of signal S
+  128+S  stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT (S) while connecting,
+         waiting for the lock or holding it (hold): what it queued or held is
+         let go first (run, elect forward them to the running command)";
 
 pub(crate) const STORE: u8 = 1;
 pub(crate) const USAGE: u8 = 2;
@@ -30,11 +33,13 @@ pub(crate) const BUSY: u8 = 75;
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 pub(crate) const NOT_FOUND: u8 = 127;
 
-/// What ends a command early: a lock error, or a plain failure with its code.
+/// What ends a command early: a lock error, a plain failure with its code,
+/// or a caught signal (exit 128 + the signal).
 #[derive(Debug)]
 pub(crate) enum Failure {
     Lock(LockError),
     Code(u8, String),
+    Signal(i32),
 }
 
 impl From<LockError> for Failure {
@@ -49,6 +54,10 @@ impl Failure {
         let (code, message) = match self {
             Failure::Code(code, message) => (code, message),
             Failure::Lock(e) => (code_of(&e), one_line(&e)),
+            Failure::Signal(signal) => (
+                u8::try_from(128 + signal).unwrap_or(255),
+                format!("stopped by {}", super::signals::name(signal)),
+            ),
         };
         eprintln!("distlock: {message}");
         ExitCode::from(code)

@@ -1,9 +1,14 @@
 //! The `distlock` command line: arguments, the default lock file, and one
-//! function per command.
+//! function per command. Each command that reaches the store ends with its
+//! locker closed (`closing.rs`), on every exit path, and listens for the
+//! signals that would end it (`signals.rs`) from before it connects.
 
+mod closing;
 mod exit;
+mod inspect;
 #[cfg(target_os = "linux")]
 mod run;
+mod signals;
 mod store;
 #[cfg(target_os = "linux")]
 mod supervisor;
@@ -11,13 +16,18 @@ mod supervisor;
 mod tree;
 mod wire;
 
+use std::future::Future;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use distlock::{FencingToken, Holder, HolderLabel, LockError, LockName, Locker, ReleaseOutcome};
+use distlock::{
+    FencingToken, HolderLabel, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
+};
 
 use exit::Failure;
+use signals::Signals;
 use store::{default_backend, default_path};
 
 /// The hidden supervisor mode of `distlock run` (see `supervisor.rs`):
@@ -89,7 +99,9 @@ enum Command {
     /// with SIGKILL within milliseconds if distlock dies (kill -9 and the OOM killer
     /// included), and at the lease's local deadline if distlock is stopped or hung.
     /// If the lease is lost, they get SIGTERM, then SIGKILL after --grace. SIGINT,
-    /// SIGTERM, SIGHUP and SIGQUIT are forwarded to the group; Ctrl-Z stops the
+    /// SIGTERM, SIGHUP and SIGQUIT are forwarded to the group (while still waiting
+    /// for the lock, they end distlock instead: exit 128 + the signal, nothing left
+    /// queued); Ctrl-Z stops the
     /// command with distlock, and it continues only if the lease still holds (else it
     /// is killed: exit 4). The lock is released once no process of the command is
     /// left (on SQLite it stays taken until then, even if distlock died). If distlock
@@ -126,7 +138,8 @@ enum Command {
     Hold {
         #[command(flatten)]
         take: Take,
-        /// How long to hold it (until interrupted: SIGINT/SIGTERM release it).
+        /// How long to hold it (until interrupted: SIGINT, SIGTERM, SIGHUP or
+        /// SIGQUIT release it, and distlock exits 128 + the signal).
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         r#for: Duration,
     },
@@ -164,63 +177,103 @@ enum Command {
     Schemes,
 }
 
-/// Parses the arguments and runs the command.
+/// Parses the arguments and runs the command. From before it connects, the
+/// signals that would end `distlock` are caught; once connected, whatever
+/// the command's end, the locker is closed before the exit code is returned.
 pub(crate) async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match dispatch(cli).await {
+    if let Command::Schemes = cli.command {
+        schemes();
+        return ExitCode::SUCCESS;
+    }
+    let mut signals = match Signals::catch() {
+        Ok(signals) => signals,
+        Err(e) => {
+            return Failure::Code(exit::STORE, format!("cannot catch signals: {e}")).report();
+        }
+    };
+    let backend = match until(&mut signals, connect(cli.url.as_deref())).await {
+        Ok(backend) => backend,
+        // Nothing was connected: nothing to close.
+        Err(failure) => return failure.report(),
+    };
+    let locker = Locker::from_arc(backend).ttl(cli.ttl).max_wait(cli.wait);
+    let code = match dispatch(&locker, cli.command, &mut signals).await {
         Ok(code) => code,
         Err(failure) => failure.report(),
+    };
+    closing::close(&locker).await;
+    code
+}
+
+fn schemes() {
+    for (scheme, feature) in distlock::SCHEMES {
+        println!("{scheme}://\t{feature}");
+    }
+    match default_path() {
+        Ok(path) => println!("default:\t{}", store::url_of(&path)),
+        Err(why) => println!("default:\tnone ({why})"),
     }
 }
 
-async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
-    if let Command::Schemes = cli.command {
-        for (scheme, feature) in distlock::SCHEMES {
-            println!("{scheme}://\t{feature}");
-        }
-        match default_path() {
-            Ok(path) => println!("default:\t{}", store::url_of(&path)),
-            Err(why) => println!("default:\tnone ({why})"),
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    let backend = match cli.url {
-        Some(url) => distlock::connect(&url).await?,
+async fn connect(url: Option<&str>) -> Result<Arc<dyn LockBackend>, Failure> {
+    Ok(match url {
+        Some(url) => distlock::connect(url).await?,
         None => default_backend().await?,
-    };
-    let locker = Locker::from_arc(backend).ttl(cli.ttl).max_wait(cli.wait);
-    match cli.command {
+    })
+}
+
+/// `work`'s result, unless a signal comes first: then `work` is dropped
+/// (what it leaves to clean up is the locker's close's) and the signal ends
+/// the command.
+async fn until<T>(
+    signals: &mut Signals,
+    work: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    signals.until(work).await.map_err(Failure::Signal)?
+}
+
+async fn dispatch(
+    locker: &Locker,
+    command: Command,
+    signals: &mut Signals,
+) -> Result<ExitCode, Failure> {
+    match command {
         Command::Run {
             take,
             grace,
             command,
-        } => run_locked(&locker, take, grace, &command).await,
+        } => run_locked(locker, take, grace, &command, signals).await,
         Command::Elect {
             name,
             label,
             grace,
             command,
-        } => elect(&locker, &name, label, grace, &command).await,
-        Command::Hold { take, r#for } => hold(&locker, take, r#for).await,
+        } => elect(locker, &name, label, grace, &command, signals).await,
+        Command::Hold { take, r#for } => hold(locker, take, r#for, signals).await,
         Command::Inspect {
             name,
             json,
             permits,
-        } => inspect(&locker, &name, json, permits).await,
+        } => until(signals, inspect::inspect(locker, &name, json, permits)).await,
         Command::ForceRelease {
             name,
             reason,
             fence,
-        } => force_release(&locker, &name, &reason, fence).await,
+        } => until(signals, force_release(locker, &name, &reason, fence)).await,
         Command::RaiseFenceFloor { floor } => {
-            let floor = FencingToken::new(floor)
-                .ok_or_else(|| Failure::Code(exit::USAGE, "the floor must be at least 1".into()))?;
-            distlock::admin::raise_fence_floor(&**locker.backend(), floor).await?;
-            println!("every fence from now on is above {floor}");
-            Ok(ExitCode::SUCCESS)
+            until(signals, raise_fence_floor(locker, floor)).await
         }
-        Command::Schemes => unreachable!("handled above"),
+        Command::Schemes => unreachable!("handled before connecting"),
     }
+}
+
+async fn raise_fence_floor(locker: &Locker, floor: u64) -> Result<ExitCode, Failure> {
+    let floor = FencingToken::new(floor)
+        .ok_or_else(|| Failure::Code(exit::USAGE, "the floor must be at least 1".into()))?;
+    distlock::admin::raise_fence_floor(&**locker.backend(), floor).await?;
+    println!("every fence from now on is above {floor}");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn label(locker: Locker, label: Option<String>) -> Result<Locker, LockError> {
@@ -230,16 +283,28 @@ fn label(locker: Locker, label: Option<String>) -> Result<Locker, LockError> {
     })
 }
 
-/// A held lock or permit, whichever `take` asked for.
-async fn take(locker: &Locker, take: &Take) -> Result<distlock::LockGuard, Failure> {
+/// A held lock or permit, whichever `take` asked for. A signal while
+/// waiting drops the wait.
+async fn take(
+    locker: &Locker,
+    take: &Take,
+    signals: &mut Signals,
+) -> Result<distlock::LockGuard, Failure> {
     let locker = label(locker.clone(), take.label.clone())?;
-    let guard = match (take.permits, take.no_wait) {
-        (None, false) => Some(locker.acquire(&take.name).await?),
-        (None, true) => locker.try_acquire(&take.name).await?,
-        (Some(n), false) => Some(locker.semaphore(&take.name, n)?.acquire().await?),
-        (Some(n), true) => locker.semaphore(&take.name, n)?.try_acquire().await?,
+    if !take.no_wait {
+        tracing::debug!(name = %take.name, wait = ?locker.wait_limit(), "waiting for the lock");
+    }
+    let taking = async {
+        Ok::<_, Failure>(match (take.permits, take.no_wait) {
+            (None, false) => Some(locker.acquire(&take.name).await?),
+            (None, true) => locker.try_acquire(&take.name).await?,
+            (Some(n), false) => Some(locker.semaphore(&take.name, n)?.acquire().await?),
+            (Some(n), true) => locker.semaphore(&take.name, n)?.try_acquire().await?,
+        })
     };
-    guard.ok_or_else(|| Failure::Code(exit::BUSY, format!("{} is held (--no-wait)", take.name)))
+    until(signals, taking)
+        .await?
+        .ok_or_else(|| Failure::Code(exit::BUSY, format!("{} is held (--no-wait)", take.name)))
 }
 
 fn describe(guard: &distlock::LockGuard) -> String {
@@ -258,8 +323,14 @@ async fn run_locked(
     spec: Take,
     grace: Duration,
     command: &[String],
+    signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
-    let guard = take(locker, &spec).await?;
+    let guard = take(locker, &spec, signals).await?;
+    if let Some(signal) = signals.pending().await {
+        // Stopped as the lock came: the command never starts.
+        let _ = guard.release().await;
+        return Err(Failure::Signal(signal));
+    }
     let fence = guard.fencing_token();
     eprintln!("distlock: acquired {}", describe(&guard));
     let mut env = vec![
@@ -269,7 +340,7 @@ async fn run_locked(
     if let Some(slot) = guard.slot() {
         env.push(("DISTLOCK_SLOT", slot.to_string()));
     }
-    let (status, lost) = match supervised(command, &env, &guard, grace).await {
+    let (status, lost) = match supervised(command, &env, &guard, grace, signals).await {
         Ok(ended) => ended,
         Err(failure) => {
             // Nothing of the job is left: free the lock now, not at its TTL.
@@ -298,18 +369,19 @@ async fn run_locked(
     }
 }
 
-/// Runs `command` under a supervisor while `guard` holds (see `run.rs`):
-/// its exit status, and why the lease was lost if it was. On an error no
-/// process of the command is left.
+/// Runs `command` under a supervisor while `guard` holds (see `run.rs`),
+/// forwarding `signals` to it: its exit status, and why the lease was lost
+/// if it was. On an error no process of the command is left.
 #[cfg(target_os = "linux")]
 async fn supervised(
     command: &[String],
     env: &[(&str, String)],
     guard: &distlock::LockGuard,
     grace: Duration,
+    signals: &mut Signals,
 ) -> Result<(std::process::ExitStatus, Option<distlock::LossReason>), Failure> {
     let ended = run::spawn(command, env, guard, grace)?
-        .supervise(guard, grace)
+        .supervise(guard, grace, signals)
         .await?;
     Ok((ended.status, ended.lost))
 }
@@ -320,6 +392,7 @@ async fn supervised(
     _env: &[(&str, String)],
     _guard: &distlock::LockGuard,
     _grace: Duration,
+    _signals: &mut Signals,
 ) -> Result<(std::process::ExitStatus, Option<distlock::LossReason>), Failure> {
     Err(Failure::Code(
         exit::USAGE,
@@ -335,12 +408,18 @@ async fn elect(
     candidate: Option<String>,
     grace: Duration,
     command: &[String],
+    signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
     let candidate = match candidate {
         Some(l) => HolderLabel::new(l)?,
         None => locker.holder_label().clone(),
     };
-    let leadership = locker.election(name)?.campaign(candidate).await?;
+    let election = locker.election(name)?;
+    let leadership = until(signals, async { Ok(election.campaign(candidate).await?) }).await?;
+    if let Some(signal) = signals.pending().await {
+        let _ = leadership.resign().await;
+        return Err(Failure::Signal(signal));
+    }
     let term = leadership.term();
     eprintln!("distlock: leading {name} term={term}");
     let env = [
@@ -348,7 +427,7 @@ async fn elect(
         ("DISTLOCK_TERM", term.to_string()),
         ("DISTLOCK_FENCE", term.to_string()),
     ];
-    let (status, lost) = match supervised(command, &env, leadership.guard(), grace).await {
+    let (status, lost) = match supervised(command, &env, leadership.guard(), grace, signals).await {
         Ok(ended) => ended,
         Err(failure) => {
             let _ = leadership.resign().await;
@@ -372,27 +451,21 @@ async fn elect(
     }
 }
 
-async fn hold(locker: &Locker, spec: Take, duration: Duration) -> Result<ExitCode, Failure> {
-    let guard = take(locker, &spec).await?;
+/// Holds the lock for `duration`, or until a signal (then exits 128 + the
+/// signal), releasing it either way.
+async fn hold(
+    locker: &Locker,
+    spec: Take,
+    duration: Duration,
+    signals: &mut Signals,
+) -> Result<ExitCode, Failure> {
+    let guard = take(locker, &spec, signals).await?;
     println!("acquired {}", describe(&guard));
-    let interrupted = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            (Ok(mut int), Ok(mut term)) => tokio::select! {
-                _ = int.recv() => 128 + libc::SIGINT,
-                _ = term.recv() => 128 + libc::SIGTERM,
-            },
-            _ => std::future::pending().await,
-        }
-    };
     let code = tokio::select! {
         reason = guard.lost() => {
             return Err(LockError::Lost { name: guard.name(), fence: guard.fencing_token(), reason }.into());
         }
-        code = interrupted => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        signal = signals.recv() => ExitCode::from(u8::try_from(128 + signal).unwrap_or(255)),
         _ = tokio::time::sleep(duration) => ExitCode::SUCCESS,
     };
     match guard.release().await? {
@@ -405,111 +478,6 @@ async fn hold(locker: &Locker, spec: Take, duration: Duration) -> Result<ExitCod
             format!("{} was no longer held at release (lease lost)", spec.name),
         )),
     }
-}
-
-async fn inspect(
-    locker: &Locker,
-    name: &str,
-    json: bool,
-    permits: bool,
-) -> Result<ExitCode, Failure> {
-    let name = LockName::new(name)?;
-    let holders: Vec<Holder> = if permits {
-        locker.backend().inspect_permits(&name).await?
-    } else {
-        locker.inspect(&name).await?.into_iter().collect()
-    };
-    if json {
-        println!("{}", to_json(&name, permits, &holders));
-    } else if holders.is_empty() {
-        println!("{name}: free");
-    } else {
-        for h in &holders {
-            println!(
-                "{name}: held{}, fence={}, owner={}, label={}, expires_in={}",
-                h.slot.map_or(String::new(), |s| format!(" (slot {s})")),
-                h.fence,
-                h.owner.map_or("?".into(), |o| o.to_string()),
-                h.label.as_ref().map_or("?".into(), |l| l.to_string()),
-                h.expires_in
-                    .map_or("session".into(), |d| humantime::format_duration(round_ms(
-                        d
-                    ))
-                    .to_string())
-            );
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis().try_into().unwrap_or(u64::MAX))
-}
-
-/// `{"name":..,"held":..,"fence":..,"owner":..,"label":..,"expires_in_ms":..}`,
-/// or for a semaphore `{"name":..,"permits":[{"slot":..,...}]}`.
-fn to_json(name: &LockName, permits: bool, holders: &[Holder]) -> String {
-    let holder = |h: &Holder| {
-        let mut fields = Vec::new();
-        if let Some(slot) = h.slot {
-            fields.push(format!("\"slot\":{slot}"));
-        }
-        fields.push(format!("\"fence\":{}", h.fence));
-        fields.push(format!(
-            "\"owner\":{}",
-            h.owner
-                .map_or("null".into(), |o| json_string(&o.to_string()))
-        ));
-        fields.push(format!(
-            "\"label\":{}",
-            h.label
-                .as_ref()
-                .map_or("null".into(), |l| json_string(l.as_str()))
-        ));
-        fields.push(format!(
-            "\"expires_in_ms\":{}",
-            h.expires_in
-                .map_or("null".into(), |d| d.as_millis().to_string())
-        ));
-        fields.join(",")
-    };
-    if permits {
-        let list: Vec<String> = holders
-            .iter()
-            .map(|h| format!("{{{}}}", holder(h)))
-            .collect();
-        format!(
-            "{{\"name\":{},\"permits\":[{}]}}",
-            json_string(name.as_str()),
-            list.join(",")
-        )
-    } else {
-        match holders.first() {
-            Some(h) => format!(
-                "{{\"name\":{},\"held\":true,{}}}",
-                json_string(name.as_str()),
-                holder(h)
-            ),
-            None => format!("{{\"name\":{},\"held\":false}}", json_string(name.as_str())),
-        }
-    }
-}
-
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 async fn force_release(
@@ -533,28 +501,4 @@ async fn force_release(
         (None, Some(f)) => println!("{name}: not held under fence {f}; nothing evicted"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_escapes_and_reports_free_and_held() {
-        assert_eq!(json_string("a\"b\\c\u{1}"), "\"a\\\"b\\\\c\\u0001\"");
-        let name = LockName::new("n").unwrap();
-        assert_eq!(
-            to_json(&name, false, &[]),
-            "{\"name\":\"n\",\"held\":false}"
-        );
-        let h = Holder::new(
-            FencingToken::new(7).unwrap(),
-            None,
-            Some(Duration::from_millis(1500)),
-        );
-        assert_eq!(
-            to_json(&name, false, &[h]),
-            "{\"name\":\"n\",\"held\":true,\"fence\":7,\"owner\":null,\"label\":null,\"expires_in_ms\":1500}"
-        );
-    }
 }

@@ -25,6 +25,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::exit::{self, Failure};
+use super::signals::Signals;
 use super::tree;
 use super::wire::{Order, Report, SUPERVISOR_ARG};
 
@@ -36,8 +37,6 @@ pub(crate) struct Job {
     orders: OwnedWriteHalf,
     /// The job's process group, once the supervisor reported it.
     group: Option<i32>,
-    /// The signals forwarded to the group, caught from before the spawn.
-    forwarded: Vec<(i32, Signal)>,
     /// Ctrl-Z, and the SIGCONT that ends the stop.
     tstp: Signal,
     cont: Signal,
@@ -70,18 +69,9 @@ pub(crate) fn spawn(
             format!("cannot start the supervisor: {what}: {e}"),
         )
     };
-    // Caught before anything starts: a SIGTERM between the spawn and the
-    // first wait would otherwise end distlock at once.
-    let mut forwarded = Vec::new();
-    for kind in [
-        SignalKind::interrupt(),
-        SignalKind::terminate(),
-        SignalKind::hangup(),
-        SignalKind::quit(),
-    ] {
-        let stream = signal(kind).map_err(|e| internal("signals", e))?;
-        forwarded.push((kind.as_raw_value(), stream));
-    }
+    // SIGINT, SIGTERM, SIGHUP and SIGQUIT have been caught since before
+    // distlock connected (`signals.rs`): one arriving between the spawn and
+    // the first wait is forwarded then, not lost.
     let tstp = signal(SignalKind::from_raw(libc::SIGTSTP)).map_err(|e| internal("signals", e))?;
     let cont = signal(SignalKind::from_raw(libc::SIGCONT)).map_err(|e| internal("signals", e))?;
     // If the supervisor dies, the job's processes come back to distlock.
@@ -127,14 +117,13 @@ pub(crate) fn spawn(
         reports: BufReader::new(reports).lines(),
         orders,
         group: None,
-        forwarded,
         tstp,
         cont,
     })
 }
 
 impl Job {
-    /// Waits for the command while `guard` holds, relaying signals and job
+    /// Waits for the command while `guard` holds, relaying `signals` and job
     /// control. When the lease is lost, the job gets SIGTERM, then SIGKILL
     /// after `grace`; once the command exits, what it left is stopped the
     /// same way. Returns when no process of the job is left.
@@ -142,11 +131,8 @@ impl Job {
         mut self,
         guard: &LockGuard,
         grace: Duration,
+        signals: &mut Signals,
     ) -> Result<Ended, Failure> {
-        let mut forwarded = std::mem::take(&mut self.forwarded);
-        let [sigint, sigterm, sighup, sigquit] = &mut forwarded[..] else {
-            unreachable!("four signals are forwarded");
-        };
         let lost = guard.lost();
         tokio::pin!(lost);
         let mut heartbeat = tokio::time::interval(heartbeat_period(guard));
@@ -182,10 +168,7 @@ impl Job {
                 _ = heartbeat.tick(), if lost_reason.is_none() => {
                     self.order(Order::Deadline(deadline_of(guard))).await;
                 }
-                _ = sigint.1.recv() => self.order(Order::Signal(sigint.0)).await,
-                _ = sigterm.1.recv() => self.order(Order::Signal(sigterm.0)).await,
-                _ = sighup.1.recv() => self.order(Order::Signal(sighup.0)).await,
-                _ = sigquit.1.recv() => self.order(Order::Signal(sigquit.0)).await,
+                signal = signals.recv() => self.order(Order::Signal(signal)).await,
                 _ = self.tstp.recv() => {
                     if let Some(reason) = self.stop_with_job(guard, lost_reason.is_some()).await {
                         lost_reason = Some(reason);

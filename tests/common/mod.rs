@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use lock_conformance::kit::poll;
 
+pub mod store;
+
 /// A temp state directory: every `distlock` started from it shares one
 /// default lock file (unless given `--url`).
 pub struct Shell {
@@ -150,5 +152,31 @@ pub fn held_still(pid: i32) -> bool {
             .into_iter()
             .any(|c| stat(c).is_some_and(|(s, _)| s == 'T')),
         _ => false,
+    }
+}
+
+/// What a child writes to a pipe, read by a thread as it comes, so a test
+/// can wait for a line while the child still runs.
+pub struct Collected(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl Collected {
+    /// Starts reading `pipe` (a child's `stdout` or `stderr`, taken).
+    pub fn new(mut pipe: impl std::io::Read + Send + 'static) -> Collected {
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = text.clone();
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+        });
+        Collected(text)
+    }
+
+    /// Everything read so far.
+    pub fn text(&self) -> String {
+        self.0.lock().unwrap().clone()
     }
 }
