@@ -12,7 +12,8 @@ use crate::error::shown;
 
 /// Where the locks live and how long an operation may wait for the file.
 ///
-/// URL form: `sqlite://PATH[?timeout_ms=N]`. `PATH` is taken as written, up
+/// URL form: `sqlite://PATH[?timeout=5s]` (`timeout_ms=N`, the old
+/// spelling, is still read with a warning). `PATH` is taken as written, up
 /// to an optional `?`, with `%XX` escapes decoded:
 ///
 /// | URL | file |
@@ -21,7 +22,7 @@ use crate::error::shown;
 /// | `sqlite://locks.db`, `sqlite://./run/locks.db` | relative to the working directory at connect |
 /// | `sqlite://~/locks.db` | not expanded: a directory named `~` |
 ///
-/// `timeout_ms` (default 5000) bounds how long one operation waits for
+/// `timeout` (default 5s) bounds how long one operation waits for
 /// another process's write to the file. In-memory databases (`:memory:`,
 /// `sqlite::memory:`, `mode=memory`) are refused: they are no lock between
 /// processes.
@@ -121,17 +122,29 @@ impl FromStr for SqliteConfig {
             .decode_utf8()
             .map_err(|e| LockError::config_caused_by("the lock file path is not UTF-8", e))?;
         let mut config = SqliteConfig::new(path.as_ref())?;
-        // Nothing of the URL is echoed but what `redact_url` shows of it.
+        // Nothing of the URL is echoed but what `redact_url` shows of its
+        // path: an option's value may be a secret given the wrong name.
+        let shown = redact_url(url);
+        let shown = shown.split('?').next().unwrap_or_default();
+        let bad = |option: &str, why: &str| {
+            LockError::config(format!("{shown}: URL option {option}: {why}"))
+        };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
             match key {
+                "timeout" => {
+                    let timeout = lockcore::backend::parse_duration(&value)
+                        .ok_or_else(|| bad(key, "expected a duration such as 500ms or 5s"))?;
+                    config = config.timeout(timeout)?;
+                }
                 "timeout_ms" => {
-                    let ms: u64 = value.parse().map_err(|_| {
-                        LockError::config(format!(
-                            "timeout_ms in {} is not a whole number of milliseconds",
-                            redact_url(url)
-                        ))
-                    })?;
+                    tracing::warn!(
+                        "SQLite URL option timeout_ms is renamed timeout (a duration such as 500ms or 5s); the old name is read until the next release"
+                    );
+                    let ms: u64 = value
+                        .parse()
+                        .map_err(|_| bad(key, "not a whole number of milliseconds"))?;
                     config = config.timeout(Duration::from_millis(ms))?;
                 }
                 "mode" if value.eq_ignore_ascii_case("memory") => {
@@ -142,8 +155,8 @@ impl FromStr for SqliteConfig {
                 }
                 _ => {
                     return Err(LockError::config(format!(
-                        "{} has an option this backend does not know (it knows timeout_ms)",
-                        redact_url(url)
+                        "{shown}: unknown sqlite URL option {:?} (known: timeout)",
+                        percent_encoding::percent_decode_str(key).decode_utf8_lossy()
                     )));
                 }
             }
@@ -169,7 +182,7 @@ mod tests {
     fn parses_absolute_relative_and_escaped_paths() {
         let abs: SqliteConfig = "sqlite:///var/lib/app/locks.db".parse().unwrap();
         assert_eq!(abs.path(), Path::new("/var/lib/app/locks.db"));
-        let rel: SqliteConfig = "sqlite://run/locks.db?timeout_ms=250".parse().unwrap();
+        let rel: SqliteConfig = "sqlite://run/locks.db?timeout=250ms".parse().unwrap();
         assert_eq!(rel.path(), Path::new("run/locks.db"));
         assert_eq!(rel.op_timeout(), Duration::from_millis(250));
         let spaced: SqliteConfig = "SQLITE:///tmp/my%20locks%3F.db".parse().unwrap();
@@ -188,6 +201,8 @@ mod tests {
             "postgres://h/db",
             "sqlite://x.db?timeout_ms=0",
             "sqlite://x.db?timeout_ms=abc",
+            "sqlite://x.db?timeout=abc",
+            "sqlite://x.db?timeout=5",
             "sqlite://x.db?journal=delete",
         ] {
             let err = bad.parse::<SqliteConfig>().unwrap_err();
