@@ -153,10 +153,16 @@ impl FromStr for SqliteConfig {
                          cannot lock anything across processes",
                     ));
                 }
+                // Named only when it looks like an option's name: the text
+                // after a `?` may be part of a path or a password.
+                _ if key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') => {
+                    return Err(LockError::config(format!(
+                        "{shown}: unknown sqlite URL option {key:?} (known: timeout)"
+                    )));
+                }
                 _ => {
                     return Err(LockError::config(format!(
-                        "{shown}: unknown sqlite URL option {:?} (known: timeout)",
-                        percent_encoding::percent_decode_str(key).decode_utf8_lossy()
+                        "{shown}: an unknown sqlite URL option (known: timeout; percent-encode a `?` in the path as %3F)"
                     )));
                 }
             }
