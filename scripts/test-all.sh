@@ -6,6 +6,7 @@
 # Usage: scripts/test-all.sh [extra `cargo test` arguments...]
 #   e.g. scripts/test-all.sh -p lock-redis
 # Environment:
+#   LOCK_TEST_JOBS         test binaries run at once [3]
 #   LOCK_TEST_THREADS      test threads per test binary [4] (cases mostly sleep)
 #   LOCK_TEST_TIME_SCALE   stretch every timing in the suite [1.0]
 #   LOCK_TEST_*_URL ...    use running servers instead (see docs/testing.md)
@@ -60,11 +61,12 @@ else
 fi
 
 # ---- run the suite ----------------------------------------------------------------------
+# Every test binary built once, then run several at a time (their cases
+# mostly wait on stores and timers): scripts/run-tests.sh.
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
-threads=${LOCK_TEST_THREADS:-4}
 t=$(now)
-log "cargo test --workspace --all-features $* -- --test-threads $threads"
+log "scripts/run-tests.sh $* (LOCK_TEST_JOBS=${LOCK_TEST_JOBS:-3} binaries at a time, LOCK_TEST_THREADS=${LOCK_TEST_THREADS:-4} threads each)"
 status=0
-cargo test --workspace --all-features "$@" -- --test-threads "$threads" || status=$?
+scripts/run-tests.sh "$@" || status=$?
 log "tests finished in $(since "$t") s (total $(since "$T0") s), exit $status"
 exit $status
