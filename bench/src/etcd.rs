@@ -73,7 +73,7 @@ async fn connect(url: &str) -> Arc<dyn LockBackend> {
 }
 
 pub(crate) async fn run(settings: Settings) -> Report {
-    let store = lock_conformance::stores::etcd::shared();
+    let store = lock_conformance::kit::stores::etcd::shared();
     let url = store.endpoint();
     let raw = etcd_client::Client::connect([url.as_str()], None)
         .await

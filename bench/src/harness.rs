@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use lockcore::backend::{LockRequest, WaitPolicy, async_trait};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{
     Election, HolderLabel, Lease, LockBackend, LockError, LockGuard, LockName, Locker, Semaphore,
 };

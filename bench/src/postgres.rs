@@ -27,7 +27,7 @@ use crate::scale::{self, Pool, Probe};
 const BACKEND: &str = "postgres";
 
 pub(crate) async fn run(settings: Settings) -> Report {
-    use lock_conformance::stores::postgres as stores;
+    use lock_conformance::kit::stores::postgres as stores;
     let store = stores::shared();
     let url = store.url();
     let conn = Arc::new(Mutex::new(
@@ -148,9 +148,9 @@ pub(crate) async fn run(settings: Settings) -> Report {
 /// A server of the bench's own with `pg_stat_statements` (none when the
 /// shared one is external, or this one cannot start).
 fn counted_server(
-    shared: &lock_conformance::stores::Store,
-) -> Option<lock_conformance::stores::Store> {
-    use lock_conformance::stores::postgres::{self as stores, Options};
+    shared: &lock_conformance::kit::stores::Store,
+) -> Option<lock_conformance::kit::stores::Store> {
+    use lock_conformance::kit::stores::postgres::{self as stores, Options};
     if shared.is_external() {
         return None;
     }
@@ -226,8 +226,8 @@ async fn statement_profile(url: &str, settings: &Settings) -> Option<String> {
 /// (or on the shared one, counting commits, where that cannot start).
 async fn scenarios(
     settings: &Settings,
-    shared: Arc<lock_conformance::stores::Store>,
-    counted: Option<lock_conformance::stores::Store>,
+    shared: Arc<lock_conformance::kit::stores::Store>,
+    counted: Option<lock_conformance::kit::stores::Store>,
 ) -> Report {
     let store = counted.as_ref().unwrap_or(&*shared);
     let url = store.url();

@@ -22,7 +22,7 @@ use crate::report::{Report, Verdict};
 use crate::scale::{self, Pool, Probe};
 
 pub(crate) async fn run(settings: Settings) -> Report {
-    use lock_conformance::stores::redis::{self as stores, Options, Persistence};
+    use lock_conformance::kit::stores::redis::{self as stores, Options, Persistence};
     let store = stores::shared();
     let own = !store.is_external();
     let mut report = server("redis", &store.url(), own, &settings).await;

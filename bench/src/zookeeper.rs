@@ -75,7 +75,7 @@ async fn floor_cycle(client: zk::Client, list: bool) {
 }
 
 pub(crate) async fn run(settings: Settings) -> Report {
-    let store = lock_conformance::stores::zookeeper::shared();
+    let store = lock_conformance::kit::stores::zookeeper::shared();
     let url = store.endpoint();
     let backend = ZooKeeperBackend::connect_with(config(&url, SESSION))
         .await

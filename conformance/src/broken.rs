@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::backend::{CancellationToken, LockRequest, Polling, Ttl, WaitPolicy, Wakeup};
+use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
+use lockcore::backend::{CancellationToken, Kind, LockRequest, Polling, Ttl};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     ReleaseOutcome,
@@ -237,7 +238,7 @@ impl LockBackend for BrokenClient {
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         if self.flaw != Flaw::LateWaiter {
-            return lockcore::wait::wait(wait, &mut Polling::new(self, request)).await;
+            return wait::wait(wait, &mut Polling::new(self, request)).await;
         }
         let ttl = request.ttl().get();
         loop {
@@ -260,7 +261,7 @@ impl LockBackend for BrokenClient {
                 self.inner.renew(lease).await
             }
             Flaw::ShortStoreTtl => {
-                let ttl = lease.checked_ttl();
+                let ttl = lease.ttl();
                 let store = short(&self.inner.capabilities(), ttl);
                 let renewed = self.inner.renew(&lease.clone().with_ttl(store)).await?;
                 Ok(renewed.with_ttl(ttl))
@@ -268,12 +269,21 @@ impl LockBackend for BrokenClient {
         }
     }
 
+    /// Each lease through the flawed [`renew`](Self::renew), one by one.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut renewed = Vec::with_capacity(leases.len());
+        for lease in leases {
+            renewed.push(self.renew(lease).await);
+        }
+        renewed
+    }
+
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(lease).await
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        self.inner.inspect(name).await
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        self.inner.holders(name, kind).await
     }
 
     async fn evict(
@@ -284,7 +294,7 @@ impl LockBackend for BrokenClient {
         self.inner.evict(name, expected).await
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.inner.watch(name).await
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
+        self.inner.watch(name, kind).await
     }
 }

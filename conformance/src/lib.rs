@@ -38,7 +38,7 @@
 //! An adapter's whole suite, fault cases included, is then:
 //!
 //! ```ignore
-//! use lock_conformance::stores::redis;
+//! use lock_conformance::kit::stores::redis;
 //! lock_conformance::suite!(
 //!     redis::factory(|url| async move { MyBackend::connect(&url).await }),
 //!     expect_skips = [server_clock_steps_are_judged_on_the_server],
@@ -99,7 +99,7 @@ mod outcome;
 mod report;
 mod runner;
 #[cfg(feature = "stores")]
-pub mod stores;
+mod store_factory;
 #[cfg(feature = "stores")]
 pub mod taker;
 
@@ -111,9 +111,8 @@ pub use outcome::{CaseResult, Failure, Outcome};
 pub use report::{CaseReport, Report};
 pub use runner::{CASES, run_all, run_case, run_case_with, run_cases};
 
-/// The fault proxy ([`kit::proxy`]), at its older path.
 #[cfg(feature = "stores")]
-pub use kit::proxy;
+pub use store_factory::StoreFactory;
 
 /// The variable naming cases expected to skip in this environment, on top of
 /// a `suite!` invocation's `expect_skips` (comma- or space-separated case

@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_conformance::{Outcome, from_fn, run_cases, shared};
-use lockcore::backend::{
-    LockBackendExt, LockRequest, Moment, Polling, Ttl, WaitPolicy, Wakeup, async_trait,
-};
+use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
+use lockcore::backend::{Kind, LockBackendExt, LockRequest, Moment, Polling, Ttl, async_trait};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     MemoryBackend, OwnerToken, ReleaseOutcome,
@@ -106,13 +105,13 @@ impl Broken {
     /// What the flawed backend hands out for the store's `lease`, granted or
     /// renewed by a call sent at `sent`.
     fn doctor(&self, lease: Lease, sent: Moment) -> Lease {
-        let ttl = lease.ttl();
+        let ttl = lease.ttl().get();
         let fake = match self.flaw {
             Flaw::FenceRepeats => Lease::new(
                 lease.name().clone(),
                 lease.owner(),
                 FencingToken::new(1).unwrap(),
-                lease.checked_ttl(),
+                lease.ttl(),
                 lease.issued(),
             ),
             Flaw::LossOneIntervalLate => lease.clone().with_ttl(checked(ttl + ttl / 3)),
@@ -132,6 +131,9 @@ impl Broken {
     }
 
     async fn flawed_try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        if request.permits().is_some() {
+            return self.store.try_acquire(request).await;
+        }
         let (name, asked) = (request.name(), request.ttl());
         let ttl = match self.flaw {
             Flaw::ExpiresEarly => asked.get() / 2,
@@ -150,7 +152,7 @@ impl Broken {
                     name.clone(),
                     lease.owner(),
                     lease.fence(),
-                    lease.checked_ttl(),
+                    lease.ttl(),
                     lease.issued(),
                 ))
             }
@@ -167,7 +169,7 @@ impl Broken {
             Flaw::RenewResurrects => match self.store.renew(&real).await {
                 Err(LockError::NotHeld { .. }) => Ok(self
                     .store
-                    .try_acquire_for(lease.name(), lease.ttl())
+                    .try_acquire_for(lease.name(), lease.ttl().get())
                     .await?
                     .into_lease()
                     .map(|l| lease.renewed(l.issued()))
@@ -246,11 +248,11 @@ impl LockBackend for Broken {
         outcome
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
         self.lag().await;
-        let holder = self.store.inspect(name).await;
+        let holders = self.store.holders(name, kind).await;
         self.lag().await;
-        holder
+        holders
     }
 
     async fn evict(
@@ -264,10 +266,10 @@ impl LockBackend for Broken {
         }
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
         match self.flaw {
             Flaw::NeverWakes => Ok(Some(Box::pin(std::future::pending()))),
-            _ => self.store.watch(name).await,
+            _ => self.store.watch(name, kind).await,
         }
     }
 
@@ -277,7 +279,7 @@ impl LockBackend for Broken {
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         if self.flaw != Flaw::LeaksCancelledWaiters {
-            return lockcore::wait::wait(wait, &mut Polling::new(self, request)).await;
+            return wait::wait(wait, &mut Polling::new(self, request)).await;
         }
         // The waiting happens in a detached task that takes the lock for a
         // long time even if the caller has gone away: a leaked queue entry.

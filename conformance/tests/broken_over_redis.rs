@@ -8,10 +8,11 @@
 use std::io;
 use std::time::Duration;
 
+use lock_conformance::StoreFactory;
 use lock_conformance::broken::{BrokenFactory, Flaw};
-use lock_conformance::stores::{self, StoreFactory};
+use lock_conformance::kit::stores;
 use lock_conformance::{Factory, Outcome, Report, run_cases};
-use lockcore::backend::{LockRequest, async_trait};
+use lockcore::backend::{Kind, LockRequest, async_trait};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, FencingToken, Holder, Lease, LockBackend, LockError,
     LockName, OwnerToken, ReleaseOutcome,
@@ -218,6 +219,9 @@ impl LockBackend for MiniRedis {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        if request.kind() != Kind::Lock {
+            return Err(request.kind().unsupported(BACKEND));
+        }
         let (name, ttl) = (request.name(), request.ttl());
         let (lock, fences) = keys(name);
         let owner = OwnerToken::new();
@@ -249,7 +253,7 @@ impl LockBackend for MiniRedis {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let ms = lease.checked_ttl().as_millis_ceil().to_string();
+        let ms = lease.ttl().as_millis_ceil().to_string();
         let sent = lease.now();
         let reply = self
             .eval(RENEW, &[&keys(lease.name()).0], &[&value(lease), &ms])
@@ -262,6 +266,15 @@ impl LockBackend for MiniRedis {
         }
     }
 
+    /// One script per lease: this minimal backend has no batch.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut renewed = Vec::with_capacity(leases.len());
+        for lease in leases {
+            renewed.push(self.renew(lease).await);
+        }
+        renewed
+    }
+
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let reply = self
             .eval(RELEASE, &[&keys(lease.name()).0], &[&value(lease)])
@@ -272,8 +285,12 @@ impl LockBackend for MiniRedis {
         })
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        self.eval(INSPECT, &[&keys(name).0], &[]).await?.holder()
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        if kind != Kind::Lock {
+            return Err(kind.unsupported(BACKEND));
+        }
+        let holder = self.eval(INSPECT, &[&keys(name).0], &[]).await?.holder()?;
+        Ok(holder.into_iter().collect())
     }
 
     async fn evict(

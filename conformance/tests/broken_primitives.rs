@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_conformance::{from_fn, run_cases, shared};
-use lockcore::backend::{LockRequest, Moment, PermitPolling, Ttl, WaitPolicy, Wakeup, async_trait};
+use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
+use lockcore::backend::{Kind, LockBackendExt, LockRequest, Moment, Polling, Ttl, async_trait};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, HolderLabel, Lease, LockBackend, LockError,
     LockName, MemoryBackend, OwnerToken, ReleaseOutcome,
@@ -166,6 +167,16 @@ impl LockBackend for Broken {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        if let Some(permits) = request.permits() {
+            let stored = match self.flaw {
+                Flaw::OverGrants => permits + 1,
+                Flaw::IgnoresPermitCount => 64,
+                _ => permits,
+            };
+            let asked = self.stored(request).with_permits(stored);
+            let attempt = self.store.try_acquire(&asked).await?;
+            return Ok(self.hand_out(attempt, request.ttl(), request.label()));
+        }
         let attempt = self.store.try_acquire(&self.stored(request)).await?;
         if self.flaw == Flaw::ReentrantByLabel
             && matches!(attempt, Attempt::Held { .. })
@@ -196,6 +207,15 @@ impl LockBackend for Broken {
         Ok(lease.renewed(renewed.issued()))
     }
 
+    /// Each lease through the flawed [`renew`](Self::renew), one by one.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut renewed = Vec::with_capacity(leases.len());
+        for lease in leases {
+            renewed.push(self.renew(lease).await);
+        }
+        renewed
+    }
+
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         match self.flaw {
             Flaw::IgnoresRelease => Ok(ReleaseOutcome::Released),
@@ -209,21 +229,26 @@ impl LockBackend for Broken {
         }
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        if kind == Kind::Semaphore {
+            let holders = self.store.inspect_permits(name).await?;
+            return Ok(holders.into_iter().map(|h| self.unlabelled(h)).collect());
+        }
         if self.flaw == Flaw::StaleInspect {
             if let Some((at, holder)) = self.inspected.lock().unwrap().get(name)
                 && at.elapsed() < Duration::from_secs(10)
             {
-                return Ok(holder.clone());
+                return Ok(holder.clone().into_iter().collect());
             }
             let holder = self.store.inspect(name).await?;
             self.inspected
                 .lock()
                 .unwrap()
                 .insert(name.clone(), (Instant::now(), holder.clone()));
-            return Ok(holder);
+            return Ok(holder.into_iter().collect());
         }
-        Ok(self.store.inspect(name).await?.map(|h| self.unlabelled(h)))
+        let holder = self.store.inspect(name).await?;
+        Ok(holder.map(|h| self.unlabelled(h)).into_iter().collect())
     }
 
     async fn evict(
@@ -234,57 +259,29 @@ impl LockBackend for Broken {
         self.store.evict(name, expected).await
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        Ok(self.wakeup(self.store.watch(name).await?))
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
+        Ok(self.wakeup(self.store.watch(name, kind).await?))
     }
 
-    async fn try_acquire_permit(
+    async fn acquire(
         &self,
         request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        let stored = match self.flaw {
-            Flaw::OverGrants => permits + 1,
-            Flaw::IgnoresPermitCount => 64,
-            _ => permits,
-        };
-        let attempt = self
-            .store
-            .try_acquire_permit(&self.stored(request), stored)
-            .await?;
-        Ok(self.hand_out(attempt, request.ttl(), request.label()))
-    }
-
-    async fn acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        if self.flaw != Flaw::LeaksPermitWaiters {
-            let mut waiter = PermitPolling::new(self, request, permits);
-            return lockcore::wait::wait(wait, &mut waiter).await;
-        }
+        let (Some(permits), Flaw::LeaksPermitWaiters) = (request.permits(), self.flaw) else {
+            return wait::wait(wait, &mut Polling::new(self, request)).await;
+        };
         // The waiting happens in a detached task that goes on (and takes a
         // permit for a long time) after the caller has gone away.
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (store, mut wait) = (self.store.clone(), wait.clone());
         let ttl = self.capabilities().effective_ttl(FOR_LONG)?;
-        let request = LockRequest::new(request.name().clone(), ttl);
+        let request = LockRequest::new(request.name().clone(), ttl).with_permits(permits);
         wait.deadline = Instant::now() + FOR_LONG;
         tokio::spawn(async move {
-            let _ = tx.send(store.acquire_permit(&request, permits, &wait).await);
+            let _ = tx.send(store.acquire(&request, &wait).await);
         });
         rx.await.unwrap_or(Ok(None))
-    }
-
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        let holders = self.store.inspect_permits(name).await?;
-        Ok(holders.into_iter().map(|h| self.unlabelled(h)).collect())
-    }
-
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        Ok(self.wakeup(self.store.watch_permits(name).await?))
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, async_trait};
+use lockcore::backend::wait::{WaitPolicy, Wakeup};
+use lockcore::backend::{Kind, LockRequest, Polling, async_trait};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     ReleaseOutcome,
@@ -191,17 +192,13 @@ impl LockBackend for EtcdBackend {
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         self.inner.open()?;
-        self.inner.try_acquire(request).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.inner.open()?;
-        let mut outcome = self.inner.renew_many(std::slice::from_ref(lease)).await;
-        outcome.pop().unwrap_or_else(|| {
-            Err(LockError::NotHeld {
-                name: lease.name().clone(),
-            })
-        })
+        match (request.kind(), request.permits()) {
+            (Kind::Lock, _) => self.inner.try_acquire(request).await,
+            (Kind::Semaphore, Some(permits)) => {
+                self.inner.try_acquire_permit(request, permits).await
+            }
+            (kind, _) => Err(kind.unsupported(crate::error::BACKEND)),
+        }
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
@@ -216,9 +213,13 @@ impl LockBackend for EtcdBackend {
         self.inner.release(lease).await
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
         self.inner.open()?;
-        self.inner.inspect(name).await
+        match kind {
+            Kind::Lock => Ok(self.inner.inspect(name).await?.into_iter().collect()),
+            Kind::Semaphore => self.inner.inspect_permits(name).await,
+            kind => Err(kind.unsupported(crate::error::BACKEND)),
+        }
     }
 
     async fn evict(
@@ -230,37 +231,27 @@ impl LockBackend for EtcdBackend {
         self.inner.evict(name, expected).await
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
         self.inner.open()?;
-        self.inner.watch(name).await
+        match kind {
+            Kind::Lock => self.inner.watch(name).await,
+            Kind::Semaphore => self.inner.watch_permits(name).await,
+            kind => Err(kind.unsupported(crate::error::BACKEND)),
+        }
     }
 
+    /// A lock waits in line (the crate docs); a permit in lockcore's loop,
+    /// woken by `watch`.
     async fn acquire(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         self.inner.open()?;
-        wait::acquire(&self.inner, request, wait).await
-    }
-
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        self.inner.open()?;
-        self.inner.try_acquire_permit(request, permits).await
-    }
-
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        self.inner.open()?;
-        self.inner.inspect_permits(name).await
-    }
-
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.inner.open()?;
-        self.inner.watch_permits(name).await
+        match request.kind() {
+            Kind::Lock => wait::acquire(&self.inner, request, wait).await,
+            _ => lockcore::backend::wait::wait(wait, &mut Polling::new(self, request)).await,
+        }
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {

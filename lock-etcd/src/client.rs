@@ -17,7 +17,8 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnResponse,
 };
-use lockcore::backend::{CancellationToken, Clock, LockRequest, Moment, Wakeup};
+use lockcore::backend::wait::Wakeup;
+use lockcore::backend::{CancellationToken, Clock, LockRequest, Moment};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
-use lockcore::backend::{LockRequest, Wakeup};
+use lockcore::backend::LockRequest;
+use lockcore::backend::wait::Wakeup;
 use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 
 use crate::client::Inner;

@@ -11,7 +11,7 @@ use lockcore::backend::Moment;
 use lockcore::{Lease, LockError};
 
 use crate::client::{Grant, Inner};
-use crate::error::{BACKEND, timed};
+use crate::error::timed;
 use crate::record::Record;
 use crate::session::{Attached, Entry, Kind, Status, Use};
 
@@ -98,7 +98,7 @@ impl Inner {
                 })
                 .collect(),
             Ok(None) => leases.iter().map(|l| Err(not_held(l))).collect(),
-            Err(e) => leases.iter().map(|_| Err(copy_error(&e))).collect(),
+            Err(e) => leases.iter().map(|_| Err(e.clone())).collect(),
         }
     }
 
@@ -224,14 +224,5 @@ impl Inner {
 fn not_held(lease: &Lease) -> LockError {
     LockError::NotHeld {
         name: lease.name().clone(),
-    }
-}
-
-/// The same failure for every lease of a batch.
-fn copy_error(e: &LockError) -> LockError {
-    if e.is_retryable() {
-        LockError::unavailable(BACKEND, e.to_string())
-    } else {
-        LockError::store(BACKEND, e.to_string())
     }
 }

@@ -1,5 +1,5 @@
 //! Waiting in line: a FIFO queue by create revision, as a
-//! [`lockcore::wait::Waiter`].
+//! [`lockcore::backend::wait::Waiter`].
 //!
 //! 1. The first attempt puts our entry (attached to our session). If nobody
 //!    follows the queue in this client yet, the same `Txn` reads the whole
@@ -22,8 +22,9 @@
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lockcore::backend::{LockRequest, Wakeup, async_trait};
-use lockcore::wait::{WaitPolicy, Waiter};
+use lockcore::backend::wait::Wakeup;
+use lockcore::backend::wait::{WaitPolicy, Waiter};
+use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{Attempt, Lease, LockError, OwnerToken};
 use tokio::sync::watch;
 
@@ -41,7 +42,7 @@ pub(crate) async fn acquire(
     wait: &WaitPolicy,
 ) -> Result<Option<Lease>, LockError> {
     let mut waiter = LineWaiter::new(inner, request, wait);
-    lockcore::wait::wait(wait, &mut waiter).await
+    lockcore::backend::wait::wait(wait, &mut waiter).await
 }
 
 /// Our entry in the queue.

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::etcd;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::etcd_client::Permission;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::LockBackendExt;

@@ -7,11 +7,13 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lock_conformance::proxy::FaultProxy;
-use lock_conformance::stores::{etcd, until};
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::proxy::FaultProxy;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::etcd_client::Client;
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::backend::{LockBackendExt, LockRequest, WaitPolicy};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Attempt, LockBackend, LockError, Locker};
 use support::*;
 use tokio::time::Instant;
@@ -231,7 +233,7 @@ async fn a_dropped_backend_loses_its_grants_and_closes_its_connection() {
     )
     .await;
     let within = ttl + other.capabilities().slack_for(ttl) + scaled(Duration::from_secs(1));
-    let next = lock_conformance::stores::eventually(
+    let next = lock_conformance::kit::poll::eventually(
         within,
         "the dropped backend's lock free within TTL + slack",
         || async { other.try_acquire_for(&lock, ttl).await.ok()?.into_lease() },

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::etcd;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{Backoff, FencedResource, FencingToken, LockBackend, Locker};
 use tokio::time::Instant;

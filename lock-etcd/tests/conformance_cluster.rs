@@ -7,7 +7,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
-use lock_conformance::stores::{Cluster, etcd};
+use lock_conformance::kit::stores::{Cluster, etcd};
 use lock_conformance::{Factory, StoreControl};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::async_trait;

@@ -13,9 +13,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::{Store, etcd};
+use lock_conformance::kit::stores::{Store, etcd};
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{Lease, LockBackend, LockName};
 use support::{name, scaled};
 use tokio::task::JoinHandle;

@@ -6,8 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{etcd, eventually, until};
+use lock_conformance::kit::poll::{eventually, until};
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::{Attempt, Lease, LockBackend, LockName};

@@ -4,10 +4,12 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::{etcd, until};
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::EtcdBackend;
 use lock_etcd::etcd_client::{Txn, TxnOp};
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{Lease, LockBackend, LockError};
 use support::*;
 use tokio::time::Instant;
@@ -45,7 +47,7 @@ async fn fence_compare_lets_writes_into_etcd_through_only_while_held() {
         lock.clone(),
         next.owner(),
         next.fence(),
-        next.checked_ttl(),
+        next.ttl(),
         lockcore::backend::Moment::now(),
     );
     assert!(

@@ -8,13 +8,16 @@
 
 mod support;
 
+use lockcore::backend::Kind;
 use std::time::Duration;
 
-use lock_conformance::proxy::FaultProxy;
-use lock_conformance::stores::{etcd, eventually, until};
+use lock_conformance::kit::poll::{eventually, until};
+use lock_conformance::kit::proxy::FaultProxy;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::EtcdBackend;
 use lock_etcd::etcd_client::{Client, GetOptions};
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{Lease, LockBackend, LockName, ReleaseOutcome};
 use support::*;
 use tokio::sync::mpsc;
@@ -277,13 +280,21 @@ async fn backend_watch_wakes_on_release_and_at_once_when_free() {
     let url = etcd::shared().endpoint();
     let (holder, watcher) = (connect(&url).await, connect(&url).await);
     let lock = name("watch");
-    let free = watcher.watch(&lock).await.unwrap().expect("etcd notifies");
+    let free = watcher
+        .watch(&lock, Kind::Lock)
+        .await
+        .unwrap()
+        .expect("etcd notifies");
     tokio::time::timeout(Duration::from_secs(1), free)
         .await
         .expect("a free name wakes at once");
 
     let held = hold(&holder, &lock).await;
-    let wakeup = watcher.watch(&lock).await.unwrap().expect("etcd notifies");
+    let wakeup = watcher
+        .watch(&lock, Kind::Lock)
+        .await
+        .unwrap()
+        .expect("etcd notifies");
     let woken = tokio::spawn(wakeup);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!woken.is_finished(), "woke while the lock is held");

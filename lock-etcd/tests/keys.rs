@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::etcd;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::etcd_client::GetOptions;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{LockBackendExt, LockRequest};
@@ -44,7 +44,11 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
     let mut client = raw(&url).await;
     for (ask, enforced) in [(2000, 2), (2001, 3), (2500, 3), (7000, 7)] {
         let lease = acquire(&backend, &lock, Duration::from_millis(ask)).await;
-        assert_eq!(lease.ttl(), Duration::from_secs(enforced), "asked {ask} ms");
+        assert_eq!(
+            lease.ttl().get(),
+            Duration::from_secs(enforced),
+            "asked {ask} ms"
+        );
         let id = etcd_lease_of(&mut client, &backend.key_of(&lease).unwrap()).await;
         let ttl = client.lease_time_to_live(id, None).await.unwrap();
         assert_eq!(
@@ -68,13 +72,13 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
         Duration::from_secs(2) + fixed
     );
     let long = acquire(&backend, &lock, hour).await;
-    assert_eq!(long.ttl(), hour);
+    assert_eq!(long.ttl().get(), hour);
     backend.release(&long).await.unwrap();
     // The harness's shared etcd runs a 100 ms election timeout: 1 s leases work.
     let shared = connect(&etcd::shared().endpoint()).await;
     assert_eq!(shared.capabilities().min_ttl, Duration::from_secs(1));
     let lease = acquire(&shared, &lock, Duration::from_secs(1)).await;
-    assert_eq!(lease.ttl(), Duration::from_secs(1));
+    assert_eq!(lease.ttl().get(), Duration::from_secs(1));
     shared.release(&lease).await.unwrap();
 }
 

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::etcd;
+use lock_conformance::kit::stores::etcd;
 use lockcore::{LockBackend, Locker, LossReason, ReleaseOutcome};
 use support::*;
 use tokio::time::Instant;

@@ -5,10 +5,12 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::etcd;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::etcd_client::GetOptions;
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::backend::{LockRequest, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::LockRequest;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{Attempt, HolderLabel, LockBackend, LockError, LockName, ReleaseOutcome};
 use support::*;
 use tokio::time::Instant;

@@ -7,9 +7,11 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::{etcd, until};
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::EtcdBackend;
-use lockcore::backend::{LockBackendExt, LockRequest, WaitPolicy};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{FencingToken, LockBackend, LockName};
 use support::*;
 use tokio::time::Instant;
@@ -127,7 +129,7 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
 /// and permits be granted, with fences above it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_floor_beyond_the_counter_is_refused_and_the_largest_one_still_grants() {
-    use lock_conformance::proxy::{FaultProxy, Mode};
+    use lock_conformance::kit::proxy::{FaultProxy, Mode};
     use lockcore::{Capabilities, LockError};
     let store = private_etcd().await;
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
@@ -232,7 +234,7 @@ async fn a_floor_beyond_the_counter_is_refused_and_the_largest_one_still_grants(
 /// grant is above it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_running_across_a_restore_resume_no_session_from_before_the_floor() {
-    use lock_conformance::proxy::{FaultProxy, Mode};
+    use lock_conformance::kit::proxy::{FaultProxy, Mode};
     use lockcore::Locker;
     const TTL: Duration = Duration::from_secs(30);
     let store = private_etcd().await;
@@ -298,7 +300,7 @@ async fn clients_running_across_a_restore_resume_no_session_from_before_the_floo
     // Long before the TTL: the restored session is revoked once `a`'s locks
     // moved off it (at their next renewal), its waiter's entry at once.
     let within = renew_every * 2 + scaled(Duration::from_secs(5));
-    let next = lock_conformance::stores::eventually(
+    let next = lock_conformance::kit::poll::eventually(
         within,
         "the lock released after the backup free",
         || async {

@@ -129,7 +129,7 @@ async fn two_thousand_waiters_in_one_process_share_one_view_and_are_all_served()
     // Everyone in line, then the holder lets go.
     let queue = queue_of(&backend, &holder.lease());
     let raw = raw(&store.endpoint()).await;
-    lock_conformance::stores::until(
+    lock_conformance::kit::poll::until(
         scaled(Duration::from_secs(60)),
         "2,000 waiters in line",
         || {

@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::kit::secrets::{self, MARKER};
-use lock_conformance::stores::etcd;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{LockBackend, LockError};

@@ -7,8 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::etcd;
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lock_conformance::kit::stores::etcd;
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{LockBackend, Locker, LossReason};
 use support::*;
 use tokio::time::Instant;
@@ -27,8 +28,8 @@ async fn an_unrenewed_lock_expires_on_its_own_ttl_while_its_session_lives_on() {
     assert_eq!(client.sessions(), 1, "both locks on one session");
     let caps = client.capabilities();
     let within = ttl + caps.slack_for(ttl) + scaled(Duration::from_millis(500));
-    let wait =
-        WaitPolicy::new(abandoned.issued_at() + within).recheck(scaled(Duration::from_millis(100)));
+    let wait = WaitPolicy::new(abandoned.issued().mono() + within)
+        .recheck(scaled(Duration::from_millis(100)));
     let next = observer
         .acquire_for(&abandoned_name, ttl, &wait)
         .await
@@ -45,7 +46,7 @@ async fn an_unrenewed_lock_expires_on_its_own_ttl_while_its_session_lives_on() {
     assert!(next.fence() > abandoned.fence());
     eprintln!(
         "unrenewed lock free {:?} after it was granted (TTL {ttl:?})",
-        freed - abandoned.issued_at()
+        freed - abandoned.issued().mono()
     );
     // The renewed lock lived on throughout.
     tokio::time::sleep(ttl).await;
@@ -108,7 +109,7 @@ async fn the_end_of_a_session_reaches_every_guard_on_it_at_once() {
 /// session turns idle, and lands before the revoke would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_not_dropped_while_a_lock_is_on_its_way_to_it() {
-    use lock_conformance::proxy::{FaultProxy, Mode};
+    use lock_conformance::kit::proxy::{FaultProxy, Mode};
     let store = etcd::shared();
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let client = connect(&store.endpoint_via(proxy.addr())).await;

@@ -10,8 +10,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::etcd;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::{Clock, Moment};
 use lockcore::{Lease, LockBackend};

@@ -8,9 +8,9 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lock_conformance::stores::Store;
-use lock_conformance::stores::etcd::{self, ClientTls, Options};
-use lock_conformance::stores::pki::{Identity, TestCa};
+use lock_conformance::kit::pki::{Identity, TestCa};
+use lock_conformance::kit::stores::Store;
+use lock_conformance::kit::stores::etcd::{self, ClientTls, Options};
 use lock_etcd::etcd_client::{Certificate, Client, ConnectOptions, Permission, TlsOptions};
 use lock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use lockcore::backend::LockBackendExt;

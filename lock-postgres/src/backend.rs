@@ -8,10 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use lockcore::backend::{
-    CancellationToken, Cleanups, LockRequest, WaitPolicy, Wakeup, async_trait,
-};
-use lockcore::wait::LocalLine;
+use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
+use lockcore::backend::{CancellationToken, Cleanups, Kind, LockRequest, Polling, async_trait};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease, LockBackend,
     LockError, LockName, ReleaseOutcome,
@@ -284,26 +282,26 @@ impl LockBackend for PostgresBackend {
         self.inner.caps.clone()
     }
 
-    /// Never waits, never queues: a free lock is taken whoever waits for it.
+    /// Never waits, never queues: a free lock is taken whoever waits for
+    /// it. A permit: one short transaction under the semaphore's advisory
+    /// lock takes the lowest free slot below `permits` (or `PermitsMismatch`
+    /// when live holders agreed on another count).
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         self.open()?;
-        self.inner.client.acquire(request, Take::Any).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.open()?;
-        self.inner.client.renew(lease).await
+        match (request.kind(), request.permits()) {
+            (Kind::Lock, _) => self.inner.client.acquire(request, Take::Any).await,
+            (Kind::Semaphore, Some(permits)) => {
+                self.inner.client.try_acquire_permit(request, permits).await
+            }
+            (kind, _) => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     /// One statement for the whole batch (`unnest` of names, owners,
     /// fences and TTLs), each lease owner-, fence- and liveness-checked.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if let Err(closed) = self.open() {
-            let message = closed.to_string();
-            return leases
-                .iter()
-                .map(|_| Err(LockError::unavailable(BACKEND, message.clone())))
-                .collect();
+            return leases.iter().map(|_| Err(closed.clone())).collect();
         }
         self.inner.client.renew_many(leases).await
     }
@@ -313,9 +311,13 @@ impl LockBackend for PostgresBackend {
         self.inner.client.release(lease).await
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
         self.open()?;
-        self.inner.client.inspect(name).await
+        match kind {
+            Kind::Lock => Ok(self.inner.client.inspect(name).await?.into_iter().collect()),
+            Kind::Semaphore => self.inner.client.inspect_permits(name).await,
+            kind => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn evict(
@@ -327,32 +329,13 @@ impl LockBackend for PostgresBackend {
         self.inner.client.evict(name, expected).await
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
         self.open()?;
-        let topic = keys::lock_topic(name.as_str());
-        Ok(self.inner.client.wakeups.watch(topic).await)
-    }
-
-    /// One short transaction: under the semaphore's advisory lock, the
-    /// lowest free slot below `permits` is taken (or `PermitsMismatch` when
-    /// live holders agreed on another count).
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        self.open()?;
-        self.inner.client.try_acquire_permit(request, permits).await
-    }
-
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        self.open()?;
-        self.inner.client.inspect_permits(name).await
-    }
-
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.open()?;
-        let topic = keys::permits_topic(name.as_str());
+        let topic = match kind {
+            Kind::Lock => keys::lock_topic(name.as_str()),
+            Kind::Semaphore => keys::permits_topic(name.as_str()),
+            kind => return Err(kind.unsupported(BACKEND)),
+        };
         Ok(self.inner.client.wakeups.watch(topic).await)
     }
 
@@ -397,7 +380,8 @@ impl LockBackend for PostgresBackend {
         Ok(())
     }
 
-    /// Waits in line (see the crate docs and `wait.rs`).
+    /// A lock waits in line (see the crate docs and `wait.rs`); a permit in
+    /// lockcore's loop, woken by `watch`.
     ///
     /// # Cancel safety
     /// Dropping the future leaves the local line and the server's queue
@@ -410,6 +394,13 @@ impl LockBackend for PostgresBackend {
     ) -> Result<Option<Lease>, LockError> {
         self.open()?;
         // Closing ends the wait: dropping it leaves the lines.
+        if request.kind() != Kind::Lock {
+            let mut polling = Polling::new(self, request);
+            return tokio::select! {
+                acquired = wait::wait(wait, &mut polling) => acquired,
+                _ = self.inner.client.closing.cancelled() => self.open().map(|()| None),
+            };
+        }
         tokio::select! {
             acquired = self.wait_in_line(request, wait) => acquired,
             _ = self.inner.client.closing.cancelled() => self.open().map(|()| None),
@@ -444,7 +435,7 @@ impl PostgresBackend {
             wait.recheck,
             first,
         );
-        lockcore::wait::wait(wait, &mut waiter).await
+        lockcore::backend::wait::wait(wait, &mut waiter).await
     }
 }
 

@@ -121,42 +121,8 @@ impl Client {
         })
     }
 
-    pub(crate) async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        if lease.slot().is_some() {
-            return self.renew_permit(lease).await;
-        }
-        let not_held = || LockError::NotHeld {
-            name: lease.name().clone(),
-        };
-        // A lease whose fence or TTL this backend could never have issued
-        // is not ours: NotHeld, without asking the server.
-        let Some(fence) = db_fence(lease.fence()) else {
-            return Err(not_held());
-        };
-        let ttl_us = micros(lease.ttl()).ok_or_else(not_held)?;
-        let sent_at = lease.now();
-        let mut op = self.checkout("renew").await?;
-        let done = op
-            .run(|c| {
-                sqlx::query(&self.sql.renew)
-                    .bind(lease.name().as_str())
-                    .bind(lease.owner().as_uuid())
-                    .bind(fence)
-                    .bind(ttl_us)
-                    .execute(c)
-            })
-            .await?;
-        if done.rows_affected() == 1 {
-            tracing::debug!(lock = %lease.name(), fence = %lease.fence(), "renewed");
-            Ok(lease.renewed(sent_at))
-        } else {
-            end_turn(lease);
-            Err(not_held())
-        }
-    }
-
-    /// Renews `leases` in one statement, each checked on its own as
-    /// [`renew`](Self::renew) checks it: one result per lease, in order.
+    /// Renews `leases` in one statement, each owner-, fence- and
+    /// liveness-checked on its own: one result per lease, in order.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         let not_held = |lease: &Lease| {
             end_turn(lease);
@@ -172,7 +138,7 @@ impl Client {
             .iter()
             .map(|lease| {
                 let fence = db_fence(lease.fence())?;
-                let ttl_us = micros(lease.ttl())?;
+                let ttl_us = micros(lease.ttl().get())?;
                 let slot = match lease.slot() {
                     Some(slot) => Some(i32::try_from(slot).ok()?),
                     None => None,

@@ -45,7 +45,8 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use lockcore::backend::{CancellationToken, Wakeup};
+use lockcore::backend::CancellationToken;
+use lockcore::backend::wait::Wakeup;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;

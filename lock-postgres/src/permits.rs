@@ -103,37 +103,6 @@ impl Client {
         })
     }
 
-    pub(crate) async fn renew_permit(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let not_held = || LockError::NotHeld {
-            name: lease.name().clone(),
-        };
-        let (Some(fence), Some(ttl_us), Some(slot)) = (
-            db_fence(lease.fence()),
-            micros(lease.ttl()),
-            lease.slot().and_then(|s| i32::try_from(s).ok()),
-        ) else {
-            return Err(not_held());
-        };
-        let sent_at = lease.now();
-        let mut op = self.checkout("renew permit").await?;
-        let done = op
-            .run(|c| {
-                sqlx::query(&self.sql.permit_renew)
-                    .bind(lease.name().as_str())
-                    .bind(slot)
-                    .bind(lease.owner().as_uuid())
-                    .bind(fence)
-                    .bind(ttl_us)
-                    .execute(c)
-            })
-            .await?;
-        if done.rows_affected() == 1 {
-            Ok(lease.renewed(sent_at))
-        } else {
-            Err(not_held())
-        }
-    }
-
     pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let (Some(fence), Some(slot)) = (
             db_fence(lease.fence()),

@@ -40,8 +40,6 @@ pub(crate) struct Sql {
     /// row: held by a grant this statement's snapshot cannot see yet, free
     /// for less than `$4`, or (gated) free with waiters in line.
     pub(crate) acquire: String,
-    /// `$1` name, `$2` owner, `$3` fence, `$4` TTL µs → rows affected.
-    pub(crate) renew: String,
     /// `$1` names, `$2` owners, `$3` fences, `$4` TTLs µs, `$5` slots
     /// (`NULL` for a lock) (arrays) → the 1-based positions of the leases
     /// renewed.
@@ -72,8 +70,6 @@ pub(crate) struct Sql {
     /// transaction of its own: this statement's snapshot, taken after the
     /// lock, sees every grant before it.
     pub(crate) permit_take: String,
-    /// `$1` name, `$2` slot, `$3` owner, `$4` fence, `$5` TTL µs → rows affected.
-    pub(crate) permit_renew: String,
     /// `$1` name, `$2` slot, `$3` owner, `$4` fence, `$5` channel, `$6`
     /// payload, `$7` watch key → released count.
     pub(crate) permit_release: String,
@@ -155,14 +151,8 @@ impl Sql {
             UNION ALL
             SELECT NULL, {REMAINING_US} FROM cur WHERE expires_at > clock_timestamp()"
         );
-        let renew = format!(
-            "UPDATE {t}
-                SET expires_at = clock_timestamp() + $4 * interval '1 microsecond',
-                    updated_at = clock_timestamp()
-              WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()"
-        );
         // Each lease is owner-, fence- and liveness-checked on its own row,
-        // as `renew` does, in one statement for the whole batch.
+        // in one statement for the whole batch.
         let renew_many = format!(
             "WITH r AS (
                 SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[], $5::int4[])
@@ -285,13 +275,6 @@ impl Sql {
                    (SELECT GREATEST((extract(epoch FROM (min(expires_at) - clock_timestamp()))
                                      * 1000000)::bigint, 1) FROM live)"
         );
-        let permit_renew = format!(
-            "UPDATE {p}
-                SET expires_at = clock_timestamp() + $5 * interval '1 microsecond',
-                    updated_at = clock_timestamp()
-              WHERE name = $1 AND slot = $2 AND owner = $3 AND fence = $4
-                AND expires_at > clock_timestamp()"
-        );
         let permit_release = format!(
             "WITH released AS (
                 UPDATE {p}
@@ -328,7 +311,6 @@ impl Sql {
             format!("SELECT setval('{seq}'::regclass, GREATEST($1, nextval('{seq}'::regclass)))");
         Sql {
             acquire,
-            renew,
             renew_many,
             release,
             forget,
@@ -338,7 +320,6 @@ impl Sql {
             force_free,
             purge_free,
             permit_take,
-            permit_renew,
             permit_release,
             permit_forget,
             permit_inspect,
@@ -372,7 +353,7 @@ mod tests {
         );
         for text in [
             &sql.acquire,
-            &sql.renew,
+            &sql.renew_many,
             &sql.release,
             &sql.inspect,
             &sql.force_free,

@@ -27,7 +27,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Waiter, Wakeup, async_trait};
+use lockcore::backend::wait::{Waiter, Wakeup};
+use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{Attempt, LockError};
 use tokio::sync::Notify;
 use tokio::time::Instant;

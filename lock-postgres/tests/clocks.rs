@@ -9,7 +9,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{Clock, LockRequest, Moment, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{Clock, LockRequest, Moment};
 use lockcore::{Lease, LockBackend, LockName};
 use support::{backend, lock_name, shared_url};
 use tokio::time::Instant;

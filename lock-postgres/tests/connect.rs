@@ -9,8 +9,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::postgres::{self, Options};
-use lock_conformance::stores::until;
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lock_postgres::{PostgresBackend, PostgresConfig};
 use lockcore::{FenceDurability, LockBackend, LockError, Locker};

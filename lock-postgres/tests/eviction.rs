@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::postgres;
+use lock_conformance::kit::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lockcore::backend::LockBackendExt;

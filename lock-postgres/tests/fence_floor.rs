@@ -8,9 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::postgres::{self, Options};
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::PostgresBackend;
+use lockcore::backend::LockBackendExt;
 use lockcore::backend::LockRequest;
 use lockcore::{Capabilities, FencingToken, LockBackend, LockError};
 use support::{acquired, backend, lock_name, scaled, shared_url};

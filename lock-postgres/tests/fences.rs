@@ -5,8 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::eventually;
-use lock_conformance::stores::postgres::{self, Options};
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::sqlx;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, FencedResource, LockBackend, LockError, ReleaseOutcome};

@@ -7,8 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{eventually, postgres, until};
+use lock_conformance::kit::poll::{eventually, until};
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx;
 use lockcore::backend::{LockBackendExt, LockRequest};

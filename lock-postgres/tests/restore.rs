@@ -13,8 +13,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{postgres, until};
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgPool};
 use lockcore::backend::{LockBackendExt, LockRequest};

@@ -8,7 +8,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_conformance::stores::{eventually, until};
+use lock_conformance::kit::poll::{eventually, until};
 use lock_postgres::sqlx::{self, PgPool};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Backoff, Lease, LockBackend, LockError, LockName, Locker, OwnerToken};
@@ -43,7 +43,7 @@ async fn renew_many_checks_each_lease_on_its_own() {
         other.name().clone(),
         OwnerToken::new(),
         other.fence(),
-        other.checked_ttl(),
+        other.ttl(),
         lockcore::backend::Moment::now(),
     );
     let batch = [

@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::kit::secrets::{self, MARKER, assert_hidden, capture_tracing, captured};
-use lock_conformance::stores::postgres::{self, Options};
+use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::sqlx::postgres::PgConnectOptions;
 use lock_postgres::sqlx::{self, ConnectOptions, Connection, PgConnection};
 use lock_postgres::{PostgresBackend, PostgresConfig};

@@ -8,8 +8,9 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::until;
+use lock_conformance::kit::poll::until;
 use lock_postgres::sqlx::{self, PgPool};
+use lockcore::backend::LockBackendExt;
 use lockcore::backend::LockRequest;
 use lockcore::{Attempt, LockBackend, LockError};
 use support::{acquired, backend, lock_name, shared_url, unique, with_params};

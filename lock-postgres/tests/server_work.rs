@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_postgres::sqlx::{self, Connection, PgConnection};
-use lockcore::backend::{LockBackendExt, LockRequest, WaitPolicy};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Attempt, LockBackend, LockName};
 use support::{
     acquired, backend, counting_observer, counting_server, lock_name, reset, server_cpu, statements,

@@ -11,12 +11,13 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::postgres;
-use lock_conformance::stores::until;
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, PgPool};
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{Lease, LockBackend, Locker};
 use support::{acquired, lock_name, round_trip, scaled, with_app};
 use tokio::time::Instant;
@@ -62,7 +63,7 @@ async fn waiter_gets_the_lock_at_expiry(
             .unwrap()
             .expect("the free lock")
     };
-    let expires = lease.issued_at() + ttl;
+    let expires = lease.issued().mono() + ttl;
     stall();
 
     // The waiter waits as a new user's Locker does (default re-check

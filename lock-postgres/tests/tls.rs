@@ -7,8 +7,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
-use lock_conformance::stores::pki::TestCa;
-use lock_conformance::stores::postgres::{self, Options};
+use lock_conformance::kit::pki::TestCa;
+use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lockcore::backend::LockBackendExt;

@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::until;
+use lock_conformance::kit::poll::until;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection};
 use lockcore::{Fairness, LockBackend, LockName, Locker};

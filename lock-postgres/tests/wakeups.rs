@@ -4,9 +4,10 @@
 
 mod support;
 
+use lockcore::backend::Kind;
 use std::time::Duration;
 
-use lock_conformance::stores::{eventually, until};
+use lock_conformance::kit::poll::{eventually, until};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::postgres::PgListener;
 use lock_postgres::sqlx::{self, PgPool};
@@ -129,7 +130,7 @@ async fn releases_notify_only_when_somebody_waits() {
 
     cycle(quiet.clone()).await;
     let wakeup = watcher
-        .watch(&watched)
+        .watch(&watched, Kind::Lock)
         .await
         .unwrap()
         .expect("a store wake-up");
@@ -163,7 +164,7 @@ async fn releases_notify_only_when_somebody_waits() {
     .await;
     cycle(watched.clone()).await;
     let wakeup = watcher
-        .watch(&after)
+        .watch(&after, Kind::Lock)
         .await
         .unwrap()
         .expect("a store wake-up");

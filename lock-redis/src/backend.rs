@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
 use lockcore::backend::{
-    CancellationToken, Cleanups, LockRequest, PermitPolling, WaitPolicy, Wakeup, timed,
+    CancellationToken, Cleanups, Kind, LockRequest, Polling, check_permits, timed,
 };
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken, Holder,
@@ -256,22 +257,24 @@ impl LockBackend for RedisBackend {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        let keys = self.client.keys(request.name());
-        let attempt = self.client.acquire(request, &keys, OwnerToken::new(), None);
-        self.client.acquiring(attempt).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.client.open()?;
-        let mut renewed = self.client.renew_many(std::slice::from_ref(lease)).await;
-        renewed
-            .pop()
-            .unwrap_or_else(|| Err(error::unexpected("renew answered nothing")))
+        match (request.kind(), request.permits()) {
+            (Kind::Lock, _) => {
+                let keys = self.client.keys(request.name());
+                let attempt = self.client.acquire(request, &keys, OwnerToken::new(), None);
+                self.client.acquiring(attempt).await
+            }
+            (Kind::Semaphore, Some(permits)) => {
+                check_permits(request.name(), permits)?;
+                let attempt = self.client.acquire_permit(request, permits);
+                self.client.acquiring(attempt).await
+            }
+            (kind, _) => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if let Err(e) = self.client.open() {
-            return leases.iter().map(|_| Err(error::copy(&e))).collect();
+            return leases.iter().map(|_| Err(e.clone())).collect();
         }
         self.client.renew_many(leases).await
     }
@@ -281,9 +284,13 @@ impl LockBackend for RedisBackend {
         self.client.release(lease).await
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
         self.client.open()?;
-        self.client.inspect(name).await
+        match kind {
+            Kind::Lock => Ok(self.client.inspect(name).await?.into_iter().collect()),
+            Kind::Semaphore => self.client.inspect_permits(name).await,
+            kind => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn evict(
@@ -297,17 +304,27 @@ impl LockBackend for RedisBackend {
 
     /// A wake-up at the next release or forced release of `name` (one
     /// message to this instance, whatever the number of its watches), or
-    /// when the holder's TTL runs out.
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+    /// when the holder's TTL runs out; for a semaphore, of any of its slots.
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
         self.client.open()?;
-        let keys = self.client.keys(name);
-        let wakeup = self.client.watch(&keys.lock, &keys.watchers, false).await?;
+        let wakeup = match kind {
+            Kind::Lock => {
+                let keys = self.client.keys(name);
+                self.client.watch(&keys.lock, &keys.watchers, false).await?
+            }
+            Kind::Semaphore => {
+                let keys = self.client.permit_keys(name);
+                self.client.watch(&keys.slots, &keys.watchers, true).await?
+            }
+            kind => return Err(kind.unsupported(BACKEND)),
+        };
         Ok(Some(wakeup))
     }
 
-    /// Waits in line (see the crate docs): one wake-up per hand-off, to the
-    /// first waiter only, through this instance's subscription. A wait in
-    /// progress when the backend closes ends with `Unavailable`.
+    /// A lock waits in line (see the crate docs): one wake-up per hand-off,
+    /// to the first waiter only, through this instance's subscription. A
+    /// permit waits in lockcore's loop, woken by `watch`. A wait in progress
+    /// when the backend closes ends with `Unavailable`.
     async fn acquire(
         &self,
         request: &LockRequest,
@@ -316,49 +333,14 @@ impl LockBackend for RedisBackend {
         // The waiter lives in the tracked future: its place in line is
         // left (a clean-up) before the acquire counts as ended.
         let waiting = async {
-            let mut waiter = LineWaiter::new(self.client.clone(), request, wait.recheck);
-            lockcore::wait::wait(wait, &mut waiter).await
+            if request.kind() == Kind::Lock {
+                let mut waiter = LineWaiter::new(self.client.clone(), request, wait.recheck);
+                wait::wait(wait, &mut waiter).await
+            } else {
+                wait::wait(wait, &mut Polling::new(self, request)).await
+            }
         };
         self.client.acquiring(waiting).await
-    }
-
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        lockcore::backend::check_permits(request.name(), permits)?;
-        let attempt = self.client.acquire_permit(request, permits);
-        self.client.acquiring(attempt).await
-    }
-
-    /// lockcore's wait loop over `try_acquire_permit`, woken by
-    /// `watch_permits`; a wait in progress when the backend closes ends
-    /// with `Unavailable`.
-    async fn acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-        wait: &WaitPolicy,
-    ) -> Result<Option<Lease>, LockError> {
-        lockcore::backend::check_permits(request.name(), permits)?;
-        let waiting = async {
-            let mut waiter = PermitPolling::new(self, request, permits);
-            lockcore::wait::wait(wait, &mut waiter).await
-        };
-        self.client.acquiring(waiting).await
-    }
-
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        self.client.open()?;
-        self.client.inspect_permits(name).await
-    }
-
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.client.open()?;
-        let keys = self.client.permit_keys(name);
-        let wakeup = self.client.watch(&keys.slots, &keys.watchers, true).await?;
-        Ok(Some(wakeup))
     }
 
     /// Refused before any I/O beyond [`Capabilities::max_fence_floor`]:

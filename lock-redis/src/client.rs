@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{CancellationToken, Cleanups, LockRequest, Moment, Wakeup};
+use lockcore::backend::wait::Wakeup;
+use lockcore::backend::{CancellationToken, Cleanups, LockRequest, Moment};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
@@ -181,7 +182,7 @@ impl Client {
                 None => {
                     let lock = self.keys(lease.name()).lock;
                     call.0.key(&lock).key(&lock).arg(lease_value(lease));
-                    call.0.arg(lease.checked_ttl().as_millis_ceil()).arg("");
+                    call.0.arg(lease.ttl().as_millis_ceil()).arg("");
                 }
                 Some(slot) => {
                     let keys = self.permit_keys(lease.name());
@@ -189,7 +190,7 @@ impl Client {
                         .key(&keys.slots)
                         .key(&keys.holders)
                         .arg(lease_value(lease));
-                    call.0.arg(lease.checked_ttl().as_millis_ceil()).arg(slot);
+                    call.0.arg(lease.ttl().as_millis_ceil()).arg(slot);
                 }
             }
         }
@@ -213,9 +214,9 @@ impl Client {
                     renewed.len(),
                     leases.len()
                 ));
-                leases.iter().map(|_| Err(error::copy(&e))).collect()
+                leases.iter().map(|_| Err(e.clone())).collect()
             }
-            Err(e) => leases.iter().map(|_| Err(error::copy(&e))).collect(),
+            Err(e) => leases.iter().map(|_| Err(e.clone())).collect(),
         }
     }
 

@@ -210,16 +210,6 @@ pub(crate) fn unexpected(what: impl Into<String>) -> LockError {
     )
 }
 
-/// The same failure again, for each lease of a batch that failed as one:
-/// as retryable as `e`, with its message.
-pub(crate) fn copy(e: &LockError) -> LockError {
-    if e.is_retryable() {
-        LockError::unavailable(BACKEND, e.to_string())
-    } else {
-        LockError::store(BACKEND, e.to_string())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

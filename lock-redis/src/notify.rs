@@ -188,7 +188,7 @@ impl Wait {
 
     /// Completes when this wait is woken; a wake-up that came while nobody
     /// awaited is kept, so none is lost between two attempts.
-    pub(crate) fn wakeup(&self) -> lockcore::backend::Wakeup {
+    pub(crate) fn wakeup(&self) -> lockcore::backend::wait::Wakeup {
         let notify = self.notify.clone();
         Box::pin(async move { notify.notified().await })
     }

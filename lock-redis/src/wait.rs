@@ -1,4 +1,4 @@
-//! Waiting in line: the adapter's [`Waiter`] for `lockcore::wait::wait`.
+//! Waiting in line: the adapter's [`Waiter`] for `lockcore::backend::wait::wait`.
 //!
 //! The first attempt joins the name's line in Redis (`scripts/line.lua`); a
 //! release (or anyone finding the lock free) wakes the first waiter only,
@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Waiter, Wakeup};
+use lockcore::backend::LockRequest;
+use lockcore::backend::wait::{Waiter, Wakeup};
 use lockcore::{Attempt, LockError, OwnerToken};
 use tokio::time::Instant;
 

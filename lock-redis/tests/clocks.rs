@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use lock_conformance::kit::stores::redis as launcher;
 use lock_redis::RedisBackend;
-use lockcore::backend::{Clock, LockRequest, Moment, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{Clock, LockRequest, Moment};
 use lockcore::{Lease, LockBackend, LockName};
 use support::*;
 use tokio::time::Instant;

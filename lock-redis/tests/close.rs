@@ -6,6 +6,7 @@
 
 mod support;
 
+use lockcore::backend::Kind;
 use std::time::Duration;
 
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
@@ -13,7 +14,8 @@ use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, RedisConfig};
-use lockcore::backend::{LockBackendExt, LockRequest, WaitPolicy};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Attempt, FencingToken, Lease, LockBackend, LockError, LockName, Locker};
 use support::*;
 
@@ -80,7 +82,7 @@ async fn close_loses_every_lease_ends_every_connection_and_refuses_later_calls()
     let lease = take(&backend, &lock, LONG).await;
     let permit = permit(&backend, &semaphore).await;
     let blocker = take(&other, &busy, LONG).await;
-    let _watch = backend.watch(&busy).await.unwrap();
+    let _watch = backend.watch(&busy, Kind::Lock).await.unwrap();
     let waiting = tokio::spawn({
         let (backend, busy) = (backend.clone(), busy.clone());
         async move {
@@ -149,7 +151,7 @@ async fn close_loses_every_lease_ends_every_connection_and_refuses_later_calls()
     unavailable("release", backend.release(&lease).await.map(drop));
     unavailable("inspect", backend.inspect(&lock).await.map(drop));
     unavailable("evict", backend.evict(&lock, None).await.map(drop));
-    unavailable("watch", backend.watch(&lock).await.map(drop));
+    unavailable("watch", backend.watch(&lock, Kind::Lock).await.map(drop));
     unavailable(
         "acquire",
         backend

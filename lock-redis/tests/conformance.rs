@@ -4,7 +4,7 @@
 //! Crash cases get a private server of their own; fault cases connect
 //! through the harness's fault proxy.
 
-use lock_conformance::stores::redis;
+use lock_conformance::kit::stores::redis;
 use lock_redis::RedisBackend;
 
 lock_conformance::suite!(

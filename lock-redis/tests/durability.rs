@@ -8,6 +8,7 @@ use lock_conformance::StoreControl;
 use lock_conformance::kit::stores::redis::{self as launcher, Options, Persistence as Stored};
 use lock_redis::redis::AsyncCommands;
 use lock_redis::{Persistence, RedisBackend, RedisConfig};
+use lockcore::backend::LockBackendExt;
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
 use support::*;
 

@@ -15,6 +15,7 @@ use lock_conformance::kit::stores::redis::{self as launcher, Options, Persistenc
 use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, RedisConfig};
+use lockcore::backend::LockBackendExt;
 use lockcore::{FencingToken, LockBackend, Locker, LossReason, ReleaseOutcome};
 use support::{clients_of_type, private, raw, round_trip, scaled, take, unique};
 use tokio::time::Instant;

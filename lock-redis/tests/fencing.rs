@@ -8,6 +8,7 @@ use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, fenced_write};
+use lockcore::backend::LockBackendExt;
 use lockcore::{Fenced, StaleToken};
 use lockcore::{FencingToken, LockBackend, LockError};
 use support::*;

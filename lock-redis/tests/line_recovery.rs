@@ -10,6 +10,7 @@ use lock_conformance::kit::stores::redis::Options;
 use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis;
+use lockcore::backend::LockBackendExt;
 use lockcore::{Backoff, LockBackend, Locker, ReleaseOutcome};
 use support::*;
 use tokio::time::Instant;

@@ -12,6 +12,7 @@ use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::Options;
 use lock_conformance::kit::until;
 use lock_redis::{RedisBackend, RedisConfig};
+use lockcore::backend::LockBackendExt;
 use lockcore::{FencedResource, FencingToken, LockBackend, LockGuard, Locker, LossReason};
 use support::*;
 use tokio::time::Instant;

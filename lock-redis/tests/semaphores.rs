@@ -10,6 +10,7 @@ use lock_conformance::kit::stores::redis as launcher;
 use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis::AsyncCommands;
+use lockcore::backend::LockBackendExt;
 use lockcore::backend::LockRequest;
 use lockcore::{Attempt, HolderLabel, Lease, LockBackend, LockError, LockName};
 use support::{LONG, command_calls, private, raw, take, unique};

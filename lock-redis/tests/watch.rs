@@ -4,12 +4,13 @@
 
 mod support;
 
+use lockcore::backend::Kind;
 use std::time::Duration;
 
 use lock_conformance::kit::stores::redis as launcher;
 use lock_redis::RedisBackend;
 use lock_redis::redis::AsyncCommands;
-use lockcore::backend::Wakeup;
+use lockcore::backend::wait::Wakeup;
 use lockcore::{LockBackend, ReleaseOutcome};
 use support::{LONG, raw, round_trip, scaled, take, unique};
 use tokio::time::Instant;
@@ -42,7 +43,7 @@ async fn one_registration_per_instance_wakes_all_its_watches() {
     for _ in 0..50 {
         watches.push(
             watcher
-                .watch(&name)
+                .watch(&name, Kind::Lock)
                 .await
                 .unwrap()
                 .expect("a store wake-up"),
@@ -70,7 +71,7 @@ async fn one_registration_per_instance_wakes_all_its_watches() {
     assert!(!left, "registrations are one-shot");
 
     let lease = take(&holder, &name, LONG).await;
-    let mut watch = watcher.watch(&name).await.unwrap().unwrap();
+    let mut watch = watcher.watch(&name, Kind::Lock).await.unwrap().unwrap();
     assert!(holder.evict(&name, None).await.unwrap().is_some());
     assert!(
         wakes(&mut watch, rtt).await,
@@ -92,9 +93,9 @@ async fn a_watch_wakes_when_the_holder_expires() {
     let name = unique("expiring");
     let ttl = scaled(Duration::from_millis(600));
     let lease = take(&backend, &name, ttl).await;
-    let mut watch = backend.watch(&name).await.unwrap().unwrap();
+    let mut watch = backend.watch(&name, Kind::Lock).await.unwrap().unwrap();
     let armed = Instant::now();
-    let early = (lease.issued_at() + ttl).saturating_duration_since(armed);
+    let early = (lease.issued().mono() + ttl).saturating_duration_since(armed);
     assert!(
         !wakes(&mut watch, early.saturating_sub(Duration::from_millis(50))).await,
         "woke before the holder's TTL ran out"

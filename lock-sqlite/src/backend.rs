@@ -5,15 +5,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, async_trait};
-use lockcore::backend::{PermitPolling, Polling};
-use lockcore::wait::LocalLine;
+use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
+use lockcore::backend::{Kind, LockRequest, Polling, async_trait};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
     LockBackend, LockError, LockName, ReleaseOutcome,
 };
 
-use crate::client::{Client, Kind, Parts};
+use crate::client::{Client, Kind as Table, Parts};
 use crate::clock::HostClock;
 use crate::config::SqliteConfig;
 use crate::error::{BACKEND, shown};
@@ -178,15 +177,15 @@ impl LockBackend for SqliteBackend {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        self.client.try_grant(Kind::Lock, request, 1).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.client
-            .renew_many(std::slice::from_ref(lease))
-            .await
-            .pop()
-            .unwrap_or_else(|| Err(LockError::store(BACKEND, "renew returned no result")))
+        let (kind, permits) = match (request.kind(), request.permits()) {
+            (Kind::Lock, _) => (Table::Lock, 1),
+            (Kind::Semaphore, Some(permits)) => {
+                lockcore::backend::check_permits(request.name(), permits)?;
+                (Table::Permit, permits)
+            }
+            (kind, _) => return Err(kind.unsupported(BACKEND)),
+        };
+        self.client.try_grant(kind, request, permits).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
@@ -197,13 +196,8 @@ impl LockBackend for SqliteBackend {
         self.client.release(lease).await
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        Ok(self
-            .client
-            .holders(Kind::Lock, name)
-            .await?
-            .into_iter()
-            .next())
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        self.client.holders(table(kind)?, name).await
     }
 
     async fn evict(
@@ -214,8 +208,8 @@ impl LockBackend for SqliteBackend {
         self.client.evict(name, expected).await
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.client.watch(Kind::Lock, name).await
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
+        self.client.watch(table(kind)?, name).await
     }
 
     /// The one wait loop, behind this instance's earlier waiters of `name`.
@@ -224,41 +218,15 @@ impl LockBackend for SqliteBackend {
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        let turn = self.locks_line.turn(request.name());
+        let line = match table(request.kind())? {
+            Table::Lock => &self.locks_line,
+            Table::Permit => &self.permits_line,
+        };
+        let turn = line.turn(request.name());
         let Ok(_turn) = tokio::time::timeout_at(wait.deadline, turn).await else {
             return Ok(None);
         };
-        lockcore::wait::wait(wait, &mut Polling::new(self, request)).await
-    }
-
-    async fn acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-        wait: &WaitPolicy,
-    ) -> Result<Option<Lease>, LockError> {
-        let turn = self.permits_line.turn(request.name());
-        let Ok(_turn) = tokio::time::timeout_at(wait.deadline, turn).await else {
-            return Ok(None);
-        };
-        lockcore::wait::wait(wait, &mut PermitPolling::new(self, request, permits)).await
-    }
-
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        lockcore::backend::check_permits(request.name(), permits)?;
-        self.client.try_grant(Kind::Permit, request, permits).await
-    }
-
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        self.client.holders(Kind::Permit, name).await
-    }
-
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.client.watch(Kind::Permit, name).await
+        wait::wait(wait, &mut Polling::new(self, request)).await
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
@@ -285,6 +253,15 @@ impl LockBackend for SqliteBackend {
 /// `connect` must stay callable from `#[async_trait]` methods (factories,
 /// frameworks): its future must be `Send` for every lifetime, which some
 /// sqlx calls (`raw_sql`) break. This only has to compile.
+/// The table a kind is kept in.
+fn table(kind: Kind) -> Result<Table, LockError> {
+    match kind {
+        Kind::Lock => Ok(Table::Lock),
+        Kind::Semaphore => Ok(Table::Permit),
+        kind => Err(kind.unsupported(BACKEND)),
+    }
+}
+
 #[cfg(test)]
 mod send_check {
     use super::*;

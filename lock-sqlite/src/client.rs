@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lockcore::backend::{CancellationToken, Cleanups, LockRequest, Wakeup, timed};
+use lockcore::backend::wait::Wakeup;
+use lockcore::backend::{CancellationToken, Cleanups, LockRequest, timed};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,

@@ -23,7 +23,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
-use lockcore::backend::{CancellationToken, Wakeup};
+use lockcore::backend::CancellationToken;
+use lockcore::backend::wait::Wakeup;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;

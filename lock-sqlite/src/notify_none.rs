@@ -4,7 +4,7 @@
 use std::io;
 use std::path::Path;
 
-use lockcore::backend::Wakeup;
+use lockcore::backend::wait::Wakeup;
 use tokio::sync::mpsc;
 
 #[derive(Debug)]

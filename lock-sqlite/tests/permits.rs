@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use lock_sqlite::SqliteBackend;
-use lockcore::backend::LockRequest;
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::{Kind, LockRequest};
 use lockcore::{HolderLabel, LockBackend, LockError, LockName};
 
 async fn backend(dir: &tempfile::TempDir) -> SqliteBackend {
@@ -81,7 +82,7 @@ async fn two_permits_two_slots_and_a_mismatch_is_refused() {
 
     // A waiter is woken by the release of either permit; its slot's fence grows.
     let wakeup = b
-        .watch_permits(&LockName::new("uploads").unwrap())
+        .watch(&LockName::new("uploads").unwrap(), Kind::Semaphore)
         .await
         .unwrap()
         .expect("the file notifies");

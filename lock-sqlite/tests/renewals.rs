@@ -25,7 +25,7 @@ fn forgeries(lease: &Lease) -> Vec<(&'static str, Lease)> {
             name.clone(),
             owner,
             lease.fence(),
-            lease.checked_ttl(),
+            lease.ttl(),
             Moment::now(),
         )
     };

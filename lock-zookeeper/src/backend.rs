@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::backend::{LockRequest, PermitPolling, WaitPolicy, Wakeup};
+use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
+use lockcore::backend::{Kind, LockRequest, Polling};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     ReleaseOutcome,
@@ -15,6 +16,7 @@ use zookeeper_client as zk;
 
 use crate::client::Client;
 use crate::config::ZooKeeperConfig;
+use crate::error::BACKEND;
 use crate::wait::LineWaiter;
 
 /// A ZooKeeper lock client: one session, shared by its clones.
@@ -111,16 +113,18 @@ impl LockBackend for ZooKeeperBackend {
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         let client = &self.client;
-        (client.bounded("acquiring", request.name(), client.try_acquire(request))).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let mut renewed = self.client.renew_many(std::slice::from_ref(lease)).await;
-        renewed.pop().unwrap_or_else(|| {
-            Err(LockError::NotHeld {
-                name: lease.name().clone(),
-            })
-        })
+        match (request.kind(), request.permits()) {
+            (Kind::Lock, _) => {
+                (client.bounded("acquiring", request.name(), client.try_acquire(request))).await
+            }
+            (Kind::Semaphore, Some(permits)) => {
+                let taking = client.try_acquire_permit(request, permits);
+                client
+                    .bounded("acquiring a permit of", request.name(), taking)
+                    .await
+            }
+            (kind, _) => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
@@ -132,8 +136,12 @@ impl LockBackend for ZooKeeperBackend {
         (client.bounded("releasing", lease.name(), client.release(lease))).await
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        self.client.inspect(name).await
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        match kind {
+            Kind::Lock => Ok(self.client.inspect(name).await?.into_iter().collect()),
+            Kind::Semaphore => self.client.inspect_permits(name).await,
+            kind => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn evict(
@@ -144,28 +152,12 @@ impl LockBackend for ZooKeeperBackend {
         self.client.evict(name, expected).await
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.client.watch(name).await
-    }
-
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        let client = &self.client;
-        let taking = client.try_acquire_permit(request, permits);
-        client
-            .bounded("acquiring a permit of", request.name(), taking)
-            .await
-    }
-
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        self.client.inspect_permits(name).await
-    }
-
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.client.watch_permits(name).await
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
+        match kind {
+            Kind::Lock => self.client.watch(name).await,
+            Kind::Semaphore => self.client.watch_permits(name).await,
+            kind => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
@@ -181,34 +173,28 @@ impl LockBackend for ZooKeeperBackend {
         self.client.close().await
     }
 
+    /// A lock waits in line (the crate docs); a permit in lockcore's loop,
+    /// woken by `watch`.
     async fn acquire(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         self.client.refuse_closed()?;
+        if request.kind() != Kind::Lock {
+            let mut polling = Polling::new(self, request);
+            return self.until_closed(wait::wait(wait, &mut polling)).await;
+        }
         let mut waiter = LineWaiter::new(&self.client, request);
         // Requests wait out a disconnection; never let one hold the caller
         // past its deadline (dropping the waiter removes its node).
         let stuck = wait.deadline + Duration::from_millis(250);
-        let waiting = lockcore::wait::wait(wait, &mut waiter);
+        let waiting = wait::wait(wait, &mut waiter);
         let waited = async {
             tokio::time::timeout_at(stuck, waiting)
                 .await
                 .unwrap_or(Ok(None))
         };
         self.until_closed(waited).await
-    }
-
-    async fn acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-        wait: &WaitPolicy,
-    ) -> Result<Option<Lease>, LockError> {
-        self.client.refuse_closed()?;
-        let mut polling = PermitPolling::new(self, request, permits);
-        self.until_closed(lockcore::wait::wait(wait, &mut polling))
-            .await
     }
 }

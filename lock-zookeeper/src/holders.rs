@@ -1,7 +1,7 @@
 //! Looking at who holds a lock, from outside the queue: `inspect`, a
 //! forced release (`evict`), and a wake-up when the holder goes (`watch`).
 
-use lockcore::backend::Wakeup;
+use lockcore::backend::wait::Wakeup;
 use lockcore::{FencingToken, Holder, LockError, LockName, OwnerToken};
 use zookeeper_client as zk;
 

@@ -22,7 +22,8 @@
 
 use std::collections::BTreeSet;
 
-use lockcore::backend::{LockRequest, Wakeup};
+use lockcore::backend::LockRequest;
+use lockcore::backend::wait::Wakeup;
 use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 use zookeeper_client as zk;
 

@@ -223,7 +223,7 @@ mod tests {
     /// only with the watch it was vouched under.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn watches_stay_bounded_and_a_deleted_parent_frees_its_place() {
-        let store = lock_conformance::stores::zookeeper::shared();
+        let store = lock_conformance::kit::stores::zookeeper::shared();
         let client = zk::Client::connect(&store.endpoint()).await.unwrap();
         let quiet = QuietQueues::with_capacity(&client, Duration::from_secs(60), 2);
         let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());

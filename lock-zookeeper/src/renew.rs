@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::client::{Client, closed, not_held};
-use crate::error::{BACKEND, map};
+use crate::error::map;
 use crate::held::{Held, Over, gone};
 use crate::session::Session;
 
@@ -108,7 +108,7 @@ impl Client {
             Ok(()) => match session.floor_holds().await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(zk::Error::SessionExpired),
-                Err(e) => return group.iter().map(|(i, _)| (*i, Err(again(&e)))).collect(),
+                Err(e) => return group.iter().map(|(i, _)| (*i, Err(e.clone()))).collect(),
             },
             Err(e) => Err(e),
         };
@@ -152,15 +152,5 @@ impl Client {
     /// `czxid`, this session's ephemeral.
     fn is_ours(&self, held: &Held, stat: Option<zk::Stat>) -> bool {
         stat.is_some_and(|s| s.czxid == held.czxid && s.ephemeral_owner == held.session.id())
-    }
-}
-
-/// `e` once more, for another lease of the batch.
-fn again(e: &LockError) -> LockError {
-    match e {
-        LockError::Unavailable { source, .. } => {
-            LockError::unavailable(BACKEND, source.to_string())
-        }
-        other => LockError::store(BACKEND, other.to_string()),
     }
 }

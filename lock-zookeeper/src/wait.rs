@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use lockcore::backend::{LockRequest, Waiter, Wakeup};
+use lockcore::backend::LockRequest;
+use lockcore::backend::wait::{Waiter, Wakeup};
 use lockcore::{Attempt, LockError};
 use tokio::sync::Notify;
 

@@ -9,7 +9,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::stores::zookeeper;
 use lockcore::backend::{Clock, Moment};
 use lockcore::{LockBackend, LockGuard, Locker, LossReason};
 use support::{connect, locker, take, unique};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::scaled;
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::ZooKeeperBackend;
 use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Lease, LockBackend, LockError, LockName};
@@ -75,7 +75,7 @@ async fn close_leaves_nothing_in_the_store_and_refuses_later_calls() {
             unique("close-permits"),
         );
         let lease = take(&a, &held).await;
-        let request = LockRequest::new(permits.clone(), lease.checked_ttl());
+        let request = LockRequest::new(permits.clone(), lease.ttl());
         let permit = a
             .try_acquire_permit(&request, 2)
             .await
@@ -136,7 +136,7 @@ async fn close_leaves_nothing_in_the_store_and_refuses_later_calls() {
 
         unavailable(
             "try_acquire",
-            a.try_acquire_for(&unique("after"), lease.ttl()).await,
+            a.try_acquire_for(&unique("after"), lease.ttl().get()).await,
         );
         unavailable("renew", a.renew(&lease).await);
         unavailable("release", a.release(&lease).await);
@@ -166,7 +166,7 @@ async fn a_dropped_client_loses_its_leases_and_frees_its_names() {
     assert!(lease.is_expired(), "a lease of a dropped client reads held");
     let started = Instant::now();
     let next = eventually(rtt * 10, "the dropped client's name is free", || async {
-        b.try_acquire_for(&name, lease.ttl())
+        b.try_acquire_for(&name, lease.ttl().get())
             .await
             .unwrap()
             .into_lease()
@@ -227,7 +227,7 @@ async fn waits_in_progress_end_when_their_client_is_closed() {
     let rtt = round_trip(&b).await;
     let (name, permits) = (unique("close-waiting"), unique("close-waiting-permits"));
     let holder = take(&b, &name).await;
-    let request = LockRequest::new(permits.clone(), holder.checked_ttl());
+    let request = LockRequest::new(permits.clone(), holder.ttl());
     let permit = b
         .try_acquire_permit(&request, 1)
         .await

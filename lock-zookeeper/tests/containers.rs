@@ -6,8 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::eventually;
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::stores::zookeeper;
 use lockcore::LockBackend;
 use lockcore::backend::LockBackendExt;
 use support::{children, connect, raw, take, unique};

@@ -14,10 +14,12 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{Cluster, eventually, until, zookeeper};
+use lock_conformance::kit::poll::{eventually, until};
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::{Cluster, zookeeper};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig, zk};
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{LockBackend, ReleaseOutcome};
 use rand::Rng;
 use support::tap::Tap;

@@ -5,8 +5,9 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::zookeeper;
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lock_conformance::kit::stores::zookeeper;
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{FencingToken, LockBackend, ReleaseOutcome};
 use rand::Rng;
 use support::{round_trip, take, unique};
@@ -74,7 +75,7 @@ async fn evict_with_a_fence_evicts_that_grant_only() {
     });
     let parent = admin.lock_path(&name);
     let observer = support::raw(&store.endpoint()).await;
-    lock_conformance::stores::until(Duration::from_secs(10), "the waiter queueing", || async {
+    lock_conformance::kit::poll::until(Duration::from_secs(10), "the waiter queueing", || async {
         support::children(&observer, &parent).await.len() == 2
     })
     .await;

@@ -7,9 +7,10 @@ mod support;
 
 use std::time::Duration;
 
+use lock_conformance::kit::proxy::Mode;
 use lock_conformance::kit::scaled;
-use lock_conformance::proxy::Mode;
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::stores::zookeeper;
+use lockcore::backend::LockBackendExt;
 use lockcore::backend::LockRequest;
 use lockcore::{Capabilities, FencingToken, LockBackend, LockError};
 use support::{behind_proxy, connect, take, unique};
@@ -113,7 +114,7 @@ async fn the_largest_floor_accepted_still_lets_grants_happen() {
             );
             last = lease.fence();
         }
-        let request = LockRequest::new(permits.clone(), earlier.checked_ttl());
+        let request = LockRequest::new(permits.clone(), earlier.ttl());
         let permit = a
             .try_acquire_permit(&request, 2)
             .await

@@ -4,7 +4,7 @@
 
 mod support;
 
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{fenced_write, zk};
 use lockcore::{FencingToken, LockError};
 use support::raw;

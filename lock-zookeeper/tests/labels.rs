@@ -4,8 +4,9 @@
 
 mod support;
 
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::zk;
+use lockcore::backend::LockBackendExt;
 use lockcore::backend::LockRequest;
 use lockcore::{HolderLabel, LockBackend, ReleaseOutcome};
 use support::{connect, raw, unique};

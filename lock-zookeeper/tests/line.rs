@@ -8,8 +8,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_conformance::proxy::FaultProxy;
-use lock_conformance::stores::{until, zookeeper};
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::proxy::FaultProxy;
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::{FencingToken, LockError, LockName};
 use support::{answered, children, connect, locker, raw, round_trip, session_id, unique, watches};

@@ -4,11 +4,12 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::proxy::Mode;
-use lock_conformance::stores::eventually;
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::Mode;
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
-use lockcore::backend::{CancellationToken, LockBackendExt, WaitPolicy};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
 use support::{behind_proxy, children, connect, locker, raw, take, unique};
 use tokio::time::{Instant, timeout};

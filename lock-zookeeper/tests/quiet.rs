@@ -7,8 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use lock_conformance::stores::eventually;
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockName, ReleaseOutcome};

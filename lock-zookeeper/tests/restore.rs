@@ -9,8 +9,9 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::{Store, eventually, zookeeper};
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::{Store, zookeeper};
 use lock_zookeeper::ZooKeeperBackend;
 use lockcore::{FencingToken, LockBackend, LockName};
 use support::{children, connect, connect_with, locker, raw, session_id, take, unique};

@@ -4,7 +4,8 @@
 
 mod support;
 
-use lock_conformance::stores::{eventually, zookeeper};
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::stores::zookeeper;
 use lockcore::{LockGuard, Locker};
 use support::{answered, connect, cpu_time, session_id, unique};
 use tokio::time::Instant;

@@ -8,7 +8,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_conformance::stores::{until, zookeeper};
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::stores::zookeeper;
 use lockcore::{FencingToken, LockError, Locker};
 use support::{answered, children, connect, connections, peak_rss, raw, session_id, unique};
 use tokio::time::Instant;

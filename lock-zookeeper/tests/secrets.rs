@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use lock_conformance::kit::secrets::{self, MARKER, assert_hidden};
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{LockBackend, LockError};

@@ -4,9 +4,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig, zk};
+use lockcore::backend::LockBackendExt;
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
 use support::{children, take, unique};
 

@@ -4,10 +4,12 @@
 
 mod support;
 
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::ZooKeeperBackend;
-use lockcore::backend::{LockRequest, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::LockRequest;
+use lockcore::backend::wait::WaitPolicy;
 use lockcore::{HolderLabel, Lease, LockBackend, LockError, LockName, ReleaseOutcome};
 use support::{connect, raw, round_trip, unique};
 use tokio::time::Instant;
@@ -149,7 +151,7 @@ async fn a_cut_off_holders_slot_is_free_within_ttl_and_slack() {
     link.set(Mode::Blackhole);
     let cut = Instant::now();
     let caps = other.capabilities();
-    let bound = held.ttl() + caps.expiry_slack;
+    let bound = held.ttl().get() + caps.expiry_slack;
     let policy = WaitPolicy::new(cut + bound + round_trip(&other).await);
     let next = other
         .acquire_permit(&request(&other, &name, "next"), 1, &policy)

@@ -7,10 +7,11 @@ mod support;
 
 use std::time::Duration;
 
+use lock_conformance::kit::stores::zookeeper;
 use lock_conformance::kit::usage::cpu_time;
-use lock_conformance::stores::zookeeper;
 use lockcore::LockBackend;
-use lockcore::backend::{LockBackendExt, WaitPolicy};
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
 use support::{answered, connect, session_id, unique};
 use tokio::time::Instant;
 

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::history::History;
-use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::eventually;
-use lock_conformance::stores::zookeeper;
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::zk;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LeaseKind, LockBackend, LockError, LossReason, ReleaseOutcome};
@@ -282,7 +282,7 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
 
     // Wait for a renewal sent after the restart: the session is alive again.
     eventually(ttl, "a renewal after the restart", || async {
-        (guard.lease().issued_at() > restarted).then_some(())
+        (guard.lease().issued().mono() > restarted).then_some(())
     })
     .await;
     assert!(guard.is_held(), "lost: {:?}", guard.loss_reason());
@@ -364,7 +364,7 @@ async fn leader_loss_in_an_ensemble_keeps_exclusion_and_fences() {
     // reported the loss. Wait for one or the other.
     let kept = tokio::select! {
         _ = eventually(a.session_timeout(), "a renewal under the new leader", || async {
-            (guard.lease().issued_at() > elected).then_some(())
+            (guard.lease().issued().mono() > elected).then_some(())
         }) => true,
         _ = guard.lost() => false,
     };
@@ -430,7 +430,7 @@ async fn negotiated_session_timeout_is_every_lease_ttl() {
             .unwrap()
             .into_lease()
             .unwrap();
-        assert_eq!(lease.ttl(), granted);
+        assert_eq!(lease.ttl().get(), granted);
         assert!(lease.deadline() <= sent + granted);
         backend.release(&lease).await.unwrap();
     }

@@ -57,7 +57,7 @@ pub enum Stage {
 
 impl ForcedRelease {
     /// The [`Stage::Requested`] event of a new forced release.
-    pub fn requested(
+    pub(crate) fn requested(
         backend: &'static str,
         name: LockName,
         expected_fence: Option<FencingToken>,
@@ -76,7 +76,7 @@ impl ForcedRelease {
     }
 
     /// The same forced release at a later `stage`, stamped now.
-    pub fn then(&self, stage: Stage) -> Self {
+    pub(crate) fn then(&self, stage: Stage) -> Self {
         ForcedRelease {
             stage,
             at: SystemTime::now(),
@@ -96,7 +96,7 @@ pub fn subscribe() -> broadcast::Receiver<ForcedRelease> {
 }
 
 /// Emits `event` as a WARN `tracing` event and on the [`subscribe`] channel.
-pub fn emit(event: ForcedRelease) {
+pub(crate) fn emit(event: ForcedRelease) {
     let (stage, evicted) = match &event.stage {
         Stage::Requested => ("requested", None),
         Stage::Evicted(holder) => ("evicted", Some(holder)),

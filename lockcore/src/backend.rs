@@ -11,19 +11,19 @@ pub use tokio_util::sync::CancellationToken;
 
 pub use crate::cleanups::Cleanups;
 pub use crate::clock::{Clock, Moment, SystemClock};
-pub use crate::error::BoxError;
-pub use crate::lease::Lease;
-pub use crate::request::LockRequest;
+pub use crate::error::{BoxError, SharedError};
+pub use crate::request::{Kind, LockRequest};
 pub use crate::store_url::{Host, StoreUrl, parse_duration};
 #[allow(deprecated)]
 pub use crate::support::retry_in_background;
 pub use crate::support::{check_permits, redact_url, timed};
-pub use crate::token::OwnerToken;
 pub use crate::ttl::Ttl;
-pub use crate::wait::{WaitPolicy, Waiter, Wakeup};
+
+pub mod wait;
 
 use crate::outcome::{Attempt, ReleaseOutcome};
-use crate::{Capabilities, FencingToken, Holder, LockError, LockName};
+use crate::{Capabilities, FencingToken, Holder, Lease, LockError, LockName};
+use wait::{WaitPolicy, Waiter, Wakeup};
 
 /// A lock store. Implement this to add a backend; users hold a
 /// [`Locker`](crate::Locker) instead of calling it directly.
@@ -54,37 +54,36 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt to take `request.name()` for `request.ttl()`, storing
-    /// `request.label()` with the lease.
+    /// `request.label()` with the lease: the lock, or, when the request asks
+    /// for [`permits`](LockRequest::permits), one of that many slots of the
+    /// semaphore of that name (a namespace apart from locks; the lease names
+    /// its slot, [`Lease::slot`], and its fence is larger than every fence
+    /// handed out for that slot before).
     ///
     /// # Errors
     /// [`LockError::Unavailable`] or [`LockError::Store`] when the store
     /// fails. A store error never reports success; an acquisition whose reply
     /// was lost must not block the name longer than its TTL (remove it, owner
-    /// checked, when the link heals).
+    /// checked, when the link heals). [`LockError::PermitsMismatch`] when the
+    /// store keeps this semaphore with another number of permits;
+    /// [`LockError::Unsupported`] for a [`Kind`] the backend does not keep
+    /// (see [`Capabilities::semaphores`]).
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError>;
 
-    /// Extends `lease` by its TTL, keeping its fencing token.
-    ///
-    /// # Errors
-    /// [`LockError::NotHeld`] once the lease expired, was released or taken;
-    /// it is never re-created.
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError>;
-
-    /// Renews many leases in as few store round trips as the store allows
-    /// (one script, one statement, one shared keep-alive). One result per
-    /// lease, in order, each exactly what [`renew`](Self::renew) would have
-    /// returned: owner- and fence-checked individually. The default renews
-    /// them one by one, concurrently.
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        futures_util::future::join_all(leases.iter().map(|lease| self.renew(lease))).await
-    }
+    /// Extends each lease by its TTL, keeping its fencing token, in as few
+    /// store round trips as the store allows (one script, one statement, one
+    /// shared keep-alive). One result per lease, in order, each owner- and
+    /// fence-checked on its own: [`LockError::NotHeld`] once a lease expired,
+    /// was released or taken; it is never re-created.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>>;
 
     /// Releases `lease` if, and only if, the store still holds it for its owner.
     /// Idempotent: a second call reports [`ReleaseOutcome::NotHeld`].
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError>;
 
-    /// The current holder of `name`, if any.
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError>;
+    /// Who holds `name` as `kind`: the lock's holder (none or one), or one
+    /// holder per taken slot of the semaphore.
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError>;
 
     /// Administrative eviction, in one atomic store operation: frees `name`
     /// whoever holds it (with `expected`, only if the holder's fence is that
@@ -102,21 +101,33 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError>;
 
-    /// Starts listening for a change of `name` and returns a future that
-    /// completes when the name may have become free.
+    /// Extends `lease` by its TTL: [`renew_many`](Self::renew_many) of one.
+    /// Override only where one lease has a cheaper path than a batch of one.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let answer = self.renew_many(std::slice::from_ref(lease)).await;
+        answer.into_iter().next().unwrap_or_else(|| {
+            Err(LockError::store(
+                self.capabilities().backend,
+                "renew_many answered no result for one lease",
+            ))
+        })
+    }
+
+    /// Starts listening for a change of `name` (as `kind`) and returns a
+    /// future that completes when the name, or a slot, may have become free.
     ///
     /// The default returns `None`: no store notifications, waiters fall back
     /// to jittered backoff. Backends with notifications (pub/sub,
     /// LISTEN/NOTIFY, watches) override it and set
     /// [`Capabilities::notifications`].
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        let _ = name;
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
+        let _ = (name, kind);
         Ok(None)
     }
 
-    /// Waits until the lock is acquired or `wait.deadline` passes (`Ok(None)`).
+    /// Waits until the request is granted or `wait.deadline` passes (`Ok(None)`).
     ///
-    /// The default runs [`wait::wait`](crate::wait::wait) with
+    /// The default runs [`wait::wait`](wait::wait) with
     /// [`Polling`]: [`watch`](Self::watch) (when
     /// notifications are declared) then [`try_acquire`](Self::try_acquire),
     /// retrying at the holder's expiry, on the wake-up, or on jittered
@@ -132,58 +143,7 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        crate::wait::wait(wait, &mut Polling::new(self, request)).await
-    }
-
-    /// One attempt to take one of `permits` slots of the semaphore
-    /// `request.name()` (a namespace apart from locks). The lease names its
-    /// slot ([`Lease::slot`]); its fence is larger than every fence handed
-    /// out for that slot before. Renew, release and `renew_many` take permit
-    /// leases like lock leases.
-    ///
-    /// The default: [`LockError::Unsupported`]. Backends that implement it
-    /// set [`Capabilities::semaphores`].
-    ///
-    /// # Errors
-    /// [`LockError::PermitsMismatch`] when the store already keeps this
-    /// semaphore with another number of permits; as `try_acquire`.
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        let _ = (request, permits);
-        Err(LockError::Unsupported {
-            backend: self.capabilities().backend,
-            operation: "semaphores",
-        })
-    }
-
-    /// Waits for a permit, as [`acquire`](Self::acquire) waits for a lock.
-    /// The default runs [`try_acquire_permit`](Self::try_acquire_permit) in
-    /// the one wait loop, woken by [`watch_permits`](Self::watch_permits).
-    async fn acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-        wait: &WaitPolicy,
-    ) -> Result<Option<Lease>, LockError> {
-        crate::wait::wait(wait, &mut PermitPolling::new(self, request, permits)).await
-    }
-
-    /// The holders of the semaphore `name`, one per taken slot.
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        let _ = name;
-        Err(LockError::Unsupported {
-            backend: self.capabilities().backend,
-            operation: "semaphores",
-        })
-    }
-
-    /// Like [`watch`](Self::watch), for a semaphore's slots.
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        let _ = name;
-        Ok(None)
+        wait::wait(wait, &mut Polling::new(self, request)).await
     }
 
     /// Makes every fence handed out from now on, for every name and slot,
@@ -226,7 +186,7 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
 
 /// The plain waiter: arm [`watch`](LockBackend::watch) when the backend
 /// declares notifications, then [`try_acquire`](LockBackend::try_acquire).
-/// What [`LockBackend::acquire`] does by default.
+/// What [`LockBackend::acquire`] does by default, for locks and permits alike.
 #[derive(Debug)]
 pub struct Polling<'a, B: ?Sized> {
     backend: &'a B,
@@ -249,7 +209,9 @@ impl<'a, B: LockBackend + ?Sized> Polling<'a, B> {
 impl<B: LockBackend + ?Sized> Waiter for Polling<'_, B> {
     async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
         if self.notifications {
-            self.backend.watch(self.request.name()).await
+            self.backend
+                .watch(self.request.name(), self.request.kind())
+                .await
         } else {
             Ok(None)
         }
@@ -257,46 +219,6 @@ impl<B: LockBackend + ?Sized> Waiter for Polling<'_, B> {
 
     async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
         self.backend.try_acquire(self.request).await
-    }
-}
-
-/// [`Polling`] for a semaphore permit: arm
-/// [`watch_permits`](LockBackend::watch_permits), then
-/// [`try_acquire_permit`](LockBackend::try_acquire_permit).
-#[derive(Debug)]
-pub struct PermitPolling<'a, B: ?Sized> {
-    backend: &'a B,
-    request: &'a LockRequest,
-    permits: u32,
-    notifications: bool,
-}
-
-impl<'a, B: LockBackend + ?Sized> PermitPolling<'a, B> {
-    /// A waiter for one of `permits` slots of `request` on `backend`.
-    pub fn new(backend: &'a B, request: &'a LockRequest, permits: u32) -> Self {
-        PermitPolling {
-            notifications: backend.capabilities().notifications,
-            backend,
-            request,
-            permits,
-        }
-    }
-}
-
-#[async_trait]
-impl<B: LockBackend + ?Sized> Waiter for PermitPolling<'_, B> {
-    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
-        if self.notifications {
-            self.backend.watch_permits(self.request.name()).await
-        } else {
-            Ok(None)
-        }
-    }
-
-    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
-        self.backend
-            .try_acquire_permit(self.request, self.permits)
-            .await
     }
 }
 
@@ -329,6 +251,38 @@ pub trait LockBackendExt: LockBackend {
         self.acquire(&LockRequest::new(name.clone(), ttl), wait)
             .await
     }
+
+    /// The holder of the lock `name`, if any: [`holders`](LockBackend::holders)
+    /// with [`Kind::Lock`].
+    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        Ok(self.holders(name, Kind::Lock).await?.into_iter().next())
+    }
+
+    /// The holders of the semaphore `name`, one per taken slot.
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
+        self.holders(name, Kind::Semaphore).await
+    }
+
+    /// [`try_acquire`](LockBackend::try_acquire) of one of `permits` slots.
+    async fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        self.try_acquire(&request.clone().with_permits(permits))
+            .await
+    }
+
+    /// [`acquire`](LockBackend::acquire) of one of `permits` slots.
+    async fn acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        self.acquire(&request.clone().with_permits(permits), wait)
+            .await
+    }
 }
 
 impl<T: LockBackend + ?Sized> LockBackendExt for T {}
@@ -344,38 +298,26 @@ macro_rules! forward_backend {
             async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
                 (**self).try_acquire(request).await
             }
-            async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-                (**self).renew(lease).await
-            }
             async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
                 (**self).renew_many(leases).await
             }
             async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
                 (**self).release(lease).await
             }
-            async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-                (**self).inspect(name).await
+            async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+                (**self).holders(name, kind).await
             }
             async fn evict(&self, name: &LockName, expected: Option<FencingToken>) -> Result<Option<Holder>, LockError> {
                 (**self).evict(name, expected).await
             }
-            async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-                (**self).watch(name).await
+            async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
+                (**self).renew(lease).await
+            }
+            async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
+                (**self).watch(name, kind).await
             }
             async fn acquire(&self, request: &LockRequest, wait: &WaitPolicy) -> Result<Option<Lease>, LockError> {
                 (**self).acquire(request, wait).await
-            }
-            async fn try_acquire_permit(&self, request: &LockRequest, permits: u32) -> Result<Attempt, LockError> {
-                (**self).try_acquire_permit(request, permits).await
-            }
-            async fn acquire_permit(&self, request: &LockRequest, permits: u32, wait: &WaitPolicy) -> Result<Option<Lease>, LockError> {
-                (**self).acquire_permit(request, permits, wait).await
-            }
-            async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-                (**self).inspect_permits(name).await
-            }
-            async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-                (**self).watch_permits(name).await
             }
             async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
                 (**self).raise_fence_floor(floor).await

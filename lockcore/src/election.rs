@@ -5,6 +5,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::backend::Kind;
+
 use crate::{
     FencingToken, Holder, HolderLabel, LockError, LockGuard, LockName, Locker, LossReason,
     ReleaseOutcome,
@@ -138,16 +140,16 @@ async fn follow(
     tx: mpsc::Sender<Result<Option<Leader>, LockError>>,
 ) {
     let backend = locker.backend().clone();
-    let recheck = locker.recheck_interval();
+    let recheck = locker.get_recheck();
     // While the seat is vacant, look again soon and then less often: a new
     // leader's grant wakes nobody.
     let vacant = crate::Backoff::new(Duration::from_millis(10), recheck).multiplier(2.0);
     let mut vacant_looks: u32 = 0;
     let mut last: Option<Option<Leader>> = None;
     loop {
-        let wakeup = backend.watch(&name).await.ok().flatten();
-        let seen = match backend.inspect(&name).await {
-            Ok(holder) => holder,
+        let wakeup = backend.watch(&name, Kind::Lock).await.ok().flatten();
+        let seen = match backend.holders(&name, Kind::Lock).await {
+            Ok(holders) => holders.into_iter().next(),
             Err(e) => {
                 if tx.send(Err(e)).await.is_err() {
                     return;

@@ -5,8 +5,12 @@ use std::time::Duration;
 
 use crate::{FencingToken, LockName};
 
-/// A boxed error from a store client, kept as the `source` of a [`LockError`].
+/// A boxed error from a store client: what [`LockError`]'s constructors take.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The `source` a [`LockError`] keeps: shared, so the error is [`Clone`] (a
+/// batch answer can repeat one store failure for every lease in it).
+pub type SharedError = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong, grouped by what the caller should do about it.
 ///
@@ -18,7 +22,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///   (see [`is_retryable`](Self::is_retryable));
 /// - give up: [`Cancelled`](Self::Cancelled), [`Store`](Self::Store),
 ///   [`Unsupported`](Self::Unsupported).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// The lock name is not valid (see [`LockName`]).
@@ -66,7 +70,7 @@ pub enum LockError {
         message: String,
         /// The underlying parse error, if any.
         #[source]
-        source: Option<BoxError>,
+        source: Option<SharedError>,
     },
 
     /// The store does not hold this lease for this owner: it expired, was
@@ -112,7 +116,7 @@ pub enum LockError {
         backend: &'static str,
         /// The client error.
         #[source]
-        source: BoxError,
+        source: SharedError,
     },
 
     /// The store answered with an error that retrying will not fix
@@ -123,7 +127,7 @@ pub enum LockError {
         backend: &'static str,
         /// The client or server error.
         #[source]
-        source: BoxError,
+        source: SharedError,
     },
 
     /// The semaphore is kept with another number of permits: every holder of
@@ -161,7 +165,7 @@ impl LockError {
     pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Unavailable {
             backend,
-            source: source.into(),
+            source: SharedError::from(source.into()),
         }
     }
 
@@ -169,7 +173,7 @@ impl LockError {
     pub fn store(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Store {
             backend,
-            source: source.into(),
+            source: SharedError::from(source.into()),
         }
     }
 
@@ -185,7 +189,7 @@ impl LockError {
     pub fn config_caused_by(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         LockError::InvalidConfig {
             message: message.into(),
-            source: Some(source.into()),
+            source: Some(SharedError::from(source.into())),
         }
     }
 }

@@ -197,18 +197,22 @@ impl Lease {
         self.fence
     }
 
-    /// The TTL the store enforces (after its rounding or negotiation).
-    pub fn ttl(&self) -> Duration {
-        self.ttl.get()
+    /// The TTL the store enforces (after its rounding or negotiation), as
+    /// the validated [`Ttl`] a backend renews with ([`Ttl::get`] for the
+    /// duration).
+    pub fn ttl(&self) -> Ttl {
+        self.ttl
     }
 
-    /// The same TTL as the validated [`Ttl`] a backend renews with.
+    /// The same TTL as [`ttl`](Self::ttl).
+    #[deprecated(since = "0.2.0", note = "use `ttl`, which returns the `Ttl` now")]
     pub fn checked_ttl(&self) -> Ttl {
         self.ttl
     }
 
     /// When the request that granted (or last renewed) this lease was sent,
     /// on the monotonic clock.
+    #[deprecated(since = "0.2.0", note = "use `issued().mono()`")]
     pub fn issued_at(&self) -> Instant {
         self.issued.mono()
     }

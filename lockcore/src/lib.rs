@@ -108,7 +108,6 @@ mod store_url;
 mod support;
 mod token;
 mod ttl;
-pub mod wait;
 
 pub use backend::LockBackend;
 pub use backoff::Backoff;

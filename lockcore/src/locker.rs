@@ -10,13 +10,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{Cleanups, Clock, LockRequest, SystemClock, Ttl, WaitPolicy};
+use crate::backend::wait::WaitPolicy;
+use crate::backend::{Cleanups, Clock, LockRequest, SystemClock, Ttl};
 use crate::metrics::{self, MeasuredWait, Tags, WaitOutcome};
 use crate::renewer::{Held, HoldPolicy, Renewer};
 use crate::request::Kind;
 use crate::{
-    Attempt, Backoff, FencingToken, Holder, HolderLabel, IntoLockName, Lease, LockBackend,
-    LockError, LockGuard, LockName,
+    Attempt, Backoff, Capabilities, FencingToken, Holder, HolderLabel, IntoLockName, Lease,
+    LockBackend, LockError, LockGuard, LockName,
 };
 
 /// Acquires locks on one backend with shared defaults.
@@ -46,6 +47,8 @@ use crate::{
 #[derive(Clone)]
 pub struct Locker {
     backend: Arc<dyn LockBackend>,
+    /// Asked once: they are fixed for a client, and read on every acquire.
+    capabilities: Capabilities,
     renewer: Renewer,
     cleanups: Cleanups,
     clock: Arc<dyn Clock>,
@@ -73,6 +76,7 @@ impl Locker {
     /// A locker on a shared, type-erased backend (what `distlock::connect` returns).
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
         Locker {
+            capabilities: backend.capabilities(),
             renewer: Renewer::new(backend.clone()),
             cleanups: Cleanups::new(),
             backend,
@@ -172,12 +176,20 @@ impl Locker {
         &self.backend
     }
 
-    /// The request for `name`, with the TTL validated before any I/O.
-    fn request(&self, name: LockName) -> Result<LockRequest, LockError> {
-        let ttl = self.backend.capabilities().effective_ttl(self.ttl)?;
-        Ok(LockRequest::new(name, ttl)
+    /// The request for `name` (with `permits`, for a semaphore's permit),
+    /// with the TTL validated before any I/O.
+    fn request(&self, name: LockName, permits: Option<u32>) -> Result<LockRequest, LockError> {
+        if permits.is_some() && !self.capabilities.semaphores {
+            return Err(Kind::Semaphore.unsupported(self.capabilities.backend));
+        }
+        let ttl = self.capabilities.effective_ttl(self.ttl)?;
+        let request = LockRequest::new(name, ttl)
             .with_label(self.label.clone())
-            .with_clock(self.clock.clone()))
+            .with_clock(self.clock.clone());
+        Ok(match permits {
+            Some(n) => request.with_permits(n),
+            None => request,
+        })
     }
 
     /// How guards of `ttl` are kept, validated.
@@ -206,7 +218,7 @@ impl Locker {
 
     fn tags(&self, name: &LockName) -> Tags {
         Tags::new(
-            self.backend.capabilities().backend,
+            self.capabilities.backend,
             self.name_in_metrics.then_some(name),
         )
     }
@@ -232,23 +244,22 @@ impl Locker {
         &self,
         name: impl IntoLockName,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.try_take(name.into_lock_name()?, Kind::Lock).await
+        self.try_take(name.into_lock_name()?, None).await
     }
 
+    /// One attempt at the lock `name`, or with `permits`, at one of that
+    /// many permits of the semaphore `name`.
     pub(crate) async fn try_take(
         &self,
         name: LockName,
-        kind: Kind,
+        permits: Option<u32>,
     ) -> Result<Option<LockGuard>, LockError> {
-        let request = self.request(name)?;
+        let request = self.request(name, permits)?;
         let policy = self.hold_policy(request.name(), request.ttl())?;
         let span = tracing::debug_span!("lock.try_acquire", name = %request.name(), fence = tracing::field::Empty);
         async {
             let tags = self.tags(request.name());
-            let attempt = match kind {
-                Kind::Lock => self.backend.try_acquire(&request).await,
-                Kind::Permits(n) => self.backend.try_acquire_permit(&request, n).await,
-            };
+            let attempt = self.backend.try_acquire(&request).await;
             if let Err(e) = &attempt {
                 metrics::store_error(&tags, e);
             }
@@ -294,16 +305,18 @@ impl Locker {
         name: impl IntoLockName,
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
-        self.take(name.into_lock_name()?, wait, Kind::Lock).await
+        self.take(name.into_lock_name()?, wait, None).await
     }
 
+    /// Waits for the lock `name`, or with `permits`, for one of that many
+    /// permits of the semaphore `name`.
     pub(crate) async fn take(
         &self,
         name: LockName,
         wait: Duration,
-        kind: Kind,
+        permits: Option<u32>,
     ) -> Result<LockGuard, LockError> {
-        let request = self.request(name)?;
+        let request = self.request(name, permits)?;
         let policy = self.hold_policy(request.name(), request.ttl())?;
         if wait > Self::MAX_WAIT {
             return Err(LockError::InvalidTimeout {
@@ -327,10 +340,7 @@ impl Locker {
         );
         async {
             let mut wait = MeasuredWait::start(self.tags(request.name()), &waiting);
-            let outcome = match kind {
-                Kind::Lock => self.backend.acquire(&request, &waiting).await,
-                Kind::Permits(n) => self.backend.acquire_permit(&request, n, &waiting).await,
-            };
+            let outcome = self.backend.acquire(&request, &waiting).await;
             let waited = started.elapsed();
             tracing::Span::current().record("waited_ms", waited.as_millis() as u64);
             match outcome {
@@ -443,17 +453,50 @@ impl Locker {
         self.backend.close().await
     }
 
+    /// The TTL set with [`ttl`](Self::ttl), as requested (the store may
+    /// enforce a rounded one: see [`Capabilities::effective_ttl`]).
+    pub fn get_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait set with [`max_wait`](Self::max_wait).
+    pub fn get_max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// The re-check interval set with [`recheck`](Self::recheck).
+    pub fn get_recheck(&self) -> Duration {
+        self.recheck
+    }
+
+    /// The label set with [`label`](Self::label), stored with every lease.
+    pub fn get_label(&self) -> &HolderLabel {
+        &self.label
+    }
+
     /// The label this locker stores with its leases.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `get_label`: getters pair with their setters"
+    )]
     pub fn holder_label(&self) -> &HolderLabel {
         &self.label
     }
 
     /// The wait configured with [`max_wait`](Self::max_wait).
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `get_max_wait`: getters pair with their setters"
+    )]
     pub fn wait_limit(&self) -> Duration {
         self.max_wait
     }
 
     /// The re-check interval configured with [`recheck`](Self::recheck).
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `get_recheck`: getters pair with their setters"
+    )]
     pub fn recheck_interval(&self) -> Duration {
         self.recheck
     }
@@ -464,7 +507,9 @@ impl Locker {
     /// # Errors
     /// An invalid name, or a store error.
     pub async fn inspect(&self, name: impl IntoLockName) -> Result<Option<Holder>, LockError> {
-        self.backend.inspect(&name.into_lock_name()?).await
+        let name = name.into_lock_name()?;
+        let holders = self.backend.holders(&name, Kind::Lock).await?;
+        Ok(holders.into_iter().next())
     }
 
     /// Evicts whoever holds `name`, audited (see [`admin::force_release`](crate::admin::force_release)).

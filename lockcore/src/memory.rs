@@ -18,7 +18,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{LockRequest, Moment, Wakeup};
+use crate::backend::wait::Wakeup;
+use crate::backend::{Kind, LockRequest, Moment};
 use crate::{
     Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, HolderLabel, Lease,
     LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
@@ -74,6 +75,13 @@ enum Key {
 }
 
 impl Key {
+    fn new(name: &LockName, kind: Kind) -> Key {
+        match kind {
+            Kind::Lock => Key::Lock(name.clone()),
+            Kind::Semaphore => Key::Semaphore(name.clone()),
+        }
+    }
+
     fn of(lease: &Lease) -> Key {
         match lease.slot() {
             None => Key::Lock(lease.name().clone()),
@@ -219,6 +227,43 @@ impl State {
 }
 
 impl MemoryBackend {
+    /// One of `permits` slots of the semaphore `request.name()`.
+    fn try_acquire_permit(
+        &self,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        crate::support::check_permits(request.name(), permits)?;
+        let sent = request.now();
+        let now = Instant::now();
+        let key = Key::Semaphore(request.name().clone());
+        let mut state = self.open()?;
+        let entry = state.entry(key.clone(), permits as usize);
+        if entry.seats.len() != permits as usize {
+            if entry.live_count(now) > 0 {
+                return Err(LockError::PermitsMismatch {
+                    name: request.name().clone(),
+                    requested: permits,
+                    existing: entry.seats.len() as u32,
+                });
+            }
+            // Nobody holds a permit: the semaphore starts over with the new count.
+            entry.seats = vec![None; permits as usize];
+        }
+        let free = (0..entry.seats.len()).find(|&i| entry.live(i, now).is_none());
+        match free {
+            Some(seat) => {
+                let lease = state.grant(key, seat, request, sent, now);
+                Ok(Attempt::Acquired(
+                    self.granted(lease.with_slot(seat as u32)),
+                ))
+            }
+            None => Ok(Attempt::Held {
+                expires_in: entry.next_expiry(now).map(|at| at - now),
+            }),
+        }
+    }
+
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
@@ -277,6 +322,9 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        if let Some(permits) = request.permits() {
+            return self.try_acquire_permit(request, permits);
+        }
         let sent = request.now();
         let now = Instant::now();
         let key = Key::Lock(request.name().clone());
@@ -290,21 +338,31 @@ impl LockBackend for MemoryBackend {
         Ok(Attempt::Acquired(self.granted(lease)))
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let sent = lease.now();
+    /// One batch under one lock of the store, as a store renews a batch in
+    /// one atomic operation.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         let now = Instant::now();
-        let mut state = self.open()?;
-        match state.entries.get_mut(&Key::of(lease)) {
-            Some(entry) if entry.holds(lease, now) => {
-                if let Some(Some(grant)) = entry.seats.get_mut(seat_of(lease)) {
-                    grant.expires_at = now + lease.ttl();
+        let mut state = match self.open() {
+            Ok(state) => state,
+            Err(e) => return leases.iter().map(|_| Err(e.clone())).collect(),
+        };
+        leases
+            .iter()
+            .map(|lease| {
+                let sent = lease.now();
+                match state.entries.get_mut(&Key::of(lease)) {
+                    Some(entry) if entry.holds(lease, now) => {
+                        if let Some(Some(grant)) = entry.seats.get_mut(seat_of(lease)) {
+                            grant.expires_at = now + lease.ttl().get();
+                        }
+                        Ok(lease.renewed(sent))
+                    }
+                    _ => Err(LockError::NotHeld {
+                        name: lease.name().clone(),
+                    }),
                 }
-                Ok(lease.renewed(sent))
-            }
-            _ => Err(LockError::NotHeld {
-                name: lease.name().clone(),
-            }),
-        }
+            })
+            .collect()
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -323,14 +381,22 @@ impl LockBackend for MemoryBackend {
         Ok(outcome)
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
         let now = Instant::now();
         let state = self.open()?;
-        Ok(state
-            .entries
-            .get(&Key::Lock(name.clone()))
-            .and_then(|entry| entry.live(0, now))
-            .map(|g| g.holder(now)))
+        let key = Key::new(name, kind);
+        let Some(entry) = state.entries.get(&key) else {
+            return Ok(Vec::new());
+        };
+        Ok((0..entry.seats.len())
+            .filter_map(|i| {
+                let holder = entry.live(i, now)?.holder(now);
+                Some(match key {
+                    Key::Lock(_) => holder,
+                    Key::Semaphore(_) => holder.with_slot(i as u32),
+                })
+            })
+            .collect())
     }
 
     async fn evict(
@@ -356,69 +422,10 @@ impl LockBackend for MemoryBackend {
         Ok(evicted.map(|g| g.holder(now)))
     }
 
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
         let now = Instant::now();
-        Ok(Some(self.open()?.watch(Key::Lock(name.clone()), 1, now)))
-    }
-
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        crate::support::check_permits(request.name(), permits)?;
-        let sent = request.now();
-        let now = Instant::now();
-        let key = Key::Semaphore(request.name().clone());
-        let mut state = self.open()?;
-        let entry = state.entry(key.clone(), permits as usize);
-        if entry.seats.len() != permits as usize {
-            if entry.live_count(now) > 0 {
-                return Err(LockError::PermitsMismatch {
-                    name: request.name().clone(),
-                    requested: permits,
-                    existing: entry.seats.len() as u32,
-                });
-            }
-            // Nobody holds a permit: the semaphore starts over with the new count.
-            entry.seats = vec![None; permits as usize];
-        }
-        let free = (0..entry.seats.len()).find(|&i| entry.live(i, now).is_none());
-        match free {
-            Some(seat) => {
-                let lease = state.grant(key, seat, request, sent, now);
-                Ok(Attempt::Acquired(
-                    self.granted(lease.with_slot(seat as u32)),
-                ))
-            }
-            None => Ok(Attempt::Held {
-                expires_in: entry.next_expiry(now).map(|at| at - now),
-            }),
-        }
-    }
-
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        let now = Instant::now();
-        let state = self.open()?;
-        let Some(entry) = state.entries.get(&Key::Semaphore(name.clone())) else {
-            return Ok(Vec::new());
-        };
-        Ok((0..entry.seats.len())
-            .filter_map(|i| {
-                entry
-                    .live(i, now)
-                    .map(|g| g.holder(now).with_slot(i as u32))
-            })
-            .collect())
-    }
-
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        let now = Instant::now();
-        Ok(Some(self.open()?.watch(
-            Key::Semaphore(name.clone()),
-            1,
-            now,
-        )))
+        let key = Key::new(name, kind);
+        Ok(Some(self.open()?.watch(key, 1, now)))
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {

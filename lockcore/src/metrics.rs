@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::WaitPolicy;
+use crate::backend::wait::WaitPolicy;
 use crate::{LockError, LockName, LossReason};
 
 /// Who a measurement is about: the backend, and the lock name when the

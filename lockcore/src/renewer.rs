@@ -79,7 +79,7 @@ impl Times {
     fn of(lease: &Lease) -> Times {
         Times {
             issued: lease.issued(),
-            budget: lease.ttl().saturating_sub(lease.margin()),
+            budget: lease.ttl().get().saturating_sub(lease.margin()),
         }
     }
 
@@ -465,7 +465,7 @@ fn first_event(held: &Held, now: Instant) -> Instant {
     let lease = held.lease();
     let mut at = lease.deadline().min(now + SUSPEND_CHECK);
     if let Some(every) = held.policy.renew_every {
-        at = at.min(lease.issued_at() + every);
+        at = at.min(lease.issued().mono() + every);
     }
     for cap in [held.policy.max_hold, held.policy.long_hold]
         .into_iter()

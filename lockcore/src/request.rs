@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::clock::{Clock, Moment, SystemClock};
 use crate::ttl::Ttl;
-use crate::{HolderLabel, LockName};
+use crate::{HolderLabel, LockError, LockName};
 
 /// One request for a lock: the name, the validated TTL, the label to store
 /// with the lease, and the clock its lease is judged on.
@@ -20,6 +20,7 @@ pub struct LockRequest {
     ttl: Ttl,
     label: HolderLabel,
     clock: Arc<dyn Clock>,
+    permits: Option<u32>,
 }
 
 impl LockRequest {
@@ -31,6 +32,7 @@ impl LockRequest {
             ttl,
             label: HolderLabel::this_process(),
             clock: Arc::new(SystemClock),
+            permits: None,
         }
     }
 
@@ -71,11 +73,53 @@ impl LockRequest {
     pub fn label(&self) -> &HolderLabel {
         &self.label
     }
+
+    /// Asks for one of `permits` slots of the semaphore `name` instead of
+    /// the lock `name`. Every holder of one semaphore must give the same
+    /// number ([`LockError::PermitsMismatch`](crate::LockError::PermitsMismatch)
+    /// otherwise); [`check_permits`](crate::backend::check_permits) bounds it.
+    pub fn with_permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
+    /// The number of permits of the semaphore asked for, or `None` for the lock.
+    pub fn permits(&self) -> Option<u32> {
+        self.permits
+    }
+
+    /// What is asked for: the lock, or a semaphore's permit.
+    pub fn kind(&self) -> Kind {
+        match self.permits {
+            None => Kind::Lock,
+            Some(_) => Kind::Semaphore,
+        }
+    }
 }
 
-/// What a locker takes: a lock, or one of a semaphore's permits.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Kind {
+/// The namespace a name is taken in: the same name may be a lock and a
+/// semaphore at once, apart. More kinds may come (so backends match with a
+/// wildcard and answer [`LockError::Unsupported`](crate::LockError::Unsupported)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Kind {
+    /// The lock: one holder at a time.
     Lock,
-    Permits(u32),
+    /// A semaphore: up to its number of permits, one holder per slot.
+    Semaphore,
+}
+
+impl Kind {
+    /// What a backend answers for a kind it does not keep (a kind added
+    /// after it was written, or semaphores where
+    /// [`Capabilities::semaphores`](crate::Capabilities::semaphores) is off).
+    pub fn unsupported(self, backend: &'static str) -> LockError {
+        LockError::Unsupported {
+            backend,
+            operation: match self {
+                Kind::Lock => "locks",
+                Kind::Semaphore => "semaphores",
+            },
+        }
+    }
 }

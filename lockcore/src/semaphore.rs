@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::request::Kind;
+use crate::backend::Kind;
 use crate::{Holder, LockError, LockGuard, LockName, Locker};
 
 /// A counting semaphore: at most `permits` holders of one name at once.
@@ -65,7 +65,7 @@ impl Semaphore {
     /// As [`Locker::try_acquire`], and [`LockError::PermitsMismatch`].
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
         self.locker
-            .try_take(self.name.clone(), Kind::Permits(self.permits))
+            .try_take(self.name.clone(), Some(self.permits))
             .await
     }
 
@@ -74,7 +74,7 @@ impl Semaphore {
     /// # Errors
     /// As [`Locker::acquire`], and [`LockError::PermitsMismatch`].
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
-        self.acquire_timeout(self.locker.wait_limit()).await
+        self.acquire_timeout(self.locker.get_max_wait()).await
     }
 
     /// Waits up to `wait` for a permit.
@@ -83,7 +83,7 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, wait: Duration) -> Result<LockGuard, LockError> {
         self.locker
-            .take(self.name.clone(), wait, Kind::Permits(self.permits))
+            .take(self.name.clone(), wait, Some(self.permits))
             .await
     }
 
@@ -92,6 +92,9 @@ impl Semaphore {
     /// # Errors
     /// A store error.
     pub async fn holders(&self) -> Result<Vec<Holder>, LockError> {
-        self.locker.backend().inspect_permits(&self.name).await
+        self.locker
+            .backend()
+            .holders(&self.name, Kind::Semaphore)
+            .await
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockcore::backend::{LockBackendExt, LockRequest, async_trait};
+use lockcore::backend::{Kind, LockBackendExt, LockRequest, async_trait};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName, Locker,
     LossReason, MemoryBackend, ReleaseOutcome,
@@ -81,18 +81,27 @@ impl LockBackend for Scripted {
                     lease.name().clone(),
                     lockcore::OwnerToken::new(),
                     lease.fence(),
-                    lease.checked_ttl(),
+                    lease.ttl(),
                     lease.now(),
                 ))
             }
         }
     }
+    /// Each lease through the script, one by one, as a store without
+    /// batches would.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(self.renew(lease).await);
+        }
+        out
+    }
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.releases.fetch_add(1, Ordering::SeqCst);
         self.store.release(lease).await
     }
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        self.store.inspect(name).await
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        self.store.holders(name, kind).await
     }
     async fn evict(
         &self,
@@ -186,7 +195,7 @@ async fn without_renewal_the_lease_is_lost_at_its_deadline() {
     let deadline = guard.lease().deadline();
     assert_eq!(
         deadline,
-        guard.lease().issued_at() + TTL - Lease::drift(TTL)
+        guard.lease().issued().mono() + TTL - Lease::drift(TTL)
     );
     assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
     assert_eq!(Instant::now(), deadline);
@@ -221,14 +230,14 @@ async fn a_store_loss_signal_is_reported() {
                 .take()
                 .map_or(Attempt::Held { expires_in: None }, Attempt::Acquired))
         }
-        async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-            self.0.renew(lease).await
+        async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+            self.0.renew_many(leases).await
         }
         async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
             self.0.release(lease).await
         }
-        async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-            self.0.inspect(name).await
+        async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+            self.0.holders(name, kind).await
         }
         async fn evict(
             &self,

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, async_trait};
+use lockcore::backend::{Kind, LockRequest, async_trait};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName, Locker,
     LossReason, MemoryBackend, ReleaseOutcome,
@@ -52,8 +52,8 @@ impl LockBackend for Batching {
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.store.release(lease).await
     }
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        self.store.inspect(name).await
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        self.store.holders(name, kind).await
     }
     async fn evict(
         &self,

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use distlock::backend::Kind;
 use distlock::{Holder, LockName, Locker};
 
 use super::exit::Failure;
@@ -16,7 +17,7 @@ pub(super) async fn inspect(
 ) -> Result<ExitCode, Failure> {
     let name = LockName::new(name)?;
     let holders: Vec<Holder> = if permits {
-        locker.backend().inspect_permits(&name).await?
+        locker.backend().holders(&name, Kind::Semaphore).await?
     } else {
         locker.inspect(&name).await?.into_iter().collect()
     };

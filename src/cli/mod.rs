@@ -292,7 +292,7 @@ async fn take(
 ) -> Result<distlock::LockGuard, Failure> {
     let locker = label(locker.clone(), take.label.clone())?;
     if !take.no_wait {
-        tracing::debug!(name = %take.name, wait = ?locker.wait_limit(), "waiting for the lock");
+        tracing::debug!(name = %take.name, wait = ?locker.get_max_wait(), "waiting for the lock");
     }
     let taking = async {
         Ok::<_, Failure>(match (take.permits, take.no_wait) {
@@ -412,7 +412,7 @@ async fn elect(
 ) -> Result<ExitCode, Failure> {
     let candidate = match candidate {
         Some(l) => HolderLabel::new(l)?,
-        None => locker.holder_label().clone(),
+        None => locker.get_label().clone(),
     };
     let election = locker.election(name)?;
     let leadership = until(signals, async { Ok(election.campaign(candidate).await?) }).await?;

@@ -281,7 +281,7 @@ fn deadline_of(guard: &LockGuard) -> u64 {
 /// quarter of the default renew interval), between 10 ms and 1 s, so a
 /// renewal's new deadline reaches it long before the old one passes.
 fn heartbeat_period(guard: &LockGuard) -> Duration {
-    (guard.lease().ttl() / 12).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    (guard.lease().ttl().get() / 12).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// The presence-file descriptor of a SQLite grant, for the supervisor.

@@ -210,9 +210,6 @@ impl LockBackend for Counting {
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         self.inner.try_acquire(request).await
     }
-    async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.inner.renew(lease).await
-    }
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.renewed
@@ -222,8 +219,8 @@ impl LockBackend for Counting {
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(lease).await
     }
-    async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        self.inner.inspect(name).await
+    async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
+        self.inner.holders(name, kind).await
     }
     async fn evict(
         &self,
@@ -232,8 +229,8 @@ impl LockBackend for Counting {
     ) -> Result<Option<Holder>, LockError> {
         self.inner.evict(name, expected).await
     }
-    async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.inner.watch(name).await
+    async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
+        self.inner.watch(name, kind).await
     }
     async fn acquire(
         &self,
@@ -241,27 +238,6 @@ impl LockBackend for Counting {
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         self.inner.acquire(request, wait).await
-    }
-    async fn try_acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        self.inner.try_acquire_permit(request, permits).await
-    }
-    async fn acquire_permit(
-        &self,
-        request: &LockRequest,
-        permits: u32,
-        wait: &WaitPolicy,
-    ) -> Result<Option<Lease>, LockError> {
-        self.inner.acquire_permit(request, permits, wait).await
-    }
-    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
-        self.inner.inspect_permits(name).await
-    }
-    async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        self.inner.watch_permits(name).await
     }
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
         self.inner.raise_fence_floor(floor).await

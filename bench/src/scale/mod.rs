@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
-use lockcore::backend::{LockRequest, WaitPolicy, Wakeup, async_trait};
+use lockcore::backend::wait::{WaitPolicy, Wakeup};
+use lockcore::backend::{Kind, LockRequest, async_trait};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockGuard,
     LockName, ReleaseOutcome,

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use lockcore::audit::{self, Stage};
+use lockcore::backend::LockBackendExt;
 use lockcore::{FencedResource, FencingToken, Lease, LeaseKind, LockError, Locker, ReleaseOutcome};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
@@ -35,7 +36,7 @@ pub async fn inspect_reports_the_holder(cx: &Ctx) -> CaseResult {
     }
     if let Some(left) = holder.expires_in {
         ensure!(
-            left <= lease.ttl() + cx.caps().ttl_granularity && !left.is_zero(),
+            left <= lease.ttl().get() + cx.caps().ttl_granularity && !left.is_zero(),
             "remaining TTL {left:?} is not within (0, {:?}]",
             lease.ttl()
         );
@@ -194,24 +195,24 @@ pub async fn effective_ttl_is_truthful(cx: &Ctx) -> CaseResult {
         let sent = Instant::now();
         let lease = cx.must_acquire(&a, &name, ask).await?;
         ensure!(
-            lease.ttl() == expected,
+            lease.ttl().get() == expected,
             "asked {ask:?}: lease says {:?}, capabilities predict {expected:?}",
             lease.ttl()
         );
         if matches!(caps.lease_kind, LeaseKind::PerLock) {
             ensure!(
-                lease.ttl() >= ask,
+                lease.ttl().get() >= ask,
                 "asked {ask:?} but the store enforces only {:?}",
                 lease.ttl()
             );
         }
         ensure!(
-            lease.deadline() <= sent + lease.ttl(),
+            lease.deadline() <= sent + lease.ttl().get(),
             "the local deadline must count from the send time"
         );
         if let Some(left) = a.inspect(&name).await?.and_then(|h| h.expires_in) {
             ensure!(
-                left <= lease.ttl() + caps.ttl_granularity,
+                left <= lease.ttl().get() + caps.ttl_granularity,
                 "the store reports {left:?} left of a {:?} lease",
                 lease.ttl()
             );

@@ -204,7 +204,8 @@ async fn other_clock_steps(
     step(store, -3600).await?;
     let freed = cx
         .eventually(
-            (lease.issued_at() + cx.freed_within(ttl)).saturating_duration_since(Instant::now()),
+            (lease.issued().mono() + cx.freed_within(ttl))
+                .saturating_duration_since(Instant::now()),
             &format!("expiry after a backward wall-clock step (expiry is judged on {clock})"),
             || async { Ok(b.try_acquire_for(&name, cx.long_ttl()).await?.into_lease()) },
         )

@@ -207,7 +207,7 @@ pub(crate) async fn random_client(
                 } else {
                     // Never waits past `until`, so the run ends on time.
                     let deadline = (invoked + wait).min(until.max(invoked + ttl / 10));
-                    let policy = lockcore::backend::WaitPolicy::new(deadline);
+                    let policy = lockcore::backend::wait::WaitPolicy::new(deadline);
                     bounded(faults, wait, backend.acquire_for(&names[n], ttl, &policy))
                         .await
                         .map_err(|e| fail("acquire", e))?

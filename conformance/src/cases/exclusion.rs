@@ -1,6 +1,7 @@
 //! S1: one holder per name, names independent, no reentrancy.
 
 use crate::{CaseResult, Ctx, Outcome, ensure};
+use lockcore::backend::LockBackendExt;
 
 /// A held name cannot be taken by another client, nor again by its holder.
 pub async fn exclusive_between_clients(cx: &Ctx) -> CaseResult {

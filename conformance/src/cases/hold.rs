@@ -23,7 +23,7 @@ pub async fn max_hold_ends_the_hold(cx: &Ctx) -> CaseResult {
     let asked = Instant::now();
     let guard = locker.acquire(&name).await?;
     let got = Instant::now();
-    let first = guard.lease().issued_at();
+    let first = guard.lease().issued().mono();
     tokio::time::sleep_until(got + ttl + slack).await;
     ensure!(
         guard.is_held(),
@@ -51,7 +51,7 @@ pub async fn max_hold_ends_the_hold(cx: &Ctx) -> CaseResult {
         fired - asked
     );
     ensure!(
-        guard.lease().issued_at() > first,
+        guard.lease().issued().mono() > first,
         "no renewal was adopted before the cap: the cap must end a hold renewals keep alive"
     );
     ensure!(!guard.is_held(), "is_held() must be false past the cap");

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, HolderLabel, LockError, ReleaseOutcome};
 
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure};

@@ -37,7 +37,7 @@ pub(crate) fn deadline_overshoot(
     sent: tokio::time::Instant,
     answered: tokio::time::Instant,
 ) -> std::time::Duration {
-    let ttl = lease.ttl();
+    let ttl = lease.ttl().get();
     let call = answered.saturating_duration_since(sent);
     let latest = sent
         + ttl.saturating_sub(lockcore::Lease::drift(ttl))

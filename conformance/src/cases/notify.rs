@@ -5,7 +5,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use lockcore::backend::Wakeup;
+use lockcore::backend::Kind;
+use lockcore::backend::wait::Wakeup;
 use lockcore::{LockError, ReleaseOutcome};
 
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
@@ -19,7 +20,7 @@ pub async fn watch_wakes_on_release(cx: &Ctx) -> CaseResult {
     let (a, b) = (cx.client().await?, cx.client().await?);
     let name = cx.name("watched");
     let lease = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
-    let wakeup = b.watch(&name).await?;
+    let wakeup = b.watch(&name, Kind::Lock).await?;
     expect_wakeup(cx, "watch", wakeup, a.release(&lease)).await
 }
 
@@ -35,7 +36,7 @@ pub async fn watch_permits_wakes_on_release(cx: &Ctx) -> CaseResult {
     let (a, b) = (cx.client().await?, cx.client().await?);
     let name = cx.name("watched-permits");
     let lease = cx.must_acquire_permit(&a, &name, 1, cx.long_ttl()).await?;
-    let wakeup = b.watch_permits(&name).await?;
+    let wakeup = b.watch(&name, Kind::Semaphore).await?;
     expect_wakeup(cx, "watch_permits", wakeup, a.release(&lease)).await
 }
 

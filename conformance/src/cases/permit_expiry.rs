@@ -2,6 +2,7 @@
 //! TTL on the store's clock, never before the holder's local deadline, and
 //! its slot's next holder fences the old one out.
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, FencedSlots, LockError, ReleaseOutcome};
 use tokio::time::Instant;
 

@@ -1,5 +1,6 @@
 //! S2: release is owner-checked, idempotent, and never touches a later holder.
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Lease, LockError, OwnerToken, ReleaseOutcome};
 
 use crate::{CaseResult, Ctx, Outcome, ensure};
@@ -10,7 +11,7 @@ pub async fn release_is_owner_checked(cx: &Ctx) -> CaseResult {
     let (a, b) = (cx.client().await?, cx.client().await?);
     let name = cx.name("owned");
     let lease = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
-    let ttl = cx.caps().effective_ttl(lease.ttl())?;
+    let ttl = lease.ttl();
     let forged = Lease::new(
         name.clone(),
         OwnerToken::new(),

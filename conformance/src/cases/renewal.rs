@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Lease, LockError, ReleaseOutcome};
 use tokio::time::Instant;
 
@@ -36,10 +37,10 @@ pub async fn renew_extends_and_keeps_fence(cx: &Ctx) -> CaseResult {
             "renew must move the local deadline forward"
         );
         ensure!(
-            renewed.deadline() <= sent + renewed.ttl(),
+            renewed.deadline() <= sent + renewed.ttl().get(),
             "the renewed deadline lies {:?} past the renew call's send time + TTL: it must \
              count from that send time (not from a later internal retry, nor the reply)",
-            renewed.deadline() - (sent + renewed.ttl())
+            renewed.deadline() - (sent + renewed.ttl().get())
         );
         lease = renewed;
         cx.must_be_held(&b, &name, "its holder kept renewing")

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::backend::LockBackendExt;
 use lockcore::{Backoff, Fairness, LockError};
 use tokio::time::Instant;
 

@@ -9,7 +9,7 @@
 //! ```no_run
 //! # async fn demo(store: std::net::SocketAddr) -> std::io::Result<()> {
 //! use std::time::Duration;
-//! use lock_conformance::proxy::{FaultProxy, Mode};
+//! use lock_conformance::kit::proxy::{FaultProxy, Mode};
 //! let proxy = FaultProxy::start(store).await?;
 //! // connect a client to proxy.addr() ...
 //! proxy.set(Mode::Blackhole); // partition: requests vanish, no RST

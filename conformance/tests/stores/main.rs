@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lock_conformance::stores::{Kind, Store, etcd, postgres, redis, zookeeper};
+use lock_conformance::kit::stores::{Kind, Store, etcd, postgres, redis, zookeeper};
 
 fn run(program: &str, args: &[&str]) -> (bool, String) {
     match Command::new(program).args(args).output() {

@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use lock_conformance::stores::{self, etcd};
+use lock_conformance::kit::stores;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::etcd_client::Client;
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::LockBackend;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, Lease, LockName, OwnerToken};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_conformance::stores::postgres::{self, Options};
-use lock_conformance::stores::{Store, eventually, until};
+use lock_conformance::kit::poll::{eventually, until};
+use lock_conformance::kit::stores::Store;
+use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use lockcore::backend::LockBackendExt;

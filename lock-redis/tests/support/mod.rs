@@ -12,7 +12,7 @@ use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis::{self, AsyncCommands};
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, Backoff, Lease, LockBackend, LockName, Locker};
+use lockcore::{Attempt, Backoff, Lease, LockName, Locker};
 use tokio::time::Instant;
 
 /// A TTL no test outlives.

@@ -49,7 +49,7 @@ impl Client {
         };
         match renewed {
             Ok(results) => results,
-            Err(e) => leases.iter().map(|_| Err(copy(&e))).collect(),
+            Err(e) => leases.iter().map(|_| Err(e.clone())).collect(),
         }
     }
 
@@ -76,7 +76,7 @@ impl Client {
             let batch: Vec<serde_json::Value> = (chunk.iter())
                 .map(|lease| {
                     serde_json::json!([
-                        now.saturating_add(clock::nanos(lease.ttl())),
+                        now.saturating_add(clock::nanos(lease.ttl().get())),
                         Kind::of(lease).as_str(),
                         lease.name().as_str(),
                         i64::from(lease.slot().unwrap_or(0)),
@@ -147,13 +147,4 @@ fn sent_times(leases: &[Lease]) -> Vec<Moment> {
             moment
         })
         .collect()
-}
-
-/// The same error again, for every lease of a failed batch.
-fn copy(e: &LockError) -> LockError {
-    if e.is_retryable() {
-        LockError::unavailable(BACKEND, e.to_string())
-    } else {
-        LockError::store(BACKEND, e.to_string())
-    }
 }

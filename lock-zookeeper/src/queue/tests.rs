@@ -9,7 +9,7 @@ use crate::config::ZooKeeperConfig;
 /// itself (and block everyone behind it) until its session ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stray_of_ours_ahead_of_our_node_is_deleted() {
-    let store = lock_conformance::stores::zookeeper::shared();
+    let store = lock_conformance::kit::stores::zookeeper::shared();
     let config = ZooKeeperConfig::new(store.endpoint());
     let session = Session::open(&config).await.unwrap();
     let acls = Arc::new(Acls::new(false));

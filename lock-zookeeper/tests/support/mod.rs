@@ -6,7 +6,8 @@ use std::time::Duration;
 
 pub(crate) mod tap;
 
-use lock_conformance::stores::{self, StoreFactory};
+use lock_conformance::StoreFactory;
+use lock_conformance::kit::stores;
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
 use lockcore::LockError;
 use lockcore::backend::LockBackendExt;
@@ -54,12 +55,12 @@ pub(crate) async fn connect_with(
 /// A test client of the shared ZooKeeper through a fault proxy of its own,
 /// and a plain client straight to the server, to look at what it wrote.
 pub(crate) async fn behind_proxy() -> (
-    lock_conformance::proxy::FaultProxy,
+    lock_conformance::kit::proxy::FaultProxy,
     ZooKeeperBackend,
     lock_zookeeper::zk::Client,
 ) {
     let store = stores::zookeeper::shared();
-    let proxy = lock_conformance::proxy::FaultProxy::start(store.addr())
+    let proxy = lock_conformance::kit::proxy::FaultProxy::start(store.addr())
         .await
         .unwrap();
     let client = connect(store.endpoint_via(proxy.addr())).await.unwrap();
@@ -201,7 +202,7 @@ pub(crate) fn cpu_time() -> Duration {
 /// An allowance for one round trip to the store on this machine: four times
 /// the slowest of a few `inspect` calls, plus 100 ms, scaled.
 pub(crate) async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
-    use lockcore::LockBackend;
+    use lockcore::backend::LockBackendExt;
     let name = unique("rtt");
     let mut slowest = Duration::ZERO;
     for _ in 0..5 {

@@ -13,7 +13,7 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "stores")] fn main() -> std::io::Result<()> {
-//! use lock_conformance::stores::redis;
+//! use lock_conformance::kit::stores::redis;
 //! let store = redis::start(redis::Options::default())?; // AOF, appendfsync always
 //! println!("{}", store.url()); // redis://127.0.0.1:2xxxx
 //! store.kill_now()?;

@@ -60,7 +60,7 @@ where
 /// # Panics
 /// When the shared store cannot be had, unless its binaries are missing in
 /// an explicitly partial run, where every case then skips, loudly.
-pub fn factory<F, Fut, B>(
+pub(crate) fn factory<F, Fut, B>(
     kind: Kind,
     try_shared: impl FnOnce() -> io::Result<Arc<Store>>,
     private: impl Fn() -> io::Result<Store> + Send + Sync + 'static,
