@@ -1,4 +1,5 @@
-//! `SqliteBackend`: connect, and the `LockBackend` implementation.
+//! `SqliteBackend`: its constructors, and the `LockBackend` implementation,
+//! which hands each call to the role that serves it.
 
 use std::fmt;
 use std::path::Path;
@@ -12,13 +13,10 @@ use lockcore::{
     LockBackend, LockError, LockName, ReleaseOutcome,
 };
 
-use crate::client::{Client, Kind as Table, Parts};
-use crate::clock::HostClock;
 use crate::config::SqliteConfig;
+use crate::connection::Client;
 use crate::error::{BACKEND, shown};
-use crate::notify::Doorbells;
-use crate::presence::Presence;
-use crate::probe;
+use crate::keys::Kind as Table;
 
 /// How soon a holder in any process of the host learns of its eviction: the
 /// kernel delivers the presence file's change at once; this bounds the
@@ -61,90 +59,34 @@ impl SqliteBackend {
     /// file's fence counter has not reached (it was restored under running
     /// clients); a store error otherwise.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        Self::with_config(url.parse()?).await
+        Self::connect_with(url.parse()?).await
     }
 
     /// Connects with explicit settings.
     ///
     /// # Errors
     /// As [`connect`](Self::connect).
-    pub async fn with_config(config: SqliteConfig) -> Result<Self, LockError> {
-        let clock = HostClock::new()?;
-        let timeout = config.op_timeout();
-        let path = probe::check_path(config.path())?;
-        probe::check_existing(&path, timeout).await?;
-        create_private(&path)?;
-        let writer = probe::pool(&path, timeout, 1).await?;
-        if let Err(e) = probe::prepare(&writer, &path).await {
-            writer.close().await;
-            return Err(e);
-        }
-        let reader = match probe::pool(&path, timeout, 2).await {
-            Ok(reader) => reader,
-            Err(e) => {
-                writer.close().await;
-                return Err(e);
-            }
-        };
-        let presence = Presence::open(&path)
-            .map_err(|e| {
-                tracing::warn!(path = %shown(&path), error = %e,
-                    "no presence directory: holders that die are freed by their TTL only, waiters poll")
-            })
-            .ok();
-        let bells = match &presence {
-            Some(_) => Doorbells::new()
-                .map_err(|e| tracing::warn!(error = %e, "no inotify instance: waiters poll, evicted holders learn at their next renewal"))
-                .ok(),
-            None => None,
-        };
-        let client = Client::new(Parts {
-            writer,
-            reader,
-            clock,
-            presence,
-            bells,
-            path,
-            op_timeout: timeout,
-        });
-        let ready = match client.sweep().await {
-            Ok(()) => client.refuse_holders_beyond_the_counter().await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = ready {
-            client.close().await;
-            return Err(e);
-        }
+    pub async fn connect_with(config: SqliteConfig) -> Result<Self, LockError> {
         Ok(SqliteBackend {
+            client: Client::connect(config).await?,
             locks_line: LocalLine::new(),
             permits_line: LocalLine::new(),
-            client,
         })
+    }
+
+    /// Connects with explicit settings (the old name of
+    /// [`connect_with`](Self::connect_with)).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    #[deprecated(note = "use connect_with()")]
+    pub async fn with_config(config: SqliteConfig) -> Result<Self, LockError> {
+        Self::connect_with(config).await
     }
 
     /// The lock file's absolute path.
     pub fn path(&self) -> &Path {
         self.client.path()
-    }
-}
-
-/// Creates the lock file with mode 0600 if it does not exist, so SQLite
-/// (which would use 0644) and its journal files, which copy the database's
-/// mode, stay private to this user.
-fn create_private(path: &Path) -> Result<(), LockError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(LockError::config_caused_by(
-            format!("cannot create the lock file {}", shown(path)),
-            e,
-        )),
     }
 }
 
@@ -177,15 +119,13 @@ impl LockBackend for SqliteBackend {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        let (kind, permits) = match (request.kind(), request.permits()) {
-            (Kind::Lock, _) => (Table::Lock, 1),
+        match (request.kind(), request.permits()) {
+            (Kind::Lock, _) => self.client.try_grant(Table::Lock, request, 1).await,
             (Kind::Semaphore, Some(permits)) => {
-                lockcore::backend::check_permits(request.name(), permits)?;
-                (Table::Permit, permits)
+                self.client.try_grant_permit(request, permits).await
             }
-            (kind, _) => return Err(kind.unsupported(BACKEND)),
-        };
-        self.client.try_grant(kind, request, permits).await
+            (kind, _) => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
@@ -197,7 +137,11 @@ impl LockBackend for SqliteBackend {
     }
 
     async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
-        self.client.holders(table(kind)?, name).await
+        match kind {
+            Kind::Lock => self.client.holders(Table::Lock, name).await,
+            Kind::Semaphore => self.client.permit_holders(name).await,
+            kind => Err(kind.unsupported(BACKEND)),
+        }
     }
 
     async fn evict(
@@ -212,7 +156,8 @@ impl LockBackend for SqliteBackend {
         self.client.watch(table(kind)?, name).await
     }
 
-    /// The one wait loop, behind this instance's earlier waiters of `name`.
+    /// The one wait loop, behind this instance's earlier waiters of `name`
+    /// (locks and permits each in their own line).
     async fn acquire(
         &self,
         request: &LockRequest,

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lockcore::LockError;
-use lockcore::backend::redact_url;
+use lockcore::backend::{StoreUrl, redact_url};
 
 use crate::error::shown;
 
@@ -96,9 +96,15 @@ fn is_in_memory(text: &str) -> bool {
         || lower.contains("mode=memory")
 }
 
+/// The options of a `sqlite://` URL.
+const KNOWN: &[&str] = &["timeout"];
+
 impl FromStr for SqliteConfig {
     type Err = LockError;
 
+    /// The path is SQLite's own (a file name, not a host: `sqlite://locks.db`
+    /// is relative), read here; the options after the first `?` go through
+    /// [`StoreUrl`], the one option vocabulary of distlock.
     fn from_str(url: &str) -> Result<Self, Self::Err> {
         let lower = url.to_ascii_lowercase();
         if lower.starts_with("sqlite::memory:") || lower.starts_with("sqlite://:memory:") {
@@ -126,48 +132,65 @@ impl FromStr for SqliteConfig {
         // path: an option's value may be a secret given the wrong name.
         let shown = redact_url(url);
         let shown = shown.split('?').next().unwrap_or_default();
-        let bad = |option: &str, why: &str| {
-            LockError::config(format!("{shown}: URL option {option}: {why}"))
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
-            match key {
-                "timeout" => {
-                    let timeout = lockcore::backend::parse_duration(&value)
-                        .ok_or_else(|| bad(key, "expected a duration such as 500ms or 5s"))?;
-                    config = config.timeout(timeout)?;
-                }
-                "timeout_ms" => {
-                    tracing::warn!(
-                        "SQLite URL option timeout_ms is renamed timeout (a duration such as 500ms or 5s); the old name is read until the next release"
-                    );
-                    let ms: u64 = value
-                        .parse()
-                        .map_err(|_| bad(key, "not a whole number of milliseconds"))?;
-                    config = config.timeout(Duration::from_millis(ms))?;
-                }
-                "mode" if value.eq_ignore_ascii_case("memory") => {
-                    return Err(LockError::config(
-                        "mode=memory is an in-memory database, private to one process: it \
-                         cannot lock anything across processes",
-                    ));
-                }
-                // Named only when it looks like an option's name: the text
-                // after a `?` may be part of a path or a password.
-                _ if key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') => {
-                    return Err(LockError::config(format!(
-                        "{shown}: unknown sqlite URL option {key:?} (known: timeout)"
-                    )));
-                }
-                _ => {
-                    return Err(LockError::config(format!(
-                        "{shown}: an unknown sqlite URL option (known: timeout; percent-encode a `?` in the path as %3F)"
-                    )));
-                }
+        let mut options = options(shown, query)?;
+        if let Some(timeout) = options
+            .take_duration_renamed("timeout", "timeout_ms", Duration::from_millis(1))
+            .map_err(|e| at(shown, e))?
+        {
+            config = config.timeout(timeout)?;
+        }
+        options.finish(KNOWN).map_err(|e| at(shown, e))?;
+        Ok(config)
+    }
+}
+
+/// The options of `query` (the URL after its first `?`), read through
+/// [`StoreUrl`]; errors name the file as `shown`.
+///
+/// Refused here already: an in-memory `mode`, and text after the `?` that
+/// does not look like options at all (a `?` in a path or a password, which
+/// no error may echo).
+fn options(shown: &str, query: &str) -> Result<StoreUrl, LockError> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key == "mode" && value.eq_ignore_ascii_case("memory") {
+            return Err(LockError::config(
+                "mode=memory is an in-memory database, private to one process: it \
+                 cannot lock anything across processes",
+            ));
+        }
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            return Err(LockError::config(format!(
+                "{shown}: an unknown sqlite URL option (known: {}; percent-encode a `?` in the path as %3F)",
+                KNOWN.join(", ")
+            )));
+        }
+    }
+    // The path is not a URL authority: only the options are handed over,
+    // with the `#` and `@` a value may hold escaped (they would pass for a
+    // fragment or a user info; each is read back as itself).
+    let query = query.replace('#', "%23").replace('@', "%40");
+    StoreUrl::parse(&format!("sqlite://?{query}"), &["sqlite"]).map_err(|_| {
+        LockError::config(format!(
+            "{shown}: an option of the URL is not valid UTF-8 once its %XX escapes are decoded"
+        ))
+    })
+}
+
+/// `error` from [`StoreUrl`], which saw the options only, naming the file.
+fn at(shown: &str, error: LockError) -> LockError {
+    match error {
+        LockError::InvalidConfig { message, source } => {
+            let message = match message.strip_prefix("sqlite://") {
+                Some(rest) => format!("{shown}{rest}"),
+                None => message,
+            };
+            match source {
+                Some(source) => LockError::config_caused_by(message, source),
+                None => LockError::config(message),
             }
         }
-        Ok(config)
+        other => other,
     }
 }
 

@@ -5,6 +5,7 @@
 //! file's write lock. The cases that need a network link to cut skip: a
 //! lock file has none (see `support::SqliteFactory::no_proxy_reason`).
 
+#[path = "store/support.rs"]
 mod support;
 
 lock_conformance::suite!(

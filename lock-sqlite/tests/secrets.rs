@@ -10,8 +10,6 @@
 //! `Debug` of the config and of the backend, and every log line captured
 //! meanwhile show no run of the marker that `redact_url` hides.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -100,7 +98,7 @@ async fn build(case: &mut Case, path: &Path) {
     match SqliteConfig::new(path) {
         Ok(config) => {
             case.texts.push(format!("{config:?}"));
-            case.connected(SqliteBackend::with_config(config).await)
+            case.connected(SqliteBackend::connect_with(config).await)
                 .await;
         }
         Err(e) => case.error(&e),
@@ -231,7 +229,7 @@ async fn no_output_shows_more_of_a_url_than_its_redaction() {
     let marked_name = base.join(format!("{}.db", MARKER.replace('/', "")));
     for db in [&raw_db, &marked_name] {
         let mut case = Case::new("a file replaced under its client", url_of(db));
-        let client = SqliteBackend::with_config(SqliteConfig::new(db).unwrap())
+        let client = SqliteBackend::connect_with(SqliteConfig::new(db).unwrap())
             .await
             .unwrap();
         let mut wal = db.clone().into_os_string();
@@ -246,7 +244,7 @@ async fn no_output_shows_more_of_a_url_than_its_redaction() {
     }
 
     let mut case = Case::new("a counter behind a live holder", url_of(&raw_db));
-    let holder = SqliteBackend::with_config(SqliteConfig::new(&raw_db).unwrap())
+    let holder = SqliteBackend::connect_with(SqliteConfig::new(&raw_db).unwrap())
         .await
         .unwrap();
     let held = holder
@@ -277,7 +275,7 @@ async fn no_output_shows_more_of_a_url_than_its_redaction() {
         ),
         Err(e) => case.error(&e),
     }
-    case.connected(SqliteBackend::with_config(SqliteConfig::new(&raw_db).unwrap()).await)
+    case.connected(SqliteBackend::connect_with(SqliteConfig::new(&raw_db).unwrap()).await)
         .await;
     holder.release(&held).await.unwrap();
     holder.close().await.unwrap();

@@ -222,7 +222,7 @@ impl StoreUrl {
         let value = self.take(name);
         if old_value.is_some() {
             tracing::warn!(
-                url = %self.redacted(),
+                url = %self.without_query(),
                 "URL option {old} is renamed {name}{}; the old name is read until the next release",
                 if value.is_some() { " (both given: the old one is ignored)" } else { "" }
             );
@@ -255,7 +255,7 @@ impl StoreUrl {
         if let Some(value) = self.take(old) {
             let new = self.take_duration(name)?;
             tracing::warn!(
-                url = %self.redacted(),
+                url = %self.without_query(),
                 "URL option {old} is renamed {name} (a duration such as 500ms or 2s){}; the old name is read until the next release",
                 if new.is_some() { " (both given: the old one is ignored)" } else { "" }
             );

@@ -30,7 +30,7 @@ pub(super) async fn default_backend() -> Result<Arc<dyn LockBackend>, Failure> {
 async fn open(path: &Path) -> Result<Arc<dyn LockBackend>, Failure> {
     let config = lock_sqlite::SqliteConfig::new(path)?;
     Ok(Arc::new(
-        lock_sqlite::SqliteBackend::with_config(config).await?,
+        lock_sqlite::SqliteBackend::connect_with(config).await?,
     ))
 }
 

@@ -11,8 +11,9 @@ use sqlx::sqlite::SqliteRow;
 
 use super::Client;
 use crate::error::{self, BACKEND, shown};
-use crate::presence::Presence;
-use crate::sql;
+use crate::fence::LAST_FENCE;
+use crate::locks::presence::Presence;
+use crate::locks::sql;
 
 impl Client {
     /// Removes rows of earlier boots and past their expiry, and presence
@@ -110,7 +111,7 @@ impl Client {
         presence: &Presence,
     ) -> Result<(u64, HashSet<u64>), LockError> {
         let mut conn = self.read().await?;
-        let last: i64 = sqlx::query_scalar(sql::LAST_FENCE)
+        let last: i64 = sqlx::query_scalar(LAST_FENCE)
             .fetch_one(&mut *conn)
             .await
             .map_err(error::map)?;

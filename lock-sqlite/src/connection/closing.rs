@@ -11,8 +11,8 @@ use sqlx::SqlitePool;
 
 use super::Client;
 use crate::error::{self, BACKEND, shown};
-use crate::held::{Closed, Held};
-use crate::sql;
+use crate::locks::held::{Closed, Held};
+use crate::locks::sql;
 
 impl Client {
     /// Closes this client and returns once every connection, task and file

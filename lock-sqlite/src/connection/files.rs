@@ -13,7 +13,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::presence::FileId;
+use crate::locks::presence::FileId;
 
 /// The lock file and its two companions, as a client opened them.
 #[derive(Debug)]

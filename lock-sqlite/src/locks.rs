@@ -1,82 +1,50 @@
-//! The lock file's client: one function per operation, each write one
+//! Acquire, release, inspect and evict of leases (locks, and the slots of
+//! semaphores, which share their rows and judgement): each write one
 //! `BEGIN IMMEDIATE` transaction (a deferred transaction that turns into a
 //! write fails with `SQLITE_BUSY` instead of waiting, whatever the busy
 //! timeout), each owner- and fence-checked. Renewing a batch is in
-//! `renew.rs`, what connect checks in `startup.rs`, closing in
-//! `closing.rs`, undoing a grant cut short in `undo.rs`.
+//! `renew.rs`, undoing a grant cut short in `undo.rs`, what this client
+//! granted in `held.rs`, the holders' presence files in `presence.rs`, the
+//! clock leases expire on in `clock.rs`, the statements in `sql.rs`.
 //!
-//! This file is over 500 lines because every operation shares the same
-//! judgement of a row (`Client::is_live`), the same check that the files
-//! are still the ones opened (`Client::begin`), and the same bookkeeping of
-//! this process's presence files; splitting it would spread one invariant
-//! over several files.
+//! Every operation here shares the same judgement of a row
+//! (`Client::is_live`) and the same bookkeeping of this process's presence
+//! files (`forget`, `let_go`).
 
-mod closing;
+pub(crate) mod clock;
+pub(crate) mod held;
+pub(crate) mod presence;
 mod renew;
-mod startup;
+pub(crate) mod sql;
 mod undo;
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
-
-use lockcore::backend::wait::Wakeup;
-use lockcore::backend::{CancellationToken, Cleanups, LockRequest, timed};
+use lockcore::backend::{CancellationToken, LockRequest, timed};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
 };
-use sqlx::sqlite::{SqlitePool, SqliteRow};
-use sqlx::{Row as _, Sqlite, Transaction};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use sqlx::Row as _;
+use sqlx::sqlite::SqliteRow;
 
-use crate::clock::{self, HostClock};
-use crate::error::{self, BACKEND, shown};
-use crate::files::FileSet;
-use crate::held::{Closed, Grants, Held};
-use crate::notify::{self, Doorbells};
-use crate::presence::{self, FileId, Presence};
-use crate::sql;
+use crate::connection::Client;
+use crate::error::{self, BACKEND};
+use crate::keys::Kind;
+use held::Held;
+use presence::FileId;
 
 use undo::Undo;
 
-/// Locks and semaphores live in separate namespaces of one table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Lock,
-    Permit,
-}
-
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Kind::Lock => "lock",
-            Kind::Permit => "permit",
-        }
-    }
-
-    fn of(lease: &Lease) -> Kind {
-        if lease.slot().is_some() {
-            Kind::Permit
-        } else {
-            Kind::Lock
-        }
-    }
-}
-
 /// One row of `distlock_leases`.
 #[derive(Debug)]
-struct Row {
-    slot: i64,
-    permits: i64,
+pub(crate) struct Row {
+    pub(crate) slot: i64,
+    pub(crate) permits: i64,
     owner: String,
-    fence: i64,
+    pub(crate) fence: i64,
     label: Option<String>,
     boot_id: String,
-    expires_at: i64,
-    presence: Option<FileId>,
+    pub(crate) expires_at: i64,
+    pub(crate) presence: Option<FileId>,
 }
 
 impl Row {
@@ -107,113 +75,10 @@ impl Row {
     }
 }
 
-/// The client of one lock file.
-#[derive(Debug)]
-pub(crate) struct Client {
-    writer: SqlitePool,
-    reader: SqlitePool,
-    clock: HostClock,
-    presence: Option<Presence>,
-    bells: Option<Doorbells>,
-    /// What it granted, and whether it is closed.
-    grants: Grants,
-    /// The lock file and its companions as opened.
-    files: FileSet,
-    path: PathBuf,
-    limit: Duration,
-    /// Work it owes the store (undoing a grant cut short), which `close`
-    /// finishes.
-    cleanups: Cleanups,
-    /// Ends its own background tasks.
-    stop: CancellationToken,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// Held by `close` while it runs; `true` once it has.
-    closing: tokio::sync::Mutex<bool>,
-    me: Weak<Client>,
-}
-
-type Tx = Transaction<'static, Sqlite>;
-
-/// What a client is made of, opened by `SqliteBackend::with_config`.
-pub(crate) struct Parts {
-    pub(crate) writer: SqlitePool,
-    pub(crate) reader: SqlitePool,
-    pub(crate) clock: HostClock,
-    pub(crate) presence: Option<Presence>,
-    pub(crate) bells: Option<(Doorbells, mpsc::UnboundedReceiver<u64>)>,
-    pub(crate) path: PathBuf,
-    pub(crate) op_timeout: Duration,
-}
-
 impl Client {
-    pub(crate) fn new(parts: Parts) -> Arc<Client> {
-        let (bells, touched) = parts.bells.unzip();
-        let client = Arc::new_cyclic(|me| Client {
-            writer: parts.writer,
-            reader: parts.reader,
-            clock: parts.clock,
-            presence: parts.presence,
-            bells,
-            grants: Grants::default(),
-            files: FileSet::record(&parts.path),
-            path: parts.path,
-            // Waiting for the pool, then for the file's write lock.
-            limit: parts.op_timeout * 2 + Duration::from_secs(1),
-            cleanups: Cleanups::new(),
-            stop: CancellationToken::new(),
-            tasks: Mutex::default(),
-            closing: tokio::sync::Mutex::new(false),
-            me: me.clone(),
-        });
-        if let Some(touched) = touched {
-            let task = tokio::spawn(check_touched(
-                Arc::downgrade(&client),
-                touched,
-                client.stop.clone(),
-            ));
-            client.tasks().push(task);
-        }
-        client
-    }
-
-    fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The lock file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Whether waiters are woken by the kernel and holders told of evictions.
-    pub(crate) fn notifies(&self) -> bool {
-        self.bells.is_some()
-    }
-
-    /// Refuses work once closed.
-    fn open(&self) -> Result<(), LockError> {
-        match self.grants.closed() {
-            None => Ok(()),
-            Some(Closed::ByCall) => Err(LockError::unavailable(
-                BACKEND,
-                "this client was closed; connect a new one",
-            )),
-            Some(Closed::Replaced(what)) => Err(self.replaced_error(&what)),
-        }
-    }
-
-    /// Checks that the files are still the ones this client opened; if not,
-    /// closes it (see `files.rs`).
-    fn check_files(&self) -> Result<(), LockError> {
-        match self.files.replaced() {
-            None => Ok(()),
-            Some(what) => Err(self.replaced(what)),
-        }
-    }
-
     /// A row counts while it is of this boot, unexpired, and its holder is
     /// not provably gone (see `presence.rs`).
-    fn is_live(&self, row: &Row, now: i64) -> bool {
+    pub(crate) fn is_live(&self, row: &Row, now: i64) -> bool {
         row.boot_id == self.clock.boot_id() && row.expires_at > now && !self.holder_gone(row)
     }
 
@@ -224,25 +89,7 @@ impl Client {
         }
     }
 
-    /// The file's write lock, on the files this client opened.
-    async fn begin(&self) -> Result<Tx, LockError> {
-        let tx = self
-            .writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(error::map)?;
-        self.check_files()?;
-        Ok(tx)
-    }
-
-    /// A reader connection, on the files this client opened.
-    async fn read(&self) -> Result<sqlx::pool::PoolConnection<Sqlite>, LockError> {
-        let conn = self.reader.acquire().await.map_err(error::map)?;
-        self.check_files()?;
-        Ok(conn)
-    }
-
-    async fn rows(
+    pub(crate) async fn rows(
         conn: &mut sqlx::SqliteConnection,
         kind: Kind,
         name: &LockName,
@@ -289,15 +136,7 @@ impl Client {
         let rows = Self::rows(&mut tx, kind, request.name()).await?;
         let (live, stale): (Vec<Row>, Vec<Row>) =
             rows.into_iter().partition(|r| self.is_live(r, now));
-        if let Some(other) = live.iter().find(|r| r.permits != i64::from(permits)) {
-            return Err(LockError::PermitsMismatch {
-                name: request.name().clone(),
-                requested: permits,
-                existing: u32::try_from(other.permits).unwrap_or(u32::MAX),
-            });
-        }
-        let taken: HashSet<i64> = live.iter().map(|r| r.slot).collect();
-        let Some(slot) = (0..i64::from(permits)).find(|s| !taken.contains(s)) else {
+        let Some(slot) = crate::permits::free_slot(request.name(), &live, permits)? else {
             let next = live.iter().map(|r| r.expires_at).min().unwrap_or(now);
             return Ok(Attempt::Held {
                 expires_in: Some(clock::duration(next - now)),
@@ -313,21 +152,7 @@ impl Client {
                 .await
                 .map_err(error::map)?;
         }
-        let fence: Option<i64> = sqlx::query_scalar(sql::NEXT_FENCE)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(error::map)?;
-        let Some(fence) = fence else {
-            return Err(LockError::store(
-                BACKEND,
-                format!(
-                    "the fence counter of {} is at its end ({}): no more grants; only a new lock \
-                     file (and fenced resources that start over) can help",
-                    shown(&self.path),
-                    i64::MAX
-                ),
-            ));
-        };
+        let fence = self.next_fence(&mut tx).await?;
         let token = FencingToken::from_store(BACKEND, fence)?;
         let file = match &self.presence {
             Some(presence) => presence
@@ -416,20 +241,6 @@ impl Client {
         }))
     }
 
-    /// The next fence's presence file is held by a live process: the
-    /// counter went back (a restore), and granting would repeat a fence.
-    fn fence_in_use(&self, token: FencingToken) -> LockError {
-        LockError::store(
-            BACKEND,
-            format!(
-                "fence {token} of {} is already held by a live process: the fence counter went \
-                 back (the file restored from a backup?); raise the fence floor above the highest \
-                 fence in use (docs/operations.md, section 5) before granting again",
-                shown(&self.path)
-            ),
-        )
-    }
-
     /// After a commit that replaced expired or dead holders: remove their
     /// presence files, which tells a still-running (paused) holder at once.
     fn tidy_stale(&self, stale: &[Row]) {
@@ -488,7 +299,7 @@ impl Client {
     /// `None`; a forged lease touches nothing), or whoever made it when
     /// `row_gone` (its row was deleted); with `row_gone`, also remove the
     /// file, which wakes waiters.
-    fn forget(&self, fence: u64, lease: Option<&Lease>, row_gone: bool) {
+    pub(crate) fn forget(&self, fence: u64, lease: Option<&Lease>, row_gone: bool) {
         match self.grants.remove(fence, lease) {
             Some(held) => self.let_go(fence, held, row_gone),
             None if row_gone => self.remove_presence(fence),
@@ -499,7 +310,7 @@ impl Client {
     /// Stops watching grant `fence` and closes its presence file (the
     /// `flock` goes: its holder counts as gone); removes the file when its
     /// row is gone.
-    fn let_go(&self, fence: u64, held: Held, row_gone: bool) {
+    pub(crate) fn let_go(&self, fence: u64, held: Held, row_gone: bool) {
         if let (Some(wd), Some(bells)) = (held.watch, &self.bells) {
             bells.unhold(wd, fence);
         }
@@ -580,125 +391,9 @@ impl Client {
         })
         .await
     }
-
-    /// A wake-up for the next change of `kind` `name`: the first change of
-    /// any live holder's presence file, at once if a slot is free now, or
-    /// `None` if a holder cannot be watched (its waiters then poll).
-    pub(crate) async fn watch(
-        &self,
-        kind: Kind,
-        name: &LockName,
-    ) -> Result<Option<Wakeup>, LockError> {
-        self.open()?;
-        let (Some(bells), Some(presence)) = (&self.bells, &self.presence) else {
-            return Ok(None);
-        };
-        let mut conn = self.read().await?;
-        let rows = Self::rows(&mut conn, kind, name).await?;
-        drop(conn);
-        let now = self.clock.now()?;
-        let live: Vec<&Row> = rows.iter().filter(|r| self.is_live(r, now)).collect();
-        let seats = live.first().map_or(1, |r| r.permits);
-        if (live.len() as i64) < seats {
-            return Ok(Some(notify::now()));
-        }
-        let mut wakeups = Vec::with_capacity(live.len());
-        for row in live {
-            if row.presence.is_none() {
-                return Ok(None);
-            }
-            match bells.ring(&presence.path(row.fence as u64)) {
-                Ok(Some(wakeup)) => wakeups.push(wakeup),
-                // Gone between the read and the watch: the attempt will see.
-                Ok(None) => return Ok(None),
-                Err(e) => return Err(LockError::unavailable(BACKEND, e)),
-            }
-        }
-        Ok(Some(notify::first_of(wakeups)))
-    }
-
-    /// Raises the fence counter to at least `floor` (checked by the caller).
-    pub(crate) async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
-        self.open()?;
-        timed(BACKEND, "raise_fence_floor", self.limit, async {
-            let mut tx = self.begin().await?;
-            sqlx::query(sql::RAISE_FLOOR)
-                .bind(i64::try_from(floor.get()).unwrap_or(i64::MAX))
-                .execute(&mut *tx)
-                .await
-                .map_err(error::map)?;
-            tx.commit().await.map_err(error::map)
-        })
-        .await
-    }
-
-    /// Someone touched the presence file of our grant `fence`: if our row is
-    /// gone (evicted, taken over), say so through the lease's loss signal.
-    async fn check_held(&self, fence: u64) -> Result<(), LockError> {
-        let Some(owner) = self.grants.owner(fence) else {
-            return Ok(());
-        };
-        let mut conn = self.read().await?;
-        let row = sqlx::query(sql::HOLDS)
-            .bind(i64::try_from(fence).unwrap_or(i64::MAX))
-            .bind(owner.encode())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(error::map)?;
-        drop(conn);
-        let now = self.clock.now()?;
-        let still = match row {
-            Some(row) => {
-                let boot: String = row.try_get(0).map_err(error::map)?;
-                let expires_at: i64 = row.try_get(1).map_err(error::map)?;
-                boot == self.clock.boot_id() && expires_at > now
-            }
-            None => false,
-        };
-        if !still {
-            self.grants.lose(fence);
-            self.forget(fence, None, false);
-        }
-        Ok(())
-    }
 }
 
-impl Drop for Client {
-    /// A client dropped unclosed still ends its own tasks (its connections
-    /// close with their pools; its leases run to their deadlines).
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-/// Checks every touched presence file of ours, until the client is closed
-/// or dropped.
-async fn check_touched(
-    client: Weak<Client>,
-    mut touched: mpsc::UnboundedReceiver<u64>,
-    stop: CancellationToken,
-) {
-    loop {
-        let fence = tokio::select! {
-            _ = stop.cancelled() => return,
-            fence = touched.recv() => match fence {
-                Some(fence) => fence,
-                None => return,
-            },
-        };
-        let Some(client) = client.upgrade() else {
-            return;
-        };
-        let checked = tokio::select! {
-            _ = stop.cancelled() => return,
-            checked = client.check_held(fence) => checked,
-        };
-        if let Err(e) = checked {
-            tracing::debug!(fence, error = %e, "cannot check a touched presence file; the next renewal will tell");
-        }
-    }
-}
-
-fn fence_of(lease: &Lease) -> i64 {
+/// The fence as the file stores it (an INTEGER).
+pub(crate) fn fence_of(lease: &Lease) -> i64 {
     i64::try_from(lease.fence().get()).unwrap_or(i64::MAX)
 }

@@ -1,23 +1,138 @@
-//! The lock file itself: bad paths and files that are not ours get a clear
+//! Connecting: the URL's options (each spelling, old ones with a warning;
+//! a bad value or an unknown option is a clear `InvalidConfig`), and the
+//! lock file itself: bad paths and files that are not ours get a clear
 //! `InvalidConfig` and are never changed (a file with two names or that is
 //! a mount point included: each name would get a write-ahead log of its
-//! own); fences survive every process closing the file and reopening it; a
-//! row of an earlier boot is expired.
+//! own).
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_sqlite::SqliteBackend;
+use lock_conformance::kit::secrets;
+use lock_sqlite::{SqliteBackend, SqliteConfig};
 use lockcore::backend::LockBackendExt;
-use lockcore::{FencingToken, LockBackend, LockError, LockName};
+use lockcore::{LockBackend, LockError};
 use sqlx::Connection;
 
-fn url(path: &Path) -> String {
-    format!("sqlite://{}", path.display())
+use crate::support::{self, name};
+
+/// What `tracing` logs on this thread while `f` runs (every level).
+fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&buffer.0.lock().unwrap()).into_owned();
+    (out, text)
 }
 
-fn name(n: &str) -> LockName {
-    LockName::new(n).unwrap()
+/// `timeout` is a duration (`250ms`, `2s`); the old `timeout_ms=N` is still
+/// read, with a warning naming the new spelling; given both, the new one
+/// wins. Each connects.
+#[tokio::test]
+async fn each_spelling_of_the_timeout_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = support::url(&dir.path().join("locks.db"));
+    for (query, timeout, warns) in [
+        ("timeout=250ms", Duration::from_millis(250), false),
+        ("timeout=2s", Duration::from_secs(2), false),
+        ("timeout_ms=250", Duration::from_millis(250), true),
+        ("timeout_ms=100&timeout=3s", Duration::from_secs(3), true),
+    ] {
+        let url = format!("{url}?{query}");
+        let (config, log) = logged(|| url.parse::<SqliteConfig>());
+        assert_eq!(config.unwrap().op_timeout(), timeout, "{query}");
+        let warned = log.contains("WARN") && log.contains("timeout_ms is renamed timeout");
+        assert_eq!(warned, warns, "{query}: logged {log:?}");
+        SqliteBackend::connect(&url)
+            .await
+            .unwrap()
+            .close()
+            .await
+            .unwrap();
+    }
+}
+
+/// A value that is no duration, under either spelling, is `InvalidConfig`
+/// naming the option; neither the error nor the log shows the value (the
+/// kit's marker password, raw and percent-encoded: a secret given the
+/// wrong name).
+#[test]
+fn a_bad_timeout_is_invalid_config_and_shows_no_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = support::url(&dir.path().join("locks.db"));
+    let encoded = secrets::encoded();
+    for (option, value) in [
+        ("timeout", "5"),
+        ("timeout", "soon"),
+        ("timeout", secrets::MARKER),
+        ("timeout", encoded.as_str()),
+        ("timeout_ms", "5s"),
+        ("timeout_ms", secrets::MARKER),
+        ("timeout_ms", encoded.as_str()),
+    ] {
+        let (parsed, log) = logged(|| format!("{url}?{option}={value}").parse::<SqliteConfig>());
+        let err = parsed.unwrap_err();
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("URL option {option}:")),
+            "{option}={value}: {message}"
+        );
+        secrets::assert_hidden("the error", &message);
+        secrets::assert_hidden("the error's Debug", &format!("{err:?}"));
+        secrets::assert_hidden("the log", &log);
+        assert!(
+            !message.contains(&format!("={value}")),
+            "{message} shows {value:?}"
+        );
+    }
+}
+
+/// An unknown option is named with the known ones; text after a `?` that
+/// is no option name (a `?` of the path, or a password) is not shown.
+#[test]
+fn an_unknown_option_names_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = support::url(&dir.path().join("locks.db"));
+    let err = format!("{url}?tiemout=1s")
+        .parse::<SqliteConfig>()
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("unknown sqlite URL option \"tiemout\" (known: timeout)"),
+        "{message}"
+    );
+    for query in [
+        format!("{}=1", secrets::MARKER),
+        format!("Secret{}", secrets::encoded()),
+    ] {
+        let err = format!("{url}?{query}")
+            .parse::<SqliteConfig>()
+            .unwrap_err();
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains("known: timeout"), "{message}");
+        secrets::assert_hidden("the error", &message);
+        assert!(!message.contains("Secret"), "{message}");
+    }
 }
 
 /// Connecting to `path` fails with `InvalidConfig` mentioning `why`, and
@@ -32,7 +147,9 @@ async fn refused(path: &Path, why: &str) {
         names
     };
     let entries = siblings(path);
-    let err = SqliteBackend::connect(&url(path)).await.unwrap_err();
+    let err = SqliteBackend::connect(&support::url(path))
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, LockError::InvalidConfig { .. }),
         "{}: {err:?}",
@@ -127,7 +244,7 @@ impl Drop for ReadOnly<'_> {
 async fn a_read_only_file_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("locks.db");
-    let backend = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let backend = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     let lease = backend
         .try_acquire_for(&name("a"), Duration::from_secs(60))
         .await
@@ -158,7 +275,9 @@ async fn memory_databases_and_directories_are_refused() {
         assert!(err.to_string().contains("across processes"), "{err}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let err = SqliteBackend::connect(&url(dir.path())).await.unwrap_err();
+    let err = SqliteBackend::connect(&support::url(dir.path()))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("not a regular file"), "{err}");
 }
 
@@ -168,80 +287,13 @@ async fn an_empty_file_becomes_a_private_lock_file() {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty.db");
     std::fs::write(&empty, b"").unwrap();
-    SqliteBackend::connect(&url(&empty)).await.unwrap();
+    SqliteBackend::connect(&support::url(&empty)).await.unwrap();
     let fresh = dir.path().join("fresh.db");
-    SqliteBackend::connect(&url(&fresh)).await.unwrap();
+    SqliteBackend::connect(&support::url(&fresh)).await.unwrap();
     let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "a new lock file is private: {mode:o}");
     let presence = std::fs::metadata(dir.path().join("fresh.db-distlock")).unwrap();
     assert_eq!(presence.permissions().mode() & 0o777, 0o700);
-}
-
-#[tokio::test]
-async fn fences_survive_every_client_closing_and_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locks.db");
-    let n = name("reopen");
-    let mut last = 0;
-    for round in 0..3 {
-        let backend = SqliteBackend::connect(&url(&path)).await.unwrap();
-        for _ in 0..10 {
-            let lease = backend
-                .try_acquire_for(&n, Duration::from_secs(60))
-                .await
-                .unwrap()
-                .into_lease()
-                .unwrap();
-            assert!(
-                lease.fence().get() > last,
-                "round {round}: {} <= {last}",
-                lease.fence()
-            );
-            last = lease.fence().get();
-            backend.release(&lease).await.unwrap();
-        }
-        // A floor far ahead, as after restoring a backup.
-        if round == 1 {
-            backend
-                .raise_fence_floor(FencingToken::new(last + 1000).unwrap())
-                .await
-                .unwrap();
-            last += 1000;
-        }
-        backend.close().await.unwrap();
-    }
-}
-
-#[tokio::test]
-async fn a_row_of_an_earlier_boot_is_expired() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("locks.db");
-    let a = SqliteBackend::connect(&url(&path)).await.unwrap();
-    let n = name("rebooted");
-    let old = a
-        .try_acquire_for(&n, Duration::from_secs(3600))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
-    // The holder "died with its boot": its row names another boot id (and
-    // its process, this one, no longer counts: close it).
-    a.close().await.unwrap();
-    let mut conn = sqlx::SqliteConnection::connect(&url(&path)).await.unwrap();
-    sqlx::query("UPDATE distlock_leases SET boot_id = 'an-earlier-boot', presence_dev = NULL")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    conn.close().await.unwrap();
-    let b = SqliteBackend::connect(&url(&path)).await.unwrap();
-    assert!(b.inspect(&n).await.unwrap().is_none());
-    let next = b
-        .try_acquire_for(&n, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .into_lease()
-        .expect("a row of an earlier boot is free");
-    assert!(next.fence() > old.fence());
 }
 
 /// A lock file with a second name (a hard link, as a container given the
@@ -251,7 +303,7 @@ async fn a_row_of_an_earlier_boot_is_expired() {
 async fn a_lock_file_with_two_names_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("locks.db");
-    let backend = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let backend = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     backend.close().await.unwrap();
     let other = dir.path().join("other-name.db");
     std::fs::hard_link(&path, &other).unwrap();
@@ -260,7 +312,7 @@ async fn a_lock_file_with_two_names_is_refused() {
         refused(name, "bind-mount its directory").await;
     }
     std::fs::remove_file(&other).unwrap();
-    SqliteBackend::connect(&url(&path))
+    SqliteBackend::connect(&support::url(&path))
         .await
         .unwrap()
         .close()
@@ -310,7 +362,9 @@ async fn a_lock_file_that_is_a_mount_point_is_refused() {
     std::fs::create_dir(&host).unwrap();
     std::fs::create_dir(&inside).unwrap();
     let (source, target) = (host.join("locks.db"), inside.join("locks.db"));
-    let backend = SqliteBackend::connect(&url(&source)).await.unwrap();
+    let backend = SqliteBackend::connect(&support::url(&source))
+        .await
+        .unwrap();
     backend.close().await.unwrap();
     std::fs::write(&target, b"").unwrap();
     let Some(_mounted) = BindMount::new(&source, &target) else {
@@ -324,7 +378,7 @@ async fn a_lock_file_that_is_a_mount_point_is_refused() {
     let Some(_mounted) = BindMount::new(&host, &inside) else {
         return;
     };
-    SqliteBackend::connect(&url(&target))
+    SqliteBackend::connect(&support::url(&target))
         .await
         .unwrap()
         .close()

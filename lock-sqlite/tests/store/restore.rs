@@ -7,8 +7,6 @@
 //! holder nor a repeated fence: it notices its files were replaced and
 //! closes itself, and until it does nobody can connect.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,13 +17,7 @@ use lockcore::{FencingToken, LockBackend, LockError, LockName};
 use sqlx::Connection;
 use tokio::time::Instant;
 
-fn url(path: &Path) -> String {
-    format!("sqlite://{}", path.display())
-}
-
-fn name(n: &str) -> LockName {
-    LockName::new(n).unwrap()
-}
+use crate::support::{self, name};
 
 /// `n` acquire/release cycles of `lock`; the last fence.
 async fn cycles(backend: &SqliteBackend, lock: &LockName, n: usize) -> FencingToken {
@@ -45,7 +37,9 @@ async fn cycles(backend: &SqliteBackend, lock: &LockName, n: usize) -> FencingTo
 
 /// An online backup of the lock file at `path`, the way an operator takes one.
 async fn backup(path: &Path, to: &Path) {
-    let mut conn = sqlx::SqliteConnection::connect(&url(path)).await.unwrap();
+    let mut conn = sqlx::SqliteConnection::connect(&support::url(path))
+        .await
+        .unwrap();
     sqlx::query("VACUUM INTO ?")
         .bind(to.to_string_lossy().into_owned())
         .execute(&mut conn)
@@ -74,10 +68,12 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
     let (path, backup) = (dir.path().join("locks.db"), dir.path().join("backup.db"));
     let lock = name("restored");
 
-    let before = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let before = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     cycles(&before, &lock, 3).await;
     // An online backup, the way an operator takes one.
-    let mut conn = sqlx::SqliteConnection::connect(&url(&path)).await.unwrap();
+    let mut conn = sqlx::SqliteConnection::connect(&support::url(&path))
+        .await
+        .unwrap();
     sqlx::query("VACUUM INTO ?")
         .bind(backup.to_string_lossy().into_owned())
         .execute(&mut conn)
@@ -91,7 +87,7 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
     restore(&backup, &path);
     // Without the procedure, the next fence goes back: a fenced resource
     // would refuse the new holder, or take it for a newer one if it forgot.
-    let careless = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let careless = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     let back = cycles(&careless, &lock, 1).await;
     assert!(
         back <= highest,
@@ -102,10 +98,10 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
     // The procedure: restore again, raise the floor to the highest fence
     // seen, then let clients in.
     restore(&backup, &path);
-    let operator = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let operator = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     operator.raise_fence_floor(highest).await.unwrap();
     operator.close().await.unwrap();
-    let client = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let client = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     let again = cycles(&client, &lock, 1).await;
     let fresh = cycles(&client, &name("never-used"), 1).await;
     assert!(again > highest, "{again} after a floor of {highest}");
@@ -131,7 +127,7 @@ async fn the_restore_procedure_runs_in_one_process() {
     let lock = name("restored-in-process");
     let mut highest = 0;
     for round in 0..20 {
-        let client = SqliteBackend::connect(&url(&path)).await.unwrap();
+        let client = SqliteBackend::connect(&support::url(&path)).await.unwrap();
         cycles(&client, &lock, 2).await;
         let _ = std::fs::remove_file(&saved);
         backup(&path, &saved).await;
@@ -139,7 +135,7 @@ async fn the_restore_procedure_runs_in_one_process() {
         client.close().await.unwrap();
 
         restore(&saved, &path);
-        let client = SqliteBackend::connect(&url(&path))
+        let client = SqliteBackend::connect(&support::url(&path))
             .await
             .unwrap_or_else(|e| panic!("round {round}: reconnecting after the restore: {e}"));
         client
@@ -181,12 +177,14 @@ async fn left_running_across_a_restore(backup_in_wal_mode: bool) {
     let lock = name("live");
     // Renewed every TTL/3: that long, the holder has not noticed yet.
     let ttl = scaled(Duration::from_secs(6));
-    let before = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let before = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     cycles(&before, &lock, 3).await;
     backup(&path, &saved).await;
     if backup_in_wal_mode {
         // As sqlite3's `.backup` leaves it.
-        let mut conn = sqlx::SqliteConnection::connect(&url(&saved)).await.unwrap();
+        let mut conn = sqlx::SqliteConnection::connect(&support::url(&saved))
+            .await
+            .unwrap();
         sqlx::query("PRAGMA journal_mode = WAL")
             .execute(&mut conn)
             .await
@@ -214,7 +212,7 @@ async fn left_running_across_a_restore(backup_in_wal_mode: bool) {
     let restored = Instant::now();
     let mut refused = Vec::new();
     let (operator, let_in) = loop {
-        match SqliteBackend::connect(&url(&path)).await {
+        match SqliteBackend::connect(&support::url(&path)).await {
             Ok(operator) => break (operator, support::monotonic_ns()),
             Err(e @ LockError::Unavailable { .. })
                 if e.to_string().contains(&format!("still holds grant {held}"))
@@ -259,7 +257,10 @@ async fn left_running_across_a_restore(backup_in_wal_mode: bool) {
         .raise_fence_floor(FencingToken::new(highest).unwrap())
         .await
         .unwrap();
-    let clients = [operator, SqliteBackend::connect(&url(&path)).await.unwrap()];
+    let clients = [
+        operator,
+        SqliteBackend::connect(&support::url(&path)).await.unwrap(),
+    ];
     for client in &clients {
         for lock in [&lock, &name("never-used")] {
             let next = cycles(client, lock, 2).await;
@@ -293,7 +294,7 @@ async fn a_replaced_file_loses_each_lease_before_letting_go() {
     for round in 0..20 {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("locks.db");
-        let client = SqliteBackend::connect(&url(&path)).await.unwrap();
+        let client = SqliteBackend::connect(&support::url(&path)).await.unwrap();
         let lease = client
             .try_acquire_for(&name("let-go"), Duration::from_secs(60))
             .await
@@ -334,14 +335,16 @@ async fn a_replaced_file_loses_each_lease_before_letting_go() {
 async fn a_fence_held_beyond_a_counter_moved_back_is_never_granted_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("locks.db");
-    let holder = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let holder = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     let held = holder
         .try_acquire_for(&name("held"), Duration::from_secs(60))
         .await
         .unwrap()
         .into_lease()
         .unwrap();
-    let mut conn = sqlx::SqliteConnection::connect(&url(&path)).await.unwrap();
+    let mut conn = sqlx::SqliteConnection::connect(&support::url(&path))
+        .await
+        .unwrap();
     sqlx::query("UPDATE distlock_fence SET last = ?1")
         .bind(held.fence().get() as i64 - 1)
         .execute(&mut conn)
@@ -355,20 +358,13 @@ async fn a_fence_held_beyond_a_counter_moved_back_is_never_granted_again() {
         matches!(&repeated, Err(e @ LockError::Store { .. }) if e.to_string().contains("already held by a live process")),
         "{repeated:?}"
     );
-    let newcomer = SqliteBackend::connect(&url(&path)).await;
+    let newcomer = SqliteBackend::connect(&support::url(&path)).await;
     assert!(
         matches!(&newcomer, Err(e @ LockError::Unavailable { .. }) if e.to_string().contains("beyond the file's fence counter")),
         "{newcomer:?}"
     );
     holder.release(&held).await.unwrap();
-    let newcomer = SqliteBackend::connect(&url(&path)).await.unwrap();
+    let newcomer = SqliteBackend::connect(&support::url(&path)).await.unwrap();
     newcomer.close().await.unwrap();
     holder.close().await.unwrap();
-}
-
-/// Not a test: the helper processes of `support` (a holder that renews).
-#[test]
-#[ignore = "helper process for the restore cases, run by the tests themselves"]
-fn sqlite_helper_process() {
-    support::helper_main();
 }

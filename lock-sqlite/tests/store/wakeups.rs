@@ -4,14 +4,14 @@
 //! (inotify on the presence file) and the dead holder's dropped `flock` can
 //! make it fast. Each prints its distribution (`--nocapture`).
 
-mod support;
-
 use std::time::Duration;
 
 use lock_conformance::kit::scaled;
 use lock_sqlite::SqliteBackend;
 use lockcore::{Backoff, Locker};
 use tokio::time::Instant;
+
+use crate::support;
 
 const RUNS: usize = 25;
 
@@ -106,11 +106,4 @@ async fn a_waiter_gets_the_lock_of_a_killed_holder_at_once() {
         max < bound,
         "slowest takeover {max:?} (bound {bound:?}), with a 60 s TTL"
     );
-}
-
-/// Not a test: the helper processes of `support`.
-#[test]
-#[ignore = "helper process, run by the tests themselves"]
-fn sqlite_helper_process() {
-    support::helper_main();
 }

@@ -15,7 +15,8 @@
 //!   it and kills it, and the kernel drops its locks.
 //!
 //! Helpers are this test binary run again as the ignored test
-//! `sqlite_helper_process`, like the suite's lock-taker.
+//! `sqlite_helper_process`, like the suite's lock-taker: every binary that
+//! starts one defines it (`tests/store/main.rs`, `tests/conformance.rs`).
 
 #![allow(dead_code)] // each test binary uses a part
 
@@ -39,6 +40,11 @@ pub(crate) const URL_ENV: env::Var = env::SQLITE_URL;
 /// What a helper process does: `write`, `stall`, `hold NAME` or
 /// `hold-renewing NAME TTL_MS`.
 pub(crate) const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
+
+/// A lock name the test spells right.
+pub(crate) fn name(n: &str) -> lockcore::LockName {
+    lockcore::LockName::new(n).unwrap()
+}
 
 /// The URL of the lock file at `path`.
 pub(crate) fn url(path: &Path) -> String {

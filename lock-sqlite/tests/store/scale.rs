@@ -4,8 +4,6 @@
 //! the local line every release woke all 2,000 and each ran a write
 //! transaction: a few hundred were served in a minute.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,6 +12,8 @@ use lock_conformance::kit::scaled;
 use lock_sqlite::SqliteBackend;
 use lockcore::Locker;
 use tokio::time::Instant;
+
+use crate::support;
 
 const WAITERS: usize = 2_000;
 

@@ -11,10 +11,11 @@ use std::time::Duration;
 use lockcore::{LockError, LockName, OwnerToken};
 use tokio::time::Instant;
 
-use super::{Client, Kind};
+use super::held::Closed;
+use super::sql;
+use crate::connection::Client;
 use crate::error::{self, BACKEND};
-use crate::held::Closed;
-use crate::sql;
+use crate::keys::Kind;
 
 /// A grant that may commit without anyone to hand it to.
 #[derive(Debug, Clone)]

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use lockcore::backend::{Moment, timed};
 use lockcore::{Lease, LockError};
 
-use super::{Client, Kind, fence_of};
-use crate::clock;
+use super::clock;
+use super::presence::Renewing;
+use super::{fence_of, sql};
+use crate::connection::Client;
 use crate::error::{self, BACKEND};
-use crate::presence::Renewing;
-use crate::sql;
+use crate::keys::Kind;
 
 /// Leases renewed by one statement (bounds the JSON of one batch).
 const RENEW_CHUNK: usize = 1000;

@@ -15,7 +15,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoo
 use sqlx::{ConnectOptions, Connection};
 
 use crate::error::{self, code, shown};
-use crate::sql;
+use crate::keys;
 
 /// File systems where SQLite's locks (and `flock`) are not shared between
 /// hosts, or not reliably enforced: network and cluster file systems, and
@@ -297,12 +297,12 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
     };
     let _ = conn.close().await;
     match looked {
-        Ok((app, version, _)) if app == sql::APPLICATION_ID => {
-            if version > sql::SCHEMA_VERSION {
+        Ok((app, version, _)) if app == keys::APPLICATION_ID => {
+            if version > keys::SCHEMA_VERSION {
                 return Err(LockError::config(format!(
                     "{} was written by a newer distlock (schema {version}, this one knows {}): upgrade",
                     shown(path),
-                    sql::SCHEMA_VERSION
+                    keys::SCHEMA_VERSION
                 )));
             }
             Ok(())
@@ -398,7 +398,7 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
         .fetch_one(&mut *tx)
         .await
         .map_err(error::map)?;
-    if app == sql::APPLICATION_ID {
+    if app == keys::APPLICATION_ID {
         return Ok(());
     }
     let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
@@ -411,7 +411,7 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
             shown(path)
         )));
     }
-    for statement in sql::CREATE.iter().chain(sql::STAMP) {
+    for statement in keys::CREATE.iter().chain(keys::STAMP) {
         sqlx::query(statement)
             .execute(&mut *tx)
             .await
@@ -442,6 +442,26 @@ pub(crate) async fn pool(
             }
             _ => error::map(e),
         })
+}
+
+/// Creates the lock file with mode 0600 if it does not exist, so SQLite
+/// (which would use 0644) and its journal files, which copy the database's
+/// mode, stay private to this user.
+pub(crate) fn create_private(path: &Path) -> Result<(), LockError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(LockError::config_caused_by(
+            format!("cannot create the lock file {}", shown(path)),
+            e,
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -4,10 +4,9 @@
 //! every lease it granted is lost first, and what it held is free at once;
 //! an acquire cut short, or a waiter that gave up, leaves nothing behind
 //! once its client is closed; a dropped client keeps its leases to their
-//! deadlines. The tests of this file run one at a time: they count this
-//! process's descriptors.
-
-mod support;
+//! deadlines. The descriptors counted are those of the test's own temp dir
+//! and its own client's inotify instance: other tests of the binary may
+//! open and close theirs meanwhile.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,11 +20,7 @@ use lockcore::{
 };
 use sqlx::Connection;
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn name(n: &str) -> LockName {
-    LockName::new(n).unwrap()
-}
+use crate::support::{self, name};
 
 /// What this process's descriptors point at.
 fn open_files() -> Vec<String> {
@@ -47,11 +42,54 @@ fn open_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-fn inotify_instances() -> usize {
-    open_files()
-        .iter()
-        .filter(|f| f.as_str() == "anon_inode:inotify")
-        .count()
+/// `path`'s device and inode as `/proc/self/fdinfo` prints a watch of it:
+/// the kernel's device number (`major << 20 | minor`), not `st_dev`.
+fn watch_id(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap();
+    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    ((u64::from(major) << 20) | u64::from(minor), meta.ino())
+}
+
+/// The inotify instances of this process (by descriptor) that watch the
+/// file `id`: another test's instances never watch the files of this
+/// test's temp dir.
+fn inotify_watching(id: (u64, u64)) -> Vec<i32> {
+    let hex = |line: &str, key: &str| {
+        let value = line.split(' ').find_map(|w| w.strip_prefix(key))?;
+        u64::from_str_radix(value, 16).ok()
+    };
+    std::fs::read_dir("/proc/self/fdinfo")
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
+            // Gone since the listing: closed, so watching nothing.
+            let info = std::fs::read_to_string(entry.path()).ok()?;
+            info.lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .any(|l| hex(l, "sdev:") == Some(id.0) && hex(l, "ino:") == Some(id.1))
+                .then_some(fd)
+        })
+        .collect()
+}
+
+/// Marks the client's inotify instance (the one that watches `held`, a
+/// presence file of its grant) with a watch of the test's own on `dir`,
+/// which outlives the client: as long as that instance is open, and only
+/// then, some instance of this process watches `dir`. The client never
+/// removes a watch it did not add, and ignores its events.
+fn mark_instance(held: &Path, dir: &Path) {
+    let ours = inotify_watching(watch_id(held));
+    assert_eq!(
+        ours.len(),
+        1,
+        "one instance watches the holder's file: {ours:?}"
+    );
+    let dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string; the descriptor is the client's open instance.
+    let wd = unsafe { libc::inotify_add_watch(ours[0], dir.as_ptr(), libc::IN_DELETE_SELF) };
+    assert!(wd >= 0, "{}", std::io::Error::last_os_error());
 }
 
 /// Rows of the lock table, as the file itself has them.
@@ -78,17 +116,20 @@ async fn take(backend: &SqliteBackend, lock: &LockName) -> Lease {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_returns_once_every_file_of_the_client_is_closed() {
-    let _one = ONE_AT_A_TIME.lock().await;
     const ROUNDS: usize = 25;
     for round in 0..ROUNDS {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("locks.db");
-        let inotify = inotify_instances();
         let backend = SqliteBackend::connect(&support::url(&path)).await.unwrap();
         let locker = Locker::new(backend.clone()).ttl(Duration::from_secs(30));
         // Use every part: both pools, presence files, watches of holders
         // and of waiters, a renewal, a release, a permit.
         let kept = locker.acquire("kept").await.unwrap();
+        let presence = dir.path().join("locks.db-distlock");
+        mark_instance(
+            &presence.join(kept.fencing_token().get().to_string()),
+            dir.path(),
+        );
         let released = locker.acquire("released").await.unwrap();
         let permits = locker.semaphore("permits", 2).unwrap();
         let permit = permits.acquire().await.unwrap();
@@ -109,8 +150,8 @@ async fn close_returns_once_every_file_of_the_client_is_closed() {
             "round {round}: still open right after close returned: {open:?}"
         );
         assert_eq!(
-            inotify_instances(),
-            inotify,
+            inotify_watching(watch_id(dir.path())),
+            Vec::<i32>::new(),
             "round {round}: the client's inotify instance is still open"
         );
         assert!(!kept.is_held() && !permit.is_held());
@@ -123,7 +164,6 @@ async fn close_returns_once_every_file_of_the_client_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_loses_every_lease_first_and_frees_it_at_once() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let file = support::SqliteFactory::fresh();
     let url = support::url(file.path());
     let (a, b) = (
@@ -184,7 +224,6 @@ async fn close_loses_every_lease_first_and_frees_it_at_once() {
 /// backend to its deadline): its leases keep reading held, and are held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_client_keeps_its_leases_to_their_deadline() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let file = support::SqliteFactory::fresh();
     let url = support::url(file.path());
     let a = SqliteBackend::connect(&url).await.unwrap();
@@ -211,7 +250,6 @@ async fn a_dropped_client_keeps_its_leases_to_their_deadline() {
 /// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_waiter_closed_at_once_leaves_nothing() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let file = support::SqliteFactory::fresh();
     let url = support::url(file.path());
     let holder = SqliteBackend::connect(&url).await.unwrap();
@@ -248,7 +286,6 @@ async fn a_timed_out_waiter_closed_at_once_leaves_nothing() {
 /// dropped is undone by a clean-up that the close finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_cut_short_anywhere_leaves_nothing_once_closed() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let file = support::SqliteFactory::fresh();
     let url = support::url(file.path());
     // How long a whole acquire takes here, to cut it at every point of it.
@@ -289,7 +326,6 @@ async fn an_acquire_cut_short_anywhere_leaves_nothing_once_closed() {
 /// The guard's view of a close through its `Locker`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_reads_closed_after_its_locker_closed() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let file = support::SqliteFactory::fresh();
     let locker = Locker::new(
         SqliteBackend::connect(&support::url(file.path()))

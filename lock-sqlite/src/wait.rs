@@ -1,0 +1,116 @@
+//! Waiters and wake-ups: a waiter watches the presence files of a name's
+//! live holders (inotify, `inotify.rs`) and wakes at the first change of
+//! any (released, evicted, its process dead); a holder's own watch of its
+//! presence file is its eviction notice, checked against its row here.
+
+#[cfg_attr(not(target_os = "linux"), path = "wait/inotify_none.rs")]
+pub(crate) mod inotify;
+
+use std::sync::Weak;
+
+use lockcore::backend::CancellationToken;
+use lockcore::backend::wait::Wakeup;
+use lockcore::{LockError, LockName};
+use sqlx::Row as _;
+use tokio::sync::mpsc;
+
+use crate::connection::Client;
+use crate::error::{self, BACKEND};
+use crate::keys::Kind;
+use crate::locks::{Row, sql};
+
+impl Client {
+    /// A wake-up for the next change of `kind` `name`: the first change of
+    /// any live holder's presence file, at once if a slot is free now, or
+    /// `None` if a holder cannot be watched (its waiters then poll).
+    pub(crate) async fn watch(
+        &self,
+        kind: Kind,
+        name: &LockName,
+    ) -> Result<Option<Wakeup>, LockError> {
+        self.open()?;
+        let (Some(bells), Some(presence)) = (&self.bells, &self.presence) else {
+            return Ok(None);
+        };
+        let mut conn = self.read().await?;
+        let rows = Self::rows(&mut conn, kind, name).await?;
+        drop(conn);
+        let now = self.clock.now()?;
+        let live: Vec<&Row> = rows.iter().filter(|r| self.is_live(r, now)).collect();
+        let seats = live.first().map_or(1, |r| r.permits);
+        if (live.len() as i64) < seats {
+            return Ok(Some(inotify::now()));
+        }
+        let mut wakeups = Vec::with_capacity(live.len());
+        for row in live {
+            if row.presence.is_none() {
+                return Ok(None);
+            }
+            match bells.ring(&presence.path(row.fence as u64)) {
+                Ok(Some(wakeup)) => wakeups.push(wakeup),
+                // Gone between the read and the watch: the attempt will see.
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(LockError::unavailable(BACKEND, e)),
+            }
+        }
+        Ok(Some(inotify::first_of(wakeups)))
+    }
+
+    /// Someone touched the presence file of our grant `fence`: if our row is
+    /// gone (evicted, taken over), say so through the lease's loss signal.
+    async fn check_held(&self, fence: u64) -> Result<(), LockError> {
+        let Some(owner) = self.grants.owner(fence) else {
+            return Ok(());
+        };
+        let mut conn = self.read().await?;
+        let row = sqlx::query(sql::HOLDS)
+            .bind(i64::try_from(fence).unwrap_or(i64::MAX))
+            .bind(owner.encode())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(error::map)?;
+        drop(conn);
+        let now = self.clock.now()?;
+        let still = match row {
+            Some(row) => {
+                let boot: String = row.try_get(0).map_err(error::map)?;
+                let expires_at: i64 = row.try_get(1).map_err(error::map)?;
+                boot == self.clock.boot_id() && expires_at > now
+            }
+            None => false,
+        };
+        if !still {
+            self.grants.lose(fence);
+            self.forget(fence, None, false);
+        }
+        Ok(())
+    }
+}
+
+/// Checks every touched presence file of ours, until the client is closed
+/// or dropped.
+pub(crate) async fn check_touched(
+    client: Weak<Client>,
+    mut touched: mpsc::UnboundedReceiver<u64>,
+    stop: CancellationToken,
+) {
+    loop {
+        let fence = tokio::select! {
+            _ = stop.cancelled() => return,
+            fence = touched.recv() => match fence {
+                Some(fence) => fence,
+                None => return,
+            },
+        };
+        let Some(client) = client.upgrade() else {
+            return;
+        };
+        let checked = tokio::select! {
+            _ = stop.cancelled() => return,
+            checked = client.check_held(fence) => checked,
+        };
+        if let Err(e) = checked {
+            tracing::debug!(fence, error = %e, "cannot check a touched presence file; the next renewal will tell");
+        }
+    }
+}

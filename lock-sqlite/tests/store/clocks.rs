@@ -1,0 +1,138 @@
+//! Clocks: a lease row expires on the host's boot clock of its boot (a row
+//! of an earlier boot is expired), and every lease is stamped on the clock
+//! of the request that granted it, its renewals on the lease's own clock,
+//! read before the request leaves.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_sqlite::SqliteBackend;
+use lockcore::backend::{Clock, LockBackendExt, LockRequest, Moment};
+use lockcore::LockBackend;
+use sqlx::Connection;
+
+use crate::support::{self, name};
+
+#[tokio::test]
+async fn a_row_of_an_earlier_boot_is_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let a = SqliteBackend::connect(&support::url(&path)).await.unwrap();
+    let n = name("rebooted");
+    let old = a
+        .try_acquire_for(&n, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    // The holder "died with its boot": its row names another boot id (and
+    // its process, this one, no longer counts: close it).
+    a.close().await.unwrap();
+    let mut conn = sqlx::SqliteConnection::connect(&support::url(&path))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE distlock_leases SET boot_id = 'an-earlier-boot', presence_dev = NULL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let b = SqliteBackend::connect(&support::url(&path)).await.unwrap();
+    assert!(b.inspect(&n).await.unwrap().is_none());
+    let next = b
+        .try_acquire_for(&n, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("a row of an earlier boot is free");
+    assert!(next.fence() > old.fence());
+}
+
+#[tokio::test]
+async fn leases_are_stamped_and_judged_on_their_own_clock() {
+    let file = support::SqliteFactory::fresh();
+    let backend = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(60);
+    let clock = Arc::new(Ahead::default());
+    clock.jump(Duration::from_secs(1_000));
+    let request = LockRequest::new(
+        name("clocked"),
+        backend.capabilities().effective_ttl(ttl).unwrap(),
+    )
+    .with_clock(clock.clone());
+
+    let before = clock.now();
+    let lease = backend
+        .try_acquire(&request)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let dyn_clock: Arc<dyn Clock> = clock.clone();
+    assert!(
+        Arc::ptr_eq(lease.clock(), &dyn_clock),
+        "the lease is judged on another clock than its request's"
+    );
+    assert!(
+        lease.issued().boot() >= before.boot() && lease.issued().mono() >= before.mono(),
+        "the grant was stamped {:?}, before the request's clock read {:?}",
+        lease.issued(),
+        before
+    );
+    // The host sleeps half the TTL: the lease counts it.
+    clock.jump(ttl / 2);
+    assert!(lease.remaining() <= ttl / 2, "{:?} left", lease.remaining());
+
+    // A renewal is stamped on the lease's clock, read before it is sent.
+    let before = clock.now();
+    let renewed = backend.renew(&lease).await.unwrap();
+    assert!(
+        renewed.issued().boot() >= before.boot(),
+        "the renewal was stamped {:?}, before the lease's clock read {:?}",
+        renewed.issued(),
+        before
+    );
+    assert!(Arc::ptr_eq(renewed.clock(), &dyn_clock));
+    assert!(renewed.remaining() > ttl / 2 && renewed.remaining() <= ttl);
+    backend.release(&renewed).await.unwrap();
+    backend.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_request_on_the_system_clock_keeps_it() {
+    let file = support::SqliteFactory::fresh();
+    let backend = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let lease = backend
+        .try_acquire_for(&name("plain"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    assert!(lease.remaining() > Duration::from_secs(58));
+    backend.release(&lease).await.unwrap();
+    backend.close().await.unwrap();
+}
+
+/// The system clocks, with the boot clock `ahead` of the real one (a host
+/// that was suspended for that long, as this clock's reader sees it).
+#[derive(Debug, Default)]
+struct Ahead {
+    ahead: Mutex<Duration>,
+}
+
+impl Ahead {
+    fn jump(&self, d: Duration) {
+        *self.ahead.lock().unwrap() += d;
+    }
+}
+
+impl Clock for Ahead {
+    fn now(&self) -> Moment {
+        let real = Moment::now();
+        let ahead = *self.ahead.lock().unwrap();
+        Moment::from_parts(real.mono(), real.boot().map(|b| b + ahead))
+    }
+}
