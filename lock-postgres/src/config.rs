@@ -1,27 +1,33 @@
 //! `PostgresConfig`: where the locks live and how the backend talks to the server.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use lockcore::LockError;
-use lockcore::backend::redact_url;
+use lockcore::backend::StoreUrl;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::ident::Ident;
-use crate::urls::{ambiguous_userinfo, known_to_sqlx};
+mod urls;
 
-/// URL query parameters this crate reads (and strips before sqlx sees the URL).
-const OWN_PARAMS: &[&str] = &[
-    "lock_schema",
-    "lock_table",
-    "lock_pool_size",
-    "lock_op_timeout_ms",
-    "lock_create_schema",
-    "lock_turnstiles",
-    "lock_connect_timeout_ms",
+use crate::keys::ident::Ident;
+use crate::keys::schema::SEQUENCE_SUFFIX;
+use urls::{Options, libpq_parameters, sqlx_options, unambiguous, without_query};
+
+/// The options this crate reads from a URL (besides libpq's own, which
+/// sqlx reads): what an unknown option's error lists.
+const OWN_OPTIONS: &[&str] = &[
+    "schema",
+    "table",
+    "pool_size",
+    "timeout",
     "connect_timeout",
+    "create_schema",
+    "turnstiles",
+    "password_file",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 
 /// Where the backend gets its connections.
@@ -40,10 +46,12 @@ pub(crate) enum Source {
 /// [`PgConnectOptions`], or from an existing [`PgPool`]; then adjusted with
 /// the setters. `Debug` never prints the password.
 ///
-/// Extra URL parameters read by this crate: `lock_schema`, `lock_table`,
-/// `lock_pool_size`, `lock_op_timeout_ms`, `lock_create_schema` (`true`/`false`),
-/// `lock_turnstiles`, `lock_connect_timeout_ms`; and libpq's `connect_timeout`
-/// (whole seconds), which sqlx ignores.
+/// URL options read by this crate (see the README's table): `schema`,
+/// `table`, `pool_size`, `timeout`, `connect_timeout` (a duration, or
+/// libpq's whole seconds), `create_schema`, `turnstiles`, `password_file`,
+/// `tls_ca`/`tls_cert`/`tls_key` (libpq's `sslrootcert`/`sslcert`/`sslkey`).
+/// The `lock_*` spellings of earlier releases are still read, with a
+/// warning.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) source: Source,
@@ -80,131 +88,37 @@ impl PostgresConfig {
         }
     }
 
-    /// Parses a `postgres://` or `postgresql://` URL.
+    /// Parses a `postgres://` or `postgresql://` URL: libpq's form (host,
+    /// port, user, password, database, and libpq's parameters such as
+    /// `sslmode`, `sslrootcert`, `application_name`, `connect_timeout`), and
+    /// this crate's options (see the README's table).
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] for a URL that does not parse or a bad
-    /// `lock_*` parameter; the message never contains the password.
+    /// [`LockError::InvalidConfig`] for a URL that does not parse, a bad
+    /// option value or an unknown option (naming the known ones); the
+    /// message never contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        // An `@` past a `/`, `?` or `#`: a URL parser and a redaction may
-        // disagree on where the user info ends, so nothing of it is shown.
-        let ambiguous = ambiguous_userinfo(url);
-        let shown = if ambiguous {
-            format!("<a {}-byte URL, not shown>", url.len())
-        } else {
-            redact_url(url)
-        };
-        // Only `scheme://...`: anything else (`postgres:/u:pw@h`, a libpq
-        // `host=.. password=..` string) would parse as a host-less URL whose
-        // path, the password's tail included, becomes the database name.
-        let scheme_ok = ["postgres://", "postgresql://"].iter().any(|prefix| {
-            url.get(..prefix.len())
-                .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
-        });
-        if !scheme_ok {
-            return Err(LockError::config(format!(
-                "expected a postgres:// or postgresql:// URL, not {shown}"
-            )));
-        }
-        let mut parsed = url::Url::parse(url).map_err(|e| {
-            LockError::config_caused_by(
-                format!("{shown} is not a PostgreSQL URL"),
-                // The url crate names what is wrong, never the text.
-                e.to_string(),
-            )
-        })?;
-        // Where the redaction sees a user info and the parser none, the
-        // parser took part of a password for the host, path or query.
-        if ambiguous && parsed.username().is_empty() && parsed.password().is_none() {
-            return Err(LockError::config(format!(
-                "{shown}: it holds an @ after a /, ? or # and no user info (a password with an unescaped /, ? or #?); percent-encode them"
-            )));
-        }
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        // A value after a password may be part of it (split at an
-        // unescaped `&`): errors do not show it.
-        let password_at = pairs.iter().position(|(k, _)| k == "password");
-        let (own, rest): (Vec<_>, Vec<_>) = pairs
-            .into_iter()
-            .enumerate()
-            .partition(|(_, (k, _))| OWN_PARAMS.contains(&k.as_str()));
-        let rest = known_to_sqlx(rest.into_iter().map(|(_, pair)| pair).collect());
-        if rest.is_empty() {
-            parsed.set_query(None);
-        } else {
-            parsed.query_pairs_mut().clear().extend_pairs(rest);
-        }
-        let options = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
-            LockError::config_caused_by(
-                format!("{shown}: invalid connection settings"),
-                // sqlx's message names the bad parameter, never the password.
-                e.to_string(),
-            )
-        })?;
-        let mut config = Self::from_options(options);
-        for (at, (key, value)) in own {
-            let shown = if password_at.is_some_and(|p| p < at) {
-                "(not shown: it follows the password)".to_owned()
-            } else {
-                format!("{value:?}")
-            };
-            let bad = |why: &str| LockError::config(format!("URL parameter {key}={shown}: {why}"));
-            match key.as_str() {
-                "lock_schema" => config.schema = value,
-                "lock_table" => config.table = value,
-                "lock_pool_size" => {
-                    config.pool_size = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| bad("expected a positive integer"))?;
-                }
-                "lock_op_timeout_ms" => {
-                    config.op_timeout = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .map(Duration::from_millis)
-                        .ok_or_else(|| bad("expected a positive number of milliseconds"))?;
-                }
-                "lock_connect_timeout_ms" => {
-                    config.connect_timeout = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .map(Duration::from_millis)
-                        .ok_or_else(|| bad("expected a positive number of milliseconds"))?;
-                }
-                "connect_timeout" => {
-                    config.connect_timeout = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .map(Duration::from_secs)
-                        .ok_or_else(|| bad("expected a positive number of seconds"))?;
-                }
-                "lock_create_schema" => {
-                    config.create_schema =
-                        value.parse().map_err(|_| bad("expected true or false"))?;
-                }
-                "lock_turnstiles" => {
-                    config.turnstiles = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n <= Self::MAX_TURNSTILES)
-                        .ok_or_else(|| {
-                        bad(&format!(
-                            "expected a number of connections from 0 to {}",
-                            Self::MAX_TURNSTILES
-                        ))
-                    })?;
-                }
-                _ => {} // only OWN_PARAMS were partitioned out
+        let mut store = StoreUrl::parse(&unambiguous(url)?, &["postgres", "postgresql"])?;
+        let shown = store.redacted();
+        let options = Options::take(&mut store)?;
+        let password = store.take_password()?;
+        let libpq = libpq_parameters(&shown, store.take_rest(), &options)?;
+        let mut connect = sqlx_options(url, &shown, libpq.clone())?;
+        // From `password_file`: the URL carries none (`take_password`
+        // refuses both), but a `password=` parameter may.
+        if store.password().is_none()
+            && let Some(password) = password
+        {
+            if libpq.iter().any(|(key, _)| key == "password") {
+                return Err(LockError::config(format!(
+                    "{}: both password_file and a password parameter: give one",
+                    without_query(&shown)
+                )));
             }
+            connect = connect.password(&password);
         }
+        let mut config = Self::from_options(connect);
+        options.apply(&mut config);
         Ok(config)
     }
 
@@ -290,10 +204,19 @@ impl PostgresConfig {
         let table = Ident::new(
             "table",
             &self.table,
-            Ident::MAX_BYTES - crate::schema::SEQUENCE_SUFFIX.len(),
+            Ident::MAX_BYTES - SEQUENCE_SUFFIX.len(),
         )?;
-        let sequence = table.with_suffix(crate::schema::SEQUENCE_SUFFIX);
+        let sequence = table.with_suffix(SEQUENCE_SUFFIX);
         Ok((schema, table, sequence))
+    }
+
+    /// The sqlx options of a config made from a URL or options.
+    #[cfg(test)]
+    pub(crate) fn connect_options(&self) -> &PgConnectOptions {
+        match &self.source {
+            Source::Options(options) => options,
+            Source::Pool(_) => panic!("a pool, not options"),
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<(), LockError> {
@@ -374,6 +297,7 @@ mod tests {
             "postgres://u:s3cret-pw@h/db?sslmode=bogus",
             "postgres://u:s3cret-pw@h/db?lock_pool_size=0",
             "postgres://u:s3cret-pw@h/db?lock_op_timeout_ms=x",
+            "postgres://u:s3cret-pw@h/db?timeout=x",
             "postgres://u:s3cret-pw@h/db?lock_turnstiles=65",
             "postgres://u:s3cret-pw@h/db?lock_turnstiles=-1",
             "postgres://u:s3cret-pw@h/db?password=s3cret-pw&sslmode=nope",
@@ -390,24 +314,190 @@ mod tests {
         }
     }
 
-    #[test]
-    fn own_parameters_are_read_and_stripped() {
-        let config = PostgresConfig::from_url(
-            "postgresql://u@h:1/d?lock_schema=locks&lock_table=t1&lock_pool_size=3&lock_op_timeout_ms=250&lock_create_schema=false&lock_turnstiles=0&application_name=app",
+    /// What `from_url` logs, and its result.
+    fn logged(url: &str) -> (String, Result<PostgresConfig, LockError>) {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let result =
+            tracing::subscriber::with_default(subscriber, || PostgresConfig::from_url(url));
+        let text = String::from_utf8_lossy(&buffer.0.lock().unwrap()).into_owned();
+        (text, result)
+    }
+
+    /// `(schema, table, pool_size, timeout, connect_timeout, create_schema, turnstiles)`.
+    fn settings(config: &PostgresConfig) -> (&str, &str, u32, Duration, Duration, bool, u32) {
+        (
+            &config.schema,
+            &config.table,
+            config.pool_size,
+            config.op_timeout,
+            config.connect_timeout,
+            config.create_schema,
+            config.turnstiles,
         )
-        .unwrap();
-        assert_eq!(
-            (config.schema.as_str(), config.table.as_str()),
-            ("locks", "t1")
+    }
+
+    #[test]
+    fn options_are_read_by_their_names_and_stripped() {
+        let (log, config) = logged(
+            "postgresql://u@h:1/d?schema=locks&table=t1&pool_size=3&timeout=250ms&connect_timeout=2s&create_schema=false&turnstiles=0&application_name=app",
         );
-        assert_eq!(config.pool_size, 3);
-        assert_eq!(config.op_timeout, Duration::from_millis(250));
-        assert!(!config.create_schema);
-        assert_eq!(config.turnstiles, 0);
-        let Source::Options(options) = &config.source else {
-            panic!("expected options")
-        };
+        let config = config.unwrap();
+        assert_eq!(
+            settings(&config),
+            (
+                "locks",
+                "t1",
+                3,
+                Duration::from_millis(250),
+                Duration::from_secs(2),
+                false,
+                0
+            )
+        );
+        assert!(!log.contains("renamed"), "{log}");
+        let options = config.connect_options();
         assert_eq!(options.get_application_name(), Some("app"));
+        // libpq's connect_timeout: whole seconds.
+        let config = PostgresConfig::from_url("postgres://u@h/d?connect_timeout=7").unwrap();
+        assert_eq!(config.connect_timeout, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn old_spellings_are_read_with_a_warning_naming_the_new_one() {
+        for (old, new, check) in [
+            (
+                "lock_schema=s1",
+                "schema",
+                (|c: &PostgresConfig| c.schema == "s1") as fn(&PostgresConfig) -> bool,
+            ),
+            ("lock_table=t1", "table", |c| c.table == "t1"),
+            ("lock_pool_size=4", "pool_size", |c| c.pool_size == 4),
+            ("lock_op_timeout_ms=1500", "timeout", |c| {
+                c.op_timeout == Duration::from_millis(1500)
+            }),
+            ("lock_connect_timeout_ms=300", "connect_timeout", |c| {
+                c.connect_timeout == Duration::from_millis(300)
+            }),
+            ("lock_create_schema=false", "create_schema", |c| {
+                !c.create_schema
+            }),
+            ("lock_turnstiles=2", "turnstiles", |c| c.turnstiles == 2),
+        ] {
+            let (log, config) = logged(&format!("postgres://u@h/d?{old}"));
+            let config = config.unwrap_or_else(|e| panic!("{old}: {e}"));
+            assert!(check(&config), "{old}: {config:?}");
+            let old_name = old.split('=').next().unwrap();
+            assert!(
+                log.contains(&format!("URL option {old_name} is renamed {new}")),
+                "{old}: {log}"
+            );
+            assert_eq!(log.lines().count(), 1, "one line: {log}");
+        }
+        // Both given: the new one wins.
+        let config = PostgresConfig::from_url("postgres://u@h/d?lock_table=old&table=new").unwrap();
+        assert_eq!(config.table, "new");
+    }
+
+    #[test]
+    fn bad_values_are_typed_errors_that_echo_nothing() {
+        use lock_conformance::kit::secrets::{assert_hidden, encoded};
+        for option in [
+            "timeout",
+            "connect_timeout",
+            "lock_op_timeout_ms",
+            "pool_size",
+            "turnstiles",
+            "create_schema",
+        ] {
+            let url = format!("postgres://u:{}@h/d?{option}={}", encoded(), encoded());
+            let err = PostgresConfig::from_url(&url).unwrap_err();
+            assert!(
+                matches!(err, LockError::InvalidConfig { .. }),
+                "{option}: {err}"
+            );
+            assert!(err.to_string().contains(option), "{option}: {err}");
+            assert_hidden(option, &format!("{err} {err:?}"));
+        }
+        for bad in [
+            "timeout=30",
+            "timeout=0",
+            "connect_timeout=0s",
+            "pool_size=0",
+            "turnstiles=65",
+        ] {
+            let err = PostgresConfig::from_url(&format!("postgres://u@h/d?{bad}")).unwrap_err();
+            assert!(
+                matches!(err, LockError::InvalidConfig { .. }),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_option_names_the_known_ones_but_never_a_password_part() {
+        let err = PostgresConfig::from_url("postgres://u@h/d?tabel=x").unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{text}");
+        assert!(
+            text.contains("unknown postgres URL option \"tabel\""),
+            "{text}"
+        );
+        for known in OWN_OPTIONS {
+            assert!(text.contains(known), "{known}: {text}");
+        }
+        // After a password, an unknown name may be the password's tail.
+        let err = PostgresConfig::from_url("postgres://u@h/d?password=ab&s3cret=cd").unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        // libpq's own parameters that sqlx ignores are dropped, not refused.
+        let (log, config) = logged("postgres://u@h/d?target_session_attrs=any&keepalives=1");
+        config.unwrap();
+        assert!(log.contains("target_session_attrs"), "{log}");
+    }
+
+    #[test]
+    fn the_password_may_come_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let config = PostgresConfig::from_url(&format!(
+            "postgres://u@h/d?password_file={}",
+            file.display()
+        ))
+        .unwrap();
+        let options = config.connect_options();
+        // sqlx's own Debug shows the password (ours never does).
+        assert!(format!("{options:?}").contains("from-file"));
+        assert!(!format!("{config:?}").contains("from-file"));
+        for both in [
+            format!("postgres://u:pw@h/d?password_file={}", file.display()),
+            format!(
+                "postgres://u@h/d?password=pw&password_file={}",
+                file.display()
+            ),
+        ] {
+            let err = PostgresConfig::from_url(&both).unwrap_err();
+            assert!(
+                matches!(err, LockError::InvalidConfig { .. }),
+                "{both}: {err}"
+            );
+        }
     }
 
     #[test]
