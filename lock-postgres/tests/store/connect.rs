@@ -218,3 +218,41 @@ async fn debug_of_a_connected_backend_hides_the_password() {
     assert!(!shown.contains("hunter2"), "{shown}");
     assert!(shown.contains("postgres@127.0.0.1"), "{shown}");
 }
+
+/// `client()` is sqlx's own pool on the backend's server, for the
+/// application's statements (here a fenced write in its own transaction):
+/// one made on first use, which `close` closes; or, under `from_pool`, the
+/// caller's pool, which `close` leaves open.
+#[tokio::test]
+async fn client_is_a_sqlx_pool_on_the_backends_server() {
+    let backend = PostgresBackend::connect(&shared_url()).await.unwrap();
+    let pool = backend.client();
+    let port: String = sqlx::query_scalar("SELECT current_setting('port')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(port, postgres::shared().addr().port().to_string());
+    let lease = acquired(&backend, &name("client"), Duration::from_secs(30)).await;
+    let mut tx = pool.begin().await.unwrap();
+    let resource = format!("client-{}", lease.name());
+    backend
+        .resource_fence()
+        .write(&mut tx, &resource, lease.fence())
+        .await
+        .unwrap()
+        .expect("the holder's write is not stale");
+    tx.commit().await.unwrap();
+    backend.release(&lease).await.unwrap();
+    backend.close().await.unwrap();
+    assert!(pool.is_closed(), "close closes the pool it made");
+
+    let caller = sqlx::PgPool::connect(&shared_url()).await.unwrap();
+    let backend = PostgresBackend::from_pool(caller.clone()).await.unwrap();
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&backend.client())
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+    backend.close().await.unwrap();
+    assert!(!caller.is_closed(), "the caller's pool stays open");
+}
