@@ -1,10 +1,12 @@
 //! `PostgresBackend`: connect, close, and the `LockBackend` impl (each
 //! method delegating to the client, the waiter or the listener).
 
+pub mod testing;
+
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -15,20 +17,19 @@ use lockcore::{
     LockError, LockName, ReleaseOutcome,
 };
 use sqlx::PgPool;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::client::{Client, Take};
 use crate::config::{PostgresConfig, Server, Source};
+use crate::connection::{Client, Facts, Pool};
 use crate::error::BACKEND;
 use crate::fence::ResourceFence;
-use crate::notify::Wakeups;
-use crate::pool::Pool;
-use crate::probe::Facts;
-use crate::schema::{Ddl, RESOURCE_FENCE_TABLE};
-use crate::sql::Sql;
-use crate::turnstile::Turnstiles;
-use crate::wait::{EXPIRY_SLACK, LineWaiter};
-use crate::{keys, listener};
+use crate::keys;
+use crate::keys::schema::{Ddl, RESOURCE_FENCE_TABLE};
+use crate::locks::Take;
+use crate::locks::sql::Sql;
+use crate::wait::notify::Wakeups;
+use crate::wait::turnstile::Turnstiles;
+use crate::wait::{EXPIRY_SLACK, LineWaiter, listener};
 
 /// Eviction notices travel as a NOTIFY to the holder's listener connection:
 /// one hop after the eviction commits.
@@ -56,6 +57,10 @@ struct Inner {
     /// Waiting `acquire` calls, in the local line or beyond.
     waiting: Arc<AtomicUsize>,
     resource_fence: ResourceFence,
+    /// What [`PostgresBackend::client`] hands out: the caller's pool, or
+    /// one made on first use with `options`.
+    caller_pool: OnceLock<PgPool>,
+    options: PgConnectOptions,
     /// Held by `close` for its whole run; `true` once it has closed.
     closed: tokio::sync::Mutex<bool>,
 }
@@ -174,9 +179,13 @@ impl PostgresBackend {
             cleanups.clone(),
             closing.clone(),
         );
+        let caller_pool = OnceLock::new();
+        if let Pool::Caller(pool) = &pool {
+            let _ = caller_pool.set(pool.clone());
+        }
         let wakeups = Wakeups::new(
             listener::Config {
-                options,
+                options: options.clone(),
                 channel: sql.channel.clone(),
                 evict_channel: sql.evict_channel.clone(),
                 table: sql.table.clone(),
@@ -203,6 +212,8 @@ impl PostgresBackend {
                 line: LocalLine::new(),
                 waiting: Arc::default(),
                 resource_fence,
+                caller_pool,
+                options,
                 closed: tokio::sync::Mutex::new(false),
             }),
         })
@@ -227,11 +238,6 @@ impl PostgresBackend {
         self.inner.resource_fence.clone()
     }
 
-    /// The NOTIFY channel waiters listen on.
-    pub fn channel(&self) -> &str {
-        &self.inner.client.sql.channel
-    }
-
     /// Deletes the rows of names that have been free for at least
     /// `older_than`, and returns how many. Released rows are kept so a
     /// name's row outlives its holders; call this from a periodic job when
@@ -245,17 +251,25 @@ impl PostgresBackend {
         self.inner.client.purge_free(older_than).await
     }
 
-    /// Waiting `acquire` calls of this instance (in its local line, at the
-    /// turnstile, or waiting for the lease).
-    pub fn waiting(&self) -> usize {
-        self.inner.waiting.load(Ordering::Relaxed)
-    }
-
-    /// The advisory-lock key waiters of `name` queue on (`pg_locks.objid`
-    /// holds its low 32 bits, `classid` its high 32 bits, `objsubid` is 1):
-    /// handy for seeing who waits, never needed to take a lock.
-    pub fn turnstile_key(&self, name: &LockName) -> i64 {
-        keys::turnstile_key(self.table(), name.as_str())
+    /// The store's own client: a sqlx pool on this backend's server, for
+    /// the caller's own statements (such as [`fenced_write`](crate::fenced_write)
+    /// in the transaction that writes the protected data). With
+    /// [`from_pool`](Self::from_pool) it is that pool; otherwise a pool made
+    /// on the first call with the backend's connect options (server,
+    /// credentials, TLS), at most `pool_size` connections, each opened when
+    /// first needed. The backend's own statements never use it. `close`
+    /// closes a pool made here, never the caller's.
+    pub fn client(&self) -> PgPool {
+        let inner = &self.inner;
+        inner
+            .caller_pool
+            .get_or_init(|| {
+                PgPoolOptions::new()
+                    .max_connections(inner.client.pool.size())
+                    .acquire_timeout(inner.client.op_timeout)
+                    .connect_lazy_with(inner.options.clone())
+            })
+            .clone()
     }
 }
 
@@ -270,7 +284,7 @@ impl fmt::Debug for PostgresBackend {
             .field("connect_timeout", &self.inner.connect_timeout)
             .field("wakeups", &client.wakeups)
             .field("turnstiles", &self.inner.turnstiles)
-            .field("waiting", &self.waiting())
+            .field("waiting", &self.inner.waiting.load(Ordering::Relaxed))
             .field("closed", &client.closing.is_cancelled())
             .finish()
     }
@@ -375,6 +389,9 @@ impl LockBackend for PostgresBackend {
         client.wakeups.close(inner.connect_timeout).await;
         inner.turnstiles.close(limit).await;
         client.pool.close(limit).await;
+        if let (Some(made), Pool::Own(_)) = (inner.caller_pool.get(), &client.pool) {
+            made.close().await;
+        }
         *closed = true;
         tracing::debug!(server = %inner.server, "closed");
         Ok(())

@@ -1,27 +1,33 @@
 //! `PostgresConfig`: where the locks live and how the backend talks to the server.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use lockcore::LockError;
-use lockcore::backend::redact_url;
+use lockcore::backend::StoreUrl;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::ident::Ident;
-use crate::urls::{ambiguous_userinfo, known_to_sqlx};
+mod urls;
 
-/// URL query parameters this crate reads (and strips before sqlx sees the URL).
-const OWN_PARAMS: &[&str] = &[
-    "lock_schema",
-    "lock_table",
-    "lock_pool_size",
-    "lock_op_timeout_ms",
-    "lock_create_schema",
-    "lock_turnstiles",
-    "lock_connect_timeout_ms",
+use crate::keys::ident::Ident;
+use crate::keys::schema::SEQUENCE_SUFFIX;
+use urls::{Options, libpq_parameters, sqlx_options, unambiguous, without_query};
+
+/// The options this crate reads from a URL (besides libpq's own, which
+/// sqlx reads): what an unknown option's error lists.
+const OWN_OPTIONS: &[&str] = &[
+    "schema",
+    "table",
+    "pool_size",
+    "timeout",
     "connect_timeout",
+    "create_schema",
+    "turnstiles",
+    "password_file",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 
 /// Where the backend gets its connections.
@@ -40,10 +46,12 @@ pub(crate) enum Source {
 /// [`PgConnectOptions`], or from an existing [`PgPool`]; then adjusted with
 /// the setters. `Debug` never prints the password.
 ///
-/// Extra URL parameters read by this crate: `lock_schema`, `lock_table`,
-/// `lock_pool_size`, `lock_op_timeout_ms`, `lock_create_schema` (`true`/`false`),
-/// `lock_turnstiles`, `lock_connect_timeout_ms`; and libpq's `connect_timeout`
-/// (whole seconds), which sqlx ignores.
+/// URL options read by this crate (see the README's table): `schema`,
+/// `table`, `pool_size`, `timeout`, `connect_timeout` (a duration, or
+/// libpq's whole seconds), `create_schema`, `turnstiles`, `password_file`,
+/// `tls_ca`/`tls_cert`/`tls_key` (libpq's `sslrootcert`/`sslcert`/`sslkey`).
+/// The `lock_*` spellings of earlier releases are still read, with a
+/// warning.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) source: Source,
@@ -64,7 +72,7 @@ impl PostgresConfig {
     /// Default number of turnstile connections per backend instance.
     pub const DEFAULT_TURNSTILES: u32 = 8;
 
-    /// Connections in the pool `connect` builds (`lock_pool_size`).
+    /// Connections in the pool `connect` builds (`pool_size`).
     pub const DEFAULT_POOL_SIZE: u32 = 10;
 
     fn with_source(source: Source) -> Self {
@@ -80,131 +88,37 @@ impl PostgresConfig {
         }
     }
 
-    /// Parses a `postgres://` or `postgresql://` URL.
+    /// Parses a `postgres://` or `postgresql://` URL: libpq's form (host,
+    /// port, user, password, database, and libpq's parameters such as
+    /// `sslmode`, `sslrootcert`, `application_name`, `connect_timeout`), and
+    /// this crate's options (see the README's table).
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] for a URL that does not parse or a bad
-    /// `lock_*` parameter; the message never contains the password.
+    /// [`LockError::InvalidConfig`] for a URL that does not parse, a bad
+    /// option value or an unknown option (naming the known ones); the
+    /// message never contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        // An `@` past a `/`, `?` or `#`: a URL parser and a redaction may
-        // disagree on where the user info ends, so nothing of it is shown.
-        let ambiguous = ambiguous_userinfo(url);
-        let shown = if ambiguous {
-            format!("<a {}-byte URL, not shown>", url.len())
-        } else {
-            redact_url(url)
-        };
-        // Only `scheme://...`: anything else (`postgres:/u:pw@h`, a libpq
-        // `host=.. password=..` string) would parse as a host-less URL whose
-        // path, the password's tail included, becomes the database name.
-        let scheme_ok = ["postgres://", "postgresql://"].iter().any(|prefix| {
-            url.get(..prefix.len())
-                .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
-        });
-        if !scheme_ok {
-            return Err(LockError::config(format!(
-                "expected a postgres:// or postgresql:// URL, not {shown}"
-            )));
-        }
-        let mut parsed = url::Url::parse(url).map_err(|e| {
-            LockError::config_caused_by(
-                format!("{shown} is not a PostgreSQL URL"),
-                // The url crate names what is wrong, never the text.
-                e.to_string(),
-            )
-        })?;
-        // Where the redaction sees a user info and the parser none, the
-        // parser took part of a password for the host, path or query.
-        if ambiguous && parsed.username().is_empty() && parsed.password().is_none() {
-            return Err(LockError::config(format!(
-                "{shown}: it holds an @ after a /, ? or # and no user info (a password with an unescaped /, ? or #?); percent-encode them"
-            )));
-        }
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        // A value after a password may be part of it (split at an
-        // unescaped `&`): errors do not show it.
-        let password_at = pairs.iter().position(|(k, _)| k == "password");
-        let (own, rest): (Vec<_>, Vec<_>) = pairs
-            .into_iter()
-            .enumerate()
-            .partition(|(_, (k, _))| OWN_PARAMS.contains(&k.as_str()));
-        let rest = known_to_sqlx(rest.into_iter().map(|(_, pair)| pair).collect());
-        if rest.is_empty() {
-            parsed.set_query(None);
-        } else {
-            parsed.query_pairs_mut().clear().extend_pairs(rest);
-        }
-        let options = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
-            LockError::config_caused_by(
-                format!("{shown}: invalid connection settings"),
-                // sqlx's message names the bad parameter, never the password.
-                e.to_string(),
-            )
-        })?;
-        let mut config = Self::from_options(options);
-        for (at, (key, value)) in own {
-            let shown = if password_at.is_some_and(|p| p < at) {
-                "(not shown: it follows the password)".to_owned()
-            } else {
-                format!("{value:?}")
-            };
-            let bad = |why: &str| LockError::config(format!("URL parameter {key}={shown}: {why}"));
-            match key.as_str() {
-                "lock_schema" => config.schema = value,
-                "lock_table" => config.table = value,
-                "lock_pool_size" => {
-                    config.pool_size = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| bad("expected a positive integer"))?;
-                }
-                "lock_op_timeout_ms" => {
-                    config.op_timeout = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .map(Duration::from_millis)
-                        .ok_or_else(|| bad("expected a positive number of milliseconds"))?;
-                }
-                "lock_connect_timeout_ms" => {
-                    config.connect_timeout = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .map(Duration::from_millis)
-                        .ok_or_else(|| bad("expected a positive number of milliseconds"))?;
-                }
-                "connect_timeout" => {
-                    config.connect_timeout = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .map(Duration::from_secs)
-                        .ok_or_else(|| bad("expected a positive number of seconds"))?;
-                }
-                "lock_create_schema" => {
-                    config.create_schema =
-                        value.parse().map_err(|_| bad("expected true or false"))?;
-                }
-                "lock_turnstiles" => {
-                    config.turnstiles = value
-                        .parse()
-                        .ok()
-                        .filter(|n| *n <= Self::MAX_TURNSTILES)
-                        .ok_or_else(|| {
-                        bad(&format!(
-                            "expected a number of connections from 0 to {}",
-                            Self::MAX_TURNSTILES
-                        ))
-                    })?;
-                }
-                _ => {} // only OWN_PARAMS were partitioned out
+        let mut store = StoreUrl::parse(&unambiguous(url)?, &["postgres", "postgresql"])?;
+        let shown = store.redacted();
+        let options = Options::take(&mut store)?;
+        let password = store.take_password()?;
+        let libpq = libpq_parameters(&shown, store.take_rest(), &options)?;
+        let mut connect = sqlx_options(url, &shown, libpq.clone())?;
+        // From `password_file`: the URL carries none (`take_password`
+        // refuses both), but a `password=` parameter may.
+        if store.password().is_none()
+            && let Some(password) = password
+        {
+            if libpq.iter().any(|(key, _)| key == "password") {
+                return Err(LockError::config(format!(
+                    "{}: both password_file and a password parameter: give one",
+                    without_query(&shown)
+                )));
             }
+            connect = connect.password(&password);
         }
+        let mut config = Self::from_options(connect);
+        options.apply(&mut config);
         Ok(config)
     }
 
@@ -290,10 +204,19 @@ impl PostgresConfig {
         let table = Ident::new(
             "table",
             &self.table,
-            Ident::MAX_BYTES - crate::schema::SEQUENCE_SUFFIX.len(),
+            Ident::MAX_BYTES - SEQUENCE_SUFFIX.len(),
         )?;
-        let sequence = table.with_suffix(crate::schema::SEQUENCE_SUFFIX);
+        let sequence = table.with_suffix(SEQUENCE_SUFFIX);
         Ok((schema, table, sequence))
+    }
+
+    /// The sqlx options of a config made from a URL or options.
+    #[cfg(test)]
+    pub(crate) fn connect_options(&self) -> &PgConnectOptions {
+        match &self.source {
+            Source::Options(options) => options,
+            Source::Pool(_) => panic!("a pool, not options"),
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<(), LockError> {
@@ -356,6 +279,9 @@ impl fmt::Display for Server<'_> {
 }
 
 #[cfg(test)]
+mod option_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -374,6 +300,7 @@ mod tests {
             "postgres://u:s3cret-pw@h/db?sslmode=bogus",
             "postgres://u:s3cret-pw@h/db?lock_pool_size=0",
             "postgres://u:s3cret-pw@h/db?lock_op_timeout_ms=x",
+            "postgres://u:s3cret-pw@h/db?timeout=x",
             "postgres://u:s3cret-pw@h/db?lock_turnstiles=65",
             "postgres://u:s3cret-pw@h/db?lock_turnstiles=-1",
             "postgres://u:s3cret-pw@h/db?password=s3cret-pw&sslmode=nope",
@@ -388,26 +315,6 @@ mod tests {
             );
             assert!(!text.contains("s3cret"), "{bad}: {text}");
         }
-    }
-
-    #[test]
-    fn own_parameters_are_read_and_stripped() {
-        let config = PostgresConfig::from_url(
-            "postgresql://u@h:1/d?lock_schema=locks&lock_table=t1&lock_pool_size=3&lock_op_timeout_ms=250&lock_create_schema=false&lock_turnstiles=0&application_name=app",
-        )
-        .unwrap();
-        assert_eq!(
-            (config.schema.as_str(), config.table.as_str()),
-            ("locks", "t1")
-        );
-        assert_eq!(config.pool_size, 3);
-        assert_eq!(config.op_timeout, Duration::from_millis(250));
-        assert!(!config.create_schema);
-        assert_eq!(config.turnstiles, 0);
-        let Source::Options(options) = &config.source else {
-            panic!("expected options")
-        };
-        assert_eq!(options.get_application_name(), Some("app"));
     }
 
     #[test]

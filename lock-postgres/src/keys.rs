@@ -1,5 +1,7 @@
-//! How names map to what the server keys on besides rows: NOTIFY channels
-//! and advisory-lock keys.
+//! Where things live in the server: the lock tables, their sequence and
+//! DDL (`schema.rs`), the validated identifiers they are named by
+//! (`ident.rs`), and here how names map to what the server keys on besides
+//! rows: NOTIFY channels and advisory-lock keys.
 //!
 //! Advisory keys are 64-bit hashes of the table and the name (FNV-1a, stable
 //! across builds and platforms: every instance must queue on the same key).
@@ -7,7 +9,10 @@
 //! or wakes a waiter for nothing: a key never grants anything, the lease
 //! row stays the only authority.
 
-use crate::ident::Ident;
+pub(crate) mod ident;
+pub(crate) mod schema;
+
+use ident::Ident;
 
 /// The NOTIFY channel of a table: readable when it fits PostgreSQL's
 /// 63-byte identifier limit, hashed otherwise. Two tables sharing a channel
@@ -20,7 +25,7 @@ pub(crate) fn channel(prefix: &str, schema: &Ident, table: &Ident) -> String {
     format!("{prefix}:{:016x}", fnv1a(readable.as_bytes()))
 }
 
-/// The advisory-lock key of a name's turnstile (see `turnstile.rs`): the
+/// The advisory-lock key of a name's turnstile (see `wait/turnstile.rs`): the
 /// table and the name.
 pub(crate) fn turnstile_key(table_regclass: &str, name: &str) -> i64 {
     key(&[table_regclass.as_bytes(), name.as_bytes()])

@@ -12,8 +12,10 @@ use sqlx::Connection;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::client::{Client, db_fence, fence_token, from_micros, micros};
-use crate::{error, keys, sql};
+use crate::connection::{Client, from_micros, micros};
+use crate::fence::{db_fence, fence_token};
+use crate::locks::sql;
+use crate::{error, keys};
 
 /// A taken slot as `permit_inspect` returns it: slot, fence, owner,
 /// remaining µs, label.

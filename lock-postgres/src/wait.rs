@@ -1,4 +1,8 @@
 //! Waiting in line: the adapter's [`Waiter`] for lockcore's one wait loop.
+//! The wake-ups it waits for live beside it: the turnstiles
+//! (`wait/turnstile.rs`), LISTEN/NOTIFY (`wait/notify.rs`, driven by the
+//! listener task of `wait/listener.rs` over the registry of
+//! `wait/registry.rs`).
 //!
 //! A waiting `acquire` stands in line twice, and only the head of the line
 //! asks for the lease:
@@ -7,7 +11,7 @@
 //!    (lockcore's `LocalLine`, no I/O), so an instance sends one waiter per
 //!    name to the server at a time; the first local waiter first tries to
 //!    take a free lock nobody waits for, without queueing at all;
-//! 2. at the server, in the name's turnstile queue (`turnstile.rs`).
+//! 2. at the server, in the name's turnstile queue (`wait/turnstile.rs`).
 //!
 //! The turnstile holder tries the lease at once, then waits for it as any
 //! waiter does (LISTEN/NOTIFY, the holder's expiry, re-checks); the lease it
@@ -24,6 +28,11 @@
 //! wake-up of the coming step: the waiter's own signal (its turnstile turn)
 //! while queued, the store's notification once it asks for the lease.
 
+pub(crate) mod listener;
+pub(crate) mod notify;
+mod registry;
+pub(crate) mod turnstile;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,9 +42,10 @@ use lockcore::{Attempt, LockError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::client::{Client, Held, Take};
+use self::turnstile::{Ticket, Turn, Turnstiles};
+use crate::connection::Client;
 use crate::keys;
-use crate::turnstile::{Ticket, Turn, Turnstiles};
+use crate::locks::{Held, Take};
 
 /// How long a lease must have been free (or expired) before a waiter
 /// queued at its turnstile takes it past whoever holds the turnstile: a

@@ -1,0 +1,372 @@
+//! Every SQL statement the backend runs, built once per backend from the
+//! validated, quoted identifiers. Lock names, owners, fences and TTLs are
+//! always bind parameters.
+//!
+//! It lives with the locks, whose statements are most of it, and holds the
+//! permits' and the fence floor's statements too: one set, built once.
+//!
+//! Expiry is judged with `clock_timestamp()` (the server's clock at the
+//! moment the row is examined), never `now()` (the transaction start) and
+//! never the client's clock. Released rows are kept with `owner = NULL` and
+//! `expires_at = '-infinity'`, so a name's row (and its last fence) outlives
+//! its holders; fences come from one sequence that is never reset.
+
+use crate::keys;
+use crate::keys::ident::Ident;
+
+/// Remaining lease time in whole microseconds, at least 1 (the row was
+/// live when selected; a later clock read must not make it look free).
+/// Released rows (`-infinity`) are guarded: PostgreSQL cannot subtract
+/// infinite timestamps.
+const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
+    ELSE GREATEST((extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint, 1) END";
+
+/// The label of the row's grant (`NULL` when written for another grant).
+const LABEL: &str = "CASE WHEN label_owner = owner THEN label END";
+
+/// Starts every transaction this crate opens: READ COMMITTED whatever the
+/// server's default, so each statement sees what committed before it began.
+/// Under REPEATABLE READ or SERIALIZABLE a release in a long turnstile
+/// transaction would judge the lease on that transaction's first snapshot
+/// (and miss it), and contended acquires would fail to serialize.
+pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// Run on every session the backend opens, for its single statements.
+pub(crate) const PIN_ISOLATION: &str = "SET default_transaction_isolation = 'read committed'";
+
+/// The statements of one lock table.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    /// `$1` name, `$2` owner, `$3` TTL µs, `$4` minimum time free in µs
+    /// (0: any free row), `$5` gated, `$6` turnstile key, `$7` label → `(fence,
+    /// remaining_us)`: `(Some, None)` acquired; `(None, Some)` held; no
+    /// row: held by a grant this statement's snapshot cannot see yet, free
+    /// for less than `$4`, or (gated) free with waiters in line.
+    pub(crate) acquire: String,
+    /// `$1` names, `$2` owners, `$3` fences, `$4` TTLs µs, `$5` slots
+    /// (`NULL` for a lock) (arrays) → the 1-based positions of the leases
+    /// renewed.
+    pub(crate) renew_many: String,
+    /// `$1` name, `$2` owner, `$3` fence, `$4` channel, `$5` watch key →
+    /// released count.
+    pub(crate) release: String,
+    /// `$1` name, `$2` owner, `$3` channel, `$4` watch key → freed count: frees a grant
+    /// whose fence is unknown (an acquire whose reply was lost); the owner
+    /// token is unique to that one attempt.
+    pub(crate) forget: String,
+    /// `$1` names, `$2` owners, `$3` fences (arrays) → the owners of those
+    /// grants that are no longer live.
+    pub(crate) gone: String,
+    /// `$1` name → `(fence, owner, remaining_us, label)` of a live holder.
+    pub(crate) inspect: String,
+    /// `$1` name → the live holder, row-locked until commit.
+    pub(crate) force_select: String,
+    /// `$1` name: free the row and move its fence past the evicted grant.
+    pub(crate) force_free: String,
+    /// `$1` age in µs → rows deleted: rows free for at least that long.
+    pub(crate) purge_free: String,
+    /// `$1` name, `$2` owner, `$3` permits, `$4` TTL µs, `$5` label → one
+    /// row `(slot, fence, existing, remaining_us)`: a slot and fence when
+    /// granted; else `existing`, the count the holders agreed on when it is
+    /// not `$3`; else the time until the first holder's expiry. Run under
+    /// the semaphore's advisory lock (`keys::permits_key`), in a
+    /// transaction of its own: this statement's snapshot, taken after the
+    /// lock, sees every grant before it.
+    pub(crate) permit_take: String,
+    /// `$1` name, `$2` slot, `$3` owner, `$4` fence, `$5` channel, `$6`
+    /// payload, `$7` watch key → released count.
+    pub(crate) permit_release: String,
+    /// `$1` name, `$2` owner, `$3` channel, `$4` payload, `$5` watch key →
+    /// freed count: frees the slot of a permit acquire whose reply was lost
+    /// (the owner token is unique to that one attempt).
+    pub(crate) permit_forget: String,
+    /// `$1` name → `(slot, fence, owner, remaining_us, label)` of each live
+    /// holder, by slot.
+    pub(crate) permit_inspect: String,
+    /// Locks both tables against grants (every `nextval` runs in a
+    /// statement writing one of them) until the transaction commits; reads
+    /// go on.
+    pub(crate) lock_grants: String,
+    /// `$1` floor: moves the sequence to at least the floor (`nextval`,
+    /// then `setval` to the larger), under `lock_grants`.
+    pub(crate) floor: String,
+    /// `$1` channel, `$2` payload.
+    pub(crate) notify: &'static str,
+    /// The NOTIFY channel of this table (payload: a freed name).
+    pub(crate) channel: String,
+    /// The NOTIFY channel of evictions (payload: `fence owner name`).
+    pub(crate) evict_channel: String,
+    /// `"schema"."table"`, as text for `to_regclass` and keys.
+    pub(crate) table: String,
+}
+
+impl Sql {
+    /// The statements of `schema.table`; `t` and `seq` are the quoted,
+    /// qualified names of the table and its sequence.
+    pub(crate) fn new(schema: &Ident, table: &Ident, t: &str, seq: &str, p: &str) -> Sql {
+        // `seq` holds only identifier characters and double quotes, so it
+        // is safe inside a single-quoted literal.
+        let nextval = format!("nextval('{seq}'::regclass)");
+        let ttl = "$3 * interval '1 microsecond'";
+        // One statement, one look at the row (`cur`, the statement's
+        // snapshot), then one of two exclusive paths:
+        // - the row is live: report the holder's remaining time, write
+        //   nothing (no row lock, no transaction id, so no WAL flush);
+        // - free, expired or missing: insert it, or, on conflict, take the
+        //   row under its lock if it is (still) free or expired, judged on
+        //   the row's latest version. A contender that loses that race
+        //   writes nothing of the row and gets no grant.
+        //
+        // `$4` (µs, normally 0) asks for a row that has been free for at
+        // least that long (released: since `updated_at`; expired: since
+        // `expires_at`): a waiter stuck in the turnstile queue uses it to
+        // take a lease nobody else is taking, without racing a live
+        // attempter. With 0 the condition is skipped entirely, so a server
+        // clock stepped backwards cannot delay an ordinary acquire.
+        //
+        // `$5` (the gate) makes a free lock go to whoever is in line first:
+        // with it, the statement takes the row only if the name's turnstile
+        // (`$6`, see `keys::turnstile_key`) is free, i.e. nobody waits in
+        // line; a waiting `acquire` asks this way before queueing.
+        let acquire = format!(
+            "WITH cur AS (
+                SELECT expires_at FROM {t} WHERE name = $1
+            ), taken AS (
+                INSERT INTO {t} AS l (name, owner, fence, expires_at, updated_at, label, label_owner)
+                SELECT $1, $2, {nextval}, clock_timestamp() + {ttl}, clock_timestamp(), $7, $2
+                 WHERE CASE
+                         WHEN EXISTS (SELECT 1 FROM cur WHERE expires_at > clock_timestamp())
+                           THEN false
+                         WHEN $5 THEN pg_try_advisory_xact_lock($6)
+                         ELSE true
+                       END
+                ON CONFLICT (name) DO UPDATE
+                   SET owner = EXCLUDED.owner, fence = EXCLUDED.fence,
+                       expires_at = clock_timestamp() + {ttl}, updated_at = clock_timestamp(),
+                       label = EXCLUDED.label, label_owner = EXCLUDED.owner
+                 WHERE l.expires_at <= clock_timestamp()
+                   AND ($4 = 0 OR CASE WHEN l.expires_at = '-infinity' THEN l.updated_at
+                                       ELSE l.expires_at END
+                                  <= clock_timestamp() - $4 * interval '1 microsecond')
+                RETURNING l.fence
+            )
+            SELECT fence, NULL::bigint AS remaining_us FROM taken
+            UNION ALL
+            SELECT NULL, {REMAINING_US} FROM cur WHERE expires_at > clock_timestamp()"
+        );
+        // Each lease is owner-, fence- and liveness-checked on its own row,
+        // in one statement for the whole batch.
+        let renew_many = format!(
+            "WITH r AS (
+                SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[], $5::int4[])
+                       WITH ORDINALITY AS r(name, owner, fence, ttl_us, slot, i)
+            ), locks AS (
+                UPDATE {t} AS l
+                   SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
+                       updated_at = clock_timestamp()
+                  FROM r
+                 WHERE r.slot IS NULL AND l.name = r.name AND l.owner = r.owner
+                   AND l.fence = r.fence AND l.expires_at > clock_timestamp()
+                RETURNING r.i
+            ), permits AS (
+                UPDATE {p} AS q
+                   SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
+                       updated_at = clock_timestamp()
+                  FROM r
+                 WHERE r.slot IS NOT NULL AND q.name = r.name AND q.slot = r.slot
+                   AND q.owner = r.owner AND q.fence = r.fence
+                   AND q.expires_at > clock_timestamp()
+                RETURNING r.i
+            )
+            SELECT i FROM locks UNION ALL SELECT i FROM permits"
+        );
+        // Releases notify only when somebody waits: a waiter's listener
+        // holds the name's watch key (`$5`) shared, so taking it here fails.
+        // Taken, it is held to this statement's commit, so a waiter that
+        // registers meanwhile waits for the commit and then sees the row
+        // free. (Every NOTIFY serializes its transaction's commit with all
+        // other notifying commits of the server.)
+        let release = format!(
+            "WITH released AS (
+                UPDATE {t}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($5) THEN NULL
+                            ELSE pg_notify($4, name) END
+                  FROM released
+            ) notified"
+        );
+        let forget = format!(
+            "WITH freed AS (
+                UPDATE {t}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($4) THEN NULL
+                            ELSE pg_notify($3, name) END
+                  FROM freed
+            ) notified"
+        );
+        let gone = format!(
+            "SELECT r.owner FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS r(name, owner, fence)
+              WHERE NOT EXISTS (
+                SELECT 1 FROM {t} l
+                 WHERE l.name = r.name AND l.owner = r.owner AND l.fence = r.fence
+                   AND l.expires_at > clock_timestamp())"
+        );
+        // A label is shown only with the grant that wrote it: a version
+        // without labels takes rows without touching them.
+        let inspect = format!(
+            "SELECT fence, owner, {REMAINING_US}, {LABEL} FROM {t}
+              WHERE name = $1 AND expires_at > clock_timestamp()"
+        );
+        let force_select = format!(
+            "SELECT fence, owner, {REMAINING_US}, {LABEL} FROM {t}
+              WHERE name = $1 AND expires_at > clock_timestamp() FOR UPDATE"
+        );
+        let force_free = format!(
+            "UPDATE {t}
+                SET owner = NULL, expires_at = '-infinity', fence = {nextval},
+                    updated_at = clock_timestamp()
+              WHERE name = $1"
+        );
+        let purge_free = format!(
+            "WITH locks AS (
+                DELETE FROM {t} WHERE expires_at <= clock_timestamp()
+                   AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'
+                RETURNING 1
+            ), permits AS (
+                DELETE FROM {p} WHERE expires_at <= clock_timestamp()
+                   AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM locks) + (SELECT count(*) FROM permits)"
+        );
+        // The lowest free slot below `$3`, unless a live holder agreed on
+        // another count; a slot row is taken under its lock if it is (still)
+        // free, judged on its latest version, or inserted.
+        let permit_take = format!(
+            "WITH live AS (
+                SELECT slot, permits, expires_at FROM {p}
+                 WHERE name = $1 AND expires_at > clock_timestamp()
+            ), other AS (
+                SELECT permits FROM live WHERE permits <> $3 LIMIT 1
+            ), free AS (
+                SELECT s AS slot FROM generate_series(0, $3 - 1) AS s
+                 WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.slot = s)
+                   AND NOT EXISTS (SELECT 1 FROM other)
+                 ORDER BY s LIMIT 1
+            ), taken AS (
+                INSERT INTO {p} AS q (name, slot, permits, owner, fence, expires_at, updated_at, label)
+                SELECT $1, slot, $3, $2, {nextval}, clock_timestamp() + $4 * interval '1 microsecond',
+                       clock_timestamp(), $5
+                  FROM free
+                ON CONFLICT (name, slot) DO UPDATE
+                   SET permits = EXCLUDED.permits, owner = EXCLUDED.owner, fence = EXCLUDED.fence,
+                       expires_at = clock_timestamp() + $4 * interval '1 microsecond',
+                       updated_at = clock_timestamp(), label = EXCLUDED.label
+                 WHERE q.expires_at <= clock_timestamp()
+                RETURNING q.slot, q.fence
+            )
+            SELECT (SELECT slot FROM taken), (SELECT fence FROM taken),
+                   (SELECT permits FROM other),
+                   (SELECT GREATEST((extract(epoch FROM (min(expires_at) - clock_timestamp()))
+                                     * 1000000)::bigint, 1) FROM live)"
+        );
+        let permit_release = format!(
+            "WITH released AS (
+                UPDATE {p}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND slot = $2 AND owner = $3 AND fence = $4
+                   AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($7) THEN NULL
+                            ELSE pg_notify($5, $6) END
+                  FROM released
+            ) notified"
+        );
+        let permit_forget = format!(
+            "WITH freed AS (
+                UPDATE {p}
+                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
+                RETURNING name
+            )
+            SELECT count(*) FROM (
+                SELECT CASE WHEN pg_try_advisory_xact_lock($5) THEN NULL
+                            ELSE pg_notify($3, $4) END
+                  FROM freed
+            ) notified"
+        );
+        let permit_inspect = format!(
+            "SELECT slot, fence, owner, {REMAINING_US}, label FROM {p}
+              WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY slot"
+        );
+        let lock_grants = format!("LOCK TABLE {t}, {p} IN EXCLUSIVE MODE");
+        let floor =
+            format!("SELECT setval('{seq}'::regclass, GREATEST($1, nextval('{seq}'::regclass)))");
+        Sql {
+            acquire,
+            renew_many,
+            release,
+            forget,
+            gone,
+            inspect,
+            force_select,
+            force_free,
+            purge_free,
+            permit_take,
+            permit_release,
+            permit_forget,
+            permit_inspect,
+            lock_grants,
+            floor,
+            notify: "SELECT pg_notify($1, $2)",
+            channel: keys::channel("distlock", schema, table),
+            evict_channel: keys::channel("distlock-evict", schema, table),
+            table: t.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ident(s: &str) -> Ident {
+        Ident::new("x", s, 63).unwrap()
+    }
+
+    #[test]
+    fn identifiers_are_quoted_everywhere() {
+        let (schema, table) = (ident("Sch"), ident("select"));
+        let sql = Sql::new(
+            &schema,
+            &table,
+            "\"Sch\".\"select\"",
+            "\"Sch\".\"select_fence_seq\"",
+            "\"Sch\".\"select_permits\"",
+        );
+        for text in [
+            &sql.acquire,
+            &sql.renew_many,
+            &sql.release,
+            &sql.inspect,
+            &sql.force_free,
+        ] {
+            assert!(text.contains("\"Sch\".\"select\""), "{text}");
+        }
+        assert!(
+            sql.acquire
+                .contains("nextval('\"Sch\".\"select_fence_seq\"'::regclass)")
+        );
+        assert_ne!(sql.channel, sql.evict_channel);
+    }
+}

@@ -1,0 +1,20 @@
+//! Every integration test of lock-postgres against real PostgreSQL servers,
+//! in one binary (one link instead of one per file); each module is one
+//! idea, named as in the other adapters. The conformance suite against a
+//! default server is `tests/conformance.rs`, and `tests/secrets.rs` stays
+//! apart because it installs a global tracing capture.
+
+mod clocks;
+mod close;
+mod connect;
+mod eviction;
+mod fencing;
+mod isolation;
+mod keys;
+mod locks;
+mod permits;
+mod restore;
+mod scale;
+mod support;
+mod tls;
+mod wakeups;
