@@ -1,4 +1,6 @@
-//! `EtcdBackend`: the `LockBackend` on etcd v3.
+//! `EtcdBackend`: the `LockBackend` on etcd v3 (thin: each method dispatches
+//! to its role), its inherent methods, and `testing`, the views of its
+//! internals this crate's tests use (hidden, not part of the API).
 
 use std::fmt;
 use std::sync::Arc;
