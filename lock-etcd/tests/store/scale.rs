@@ -3,6 +3,12 @@
 //! 2,000 waiters on one name in one process follow one view of the queue
 //! over one connection and are all served, in order. Each prints what it
 //! measured (`--nocapture` shows it).
+//!
+//! What is asserted is counted at the private etcd (its requests) or is
+//! this process's sockets to that etcd's port, so the other modules of this
+//! binary do not disturb it. The client CPU and RSS it prints are the whole
+//! process's: for those numbers, run it alone
+//! (`cargo test -p lock-etcd --all-features --test store scale:: -- --nocapture`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
