@@ -1,28 +1,21 @@
-//! `EtcdBackend`: the `LockBackend` on etcd v3.
+//! `EtcdBackend`: the `LockBackend` on etcd v3 (thin: each method dispatches
+//! to its role), its inherent methods, and `testing`, the views of its
+//! internals this crate's tests use (hidden, not part of the API).
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Client, Compare, TxnOp, TxnResponse};
 use lockcore::backend::wait::{WaitPolicy, Wakeup};
 use lockcore::backend::{Kind, LockRequest, Polling, async_trait};
 use lockcore::{
-    Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
+    Attempt, Capabilities, Fenced, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     ReleaseOutcome,
 };
 
-use crate::client::Inner;
 use crate::config::EtcdConfig;
-use crate::conn::Conn;
-use crate::error::timed;
-use crate::floor::Floor;
-use crate::hub::Hub;
-use crate::keys::Keys;
-use crate::line::Lines;
-use crate::notify::Notices;
-use crate::session::Sessions;
-use crate::{probe, wait};
+use crate::connection::client::Inner;
+use crate::wait;
 
 /// Locks in etcd. See the crate docs for the design and guarantees.
 ///
@@ -54,90 +47,8 @@ impl EtcdBackend {
     /// [`LockError::Unavailable`] when etcd cannot be reached in time,
     /// [`LockError::Store`] when it refuses (bad credentials, no permission).
     pub async fn connect_with(config: EtcdConfig) -> Result<Self, LockError> {
-        config.validate()?;
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            // etcd's default `--grpc-keepalive-min-time` is 5 s: ping no faster.
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
-            // A member cut off from the leader fails requests instead of
-            // serving stale reads or silent watches.
-            .with_require_leader(true);
-        if let Some((user, password)) = &config.user {
-            options = options
-                .with_user(user.clone(), password.clone())
-                .with_auto_token_refresh(true);
-        }
-        if let Some(tls) = &config.tls {
-            let mut tls_options = TlsOptions::new();
-            if let Some(ca) = &tls.ca_pem {
-                tls_options = tls_options.ca_certificate(Certificate::from_pem(ca));
-            } else {
-                tls_options = tls_options.with_native_roots();
-            }
-            if let Some((cert, key)) = &tls.identity_pem {
-                tls_options = tls_options.identity(Identity::from_pem(cert, key));
-            }
-            if let Some(domain) = &tls.domain {
-                tls_options = tls_options.domain_name(domain.clone());
-            }
-            options = options.with_tls(tls_options);
-        }
-        let endpoints = config.endpoints();
-        let limit = config.connect_timeout + config.request_timeout;
-        let client = timed(
-            limit,
-            "connect",
-            Client::connect(endpoints.clone(), Some(options)),
-        )
-        .await?;
-        let conn = Arc::new(Conn::new(client.clone()));
-        let caps = probe::capabilities(&client, &conn, config.request_timeout).await?;
-        let keys = Keys::new(&config.prefix);
-        let timeout = config.request_timeout;
-        let hub = Arc::new(Hub::new(conn.clone(), timeout));
-        let floor = Arc::new(Floor::new(&keys));
-        let notices = Notices {
-            hub: hub.clone(),
-            conn: conn.clone(),
-            keys: keys.clone(),
-            floor: floor.clone(),
-            timeout,
-        };
-        let sessions = Arc::new_cyclic(|sessions: &std::sync::Weak<Sessions>| {
-            let sessions = sessions.clone();
-            Sessions::new(
-                conn.clone(),
-                keys.clone(),
-                timeout,
-                config.clock.clone(),
-                floor.clone(),
-                Box::new(move |session| notices.follow(sessions.clone(), session)),
-            )
-        });
-        probe::fence_floor(&client, &config.prefix, &floor, timeout).await?;
-        drop(client); // from here on, only through the conn
-        let inner = Inner {
-            lines: Arc::new(Lines::new(
-                hub.clone(),
-                conn.clone(),
-                timeout,
-                floor.clone(),
-            )),
-            floor,
-            hub,
-            sessions,
-            clock: config.clock.clone(),
-            conn,
-            keys,
-            caps,
-            timeout,
-            endpoints,
-            prefix: config.prefix.clone(),
-            closed: std::sync::atomic::AtomicBool::new(false),
-            closing: tokio::sync::Mutex::new(false),
-        };
         Ok(EtcdBackend {
-            inner: Arc::new(inner),
+            inner: Arc::new(Inner::connect(&config).await?),
         })
     }
 
@@ -147,22 +58,115 @@ impl EtcdBackend {
     /// # Errors
     /// [`LockError::Unavailable`] once the backend was closed
     /// ([`LockBackend::close`]).
-    pub fn etcd_client(&self) -> Result<Client, LockError> {
+    pub fn client(&self) -> Result<Client, LockError> {
         self.inner.conn.get()
     }
 
-    /// Live sessions of this client: one lease per TTL in use, which every
-    /// lock and permit of that TTL is attached to (for tests and metrics).
-    pub fn sessions(&self) -> usize {
-        self.inner.sessions.live()
+    /// The underlying etcd client: renamed [`client`](Self::client), the
+    /// name every adapter gives its store's client.
+    ///
+    /// # Errors
+    /// As [`client`](Self::client).
+    #[deprecated(note = "use client()")]
+    pub fn etcd_client(&self) -> Result<Client, LockError> {
+        self.client()
     }
 
-    /// Key prefixes this client watches on its one watch stream right now:
-    /// queues it waits on (or used in the last few seconds), one per
-    /// session for eviction notices, and the fence floor's key while it has
-    /// a session (for tests and metrics).
-    pub fn watched(&self) -> usize {
-        self.inner.hub.watched()
+    /// Runs `ops` in one etcd transaction only if `token` is not older than
+    /// the last token recorded under `fence_key`, and records `token` there
+    /// in the same transaction: the one vocabulary of resource-side fencing
+    /// across distlock's adapters (a paused holder's late write is refused
+    /// once a newer holder wrote). Equal tokens pass (one holder writes many
+    /// times). `fence_key` is a key of your choosing, one per protected
+    /// resource; a resource shared by a semaphore's holders is fenced per
+    /// slot, with one fence key per slot (`orders/42/fence/<slot>`). `ops`
+    /// must not touch `fence_key`.
+    ///
+    /// ```no_run
+    /// # async fn demo(backend: lock_etcd::EtcdBackend, guard: lockcore::LockGuard) -> Result<(), lockcore::LockError> {
+    /// use lock_etcd::etcd_client::TxnOp;
+    /// let write = [TxnOp::put("orders/42/status", "shipped", None)];
+    /// match backend.fenced_write("orders/42/fence", guard.fencing_token(), write).await? {
+    ///     Ok(_) => println!("written"),
+    ///     Err(stale) => println!("refused: a newer holder (token {}) wrote first", stale.highest),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The store's, as [`LockError`]; a write refused for its token is
+    /// `Ok(Err(StaleToken))`.
+    pub async fn fenced_write(
+        &self,
+        fence_key: impl Into<Vec<u8>>,
+        token: FencingToken,
+        ops: impl Into<Vec<TxnOp>>,
+    ) -> Result<Fenced<TxnResponse>, LockError> {
+        self.inner.fenced_write(fence_key, token, ops).await
+    }
+
+    /// A `Compare` that holds only while `lease`'s grant still holds the
+    /// lock: the grant's key exists with the grant's create revision. Add it
+    /// to your own `Txn` so a write into etcd happens only under the lock,
+    /// atomically (stronger than [`fenced_write`](Self::fenced_write): a lost
+    /// lock refuses the write even before anyone else took it). The
+    /// transaction needs a write or a plain (linearizable) range: etcd
+    /// answers a transaction of compares alone from the member's local,
+    /// possibly stale, state.
+    ///
+    /// ```no_run
+    /// # async fn demo(backend: lock_etcd::EtcdBackend, lease: lockcore::Lease) -> Result<(), Box<dyn std::error::Error>> {
+    /// use etcd_client::{Txn, TxnOp};
+    /// let txn = Txn::new()
+    ///     .when([backend.fence_compare(&lease)])
+    ///     .and_then([TxnOp::put("inventory/sku-42", "41", None)]);
+    /// let applied = backend.client()?.txn(txn).await?.succeeded();
+    /// // `applied == false`: the lock was lost (expired, released or evicted); nothing was written.
+    /// # Ok(()) }
+    /// ```
+    pub fn fence_compare(&self, lease: &Lease) -> Compare {
+        self.inner.fence_compare(lease)
+    }
+}
+
+/// Views of a backend's internals for this crate's tests (re-exported as
+/// `lock_etcd::testing`, hidden): not part of the API.
+pub mod testing {
+    use lockcore::Lease;
+
+    use super::EtcdBackend;
+    use crate::locks::grant::Grant;
+
+    /// Live sessions of the client: one lease per TTL in use, which every
+    /// lock and permit of that TTL is attached to.
+    pub fn sessions(backend: &EtcdBackend) -> usize {
+        backend.inner.sessions.live()
+    }
+
+    /// Key prefixes the client watches on its one watch stream right now:
+    /// queues it waits on (or used in the last few seconds), one per session
+    /// for eviction notices, and the fence floor's key while it has a
+    /// session.
+    pub fn watched(backend: &EtcdBackend) -> usize {
+        backend.inner.hub.watched()
+    }
+
+    /// The key that represents `lease`'s grant in etcd (`None` for a lease
+    /// this backend did not grant).
+    pub fn key_of(lease: &Lease) -> Option<Vec<u8>> {
+        Some(lease.extension::<Grant>()?.key.clone())
+    }
+
+    /// `config` with every proof that a session is alive (and so every
+    /// lease) read on `clock` instead of the system clocks: a clock whose
+    /// boot time jumps plays a host suspend. A lease counts from its
+    /// session's last proof of life, which is older than the request, so it
+    /// is judged on this clock, not on the `Locker`'s.
+    pub fn with_clock(
+        config: crate::EtcdConfig,
+        clock: std::sync::Arc<dyn lockcore::backend::Clock>,
+    ) -> crate::EtcdConfig {
+        crate::EtcdConfig { clock, ..config }
     }
 }
 
@@ -202,8 +206,8 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        if self.inner.open().is_err() {
-            return leases.iter().map(|_| Err(crate::conn::closed())).collect();
+        if let Err(closed) = self.inner.open() {
+            return leases.iter().map(|_| Err(closed.clone())).collect();
         }
         self.inner.renew_many(leases).await
     }

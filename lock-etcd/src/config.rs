@@ -1,14 +1,17 @@
 //! `EtcdConfig`: endpoints, key prefix, credentials, TLS and timeouts, from a
-//! builder or an `etcd://` URL.
+//! builder or an `etcd://` URL ([`url`]: the URL and its options).
+
+mod tls;
+mod url;
 
 use std::fmt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::LockError;
 use lockcore::backend::{Clock, SystemClock, redact_url};
-use percent_encoding::percent_decode_str;
+
+pub use tls::TlsConfig;
 
 /// The longest key prefix accepted, in bytes.
 pub const MAX_PREFIX_BYTES: usize = 128;
@@ -41,52 +44,6 @@ pub struct EtcdConfig {
     pub(crate) clock: Arc<dyn Clock>,
 }
 
-/// TLS settings: the CA that signed the servers' certificates, an optional
-/// client identity (for `--client-cert-auth`) and the name to verify.
-#[derive(Clone, Default)]
-pub struct TlsConfig {
-    pub(crate) ca_pem: Option<Vec<u8>>,
-    pub(crate) identity_pem: Option<(Vec<u8>, Vec<u8>)>,
-    pub(crate) domain: Option<String>,
-}
-
-impl TlsConfig {
-    /// TLS verified against the platform's trust roots (webpki roots).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Trusts only this CA certificate (PEM).
-    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.ca_pem = Some(pem.into());
-        self
-    }
-
-    /// Presents this client certificate and private key (both PEM).
-    pub fn identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
-        self.identity_pem = Some((cert.into(), key.into()));
-        self
-    }
-
-    /// Verifies the servers' certificates against this name instead of the
-    /// endpoint's host.
-    pub fn domain(mut self, name: impl Into<String>) -> Self {
-        self.domain = Some(name.into());
-        self
-    }
-}
-
-impl fmt::Debug for TlsConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the key material.
-        f.debug_struct("TlsConfig")
-            .field("custom_ca", &self.ca_pem.is_some())
-            .field("client_identity", &self.identity_pem.is_some())
-            .field("domain", &self.domain)
-            .finish()
-    }
-}
-
 impl EtcdConfig {
     /// The default key prefix.
     pub const DEFAULT_PREFIX: &'static str = "distlock/";
@@ -108,109 +65,6 @@ impl EtcdConfig {
             connect_timeout: Duration::from_secs(3),
             clock: Arc::new(SystemClock),
         }
-    }
-
-    /// Parses `etcd://[user[:password]@]host:port[,host:port...][/prefix][?options]`
-    /// (`etcds://` for TLS). `user`, `password` and `prefix` are
-    /// percent-decoded; an empty path keeps the default prefix. The user
-    /// info runs to the last `@`, so a password may hold `/`, `?`, `#` or `@`
-    /// unescaped; an `@` in the prefix must be written `%40`.
-    ///
-    /// Options: `ca=PATH` (PEM CA, implies TLS), `cert=PATH` and `key=PATH`
-    /// (client identity), `domain=NAME`, `timeout=SECONDS`.
-    ///
-    /// # Errors
-    /// [`LockError::InvalidConfig`] saying what is wrong (the password is
-    /// never repeated in the message).
-    pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| LockError::config("an etcd URL starts with etcd:// or etcds://"))?;
-        let tls = match scheme.to_ascii_lowercase().as_str() {
-            "etcd" => false,
-            "etcds" => true,
-            other => {
-                return Err(LockError::config(format!(
-                    "scheme {other:?} is not etcd:// or etcds://"
-                )));
-            }
-        };
-        // The user info runs to the last `@` (a password may hold `/`, `?`,
-        // `#`, `@` unescaped): the same rule `redact_url` hides it by.
-        let (userinfo, rest) = match userinfo_end(rest) {
-            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-            None => (None, rest),
-        };
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (hosts, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
-        if hosts.iter().any(|h| h.is_empty()) {
-            return Err(LockError::config(
-                "an etcd URL needs host:port endpoints separated by commas",
-            ));
-        }
-        let http = if tls { "https" } else { "http" };
-        let mut config = EtcdConfig::new(
-            hosts
-                .iter()
-                .map(|h| format!("{http}://{h}"))
-                .collect::<Vec<_>>(),
-        );
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            config = config.user(decode(user, "user")?, decode(password, "password")?);
-        }
-        let prefix = path.strip_prefix('/').unwrap_or(path);
-        if !prefix.is_empty() {
-            config = config.prefix(decode(prefix, "prefix")?);
-        }
-        let mut tls_config = tls.then(TlsConfig::new);
-        let (mut cert, mut key) = (None, None);
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value, name)?;
-            match name {
-                "ca" => {
-                    let pem = read(&value, "ca")?;
-                    tls_config = Some(tls_config.unwrap_or_default().ca_pem(pem));
-                }
-                "cert" => cert = Some(read(&value, "cert")?),
-                "key" => key = Some(read(&value, "key")?),
-                "domain" => tls_config = Some(tls_config.unwrap_or_default().domain(value)),
-                "timeout" => {
-                    let secs: f64 = value
-                        .parse()
-                        .ok()
-                        .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 3600.0)
-                        .ok_or_else(|| {
-                            LockError::config(format!(
-                                "timeout={value:?} is not a number of seconds in (0, 3600]"
-                            ))
-                        })?;
-                    config = config.request_timeout(Duration::from_secs_f64(secs));
-                }
-                other => {
-                    return Err(LockError::config(format!(
-                        "unknown etcd URL option {other:?} (known: ca, cert, key, domain, timeout)"
-                    )));
-                }
-            }
-        }
-        match (cert, key) {
-            (Some(cert), Some(key)) => {
-                tls_config = Some(tls_config.unwrap_or_default().identity_pem(cert, key));
-            }
-            (None, None) => {}
-            _ => return Err(LockError::config("cert= and key= must be given together")),
-        }
-        if let Some(tls_config) = tls_config {
-            config = config.tls(tls_config);
-        }
-        config.validate()?;
-        Ok(config)
     }
 
     /// Sets the key prefix under which every lock lives (default
@@ -243,16 +97,6 @@ impl EtcdConfig {
     /// Gives up connecting to an endpoint after this long (default 3 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
-        self
-    }
-
-    /// For tests: reads every proof that a session is alive, and so stamps
-    /// and judges every lease, on `clock` instead of the system clocks (a
-    /// clock whose boot time jumps plays a host suspend). A lease counts
-    /// from its session's last proof of life, which is older than the
-    /// request, so it is judged on this clock, not on the `Locker`'s.
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
         self
     }
 
@@ -359,95 +203,9 @@ impl fmt::Debug for EtcdConfig {
     }
 }
 
-/// Where the user info of the part after `scheme://` ends: at its last
-/// `@`, unless a `/`, `?` or `#` comes before the user name's `:` (then that
-/// `@` is in the path or query). As [`lockcore::backend::redact_url`] reads it.
-fn userinfo_end(rest: &str) -> Option<usize> {
-    rest.rfind('@').filter(|&at| {
-        let userinfo = &rest[..at];
-        match (userinfo.find(['/', '?', '#']), userinfo.find(':')) {
-            (Some(delimiter), Some(colon)) => colon < delimiter,
-            (Some(_), None) => false,
-            (None, _) => true,
-        }
-    })
-}
-
-fn decode(text: &str, what: &str) -> Result<String, LockError> {
-    percent_decode_str(text)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|e| LockError::config_caused_by(format!("the {what} is not UTF-8"), e))
-}
-
-fn read(path: &str, what: &str) -> Result<Vec<u8>, LockError> {
-    std::fs::read(Path::new(path))
-        .map_err(|e| LockError::config_caused_by(format!("cannot read {what}={path}"), e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_urls() {
-        let c = EtcdConfig::from_url("etcd://127.0.0.1:2379").unwrap();
-        assert_eq!(c.endpoints(), ["http://127.0.0.1:2379"]);
-        assert_eq!(c.key_prefix(), "distlock/");
-        assert!(c.user.is_none() && c.tls.is_none());
-
-        let c = EtcdConfig::from_url("etcd://u%40x:p%3Aw@a:1,b:2/my%2Fapp/?timeout=1.5").unwrap();
-        assert_eq!(c.endpoints(), ["http://a:1", "http://b:2"]);
-        assert_eq!(c.key_prefix(), "my/app/");
-        assert_eq!(c.user, Some(("u@x".into(), "p:w".into())));
-        assert_eq!(c.request_timeout, Duration::from_millis(1500));
-
-        // The option that bounded TTLs is gone: etcd's own maximum applies.
-        assert!(EtcdConfig::from_url("etcd://h:1?max_ttl=3600").is_err());
-
-        // A password with the characters URLs treat specially, unescaped:
-        // the user info runs to the last `@`.
-        let c = EtcdConfig::from_url("etcd://u:p#/?@:%x@a:1/app/?timeout=2").unwrap();
-        assert_eq!(c.endpoints(), ["http://a:1"]);
-        assert_eq!(c.user, Some(("u".into(), "p#/?@:%x".into())));
-        assert_eq!(c.key_prefix(), "app/");
-        assert_eq!(c.request_timeout, Duration::from_secs(2));
-        // An `@` in the prefix is written `%40` (unescaped, everything up to
-        // it reads as user info, as `redact_url` hides it).
-        let c = EtcdConfig::from_url("etcd://a:1/x%40y/").unwrap();
-        assert!(c.user.is_none());
-        assert_eq!(c.key_prefix(), "x@y/");
-        assert!(EtcdConfig::from_url("etcd://a:1/x@y/").is_err());
-
-        let c = EtcdConfig::from_url("etcds://h:2379?domain=etcd.local").unwrap();
-        assert_eq!(c.endpoints(), ["https://h:2379"]);
-        assert_eq!(c.tls.unwrap().domain.as_deref(), Some("etcd.local"));
-    }
-
-    #[test]
-    fn rejects_bad_urls_without_echoing_secrets() {
-        for bad in [
-            "redis://h:1",
-            "etcd://",
-            "etcd://h:1,,h:2",
-            "etcd://h",
-            "etcd://h:0",
-            "etcd://h:99999",
-            "etcd://h:1?nope=1",
-            "etcd://h:1?timeout=-1",
-            "etcd://h:1?cert=/nonexistent",
-            "etcd://u:topsecret@h:1?timeout=x",
-            "etcd://h:1/%FF",
-            "no-scheme",
-        ] {
-            let err = EtcdConfig::from_url(bad).unwrap_err();
-            assert!(
-                matches!(err, LockError::InvalidConfig { .. }),
-                "{bad}: {err:?}"
-            );
-            assert!(!err.to_string().contains("topsecret"), "{err}");
-        }
-    }
 
     #[test]
     fn validates_builder_values() {

@@ -16,16 +16,20 @@
 //! place) before it takes the lock. A client that sees a raise resumes no
 //! session granted before it (a restore brings sessions back from the
 //! backup, with keys only the backup remembers; see `session`).
+//!
+//! The fence offset as this client knows it is [`floor`]'s.
+
+pub(crate) mod floor;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use lockcore::{Fenced, FencingToken, Lease, LockError, StaleToken};
 
-use crate::EtcdBackend;
-use crate::client::{Grant, Inner};
+use crate::connection::client::Inner;
 use crate::error::protocol;
 use crate::keys::Keys;
+use crate::locks::grant::Grant;
 
 impl Inner {
     /// Sets the fence offset to at least `floor` (compare-and-set, never
@@ -94,40 +98,9 @@ impl Inner {
         }
         Ok(())
     }
-}
 
-impl EtcdBackend {
-    /// The key that represents `lease`'s grant in etcd (`None` for a lease
-    /// this backend did not grant).
-    pub fn key_of(&self, lease: &Lease) -> Option<Vec<u8>> {
-        Some(lease.extension::<Grant>()?.key.clone())
-    }
-
-    /// Runs `ops` in one etcd transaction only if `token` is not older than
-    /// the last token recorded under `fence_key`, and records `token` there
-    /// in the same transaction: the one vocabulary of resource-side fencing
-    /// across distlock's adapters (a paused holder's late write is refused
-    /// once a newer holder wrote). Equal tokens pass (one holder writes many
-    /// times). `fence_key` is a key of your choosing, one per protected
-    /// resource; a resource shared by a semaphore's holders is fenced per
-    /// slot, with one fence key per slot (`orders/42/fence/<slot>`). `ops`
-    /// must not touch `fence_key`.
-    ///
-    /// ```no_run
-    /// # async fn demo(backend: lock_etcd::EtcdBackend, guard: lockcore::LockGuard) -> Result<(), lockcore::LockError> {
-    /// use lock_etcd::etcd_client::TxnOp;
-    /// let write = [TxnOp::put("orders/42/status", "shipped", None)];
-    /// match backend.fenced_write("orders/42/fence", guard.fencing_token(), write).await? {
-    ///     Ok(_) => println!("written"),
-    ///     Err(stale) => println!("refused: a newer holder (token {}) wrote first", stale.highest),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// The store's, as [`LockError`]; a write refused for its token is
-    /// `Ok(Err(StaleToken))`.
-    pub async fn fenced_write(
+    /// See [`EtcdBackend::fenced_write`](crate::EtcdBackend::fenced_write).
+    pub(crate) async fn fenced_write(
         &self,
         fence_key: impl Into<Vec<u8>>,
         token: FencingToken,
@@ -155,7 +128,7 @@ impl EtcdBackend {
                     .and_then(write)
                     .or_else([TxnOp::get(key.clone(), None)]),
             )]);
-        let reply = self.inner.txn("fenced write", txn).await?;
+        let reply = self.txn("fenced write", txn).await?;
         if reply.succeeded() {
             return Ok(Ok(reply));
         }
@@ -176,7 +149,7 @@ impl EtcdBackend {
                 TxnOpResponse::Get(get) => get
                     .kvs()
                     .first()
-                    .and_then(|kv| crate::floor::parse(kv.value())),
+                    .and_then(|kv| crate::fence::floor::parse(kv.value())),
                 _ => None,
             })
             .and_then(FencingToken::new)
@@ -184,35 +157,15 @@ impl EtcdBackend {
         Ok(Err(StaleToken { token, highest }))
     }
 
-    /// A `Compare` that holds only while `lease`'s grant still holds the
-    /// lock: the grant's key exists with the grant's create revision. Add it
-    /// to your own `Txn` so a write into etcd happens only under the lock,
-    /// atomically (stronger than [`fenced_write`](Self::fenced_write): a lost
-    /// lock refuses the write even before anyone else took it). The
-    /// transaction needs a write or a plain (linearizable) range: etcd
-    /// answers a transaction of compares alone from the member's local,
-    /// possibly stale, state.
-    ///
-    /// ```no_run
-    /// # async fn demo(backend: lock_etcd::EtcdBackend, lease: lockcore::Lease) -> Result<(), Box<dyn std::error::Error>> {
-    /// use etcd_client::{Txn, TxnOp};
-    /// let txn = Txn::new()
-    ///     .when([backend.fence_compare(&lease)])
-    ///     .and_then([TxnOp::put("inventory/sku-42", "41", None)]);
-    /// let applied = backend.etcd_client()?.txn(txn).await?.succeeded();
-    /// // `applied == false`: the lock was lost (expired, released or evicted); nothing was written.
-    /// # Ok(()) }
-    /// ```
-    pub fn fence_compare(&self, lease: &Lease) -> Compare {
+    /// See [`EtcdBackend::fence_compare`](crate::EtcdBackend::fence_compare).
+    pub(crate) fn fence_compare(&self, lease: &Lease) -> Compare {
         match lease.extension::<Grant>() {
             Some(grant) => {
                 Compare::create_revision(grant.key.clone(), CompareOp::Equal, grant.revision)
             }
             // A lease we did not grant is no etcd grant: compare against a
             // revision that never matches (create revisions are >= 0).
-            None => {
-                Compare::create_revision(self.inner.keys.queue(lease.name()), CompareOp::Equal, -1)
-            }
+            None => Compare::create_revision(self.keys.queue(lease.name()), CompareOp::Equal, -1),
         }
     }
 }

@@ -24,6 +24,10 @@
 //! for each grant, so a stale request for an earlier grant of the same key
 //! never matches. (Older versions named an entry after a lease of its own:
 //! `<queue><lease, 16 hex>`; both kinds share a queue.)
+//!
+//! What each entry's value holds is [`record`]'s.
+
+pub(crate) mod record;
 
 use lockcore::LockName;
 

@@ -4,7 +4,7 @@
 //! revision is the slot's fence), and only if the semaphore's agreed number
 //! of permits (`count`, written once, by the first holder) is the one asked
 //! for. With no slot taken, a request with another number rewrites it.
-//! Waiters follow the slots' deletes on the shared watch.
+//! Waiters follow the slots' deletes on the shared watch (`wait::watch`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -13,14 +13,12 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use lockcore::backend::LockRequest;
-use lockcore::backend::wait::Wakeup;
 use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 
-use crate::client::Inner;
+use crate::connection::client::Inner;
 use crate::error::timed;
-use crate::hub::Events;
+use crate::keys::record::Record;
 use crate::keys::{Keys, range_end};
-use crate::record::Record;
 
 /// Tries per attempt: each miss shows which slots are taken.
 const TRIES: usize = 8;
@@ -165,17 +163,6 @@ impl Inner {
         }
         holders.sort_by_key(|h| h.slot);
         Ok(holders)
-    }
-
-    pub(crate) async fn watch_permits(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
-        // Subscribed before the caller's next attempt: any slot freed after
-        // it wakes the waiter; a slot free right now, the attempt takes.
-        let slots = Keys::slots(&self.keys.semaphore(name));
-        let mut deletes = self.hub.subscribe(&slots, Events::Deletes).await?;
-        Ok(Some(Box::pin(async move {
-            // Also wakes when the watch is gone: the caller looks again.
-            let _ = deletes.next().await;
-        })))
     }
 }
 

@@ -18,6 +18,15 @@
 //! is removed when the waiter is dropped (a clean-up in the background,
 //! which closing the client finishes); if that fails, the keeper deletes it
 //! once its session's last refresh runs out.
+//!
+//! Inside this role: the one watch stream per client ([`hub`]), the view of
+//! each queue ([`line`]), the store-pushed loss notices ([`notify`]) and
+//! `LockBackend::watch`/`watch_permits` ([`watch`]).
+
+pub(crate) mod hub;
+pub(crate) mod line;
+pub(crate) mod notify;
+mod watch;
 
 use std::sync::Arc;
 
@@ -26,14 +35,14 @@ use lockcore::backend::wait::Wakeup;
 use lockcore::backend::wait::{WaitPolicy, Waiter};
 use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{Attempt, Lease, LockError, OwnerToken};
-use tokio::sync::watch;
+use tokio::sync::watch::{Sender, channel};
 
-use crate::client::Inner;
+use crate::connection::client::Inner;
+use crate::connection::session::{Entry, Kind};
 use crate::error::{BACKEND, protocol};
+use crate::keys::record::Record;
 use crate::keys::{Keys, range_end};
-use crate::line::{Line, Read, Turn};
-use crate::record::Record;
-use crate::session::{Entry, Kind};
+use crate::wait::line::{Line, Read, Turn};
 
 /// `LockBackend::acquire`: wait in line until granted or the deadline.
 pub(crate) async fn acquire(
@@ -60,7 +69,7 @@ struct LineWaiter {
     line: Arc<Line>,
     recheck: std::time::Duration,
     place: Option<Place>,
-    wake: watch::Sender<u64>,
+    wake: Sender<u64>,
 }
 
 impl LineWaiter {
@@ -73,7 +82,7 @@ impl LineWaiter {
             queue,
             recheck: wait.recheck,
             place: None,
-            wake: watch::channel(0).0,
+            wake: channel(0).0,
         }
     }
 

@@ -6,6 +6,8 @@
 //! error's `Display` and `Debug`, the config's and the backend's `Debug`, and
 //! everything logged through `tracing` at any level must not show it.
 
+// The stores' test helpers, shared with the `store` binary.
+#[path = "store/support.rs"]
 mod support;
 
 use std::time::Duration;
@@ -142,6 +144,10 @@ async fn the_password_never_reaches_errors_debug_or_logs() {
             ("an empty host", at(&right, "127.0.0.1:1,,127.0.0.1:2")),
             (
                 "a missing CA",
+                format!("etcds://{right}@{live}?tls_ca=/nonexistent/ca.pem"),
+            ),
+            (
+                "a missing CA, by its old name (logged with a warning)",
                 format!("etcds://{right}@{live}?ca=/nonexistent/ca.pem"),
             ),
             (

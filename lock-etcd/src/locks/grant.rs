@@ -1,0 +1,123 @@
+//! A grant: what a lock entry or permit slot this client wrote carries in
+//! its [`Lease`], and how a write of a new entry is judged (a session gone,
+//! or a reply lost: its session is retired).
+
+use std::sync::Arc;
+
+use etcd_client::TxnResponse;
+use lockcore::backend::{CancellationToken, LockRequest, Moment};
+use lockcore::{Lease, LockError};
+
+use crate::connection::client::Inner;
+use crate::connection::session::{Entry, Kind, Paid};
+use crate::error::{self, BACKEND, lease_not_found};
+use crate::keys::record::Record;
+
+/// What a granted lock or permit carries in its [`Lease`] extension.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub(crate) key: Vec<u8>,
+    pub(crate) revision: i64,
+    pub(crate) value: Arc<[u8]>,
+}
+
+impl Inner {
+    /// A grant this client just wrote on `session`: recorded as held (its
+    /// session's keeper keeps it, and its loss reaches the lease), then the
+    /// lease.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn grant_held(
+        &self,
+        request: &LockRequest,
+        record: &Record,
+        session: i64,
+        key: Vec<u8>,
+        revision: i64,
+        value: Arc<[u8]>,
+        refreshed: Moment,
+        number: Option<(Vec<u8>, u32)>,
+    ) -> Result<Lease, LockError> {
+        let lost = CancellationToken::new();
+        self.sessions.record(
+            key.clone(),
+            Entry {
+                session,
+                revision,
+                value: value.clone(),
+                kind: Kind::Held {
+                    paid: Paid {
+                        from: refreshed,
+                        ttl: request.ttl().get(),
+                    },
+                },
+                lost: lost.clone(),
+                number,
+            },
+        );
+        self.lease(request, record, key, revision, value, refreshed, lost)
+    }
+
+    /// The lease of a grant: entry `key`, created at `revision` with `value`
+    /// (`record`), on a session last proved alive by a request sent at
+    /// `refreshed`: the lease counts from there, on the clock that read it
+    /// (not the request's: the proof is older than the request).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lease(
+        &self,
+        request: &LockRequest,
+        record: &Record,
+        key: Vec<u8>,
+        revision: i64,
+        value: Arc<[u8]>,
+        refreshed: Moment,
+        lost: CancellationToken,
+    ) -> Result<Lease, LockError> {
+        let fence = Record::fence(record.offset, revision)?;
+        Ok(Lease::new(
+            request.name().clone(),
+            record.owner,
+            fence,
+            request.ttl(),
+            refreshed,
+        )
+        .with_clock(self.clock.clone())
+        .with_loss_signal(lost)
+        .with_extension(Grant {
+            key,
+            revision,
+            value,
+        }))
+    }
+
+    /// The reply of a write of new entries on `session`: `Ok(None)` if etcd
+    /// says the session is gone (nothing was written). A write without an
+    /// answer may land later, unseen: its session is retired.
+    pub(crate) fn written(
+        &self,
+        reply: Result<Result<TxnResponse, etcd_client::Error>, tokio::time::error::Elapsed>,
+        session: i64,
+        what: &str,
+    ) -> Result<Option<TxnResponse>, LockError> {
+        match reply {
+            Ok(Ok(reply)) => Ok(Some(reply)),
+            Ok(Err(e)) if lease_not_found(&e) => {
+                self.sessions.gone(session);
+                Ok(None)
+            }
+            Ok(Err(e)) => {
+                let e = error::map(e);
+                if e.is_retryable() {
+                    self.sessions.retire(session);
+                }
+                Err(e)
+            }
+            Err(_) => {
+                self.sessions.retire(session);
+                Err(LockError::unavailable(
+                    BACKEND,
+                    format!("{what} got no answer within {:?}", self.timeout),
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Closing a client, and dropping one: nothing it granted reads held
+//! afterwards, nothing it wrote blocks anyone (etcd's own view: the queue's
+//! entries, the leases left), and its connection is gone.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::proxy::FaultProxy;
+use lock_conformance::kit::stores::etcd;
+use lock_etcd::etcd_client::Client;
+use lock_etcd::testing::{sessions, watched};
+use lock_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
+use lockcore::{Attempt, LockBackend, LockError, Locker};
+use tokio::time::Instant;
+
+use crate::support::*;
+
+/// As `distlock run`'s default.
+const TTL: Duration = Duration::from_secs(30);
+
+/// The leases etcd has with `TTL` (sessions of clients of this TTL).
+async fn sessions_in(raw: &mut Client) -> HashSet<i64> {
+    let mut found = HashSet::new();
+    for lease in raw.leases().await.unwrap().leases() {
+        let ttl = raw.lease_time_to_live(lease.id(), None).await.unwrap();
+        if ttl.granted_ttl() == TTL.as_secs() as i64 {
+            found.insert(lease.id());
+        }
+    }
+    found
+}
+
+/// A waiter whose wait timed out, in a process that closes its client and
+/// exits at once (here: a runtime of its own, dropped once it returns, with
+/// every task it still had), leaves nothing in etcd: the queue holds only
+/// the holder's entry, no session of the waiter is left, and the name is
+/// free the moment the holder releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_timed_out_and_exits_at_once_leaves_nothing() {
+    let store = private_etcd().await;
+    let url = store.endpoint();
+    let (holder, next) = (connect(&url).await, connect(&url).await);
+    let mut raw = raw(&url).await;
+    let lock = name("exits");
+    let held = acquire(&holder, &lock, TTL).await;
+    let queue = queue_of(&held);
+    let before = sessions_in(&mut raw).await;
+    let wait = scaled(Duration::from_millis(200));
+    let (waiter_url, waiter_lock) = (url.clone(), lock.clone());
+    let waited = std::thread::spawn(move || {
+        let process = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        process.block_on(async move {
+            let locker = Locker::new(connect(&waiter_url).await).ttl(TTL);
+            let outcome = locker.acquire_timeout(&waiter_lock, wait).await;
+            locker.close().await.expect("close");
+            outcome.map(drop)
+        })
+    })
+    .join()
+    .unwrap();
+    assert!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "{waited:?}"
+    );
+    let entries = queue_len(&mut raw, queue).await;
+    assert_eq!(
+        entries, 1,
+        "the queue holds {entries} entries, not only the holder's"
+    );
+    let left: Vec<i64> = sessions_in(&mut raw)
+        .await
+        .difference(&before)
+        .copied()
+        .collect();
+    assert!(left.is_empty(), "the waiter's sessions are left: {left:x?}");
+    holder.release(&held).await.unwrap();
+    let taken = next.try_acquire_for(&lock, TTL).await.unwrap();
+    let Attempt::Acquired(lease) = taken else {
+        panic!("the name is not free after the holder released it: {taken:?}");
+    };
+    next.release(&lease).await.unwrap();
+}
+
+/// `close` fires the loss signal of every grant (a lock, a permit, a guard
+/// of a `Locker` on it), removes every entry of the client from etcd at once
+/// (held, waiting, a cancelled waiter's), ends its watch stream and closes
+/// its connection before it returns; later calls are `Unavailable`, and a
+/// second close changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_loses_and_removes_everything_and_closes_the_connection() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint_via(proxy.addr())]))
+        .await
+        .unwrap();
+    let other = connect(&store.endpoint()).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let (lock, guarded, contended, cancelled, semaphore) = (
+        name("close-lock"),
+        name("close-guarded"),
+        name("close-waiting"),
+        name("close-cancelled"),
+        name("close-permits"),
+    );
+    let lease = acquire(&client, &lock, TTL).await;
+    let guard = Locker::new(client.clone())
+        .ttl(TTL)
+        .acquire(&guarded)
+        .await
+        .unwrap();
+    let ttl = client.capabilities().effective_ttl(TTL).unwrap();
+    let permit = client
+        .try_acquire_permit(&LockRequest::new(semaphore.clone(), ttl), 2)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("a free permit");
+    // A waiter in line when the client closes, and one that gave up.
+    let (first, second) = (
+        acquire(&other, &contended, TTL).await,
+        acquire(&other, &cancelled, TTL).await,
+    );
+    let waiting = {
+        let client = client.clone();
+        let contended = contended.clone();
+        tokio::spawn(async move {
+            let wait = WaitPolicy::new(Instant::now() + scaled(Duration::from_secs(30)));
+            client.acquire_for(&contended, TTL, &wait).await
+        })
+    };
+    let gave_up = tokio::time::timeout(scaled(Duration::from_millis(300)), async {
+        let wait = WaitPolicy::new(Instant::now() + scaled(Duration::from_secs(30)));
+        client.acquire_for(&cancelled, TTL, &wait).await
+    })
+    .await;
+    assert!(gave_up.is_err(), "the wait should have been cancelled");
+    let queues = [queue_of(&first), queue_of(&second)];
+    until(scaled(Duration::from_secs(5)), "the waiter in line", || {
+        let (mut raw, queue) = (raw.clone(), queues[0].clone());
+        async move { queue_len(&mut raw, queue).await == 2 }
+    })
+    .await;
+    assert!(proxy.connections() > 0 && watched(&client) > 0 && sessions(&client) > 0);
+
+    client.close().await.expect("close");
+    for (what, lease) in [("a lock", &lease), ("a permit", &permit)] {
+        assert!(lease.is_expired(), "{what} still reads held after close");
+    }
+    assert!(!guard.is_held(), "a guard still reads held after close");
+    for name in [&lock, &guarded] {
+        let next = acquire(&other, name, TTL).await;
+        other.release(&next).await.unwrap();
+    }
+    let slots = other
+        .try_acquire_permit(&LockRequest::new(semaphore.clone(), ttl), 1)
+        .await
+        .unwrap();
+    let Attempt::Acquired(slot) = slots else {
+        panic!("the closed client's permit is still taken: {slots:?}");
+    };
+    other.release(&slot).await.unwrap();
+    for queue in &queues {
+        let entries = queue_len(&mut raw, queue.clone()).await;
+        assert_eq!(entries, 1, "the closed client left entries in {queue:?}");
+    }
+    assert_eq!((sessions(&client), watched(&client)), (0, 0));
+    until(
+        scaled(Duration::from_secs(1)),
+        "the closed client's connection closed",
+        || async { proxy.connections() == 0 },
+    )
+    .await;
+
+    let refused = [
+        client.try_acquire_for(&lock, TTL).await.map(drop),
+        client.renew(&lease).await.map(drop),
+        client.release(&lease).await.map(drop),
+        client.inspect(&lock).await.map(drop),
+        client.client().map(drop),
+    ];
+    for outcome in refused {
+        assert!(
+            matches!(outcome, Err(LockError::Unavailable { .. })),
+            "a closed client must refuse work with Unavailable: {outcome:?}"
+        );
+    }
+    client.close().await.expect("a second close");
+    waiting.abort();
+    other.release(&first).await.unwrap();
+    other.release(&second).await.unwrap();
+    drop(guard);
+}
+
+/// A backend dropped without `close` (every clone): its grants read lost at
+/// once (nothing can renew them), its background tasks end and its
+/// connection closes; its keys go with their sessions, within the TTL and
+/// the declared slack (a holder may still act on a lease until its deadline,
+/// so nothing is revoked early).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_loses_its_grants_and_closes_its_connection() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint_via(proxy.addr())]))
+        .await
+        .unwrap();
+    let other = connect(&store.endpoint()).await;
+    // Longer than the time the connection is given to close.
+    let ttl = Duration::from_secs(5);
+    let lock = name("dropped");
+    let lease = acquire(&client, &lock, ttl).await;
+    // Its session's notices are followed on the watch stream.
+    until(
+        scaled(Duration::from_secs(2)),
+        "the notices watched",
+        || async { watched(&client) > 0 },
+    )
+    .await;
+    drop(client);
+    assert!(
+        lease.is_expired(),
+        "a lease of a dropped backend reads held"
+    );
+    until(
+        scaled(Duration::from_secs(2)),
+        "the dropped backend's connection closed",
+        || async { proxy.connections() == 0 },
+    )
+    .await;
+    let within = ttl + other.capabilities().slack_for(ttl) + scaled(Duration::from_secs(1));
+    let next = lock_conformance::kit::poll::eventually(
+        within,
+        "the dropped backend's lock free within TTL + slack",
+        || async { other.try_acquire_for(&lock, ttl).await.ok()?.into_lease() },
+    )
+    .await;
+    other.release(&next).await.unwrap();
+}

@@ -1,0 +1,437 @@
+//! Locks share one session lease per client and TTL: what that must not
+//! change. A lock nobody renews still expires on its own TTL while the
+//! client renews others on the same session; the end of a session reaches
+//! every guard on it at once. And the faults the conformance suite cannot
+//! aim this precisely: a write whose reply is lost retires its session (a
+//! phantom entry must not outlive its TTL, however busy the client keeps its
+//! other leases), and a late keep-alive reply extends nothing.
+
+use std::time::Duration;
+
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::etcd;
+use lock_conformance::kit::poll::{eventually, until};
+use lock_etcd::testing::{key_of, sessions};
+use lock_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::backend::{CancellationToken, LockBackendExt};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::{Attempt, Lease, LockBackend, LockName, Locker, LossReason};
+use tokio::time::Instant;
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrenewed_lock_expires_on_its_own_ttl_while_its_session_lives_on() {
+    let url = etcd::shared().endpoint();
+    let (client, observer) = (connect(&url).await, connect(&url).await);
+    let ttl = Duration::from_secs(1);
+    // One lock the client keeps renewing (refreshing the shared session)...
+    let locker = Locker::new(client.clone()).ttl(ttl);
+    let renewed = locker.acquire(name("renewed")).await.unwrap();
+    // ...and one on the same session that nobody renews.
+    let abandoned_name = name("abandoned");
+    let abandoned = acquire(&client, &abandoned_name, ttl).await;
+    assert_eq!(sessions(&client), 1, "both locks on one session");
+    let caps = client.capabilities();
+    let within = ttl + caps.slack_for(ttl) + scaled(Duration::from_millis(500));
+    let wait =
+        WaitPolicy::new(abandoned.issued().mono() + within).recheck(scaled(Duration::from_millis(100)));
+    let next = observer
+        .acquire_for(&abandoned_name, ttl, &wait)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| {
+            panic!("L1: a lock nobody renews was not free within TTL + slack ({within:?})")
+        });
+    let freed = Instant::now();
+    assert!(
+        freed >= abandoned.deadline(),
+        "S3: freed {:?} before its holder's local deadline",
+        abandoned.deadline() - freed
+    );
+    assert!(next.fence() > abandoned.fence());
+    eprintln!(
+        "unrenewed lock free {:?} after it was granted (TTL {ttl:?})",
+        freed - abandoned.issued().mono()
+    );
+    // The renewed lock lived on throughout.
+    tokio::time::sleep(ttl).await;
+    assert!(
+        renewed.is_held(),
+        "the renewed lock on the same session was lost"
+    );
+    assert!(matches!(
+        client.renew(&abandoned).await,
+        Err(lockcore::LockError::NotHeld { .. })
+    ));
+    renewed.release().await.unwrap();
+    observer.release(&next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_session_reaches_every_guard_on_it_at_once() {
+    let url = etcd::shared().endpoint();
+    let client = connect(&url).await;
+    let mut raw = raw(&url).await;
+    // Renewals every 4 s: only the store-pushed signal can be fast.
+    let locker = Locker::new(client.clone())
+        .ttl(Duration::from_secs(12))
+        .renew_every(Duration::from_secs(4));
+    let mut guards = Vec::new();
+    for i in 0..3 {
+        guards.push(
+            locker
+                .acquire(name(&format!("session-end-{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    let key = key_of(&guards[0].lease()).unwrap();
+    let session = etcd_lease_of(&mut raw, &key).await;
+    for guard in &guards[1..] {
+        let key = key_of(&guard.lease()).unwrap();
+        assert_eq!(etcd_lease_of(&mut raw, &key).await, session, "one session");
+    }
+    let revoked = Instant::now();
+    raw.lease_revoke(session).await.unwrap();
+    for guard in &guards {
+        let reason = tokio::time::timeout(scaled(Duration::from_secs(2)), guard.lost())
+            .await
+            .expect("lost() must fire well before the next renewal (4 s)");
+        assert_eq!(reason, LossReason::StoreReported);
+        assert!(!guard.is_held());
+    }
+    eprintln!("3 guards lost {:?} after the revoke", revoked.elapsed());
+    // The next lock gets a new session.
+    let next = locker.acquire(name("after-session-end")).await.unwrap();
+    let key = key_of(&next.lease()).unwrap();
+    assert_ne!(etcd_lease_of(&mut raw, &key).await, session);
+    next.release().await.unwrap();
+}
+
+/// The keeper drops a session nothing is attached to after a few idle
+/// seconds, revoking its lease. A lock being written to it at that moment
+/// must keep it alive: here the put is on its way (a slow link) when the
+/// session turns idle, and lands before the revoke would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_not_dropped_while_a_lock_is_on_its_way_to_it() {
+    use lock_conformance::kit::proxy::{FaultProxy, Mode};
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = connect(&store.endpoint_via(proxy.addr())).await;
+    let observer = connect(&store.endpoint()).await;
+    let ttl = Duration::from_secs(30);
+    let lock = name("on-its-way");
+    let first = acquire(&client, &lock, ttl).await;
+    client.release(&first).await.unwrap();
+    let released = Instant::now();
+    // Idle from now; the keeper drops the session 5 s later. The next put
+    // leaves before that and lands after it.
+    proxy.set(Mode::Delay {
+        base: Duration::from_secs(1),
+        jitter: Duration::ZERO,
+    });
+    tokio::time::sleep_until(released + Duration::from_millis(4_500)).await;
+    let held = acquire(&client, &lock, ttl).await;
+    proxy.set(Mode::Pass);
+    // Whatever the keeper did meanwhile, the lock is the client's.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = observer.inspect(&lock).await.unwrap();
+    assert_eq!(
+        seen.map(|h| h.fence),
+        Some(held.fence()),
+        "S1: the lock the client holds is gone from etcd"
+    );
+    assert!(matches!(
+        observer.try_acquire_for(&lock, ttl).await.unwrap(),
+        lockcore::Attempt::Held { .. }
+    ));
+    client.renew(&held).await.expect("still held");
+    client.release(&held).await.unwrap();
+}
+
+/// Long next to the request timeout, as in production: a lease that gave
+/// up on a request is still young enough to be pooled again.
+/// Acquires that give up on the slow proxy: in about half of them the
+/// cleanup lands before the put.
+const ROUNDS: usize = 8;
+
+const TTL: Duration = Duration::from_secs(4);
+
+/// A name no other test uses, numbered.
+fn numbered(test: &str, i: usize) -> LockName {
+    LockName::new(format!("{}/{i}", name(test))).unwrap()
+}
+
+/// etcd-client spreads requests over its endpoints at random. With two
+/// proxies in front of one etcd, one slow (requests *and* replies late by
+/// more than the request timeout) and one fast, an acquire sent through the
+/// slow one times out, and whatever the client then does about it goes
+/// through the fast one half of the time and lands first: the acquire's put
+/// lands after it. The name must still be free within TTL + slack of that
+/// put, even while the client keeps its leases busy. (Before leases of
+/// such puts were revoked instead of pooled, the name stayed blocked for
+/// as long as the client kept reusing the lease: over a minute here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_landing_after_the_client_gave_up_blocks_nobody_past_the_ttl() {
+    let store = etcd::shared();
+    let (slow, fast) = (
+        FaultProxy::start(store.addr()).await.unwrap(),
+        FaultProxy::start(store.addr()).await.unwrap(),
+    );
+    let timeout = scaled(Duration::from_millis(500));
+    // Late by more than the request timeout, yet HTTP/2 pings (3 s
+    // timeout) come back in time, so the connection stays up (up to scale 2).
+    let late = timeout + Duration::from_millis(300);
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([
+            store.endpoint_via(slow.addr()),
+            store.endpoint_via(fast.addr()),
+        ])
+        .request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint()]))
+        .await
+        .unwrap();
+    let slack = client.capabilities().slack_for(TTL) + scaled(Duration::from_secs(1));
+
+    // Both connections up before one of them turns slow.
+    until(
+        Duration::from_secs(10),
+        "a connection through each proxy",
+        || async {
+            let _ = client.inspect(&numbered("warm-up", 0)).await;
+            slow.connections() > 0 && fast.connections() > 0
+        },
+    )
+    .await;
+
+    for round in 0..ROUNDS {
+        // The slow proxy turns slow until one acquire went through it and
+        // gave up; once that acquire's put has landed, it is fast again.
+        slow.set(Mode::Delay {
+            base: late,
+            jitter: Duration::ZERO,
+        });
+        let mut granted = Vec::new();
+        let (lock, sent) = loop {
+            assert!(granted.len() < 40, "no acquire went through the slow proxy");
+            let lock = numbered("blind", round);
+            let sent = Instant::now();
+            match client.try_acquire_for(&lock, TTL).await {
+                // Through the fast proxy: released once the slow one is fast.
+                Ok(Attempt::Acquired(lease)) => granted.push(lease),
+                Ok(Attempt::Held { .. }) => panic!("{lock} is fresh, nobody holds it"),
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e:?}");
+                    break (lock, sent);
+                }
+            }
+        };
+        tokio::time::sleep_until(sent + late + Duration::from_millis(50)).await;
+        slow.set(Mode::Pass);
+
+        // The client stays busy, as a service holding many locks does: each
+        // cycle takes every lease in its pool.
+        let busy = CancellationToken::new();
+        let churn = tokio::spawn(churn(client.clone(), granted, busy.clone()));
+        let bound = sent + late + TTL + slack;
+        let within = bound.saturating_duration_since(Instant::now());
+        let what = format!(
+            "L1: round {round}: {lock} free within the put's delay + TTL + slack ({:?}) of its acquire",
+            late + TTL + slack
+        );
+        let lease = eventually(within, &what, || async {
+            observer
+                .try_acquire_for(&lock, TTL)
+                .await
+                .ok()?
+                .into_lease()
+        })
+        .await;
+        observer.release(&lease).await.unwrap();
+        busy.cancel();
+        churn.await.unwrap();
+    }
+}
+
+/// Releases `granted`, then acquires and releases 16 names over and over
+/// until `stop`.
+async fn churn(client: EtcdBackend, granted: Vec<Lease>, stop: CancellationToken) {
+    for lease in granted {
+        let _ = client.release(&lease).await;
+    }
+    let names: Vec<LockName> = (0..16).map(|i| numbered("busy", i)).collect();
+    while !stop.is_cancelled() {
+        let mut held = Vec::new();
+        for lock in &names {
+            if let Ok(Attempt::Acquired(lease)) = client.try_acquire_for(lock, TTL).await {
+                held.push(lease);
+            }
+        }
+        for lease in held {
+            let _ = client.release(&lease).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An acquire whose reply comes too late (the put landed, the client gave
+/// up on it) retires the client's session: never refreshed again, so the
+/// unseen entry goes with it. A lock held on that session meanwhile is not
+/// lost: its next renewal moves it to a new session, keeping its key and
+/// fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = scaled(Duration::from_millis(500));
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let observer = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint()]))
+        .await
+        .unwrap();
+    let mut raw = raw(&store.endpoint()).await;
+    let locker = lockcore::Locker::new(client.clone())
+        .ttl(TTL)
+        .renew_every(TTL / 4);
+    let kept = locker.acquire(numbered("kept", 0)).await.unwrap();
+    let session = etcd_lease_of(&mut raw, &key_of(&kept.lease()).unwrap()).await;
+
+    // Replies come late: the put lands, the client hears nothing in time.
+    let late = timeout * 2;
+    proxy.set(Mode::DelayDownstream {
+        base: late,
+        jitter: Duration::ZERO,
+    });
+    let phantom = numbered("phantom", 0);
+    let sent = Instant::now();
+    let err = client.try_acquire_for(&phantom, TTL).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    proxy.set(Mode::Pass);
+    until(Duration::from_secs(5), "the landed put's entry", || async {
+        observer.inspect(&phantom).await.unwrap().is_some()
+    })
+    .await;
+
+    // The phantom goes with the retired session, within its TTL + slack.
+    let slack = client.capabilities().slack_for(TTL) + scaled(Duration::from_secs(1));
+    let within = (sent + late + TTL + slack).saturating_duration_since(Instant::now());
+    let lease = eventually(within, "the phantom's name free again", || async {
+        observer
+            .try_acquire_for(&phantom, TTL)
+            .await
+            .ok()?
+            .into_lease()
+    })
+    .await;
+    observer.release(&lease).await.unwrap();
+
+    // The held lock moved on with its fence, and was never lost.
+    let key = key_of(&kept.lease()).unwrap();
+    let moved = eventually(
+        scaled(Duration::from_secs(5)),
+        "the kept lock on a new session",
+        || {
+            let (mut raw, key) = (raw.clone(), key.clone());
+            async move {
+                let now = raw.get(key, None).await.ok()?.kvs().first()?.lease();
+                (now != session).then_some(now)
+            }
+        },
+    )
+    .await;
+    assert_ne!(moved, session);
+    assert!(kept.is_held(), "the lock on the retired session was lost");
+    let view = observer
+        .inspect(kept.lease().name())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.fence, kept.fencing_token(), "same grant, same fence");
+    kept.release().await.unwrap();
+}
+
+/// etcd's keep-alive replies carry no request id: a keep-alive given up on
+/// mid-flight (a renewal's caller timed out) leaves its reply on the stream.
+/// Here that reply comes late, after the renewal was cancelled; a later
+/// refresh whose own keep-alive is lost must not take it as its answer and
+/// date the session from its own send, or a lock written to the session
+/// next claims time etcd never granted. Compared with etcd's own count of
+/// the session's time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_reply_that_comes_after_its_cancellation_extends_nothing() {
+    let store = etcd::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let timeout = scaled(Duration::from_millis(800));
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    let mut raw = raw(&store.endpoint()).await;
+    let ttl = Duration::from_secs(10);
+    let first = client
+        .try_acquire_for(&numbered("late-reply", 0), ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    let session = etcd_lease_of(&mut raw, &key_of(&first).unwrap()).await;
+    // Opens the session's keep-alive stream.
+    let first = client.renew(&first).await.unwrap();
+
+    // A renewal whose keep-alive reaches etcd, and whose reply comes only
+    // after the renewal was given up on.
+    let late = scaled(Duration::from_millis(500));
+    proxy.set(Mode::DelayDownstream {
+        base: late,
+        jitter: Duration::ZERO,
+    });
+    let kept_alive = Instant::now();
+    let cancelled = tokio::time::timeout(late / 4, client.renew(&first)).await;
+    assert!(
+        cancelled.is_err(),
+        "the renewal should still have been waiting"
+    );
+    proxy.set(Mode::Pass);
+    // The session is no longer fresh enough for a new lock without a refresh.
+    tokio::time::sleep_until(kept_alive + ttl / 4 + late).await;
+
+    // The next keep-alive is lost (and the renewal's check with it).
+    proxy.set(Mode::Blackhole);
+    let outcome = client.renew(&first).await;
+    assert!(
+        outcome.is_err(),
+        "renewed through a black hole: {outcome:?}"
+    );
+    proxy.set(Mode::Pass);
+
+    // A new lock on the session: it may claim only what etcd grants.
+    let second = client
+        .try_acquire_for(&numbered("late-reply", 1), ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("free");
+    let claimed = second.remaining();
+    let key = key_of(&second).unwrap();
+    let on = etcd_lease_of(&mut raw, &key).await;
+    let left = raw.lease_time_to_live(on, None).await.unwrap().ttl();
+    // etcd truncates to whole seconds.
+    let granted = Duration::from_secs(u64::try_from(left).unwrap_or(0) + 1);
+    eprintln!(
+        "session {session:x} then {on:x}: the lock claims {claimed:?}, etcd keeps it {left} s more"
+    );
+    assert!(
+        claimed <= granted,
+        "the lock claims {claimed:?} but etcd keeps its session only {left} s more: \
+         a late keep-alive reply was taken for a later keep-alive's"
+    );
+    client.release(&second).await.unwrap();
+}
