@@ -42,7 +42,7 @@ pub struct RedisConfig {
     pub(crate) require_durable_fences: bool,
     pub(crate) allow_maxmemory_eviction: bool,
     #[cfg(feature = "tls")]
-    tls: crate::tls::Certificates,
+    tls: crate::connection::tls::Certificates,
 }
 
 impl RedisConfig {

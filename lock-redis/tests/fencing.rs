@@ -17,7 +17,7 @@ use tokio::time::Instant;
 async fn fenced_writes_refuse_older_tokens() {
     let url = launcher::shared().url();
     let backend = RedisBackend::connect(&url).await.unwrap();
-    let mut con = backend.connection();
+    let mut con = backend.client();
     let tag = format!("{{order:{:x}}}", rand_u64());
     let (fence_key, data_key) = (format!("{tag}:fence"), format!("{tag}:data"));
     let token = |n: u64| FencingToken::new(n).unwrap();

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use lockcore::LockError;
 
-use super::Client;
-use crate::connection;
+use super::client::Client;
+use super::commands;
 
 impl Client {
     /// Refuses every call once the client is closing.
     pub(crate) fn open(&self) -> Result<(), LockError> {
         if self.closing.is_cancelled() {
-            return Err(connection::closed());
+            return Err(commands::closed());
         }
         Ok(())
     }
@@ -31,7 +31,7 @@ impl Client {
             .track_future(async {
                 tokio::select! {
                     biased;
-                    _ = self.closing.cancelled() => Err(connection::closed()),
+                    _ = self.closing.cancelled() => Err(commands::closed()),
                     done = work => done,
                 }
             })

@@ -1,13 +1,28 @@
-//! The semaphore round trips: one script each.
+//! Semaphores: acquire and inspect of permits, one Lua script each
+//! (`permits/scripts/`). Renewing and releasing a permit go through the
+//! lock scripts' batch renew and release (`locks.rs`), which take either.
 
 use std::sync::Arc;
 
 use lockcore::backend::LockRequest;
 use lockcore::{Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken};
 
-use super::background::{Pending, Undo};
-use super::{Client, parse_value, prepare, remaining};
-use crate::{error, scripts};
+use crate::connection::background::{Pending, Undo};
+use crate::connection::client::Client;
+use crate::connection::script::{prepare, script};
+use crate::error;
+use crate::fence::NEXT_FENCE;
+use crate::locks::IS_LEASE;
+use crate::locks::value::{parse_value, remaining};
+use crate::wait::LINE;
+
+/// `now_ms`, `purge_expired`, `permits_live_until`: semaphore slots.
+pub(crate) const SLOTS: &str = include_str!("permits/scripts/permits.lua");
+
+script!(PERMIT_ACQUIRE = [NEXT_FENCE, SLOTS] include_str!("permits/scripts/permit_acquire.lua"));
+script!(PERMIT_RELEASE = [IS_LEASE, LINE, SLOTS] include_str!("permits/scripts/permit_release.lua"));
+script!(PERMIT_INSPECT = [SLOTS] include_str!("permits/scripts/permit_inspect.lua"));
+script!(PERMIT_LEAVE = [LINE] include_str!("permits/scripts/permit_leave.lua"));
 
 impl Client {
     /// One attempt at a permit of the semaphore `request.name()`. An
@@ -22,7 +37,7 @@ impl Client {
         let keys = self.permit_keys(request.name());
         let owner = OwnerToken::new();
         let ttl = request.ttl();
-        let mut call = prepare(&scripts::PERMIT_ACQUIRE);
+        let mut call = prepare(&PERMIT_ACQUIRE);
         call.0.key(&keys.slots).key(&keys.holders);
         call.0.key(&keys.fence).key(&keys.floor);
         call.0
@@ -80,7 +95,7 @@ impl Client {
 
     pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
         let keys = self.permit_keys(name);
-        let mut call = prepare(&scripts::PERMIT_INSPECT);
+        let mut call = prepare(&PERMIT_INSPECT);
         call.0.key(&keys.slots).key(&keys.holders);
         let live: Vec<(u32, i64, Option<String>)> = self.invoke("inspect permits", &call).await?;
         live.into_iter()

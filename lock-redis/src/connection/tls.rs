@@ -93,3 +93,9 @@ fn certificates(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, 
     }
     Ok(certs)
 }
+
+/// `rediss://` needs a rustls crypto provider; installs ring's unless the
+/// process already chose one.
+pub(crate) fn install_provider() {
+    let _ = ring::default_provider().install_default();
+}

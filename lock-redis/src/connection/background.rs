@@ -14,10 +14,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Client, prepare};
+use super::client::Client;
+use super::script::prepare;
 use crate::keys::{Keys, PermitKeys};
-use crate::notify::{Checks, Event};
-use crate::scripts;
+use crate::locks::INSPECT;
+use crate::permits::PERMIT_LEAVE;
+use crate::wait::notify::{Checks, Event};
 
 /// What an acquire whose outcome is unknown may have been granted.
 pub(crate) enum Undo {
@@ -88,7 +90,7 @@ impl Client {
                 if client.commands.get().is_none() {
                     return Ok(()); // closed: the permit expires with its TTL
                 }
-                let mut call = prepare(&scripts::PERMIT_LEAVE);
+                let mut call = prepare(&PERMIT_LEAVE);
                 call.0.key(&keys.slots).key(&keys.holders).key(&keys.watchers);
                 call.0.arg(owner.encode());
                 let (freed,): (i64,) = client.invoke("give back permit", &call).await?;
@@ -182,7 +184,7 @@ async fn check_leases(client: Weak<Client>, checks: Checks, closing: Cancellatio
                 |(lock_key, value, lost): (String, String, CancellationToken)| {
                     let strong = &strong;
                     async move {
-                        let mut call = prepare(&scripts::INSPECT);
+                        let mut call = prepare(&INSPECT);
                         call.0.key(&lock_key);
                         let found = strong
                             .invoke::<(i64, Option<String>)>("lease check", &call)
