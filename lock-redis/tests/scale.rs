@@ -2,7 +2,11 @@
 //! `Locker` cost a few scripts per renew tick, not one per lock; 2,000
 //! waiters on one name in one process share two connections and are all
 //! served. Each prints what it measured (`--nocapture` shows it).
+//!
+//! A binary of its own: the waiters' memory is read from this process's
+//! resident set (`VmRSS`), which any test running beside it would inflate.
 
+#[path = "store/support.rs"]
 mod support;
 
 use std::sync::Arc;

@@ -2,17 +2,15 @@
 //! labels and slots on the server; one script per operation; renewals of
 //! locks and permits batched into one script, each checked on its own.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{LONG, command_calls, private, raw, take, unique};
 use lock_conformance::kit::stores::redis as launcher;
 use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis::AsyncCommands;
 use lockcore::backend::LockRequest;
 use lockcore::{Attempt, HolderLabel, Lease, LockBackend, LockError, LockName};
-use support::{LONG, command_calls, private, raw, take, unique};
 
 fn request(backend: &RedisBackend, name: &LockName, label: &str, ttl: Duration) -> LockRequest {
     LockRequest::new(

@@ -4,10 +4,9 @@
 //! loss signal. Also what happens when the subscription is gone or silent
 //! (every lease is checked once it is back), and compare-and-evict.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{clients_of_type, private, raw, round_trip, scaled, take, unique};
 use futures::StreamExt;
 use lock_conformance::StoreControl;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
@@ -16,7 +15,6 @@ use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::{FencingToken, LockBackend, Locker, LossReason, ReleaseOutcome};
-use support::{clients_of_type, private, raw, round_trip, scaled, take, unique};
 use tokio::time::Instant;
 
 /// Longer than any test: nothing here may be noticed by a renewal.

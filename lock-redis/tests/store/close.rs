@@ -4,10 +4,9 @@
 //! closed, and later calls fail with `Unavailable`. Dropping the last handle
 //! loses its leases too. Each case looks at the store's own view.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
@@ -15,7 +14,6 @@ use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::backend::{LockBackendExt, LockRequest, WaitPolicy};
 use lockcore::{Attempt, FencingToken, Lease, LockBackend, LockError, LockName, Locker};
-use support::*;
 
 /// The connections the server has open, the observer's own left out.
 async fn other_clients(observer: &redis::aio::MultiplexedConnection) -> Vec<String> {

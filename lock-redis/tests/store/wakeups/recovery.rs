@@ -1,17 +1,15 @@
 //! The wait line across trouble: it stays out of the AOF (a restart costs a
 //! rejoin, never the lock), and waiting survives a dropped subscription.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::StoreControl;
 use lock_conformance::kit::stores::redis::Options;
 use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis;
 use lockcore::{Backoff, LockBackend, Locker, ReleaseOutcome};
-use support::*;
 use tokio::time::Instant;
 
 async fn aof_size(con: &redis::aio::MultiplexedConnection) -> u64 {

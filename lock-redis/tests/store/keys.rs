@@ -1,18 +1,16 @@
 //! The key scheme on a real server, TTL caps before any I/O, and values
 //! distlock did not write.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::kit::eventually;
 use lock_conformance::kit::stores::redis::{self as launcher};
 use lock_redis::redis::AsyncCommands;
 use lock_redis::{MAX_TTL, RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName};
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_on_the_server_are_as_documented() {

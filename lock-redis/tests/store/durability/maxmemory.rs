@@ -3,18 +3,16 @@
 //! message; the opt-in connects, says what it costs in `capabilities()`,
 //! and the expected-violation test shows the hazard it accepts.
 
-mod support;
-
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::support::{private, raw, unique};
 use lock_conformance::kit::stores::redis::{Options, Persistence};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Eviction, FENCE_ASSUMPTION, RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, FenceDurability, LockBackend, LockError, Locker};
 use lockcore::{Fenced, StaleToken};
-use support::{private, raw, unique};
 
 const LIMIT: &str = "2mb";
 const LIMIT_BYTES: u64 = 2 * 1024 * 1024;

@@ -3,16 +3,14 @@
 //! missing credentials, TLS spoken to a plain-text port, a server that
 //! accepts connections and never answers.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{private, raw, scaled};
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::{Options, Tls};
 use lock_redis::redis;
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::LockError;
-use support::{private, raw, scaled};
 use tokio::time::Instant;
 
 /// The connect timeout these tests set.

@@ -4,16 +4,14 @@
 //! on its own clock. A clock whose boot reading no real clock gives tells
 //! whose reading a lease carries.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::kit::stores::redis as launcher;
 use lock_redis::RedisBackend;
 use lockcore::backend::{Clock, LockRequest, Moment, WaitPolicy};
 use lockcore::{Lease, LockBackend, LockName};
-use support::*;
 use tokio::time::Instant;
 
 /// The real monotonic clock, and a boot clock stopped at `boot`: a reading

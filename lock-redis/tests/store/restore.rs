@@ -4,16 +4,14 @@
 //! a network (a fault proxy) that the operator closes for the restore; the
 //! operator reaches it directly.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::Options;
 use lock_conformance::kit::until;
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::{FencedResource, FencingToken, LockBackend, LockGuard, Locker, LossReason};
-use support::*;
 use tokio::time::Instant;
 
 /// Fences run ahead of the server clock (an earlier restore raised the

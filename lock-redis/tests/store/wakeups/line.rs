@@ -2,18 +2,16 @@
 //! release in arrival order, wake-ups passed on, gone and hung waiters
 //! skipped, cancelled waits leaving the line.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
 use lock_redis::RedisBackend;
 use lock_redis::redis::{self, AsyncCommands};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName, Locker, ReleaseOutcome};
-use support::*;
 use tokio::time::Instant;
 
 /// One backend, six waits on three names: one pub/sub connection and one

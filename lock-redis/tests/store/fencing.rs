@@ -1,16 +1,14 @@
 //! Resource-side fencing (`fenced_write`) and the fence floor.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, fenced_write};
 use lockcore::{Fenced, StaleToken};
 use lockcore::{FencingToken, LockBackend, LockError};
-use support::*;
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

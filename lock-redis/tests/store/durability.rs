@@ -1,15 +1,16 @@
 //! Fence durability per persistence setting, against private
 //! `redis-server`s: what a kill -9 keeps, what a server without persistence
-//! forgets, and why fences still grow.
+//! forgets, and why fences still grow. What a server evicts when memory
+//! runs short is in `maxmemory`.
 
-mod support;
+mod maxmemory;
 
+use crate::support::*;
 use lock_conformance::StoreControl;
 use lock_conformance::kit::stores::redis::{self as launcher, Options, Persistence as Stored};
 use lock_redis::redis::AsyncCommands;
 use lock_redis::{Persistence, RedisBackend, RedisConfig};
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aof_always_keeps_locks_and_fences_across_kill_9() {

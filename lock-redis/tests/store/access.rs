@@ -1,10 +1,9 @@
 //! Reaching the server: a lost acquire reply, passwords and ACL users, an
 //! unreachable server.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
@@ -12,7 +11,6 @@ use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Eviction, Persistence, RedisBackend, RedisConfig};
 use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{LockBackend, LockError, ReleaseOutcome};
-use support::*;
 use tokio::time::Instant;
 
 /// T3.2: the reply to an acquire is lost. The caller gets a retryable error;

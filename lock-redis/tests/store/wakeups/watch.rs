@@ -2,16 +2,14 @@
 //! release or forced release, whatever the number of its watches; a wake-up
 //! at the holder's expiry (which sends no message); nothing left behind.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{LONG, raw, round_trip, scaled, take, unique};
 use lock_conformance::kit::stores::redis as launcher;
 use lock_redis::RedisBackend;
 use lock_redis::redis::AsyncCommands;
 use lockcore::backend::Wakeup;
 use lockcore::{LockBackend, ReleaseOutcome};
-use support::{LONG, raw, round_trip, scaled, take, unique};
 use tokio::time::Instant;
 
 /// The watcher set of `name` on the server.
