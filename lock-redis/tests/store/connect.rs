@@ -1,16 +1,18 @@
 //! A connect that cannot work fails within the connect timeout with an
 //! error that names the server and the cause: nothing listening, wrong or
 //! missing credentials, TLS spoken to a plain-text port, a server that
-//! accepts connections and never answers.
+//! accepts connections and never answers. And the URL's options reach the
+//! server: a password from a file, the database, the key prefix, the
+//! timeouts.
 
 use std::time::Duration;
 
-use crate::support::{private, raw, scaled};
+use crate::support::{LONG, private, rand_u64, raw, scaled, take, unique};
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis::{Options, Tls};
 use lock_redis::redis;
 use lock_redis::{RedisBackend, RedisConfig};
-use lockcore::LockError;
+use lockcore::{LockBackend, LockError};
 use tokio::time::Instant;
 
 /// The connect timeout these tests set.
@@ -159,4 +161,72 @@ async fn a_silent_server_is_named_as_such_within_the_connect_timeout() {
         "{shown}"
     );
     within_the_connect_timeout(took, "silent server");
+}
+
+/// `password_file`, the database as the path, `prefix` and `timeout` in
+/// the URL: the lock lands under that prefix in that database of a server
+/// that wants that password, and the backend declares that timeout; a
+/// `connect_timeout` in the URL bounds a connect to a silent server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_options_reach_the_server() {
+    let store = private(Options::durable()).await;
+    let mut con = raw(&store.url()).await;
+    let password = format!("pw-{:x}", rand_u64());
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(&password)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let file = std::env::temp_dir().join(format!("lock-redis-pw-{:x}", rand_u64()));
+    std::fs::write(&file, format!("{password}\n")).unwrap();
+    let prefix = format!("opt{:x}:", rand_u64());
+    let url = format!(
+        "redis://{}/3?password_file={}&prefix={prefix}&timeout=750ms&connect_timeout=2s",
+        store.addr(),
+        file.display()
+    );
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(
+        backend.capabilities().eviction_notice,
+        Some(Duration::from_millis(750)),
+        "the response timeout is the declared notice"
+    );
+    let name = unique("url-options");
+    let lease = take(&backend, &name, LONG).await;
+    let db = |n: u8| {
+        let url = format!("redis://:{password}@{}/{n}", store.addr());
+        async move { raw(&url).await }
+    };
+    let lock_key = format!("{prefix}{{{}}}", name.as_str());
+    let (mut three, mut zero) = (db(3).await, db(0).await);
+    let in_three: Option<String> = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut three)
+        .await
+        .unwrap();
+    let in_zero: Option<String> = redis::cmd("GET")
+        .arg(&lock_key)
+        .query_async(&mut zero)
+        .await
+        .unwrap();
+    assert!(
+        in_three.is_some_and(|v| v.starts_with(&format!("{}:", lease.owner().encode()))),
+        "the lock is under the URL's prefix in database 3"
+    );
+    assert_eq!(in_zero, None, "and not in database 0");
+    backend.release(&lease).await.unwrap();
+
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    proxy.set(Mode::Blackhole);
+    let started = Instant::now();
+    let err = RedisBackend::connect(&format!("redis://{}?connect_timeout=300ms", proxy.addr()))
+        .await
+        .expect_err("a silent server");
+    let took = started.elapsed();
+    assert!(err.to_string().contains("within 300ms"), "{err}");
+    let bound = Duration::from_millis(300) + scaled(Duration::from_millis(250));
+    assert!(took <= bound, "took {took:?}, more than {bound:?}");
 }

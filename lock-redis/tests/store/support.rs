@@ -43,10 +43,16 @@ pub(crate) async fn private(options: Options) -> Store {
 }
 
 /// A plain connection, to look at (or tamper with) what the backend wrote.
+/// Its timeouts are generous (the client's own 500 ms are not): it is the
+/// test's observer, not what is tested, and the shared server of a binary
+/// that runs many tests at once can be slow to answer a `KEYS`.
 pub(crate) async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    let patient = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(scaled(Duration::from_secs(10))))
+        .set_response_timeout(Some(scaled(Duration::from_secs(10))));
     redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&patient)
         .await
         .expect("raw connection")
 }

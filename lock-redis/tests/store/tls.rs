@@ -11,10 +11,14 @@ use lock_conformance::kit::pki::TestCa;
 use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::redis::{self as launcher, Options, Tls};
 use lock_redis::{RedisBackend, RedisConfig};
+
+use crate::support::scaled;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
-/// Short, so a refused connection fails fast.
-const TIMEOUT: Duration = Duration::from_millis(500);
+/// The connect and response timeout of every client here: no test asserts
+/// a bound on them (a refusal is prompt whatever the timeout), so they
+/// are generous, lest a loaded machine turn a slow reply into a failure.
+const TIMEOUT: Duration = Duration::from_secs(3);
 /// Far above any bounded failure: hitting it means a hang.
 const HANG: Duration = Duration::from_secs(15);
 
@@ -35,8 +39,8 @@ async fn tls_server(ca: &TestCa, client_certs: bool) -> Store {
 fn config(url: &str) -> RedisConfig {
     RedisConfig::from_url(url)
         .unwrap()
-        .connect_timeout(TIMEOUT)
-        .response_timeout(TIMEOUT)
+        .connect_timeout(scaled(TIMEOUT))
+        .response_timeout(scaled(TIMEOUT))
 }
 
 /// Connects, failing the test if the attempt does not end in bounded time.
@@ -197,6 +201,59 @@ async fn client_certificates_are_presented_when_the_server_asks() {
         .await
         .expect("TLS with a client certificate");
     lock_cycle(&backend).await;
+}
+
+/// The same certificates named in the URL (`tls_ca`, `tls_cert`,
+/// `tls_key`): without the client pair the server refuses the handshake,
+/// with it the lock cycle runs.
+#[tokio::test]
+async fn the_url_names_the_pem_files() {
+    let ca = ca();
+    let store = tls_server(&ca, true).await;
+    let client = ca.client();
+    let dir = std::env::temp_dir().join(format!(
+        "lock-redis-tls-url-{}-{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, pem: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path.display().to_string()
+    };
+    let (ca_file, cert, key) = (
+        file("ca.pem", &ca.pem()),
+        file("client.pem", &client.cert),
+        file("client.key", &client.key),
+    );
+    let short = format!(
+        "timeout={0}ms&connect_timeout={0}ms",
+        scaled(TIMEOUT).as_millis()
+    );
+    let err = connect_err(
+        connect(
+            RedisConfig::from_url(&format!("{}?tls_ca={ca_file}&{short}", store.url())).unwrap(),
+        )
+        .await,
+    );
+    assert!(
+        chain(&err).contains("CertificateRequired"),
+        "{}",
+        chain(&err)
+    );
+    let url = format!(
+        "{}?tls_ca={ca_file}&tls_cert={cert}&tls_key={key}&{short}",
+        store.url()
+    );
+    let backend = connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .expect("TLS with the files the URL names");
+    lock_cycle(&backend).await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
