@@ -126,11 +126,13 @@ pub(crate) async fn queue_len(con: &redis::aio::MultiplexedConnection, lock: &Lo
     con.clone().zcard(queue_key(lock)).await.unwrap()
 }
 
-/// The waits in `lock`'s line: at least `n`, within 10 s.
+/// The waits in `lock`'s line: at least `n`, within 10 s (scaled).
 pub(crate) async fn in_line(con: &redis::aio::MultiplexedConnection, lock: &LockName, n: usize) {
-    until(Duration::from_secs(10), &format!("{n} in line"), || async {
-        queue_len(con, lock).await >= n
-    })
+    until(
+        scaled(Duration::from_secs(10)),
+        &format!("{n} in line"),
+        || async { queue_len(con, lock).await >= n },
+    )
     .await;
 }
 
