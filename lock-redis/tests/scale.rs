@@ -4,7 +4,9 @@
 //! served. Each prints what it measured (`--nocapture` shows it).
 //!
 //! A binary of its own: the waiters' memory is read from this process's
-//! resident set (`VmRSS`), which any test running beside it would inflate.
+//! resident set (`VmRSS`), which any test running beside it would inflate;
+//! and the two cases take turns ([`ALONE`]) for the same reason, and so
+//! that each has the machine's time to itself.
 
 #[path = "store/support.rs"]
 mod support;
@@ -30,6 +32,10 @@ fn rss_mib(which: &str) -> f64 {
     lock_conformance::kit::usage::own_memory_mib(which)
 }
 
+/// Held for the whole of each case: they measure this process (its
+/// memory, its CPU time) and load the machine, so they never overlap.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A backend whose replies may take the default response timeout (1 s),
 /// scaled: the cases here count scripts and connections, and hundreds of
 /// requests in flight on a loaded machine must not read as a lost server.
@@ -50,6 +56,7 @@ async fn scripts_run(con: &redis::aio::MultiplexedConnection) -> u64 {
 /// 1,000 leases per tick, not one per lease, and every lock stays held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_held_locks_cost_one_script_per_thousand_per_tick() {
+    let _alone = ALONE.lock().await;
     const LOCKS: usize = 10_000;
     let store = private(Options::default().persistence(Persistence::None)).await;
     let con = raw(&store.url()).await;
@@ -104,6 +111,7 @@ async fn ten_thousand_held_locks_cost_one_script_per_thousand_per_tick() {
 /// connections to the server (commands and pub/sub), every one served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_waiters_share_two_connections_and_are_all_served() {
+    let _alone = ALONE.lock().await;
     const WAITERS: usize = 2_000;
     let store = private(Options::default().persistence(Persistence::None)).await;
     let con = raw(&store.url()).await;
