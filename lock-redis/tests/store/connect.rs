@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use crate::support::{LONG, private, rand_u64, raw, scaled, take, unique};
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
-use lock_conformance::kit::stores::redis::{Options, Tls};
+use lock_conformance::kit::stores::redis::Options;
+#[cfg(feature = "tls")]
+use lock_conformance::kit::stores::redis::Tls;
 use lock_redis::redis;
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::{LockBackend, LockError};
