@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lock_conformance::kit::stores::redis::{Options, Persistence};
+use lock_redis::RedisBackend;
 use lock_redis::redis;
-use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::{LockGuard, LockName, Locker};
-use support::{clients_of_type, command_calls, private, raw, scaled, unique};
+use support::{clients_of_type, command_calls, connect_scaled, private, raw, scaled, unique};
 use tokio::time::Instant;
 
 /// User + system CPU time of this process so far.
@@ -36,16 +36,6 @@ fn rss_mib(which: &str) -> f64 {
 /// memory, its CPU time) and load the machine, so they never overlap.
 static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A backend whose replies may take the default response timeout (1 s),
-/// scaled: the cases here count scripts and connections, and hundreds of
-/// requests in flight on a loaded machine must not read as a lost server.
-async fn connect(url: &str) -> RedisBackend {
-    let config = RedisConfig::from_url(url)
-        .unwrap()
-        .response_timeout(scaled(RedisConfig::DEFAULT_RESPONSE_TIMEOUT));
-    RedisBackend::connect_with(config).await.unwrap()
-}
-
 /// Scripts the server ran (EVALSHA, plus EVAL after a NOSCRIPT).
 async fn scripts_run(con: &redis::aio::MultiplexedConnection) -> u64 {
     command_calls(con, "evalsha").await + command_calls(con, "eval").await
@@ -61,7 +51,7 @@ async fn ten_thousand_held_locks_cost_one_script_per_thousand_per_tick() {
     let store = private(Options::default().persistence(Persistence::None)).await;
     let con = raw(&store.url()).await;
     let ttl = scaled(Duration::from_secs(3));
-    let locker = Locker::new(connect(&store.url()).await).ttl(ttl);
+    let locker = Locker::new(connect_scaled(&store.url()).await).ttl(ttl);
     let base = unique("held");
     let guards: Vec<LockGuard> = futures::stream::iter(0..LOCKS)
         .map(|i| {
@@ -117,7 +107,7 @@ async fn two_thousand_waiters_share_two_connections_and_are_all_served() {
     let con = raw(&store.url()).await;
     let clients_before =
         clients_of_type(&con, "normal").await + clients_of_type(&con, "pubsub").await;
-    let locker = Locker::new(connect(&store.url()).await)
+    let locker = Locker::new(connect_scaled(&store.url()).await)
         .ttl(Duration::from_secs(30))
         .max_wait(scaled(Duration::from_secs(60)));
     let name = unique("crowd");

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use crate::support::{clients_of_type, private, raw, round_trip, scaled, take, unique};
+use crate::support::{
+    clients_of_type, connect_scaled, private, raw, round_trip, scaled, take, unique,
+};
 use futures::StreamExt;
 use lock_conformance::StoreControl;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
@@ -152,7 +154,7 @@ async fn ten_thousand_leases_share_one_subscription() {
     const LEASES: usize = 10_000;
     let store = private(Options::default().persistence(Persistence::None)).await;
     let url = store.url();
-    let holder = RedisBackend::connect(&url).await.unwrap();
+    let holder = connect_scaled(&url).await;
     let names: Vec<_> = (0..LEASES).map(|i| unique(&format!("many-{i}"))).collect();
     // 200 in flight: enough to be quick, few enough for every reply to
     // come within the response timeout on a loaded machine.

@@ -227,7 +227,7 @@ async fn a_restored_backup_repeats_fences_unless_the_floor_is_raised() {
     let backup = store.data_dir().unwrap().join("backup");
     let mut con = raw(&url).await;
     let ahead = server_micros(&mut con).await + 3_600_000_000;
-    let backend = RedisBackend::connect(&url).await.unwrap();
+    let backend = connect_scaled(&url).await;
     backend
         .raise_fence_floor(FencingToken::new(ahead).unwrap())
         .await

@@ -29,15 +29,7 @@ async fn a_restore_under_running_clients_repeats_no_fence_and_makes_no_second_ho
     let url = store.url();
     let aof = store.data_dir().unwrap().join("appendonlydir");
     let backup = store.data_dir().unwrap().join("backup");
-    // The operator's floor is 16,384 keys written durably: give its replies
-    // the default response timeout, scaled, as the machine may be slow.
-    let operator = RedisBackend::connect_with(
-        RedisConfig::from_url(&url)
-            .unwrap()
-            .response_timeout(scaled(RedisConfig::DEFAULT_RESPONSE_TIMEOUT)),
-    )
-    .await
-    .unwrap();
+    let operator = connect_scaled(&url).await;
     let ahead = server_micros(&mut raw(&url).await).await + 3_600_000_000;
     operator
         .raise_fence_floor(FencingToken::new(ahead).unwrap())
@@ -91,15 +83,7 @@ async fn a_restore_under_running_clients_repeats_no_fence_and_makes_no_second_ho
     store.kill_now().unwrap();
     copy_dir(&backup, &aof);
     store.restart_now().unwrap();
-    // The operator's floor is 16,384 keys written durably: give its replies
-    // the default response timeout, scaled, as the machine may be slow.
-    let operator = RedisBackend::connect_with(
-        RedisConfig::from_url(&url)
-            .unwrap()
-            .response_timeout(scaled(RedisConfig::DEFAULT_RESPONSE_TIMEOUT)),
-    )
-    .await
-    .unwrap();
+    let operator = connect_scaled(&url).await;
     assert_eq!(
         operator.inspect(&lock).await.unwrap(),
         None,

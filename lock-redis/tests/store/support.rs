@@ -9,8 +9,8 @@ use std::time::Duration;
 use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
-use lock_redis::RedisBackend;
 use lock_redis::redis::{self, AsyncCommands};
+use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, Backoff, Lease, LockBackend, LockName, Locker};
 use tokio::time::Instant;
@@ -55,6 +55,17 @@ pub(crate) async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection_with_config(&patient)
         .await
         .expect("raw connection")
+}
+
+/// A backend whose replies may take the default response timeout (1 s)
+/// scaled, for cases that send a burst (thousands of grants, a fence floor
+/// of 16,384 keys written durably) and check what happens, not how fast:
+/// on a loaded machine a burst must not read as a lost server.
+pub(crate) async fn connect_scaled(url: &str) -> RedisBackend {
+    let config = RedisConfig::from_url(url)
+        .unwrap()
+        .response_timeout(scaled(RedisConfig::DEFAULT_RESPONSE_TIMEOUT));
+    RedisBackend::connect_with(config).await.unwrap()
 }
 
 /// Takes `name` at once (it must be free) and returns the lease.
