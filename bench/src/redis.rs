@@ -76,7 +76,7 @@ async fn server(label: &str, url: &str, own: bool, settings: &Settings) -> Repor
     let backend = RedisBackend::connect(url).await.expect("connect");
     // The floor and round trips run on the backend's own connection: same
     // client, same multiplexing, same server.
-    let con = backend.connection();
+    let con = backend.client();
     let info = Server {
         con: con.clone(),
         pid: None,

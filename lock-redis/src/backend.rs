@@ -1,5 +1,6 @@
 //! `RedisBackend`: connect, and the [`LockBackend`] contract, each method
-//! delegating to one round trip of the client (`client.rs`).
+//! dispatching to the role that serves it (`locks.rs`, `permits.rs`,
+//! `wait/`, `fence/`, `connection/`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,22 +9,22 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
 use lockcore::backend::{
-    CancellationToken, Cleanups, Kind, LockRequest, Polling, check_permits, timed,
+    CancellationToken, Kind, LockRequest, Polling, check_permits, timed,
 };
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken, Holder,
     Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio_util::task::TaskTracker;
+use redis::aio::ConnectionManager;
 
-use crate::client::{self, Client, MAX_FENCE};
-use crate::connection::{self, Commands};
-use crate::error::{self, BACKEND};
-use crate::notify::Notifier;
-use crate::probe::{self, Eviction, Persistence};
+use crate::RedisConfig;
+use crate::connection;
+use crate::connection::client::Client;
+use crate::connection::probe::{Eviction, Persistence};
+use crate::error::BACKEND;
+use crate::fence::{self, MAX_FENCE};
 use crate::wait::LineWaiter;
-use crate::{RedisConfig, fence, keys};
+use crate::wait::notify::Notifier;
 
 /// The longest TTL accepted: one year. Redis itself accepts `PX` values of
 /// hundreds of thousands of years, so the cap is ours.
@@ -88,76 +89,10 @@ impl RedisBackend {
     /// invalid prefix or timeout, non-durable persistence when required, or
     /// an evicting (or unreadable) `maxmemory-policy` not accepted.
     pub async fn connect_with(config: RedisConfig) -> Result<Self, LockError> {
-        config.validate()?;
-        if config.uses_tls() {
-            install_tls_provider();
-        }
-        let endpoint = config.endpoint();
-        let op_timeout = config.connect_timeout + config.response_timeout;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(1));
-        let ours = config.connection.is_none();
-        let mut con = match config.connection.clone() {
-            Some(con) => con,
-            None => connection::open(&config, &endpoint, manager.clone()).await?,
-        };
-        // A first command proves the credentials and the link.
-        let ping = async {
-            let ping = redis::cmd("PING");
-            ping.query_async::<String>(&mut con)
-                .await
-                .map_err(|e| error::at_connect(&endpoint, e))
-        };
-        timed(BACKEND, &format!("PING {endpoint}"), op_timeout, ping).await?;
-        let (persistence, eviction) =
-            probe::check(&config, &endpoint, &mut con, op_timeout).await?;
-        let caps = Capabilities::new(BACKEND)
-            .expiry_clock(ExpiryClock::StoreWallClock)
-            .ttl_range(Duration::from_millis(1), MAX_TTL)
-            .ttl_granularity(Duration::from_millis(1))
-            .fairness(Fairness::Fifo)
-            .fence_durability(FenceDurability::Conditional(eviction.fence_assumption()))
-            .notifications(true)
-            .expiry_slack(Duration::from_millis(1))
-            // A forced release publishes to the holder's subscription in the
-            // same script: one message, on a link whose PINGs are answered
-            // within the response timeout (or it is replaced and every lease
-            // checked, see `notify`).
-            .eviction_notice(Some(config.response_timeout))
-            .semaphores(true)
-            .fence_floor(true)
-            .max_fence(MAX_FENCE);
-        let (closing, tasks) = (CancellationToken::new(), TaskTracker::new());
-        let (notifier, events) = Notifier::new(
-            config.client.clone(),
-            (op_timeout, config.response_timeout),
-            keys::wake_channel(&config.key_prefix),
-            keys::evict_channel(&config.key_prefix),
-            closing.clone(),
-            tasks.clone(),
-        );
-        let client = Arc::new(Client {
-            cleanups: Cleanups::new(),
-            commands: Commands::new(config.client.clone(), manager, op_timeout, con, ours),
-            prefix: config.key_prefix,
-            endpoint,
-            op_timeout,
-            claim_window: config.response_timeout,
-            notifier,
-            closing: closing.clone(),
-            tasks: tasks.clone(),
-            acquires: TaskTracker::new(),
-        });
-        tasks.spawn(client::background::handle_events(
-            events,
-            Arc::downgrade(&client),
-            closing,
-            tasks.clone(),
-        ));
+        let response_timeout = config.response_timeout;
+        let connected = connection::connect(config).await?;
+        let caps = capabilities(response_timeout, &connected.eviction);
+        let client = connected.client;
         Ok(RedisBackend {
             _last: Arc::new(LastHandle {
                 closing: client.closing.clone(),
@@ -165,18 +100,25 @@ impl RedisBackend {
             }),
             client,
             caps,
-            persistence,
-            eviction,
+            persistence: connected.persistence,
+            eviction: connected.eviction,
         })
     }
 
     /// The connection lock commands use, for your own commands (e.g.
-    /// [`fenced_write`](Self::fenced_write) on data kept in the same server).
-    /// [`close`](LockBackend::close) ends it (a clone you hold reconnects on
-    /// its next command); after close this is a new connection, yours
-    /// alone, opened on first use.
-    pub fn connection(&self) -> ConnectionManager {
+    /// [`fenced_write`](Self::fenced_write) on data kept in the same server):
+    /// the escape hatch to the Redis client, named `client()` in every
+    /// adapter. [`close`](LockBackend::close) ends it (a clone you hold
+    /// reconnects on its next command); after close this is a new
+    /// connection, yours alone, opened on first use.
+    pub fn client(&self) -> ConnectionManager {
         self.client.commands.for_caller()
+    }
+
+    /// The old name of [`client`](Self::client).
+    #[deprecated(note = "use client()")]
+    pub fn connection(&self) -> ConnectionManager {
+        self.client()
     }
 
     /// The server's persistence settings, as read at connect.
@@ -207,7 +149,7 @@ impl RedisBackend {
         command: &redis::Cmd,
     ) -> Result<Fenced<T>, LockError> {
         self.client.open()?;
-        let mut con = self.connection();
+        let mut con = self.client();
         let write = fence::fenced_write(&mut con, fence_key, token, command);
         timed(BACKEND, "fenced write", self.client.op_timeout, write).await
     }
@@ -229,13 +171,26 @@ impl Drop for LastHandle {
     }
 }
 
-/// `rediss://` needs a rustls crypto provider; install ring's unless the
-/// process already chose one.
-fn install_tls_provider() {
-    #[cfg(feature = "tls")]
-    {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
+/// What a backend declares: expiry on the server's clock, FIFO waiting,
+/// eviction notices within the response timeout, fences as durable as
+/// the server's settings (`eviction`) make them.
+fn capabilities(response_timeout: Duration, eviction: &Eviction) -> Capabilities {
+    Capabilities::new(BACKEND)
+        .expiry_clock(ExpiryClock::StoreWallClock)
+        .ttl_range(Duration::from_millis(1), MAX_TTL)
+        .ttl_granularity(Duration::from_millis(1))
+        .fairness(Fairness::Fifo)
+        .fence_durability(FenceDurability::Conditional(eviction.fence_assumption()))
+        .notifications(true)
+        .expiry_slack(Duration::from_millis(1))
+        // A forced release publishes to the holder's subscription in the
+        // same script: one message, on a link whose PINGs are answered
+        // within the response timeout (or it is replaced and every lease
+        // checked, see `wait/notify.rs`).
+        .eviction_notice(Some(response_timeout))
+        .semaphores(true)
+        .fence_floor(true)
+        .max_fence(MAX_FENCE)
 }
 
 impl fmt::Debug for RedisBackend {

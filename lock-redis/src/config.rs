@@ -5,31 +5,35 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lockcore::LockError;
+use redis::ConnectionAddr;
 use redis::aio::ConnectionManager;
-use redis::{ConnectionAddr, IntoConnectionInfo};
 
 use crate::keys::{self, DEFAULT_PREFIX};
+
+mod url;
 
 /// How to connect a [`RedisBackend`](crate::RedisBackend), from a URL or an
 /// existing [`redis::Client`], plus the lock options.
 ///
-/// URLs: `redis://[user[:password]@]host[:port][/db]`, `rediss://...` for TLS
-/// (feature `tls`, on by default), `redis+unix:///path`; the query may add
-/// `allow_maxmemory_eviction=true` (see
-/// [`allow_maxmemory_eviction`](Self::allow_maxmemory_eviction)). A server whose
-/// certificate comes from a private CA, or that wants client certificates,
-/// needs [`tls_root_cert_pem`](Self::tls_root_cert_pem) and
-/// [`tls_client_identity_pem`](Self::tls_client_identity_pem). `Debug` never
-/// shows the password or key material.
+/// URLs: `redis://[user[:password]@]host[:port][/db][?options]`,
+/// `rediss://...` for TLS (feature `tls`, on by default),
+/// `redis+unix:///path[?options]`. The options are the crate README's
+/// table: `timeout`, `connect_timeout` (durations: `500ms`, `2s`), `prefix`,
+/// `db`, `protocol`, `password_file`, `tls_ca` / `tls_cert` / `tls_key`
+/// (PEM files), `allow_maxmemory_eviction`, `require_durable_fences`; each
+/// has a builder method of the same meaning. `Debug` never shows the
+/// password or key material.
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_redis::RedisConfig;
 ///
-/// let config = RedisConfig::from_url("redis://locks:s3cret@10.0.0.5:6379/2")?
-///     .key_prefix("billing:locks:")
-///     .response_timeout(Duration::from_millis(500));
+/// let config = RedisConfig::from_url("redis://locks:s3cret@10.0.0.5:6379/2?timeout=500ms")?
+///     .key_prefix("billing:locks:");
 /// assert!(!format!("{config:?}").contains("s3cret"));
+/// let same = RedisConfig::from_url("redis://locks:s3cret@10.0.0.5:6379/2?prefix=billing:locks:")?
+///     .response_timeout(Duration::from_millis(500));
+/// assert_eq!(format!("{config:?}"), format!("{same:?}"));
 /// # Ok::<(), lockcore::LockError>(())
 /// ```
 #[derive(Clone)]
@@ -42,7 +46,7 @@ pub struct RedisConfig {
     pub(crate) require_durable_fences: bool,
     pub(crate) allow_maxmemory_eviction: bool,
     #[cfg(feature = "tls")]
-    tls: crate::tls::Certificates,
+    tls: crate::connection::tls::Certificates,
 }
 
 impl RedisConfig {
@@ -51,34 +55,16 @@ impl RedisConfig {
     /// Default time to wait for a reply.
     pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 
-    /// Parses a `redis://`, `rediss://` or `redis+unix://` URL. Nothing is
-    /// connected yet.
+    /// Parses a `redis://`, `rediss://` or `redis+unix://` URL (see the
+    /// type's docs for the forms and options). Nothing is connected yet.
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] for a URL the client cannot use (the
-    /// message never contains the password).
+    /// [`LockError::InvalidConfig`] for a URL the client cannot use, an
+    /// option that is unknown (the message names the known ones) or has a
+    /// bad value, or a PEM file that cannot be read or used. The message
+    /// never contains the password, nor any option's value.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        if !cfg!(feature = "tls") && scheme.as_deref().is_some_and(|s| s.starts_with("rediss")) {
-            return Err(LockError::config(format!(
-                "{} needs TLS, but lock-redis was built without its `tls` feature",
-                redact(url)
-            )));
-        }
-        let info = url.into_connection_info().map_err(|e| {
-            LockError::config(format!(
-                "{} is not a usable Redis URL: {}",
-                redact(url),
-                e.detail().unwrap_or("it does not parse")
-            ))
-        })?;
-        let client = redis::Client::open(info)
-            .map_err(|e| LockError::config(format!("{} cannot be used: {e}", redact(url))))?;
-        let mut config = Self::from_client(client);
-        if let Some(allowed) = query_flag(url, ALLOW_EVICTION_PARAM)? {
-            config.allow_maxmemory_eviction = allowed;
-        }
-        Ok(config)
+        url::read(url)
     }
 
     /// Uses an existing client (any connection info, TLS settings included)
@@ -107,19 +93,22 @@ impl RedisConfig {
 
     /// Prefix of every key and channel (default `distlock:`). 1 to 128
     /// printable ASCII characters, no spaces or braces; checked at connect.
+    /// The URL form is `?prefix=app:locks:`.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
     }
 
-    /// Time to establish a connection (default 2 s).
+    /// Time to establish a connection (default 2 s). The URL form is
+    /// `?connect_timeout=2s`.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// Time to wait for a reply (default 1 s). An operation that waits longer
-    /// fails with a retryable [`LockError::Unavailable`].
+    /// fails with a retryable [`LockError::Unavailable`]. The URL form is
+    /// `?timeout=1s`.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -128,7 +117,8 @@ impl RedisConfig {
     /// Refuses to connect unless the server runs `appendonly yes` with
     /// `appendfsync always`, the one setting under which fencing tokens
     /// survive a machine crash without relying on the server's clock.
-    /// Off by default: the connection then logs a warning instead.
+    /// Off by default: the connection then logs a warning instead. The URL
+    /// form is `?require_durable_fences=true`.
     pub fn require_durable_fences(mut self, required: bool) -> Self {
         self.require_durable_fences = required;
         self
@@ -166,7 +156,8 @@ impl RedisConfig {
 
     /// Presents this client certificate (PEM, leaf first) and its private
     /// key (PEM: PKCS#8, PKCS#1 or SEC1), for servers with
-    /// `tls-auth-clients yes`.
+    /// `tls-auth-clients yes`. The URL form is
+    /// `?tls_cert=/path/to/client.pem&tls_key=/path/to/client.key`.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for malformed PEM, a key that does not
@@ -282,47 +273,6 @@ impl fmt::Debug for RedisConfig {
         );
         shown.finish()
     }
-}
-
-/// The URL query parameter of [`RedisConfig::allow_maxmemory_eviction`].
-const ALLOW_EVICTION_PARAM: &str = "allow_maxmemory_eviction";
-
-/// The value of boolean query parameter `name` in `url`, if present (the
-/// client ignores parameters it does not know). The URL is split as the
-/// client splits it, so a password holding `?`, `#` or `&` is never taken
-/// for the query; a bad value is named by length only.
-fn query_flag(url: &str, name: &str) -> Result<Option<bool>, LockError> {
-    let Some(parsed) = redis::parse_redis_url(url) else {
-        return Ok(None);
-    };
-    let mut found = None;
-    for (key, value) in parsed.query_pairs() {
-        if key != name {
-            continue;
-        }
-        found = Some(match &*value {
-            "true" => true,
-            "false" => false,
-            other => {
-                return Err(LockError::config(format!(
-                    "URL parameter {name} must be true or false, not a value of {} bytes",
-                    other.len()
-                )));
-            }
-        });
-    }
-    Ok(found)
-}
-
-/// The URL with its password replaced, for error messages.
-fn redact(url: &str) -> String {
-    format!(
-        "{:?}",
-        lockcore::backend::redact_url(url)
-            .chars()
-            .take(200)
-            .collect::<String>()
-    )
 }
 
 #[cfg(test)]

@@ -1,106 +1,19 @@
-//! Waiting in line: the adapter's [`Waiter`] for `lockcore::backend::wait::wait`.
-//!
-//! The first attempt joins the name's line in Redis (`scripts/line.lua`); a
-//! release (or anyone finding the lock free) wakes the first waiter only,
-//! holding the free lock for it while it claims. Without a subscription
-//! connection a round polls instead (no place in line, and no barging: a
-//! free lock goes to whoever heads the line).
+//! Waiters and wake-ups: the line in Redis (one waiter woken per hand-off),
+//! watches, and the one pub/sub connection of a backend instance that
+//! carries them (and the eviction notices of its leases, see
+//! `notify/holds.rs`).
 
-use std::sync::Arc;
-use std::time::Duration;
+pub(crate) mod line;
+pub(crate) mod notify;
+mod watch;
 
-use lockcore::backend::LockRequest;
-use lockcore::backend::wait::{Waiter, Wakeup};
-use lockcore::{Attempt, LockError, OwnerToken};
-use tokio::time::Instant;
+use crate::connection::script::script;
 
-use crate::client::Client;
-use crate::keys::Keys;
-use crate::notify::Wait;
+pub(crate) use line::LineWaiter;
 
-/// A waiting acquire's place in line. Dropped before a grant (timeout,
-/// error, cancellation), it leaves the line in the background and frees
-/// what an attempt still in flight may have got.
-pub(crate) struct LineWaiter<'a> {
-    client: Arc<Client>,
-    request: &'a LockRequest,
-    keys: Keys,
-    /// How long the line is kept without a refresh: a waiter re-attempts at
-    /// least every re-check, its entry outlives that.
-    linger: Duration,
-    wait: Option<Wait>,
-    member: String,
-    /// An attempt carrying `member` was sent: the line may hold it.
-    joined: bool,
-    /// The owner token of an attempt sent and not yet answered.
-    in_flight: Option<OwnerToken>,
-    granted: bool,
-}
+/// `wake_next`, `wake_watchers`, `freed`: the line and the watchers, shared
+/// by every script that frees or claims a lock.
+pub(crate) const LINE: &str = include_str!("wait/scripts/line.lua");
 
-impl<'a> LineWaiter<'a> {
-    pub(crate) fn new(client: Arc<Client>, request: &'a LockRequest, recheck: Duration) -> Self {
-        LineWaiter {
-            keys: client.keys(request.name()),
-            linger: recheck.min(crate::MAX_TTL) + client.op_timeout,
-            client,
-            request,
-            wait: None,
-            member: String::new(),
-            joined: false,
-            in_flight: None,
-            granted: false,
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Waiter for LineWaiter<'_> {
-    /// Joins this instance's wake-ups (once); the wake-up of the coming
-    /// round is this wait's turn in line.
-    async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
-        if self.wait.is_none() {
-            let wait = self.client.notifier.join().await?;
-            let window = self.request.ttl().get().min(self.client.claim_window);
-            self.member = wait.member(window);
-            self.wait = Some(wait);
-        }
-        Ok(self.wait.as_ref().map(Wait::wakeup))
-    }
-
-    /// One acquire script, carrying this wait's member once it has one.
-    async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
-        let owner = OwnerToken::new();
-        self.in_flight = Some(owner);
-        let line = self
-            .wait
-            .is_some()
-            .then_some((self.member.as_str(), self.linger));
-        self.joined |= line.is_some();
-        let outcome = self
-            .client
-            .acquire(self.request, &self.keys, owner, line)
-            .await;
-        self.in_flight = None;
-        self.granted = matches!(outcome, Ok(Attempt::Acquired(_)));
-        outcome
-    }
-}
-
-impl Drop for LineWaiter<'_> {
-    fn drop(&mut self) {
-        if self.granted || (!self.joined && self.in_flight.is_none()) {
-            return;
-        }
-        let member = if self.joined {
-            std::mem::take(&mut self.member)
-        } else {
-            String::new()
-        };
-        self.client.leave_later(
-            self.keys.clone(),
-            member,
-            self.in_flight,
-            Instant::now() + self.request.ttl().get(),
-        );
-    }
-}
+script!(LEAVE = [LINE] include_str!("wait/scripts/leave.lua"));
+script!(WATCH = [LINE] include_str!("wait/scripts/watch.lua"));

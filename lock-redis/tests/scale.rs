@@ -2,7 +2,13 @@
 //! `Locker` cost a few scripts per renew tick, not one per lock; 2,000
 //! waiters on one name in one process share two connections and are all
 //! served. Each prints what it measured (`--nocapture` shows it).
+//!
+//! A binary of its own: the waiters' memory is read from this process's
+//! resident set (`VmRSS`), which any test running beside it would inflate;
+//! and the two cases take turns ([`ALONE`]) for the same reason, and so
+//! that each has the machine's time to itself.
 
+#[path = "store/support.rs"]
 mod support;
 
 use std::sync::Arc;
@@ -13,7 +19,7 @@ use lock_conformance::kit::stores::redis::{Options, Persistence};
 use lock_redis::RedisBackend;
 use lock_redis::redis;
 use lockcore::{LockGuard, LockName, Locker};
-use support::{clients_of_type, command_calls, private, raw, scaled, unique};
+use support::{clients_of_type, command_calls, connect_scaled, private, raw, scaled, unique};
 use tokio::time::Instant;
 
 /// User + system CPU time of this process so far.
@@ -26,6 +32,10 @@ fn rss_mib(which: &str) -> f64 {
     lock_conformance::kit::usage::own_memory_mib(which)
 }
 
+/// Held for the whole of each case: they measure this process (its
+/// memory, its CPU time) and load the machine, so they never overlap.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Scripts the server ran (EVALSHA, plus EVAL after a NOSCRIPT).
 async fn scripts_run(con: &redis::aio::MultiplexedConnection) -> u64 {
     command_calls(con, "evalsha").await + command_calls(con, "eval").await
@@ -36,11 +46,12 @@ async fn scripts_run(con: &redis::aio::MultiplexedConnection) -> u64 {
 /// 1,000 leases per tick, not one per lease, and every lock stays held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_held_locks_cost_one_script_per_thousand_per_tick() {
+    let _alone = ALONE.lock().await;
     const LOCKS: usize = 10_000;
     let store = private(Options::default().persistence(Persistence::None)).await;
     let con = raw(&store.url()).await;
     let ttl = scaled(Duration::from_secs(3));
-    let locker = Locker::new(RedisBackend::connect(&store.url()).await.unwrap()).ttl(ttl);
+    let locker = Locker::new(connect_scaled(&store.url()).await).ttl(ttl);
     let base = unique("held");
     let guards: Vec<LockGuard> = futures::stream::iter(0..LOCKS)
         .map(|i| {
@@ -90,12 +101,13 @@ async fn ten_thousand_held_locks_cost_one_script_per_thousand_per_tick() {
 /// connections to the server (commands and pub/sub), every one served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_waiters_share_two_connections_and_are_all_served() {
+    let _alone = ALONE.lock().await;
     const WAITERS: usize = 2_000;
     let store = private(Options::default().persistence(Persistence::None)).await;
     let con = raw(&store.url()).await;
     let clients_before =
         clients_of_type(&con, "normal").await + clients_of_type(&con, "pubsub").await;
-    let locker = Locker::new(RedisBackend::connect(&store.url()).await.unwrap())
+    let locker = Locker::new(connect_scaled(&store.url()).await)
         .ttl(Duration::from_secs(30))
         .max_wait(scaled(Duration::from_secs(60)));
     let name = unique("crowd");

@@ -6,6 +6,7 @@
 //! with wrong and right credentials, a server refused for its settings,
 //! malformed URLs, bad options, and the config builder.
 
+#[path = "store/support.rs"]
 mod support;
 
 use std::error::Error;

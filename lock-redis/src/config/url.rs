@@ -1,0 +1,399 @@
+//! Reading a Redis URL onto a [`RedisConfig`], through lockcore's
+//! [`StoreUrl`]: the one parser and option vocabulary of every adapter
+//! (`timeout`, `connect_timeout`, `prefix`, `tls_*`, `password_file`),
+//! plus what only Redis has (`db`, `protocol`, the server checks).
+
+use lockcore::LockError;
+use lockcore::backend::StoreUrl;
+use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
+
+use super::RedisConfig;
+
+/// The schemes the Redis client itself reads (`valkey` for its fork,
+/// `unix` for a socket), and so did `connect` before this parser.
+const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "valkey",
+    "valkeys",
+    "valkey+unix",
+];
+
+/// The options a Redis URL may carry, named in the error for any other.
+const KNOWN: &[&str] = &[
+    "db",
+    "protocol",
+    "prefix",
+    "timeout",
+    "connect_timeout",
+    "password_file",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "allow_maxmemory_eviction",
+    "require_durable_fences",
+];
+
+/// The Redis port when the URL names none.
+const DEFAULT_PORT: u16 = 6379;
+
+/// Parses `text` (see [`RedisConfig::from_url`]).
+pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
+    let mut url = StoreUrl::parse(text, SCHEMES)?;
+    let shown = without_query(&url);
+    let bad = |why: String| LockError::config(format!("{shown}: {why}"));
+    let tls = matches!(url.scheme(), "rediss" | "valkeys");
+    if tls && !cfg!(feature = "tls") {
+        return Err(bad(
+            "needs TLS, but lock-redis was built without its `tls` feature".into(),
+        ));
+    }
+    let unix = url.scheme().ends_with("unix");
+    let (old_user, old_password) = if unix {
+        (
+            old_spelling(&mut url, "user"),
+            old_spelling(&mut url, "pass"),
+        )
+    } else {
+        (None, None)
+    };
+    let addr = address(&url, tls, unix).map_err(bad)?;
+    let db = database(&mut url, unix).map_err(bad)?;
+    let protocol = match url.take("protocol").as_deref() {
+        None | Some("2" | "resp2") => ProtocolVersion::RESP2,
+        Some("3" | "resp3") => ProtocolVersion::RESP3,
+        Some(_) => return Err(bad("URL option protocol: expected resp2 or resp3".into())),
+    };
+    let mut settings = RedisConnectionInfo::default()
+        .set_db(db)
+        .set_protocol(protocol);
+    if let Some(user) = url.user().map(str::to_owned).or(old_user) {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = url.take_password()?.or(old_password) {
+        settings = settings.set_password(password);
+    }
+    let info = addr
+        .into_connection_info()
+        .map_err(|e| bad(format!("cannot be used: {e}")))?
+        .set_redis_settings(settings);
+    let client = redis::Client::open(info).map_err(|e| bad(format!("cannot be used: {e}")))?;
+    let mut config = RedisConfig::from_client(client);
+    if let Some(prefix) = url.take("prefix") {
+        config.key_prefix = prefix;
+    }
+    if let Some(timeout) = url.take_duration("timeout")? {
+        config.response_timeout = timeout;
+    }
+    if let Some(timeout) = url.take_duration("connect_timeout")? {
+        config.connect_timeout = timeout;
+    }
+    if let Some(allowed) = url.take_bool("allow_maxmemory_eviction")? {
+        config.allow_maxmemory_eviction = allowed;
+    }
+    if let Some(required) = url.take_bool("require_durable_fences")? {
+        config.require_durable_fences = required;
+    }
+    if url.take("tls_domain").is_some() {
+        return Err(bad(
+            "URL option tls_domain is not supported by lock-redis: the Redis \
+             client checks the server's certificate against the URL's host, so connect by \
+             the name the certificate carries"
+                .into(),
+        ));
+    }
+    let config = certificates(&mut url, config)?;
+    url.finish(KNOWN)?;
+    Ok(config)
+}
+
+/// Where the server is: one `host[:port]`, or for a socket the path.
+fn address(url: &StoreUrl, tls: bool, unix: bool) -> Result<ConnectionAddr, String> {
+    if unix {
+        if !url.hosts().is_empty() || url.path().is_empty() {
+            return Err(
+                "a Unix socket URL names the socket's path: redis+unix:///path/to/redis.sock"
+                    .into(),
+            );
+        }
+        return Ok(ConnectionAddr::Unix(url.path().into()));
+    }
+    let [host] = url.hosts() else {
+        return Err(format!(
+            "names {} hosts; lock-redis connects to one server",
+            url.hosts().len()
+        ));
+    };
+    let (host, port) = (host.name.clone(), host.port.unwrap_or(DEFAULT_PORT));
+    Ok(if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    })
+}
+
+/// The database: the path (`/2`) of a TCP URL, or option `db`.
+fn database(url: &mut StoreUrl, unix: bool) -> Result<i64, String> {
+    let path = if unix {
+        String::new()
+    } else {
+        url.path().trim_matches('/').to_owned()
+    };
+    let number = |text: &str| {
+        text.parse::<i64>()
+            .ok()
+            .filter(|db| *db >= 0)
+            .ok_or_else(|| "the database is not a number (redis://host/2 or ?db=2)".to_owned())
+    };
+    match (path.as_str(), url.take("db")) {
+        ("", None) => Ok(0),
+        ("", Some(db)) => number(&db),
+        (path, None) => number(path),
+        (_, Some(_)) => Err("gives the database twice, as its path and as db=".into()),
+    }
+}
+
+/// The PEM files options `tls_ca`, `tls_cert` and `tls_key` name, given
+/// to the config as its builder methods would be.
+fn certificates(url: &mut StoreUrl, config: RedisConfig) -> Result<RedisConfig, LockError> {
+    let ca = url.take_path("tls_ca")?;
+    let cert = url.take_path("tls_cert")?;
+    let key = url.take_path("tls_key")?;
+    if ca.is_none() && cert.is_none() && key.is_none() {
+        return Ok(config);
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        Err(LockError::config(format!(
+            "{}: TLS options need lock-redis's `tls` feature",
+            without_query(url)
+        )))
+    }
+    #[cfg(feature = "tls")]
+    {
+        let mut config = config;
+        if let Some(ca) = ca {
+            config = config.tls_root_cert_pem(pem("tls_ca", &ca)?)?;
+        }
+        match (cert, key) {
+            (None, None) => Ok(config),
+            (Some(cert), Some(key)) => {
+                config.tls_client_identity_pem(pem("tls_cert", &cert)?, pem("tls_key", &key)?)
+            }
+            _ => Err(LockError::config(format!(
+                "{}: URL options tls_cert and tls_key go together",
+                without_query(url)
+            ))),
+        }
+    }
+}
+
+/// The contents of the PEM file `path` that option `option` names.
+#[cfg(feature = "tls")]
+fn pem(option: &str, path: &std::path::Path) -> Result<Vec<u8>, LockError> {
+    std::fs::read(path).map_err(|e| {
+        LockError::config_caused_by(format!("cannot read {option} {}", path.display()), e)
+    })
+}
+
+/// The Redis client's own query options for a socket's credentials, read
+/// until the next release; the user info or `password_file` replace them.
+fn old_spelling(url: &mut StoreUrl, option: &str) -> Option<String> {
+    let value = url.take(option)?;
+    tracing::warn!(
+        url = %url.redacted(),
+        "URL option {option} is replaced by the URL's user info \
+         (redis+unix://user:password@/path) or password_file; it is read until the next release"
+    );
+    Some(value)
+}
+
+/// The URL as errors may show it: redacted, without its query (a value
+/// there may be a secret given the wrong name).
+fn without_query(url: &StoreUrl) -> String {
+    url.redacted()
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use lock_conformance::kit::secrets;
+
+    use super::*;
+
+    fn config(url: &str) -> RedisConfig {
+        RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    fn refused(url: &str) -> String {
+        match RedisConfig::from_url(url) {
+            Err(LockError::InvalidConfig { message, .. }) => message,
+            other => panic!("{url}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_shared_options_are_read() {
+        let read = config(
+            "redis://u:pw@h:7000/3?timeout=250ms&connect_timeout=3s&prefix=app:locks:\
+             &protocol=resp3&allow_maxmemory_eviction=true&require_durable_fences=true",
+        );
+        assert_eq!(read.response_timeout, Duration::from_millis(250));
+        assert_eq!(read.connect_timeout, Duration::from_secs(3));
+        assert_eq!(read.key_prefix, "app:locks:");
+        assert!(read.allow_maxmemory_eviction && read.require_durable_fences);
+        let info = read.client.get_connection_info();
+        assert_eq!(info.addr(), &ConnectionAddr::Tcp("h".into(), 7000));
+        let settings = info.redis_settings();
+        assert_eq!(settings.db(), 3);
+        assert_eq!(settings.username(), Some("u"));
+        assert_eq!(settings.password(), Some("pw"));
+        assert_eq!(settings.protocol(), ProtocolVersion::RESP3);
+
+        let defaults = config("redis://[::1]");
+        assert_eq!(
+            defaults.client.get_connection_info().addr(),
+            &ConnectionAddr::Tcp("::1".into(), DEFAULT_PORT)
+        );
+        assert_eq!(
+            defaults.response_timeout,
+            RedisConfig::DEFAULT_RESPONSE_TIMEOUT
+        );
+        assert_eq!(defaults.key_prefix, crate::keys::DEFAULT_PREFIX);
+        assert_eq!(
+            config("redis://h?db=5")
+                .client
+                .get_connection_info()
+                .redis_settings()
+                .db(),
+            5
+        );
+        let socket = config("redis+unix://u:p%40ss@/run/redis.sock?db=2");
+        let info = socket.client.get_connection_info();
+        assert_eq!(info.addr(), &ConnectionAddr::Unix("/run/redis.sock".into()));
+        assert_eq!(info.redis_settings().db(), 2);
+        assert_eq!(info.redis_settings().password(), Some("p@ss"));
+    }
+
+    #[test]
+    fn a_password_file_gives_the_password() {
+        let dir = std::env::temp_dir().join(format!("lock-redis-url-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "from-the-file\n").unwrap();
+        let read = config(&format!("redis://u@h?password_file={}", file.display()));
+        let settings = read.client.get_connection_info().redis_settings().clone();
+        assert_eq!(settings.password(), Some("from-the-file"));
+        assert_eq!(settings.username(), Some("u"));
+        refused(&format!("redis://u:pw@h?password_file={}", file.display()));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Everything logged while `work` runs on this thread.
+    fn logged<T>(work: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl Write for Log {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let outcome = tracing::subscriber::with_default(subscriber, work);
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        (outcome, text)
+    }
+
+    #[test]
+    fn the_old_socket_credentials_still_work_and_warn() {
+        let (read, log) = logged(|| config("redis+unix:///run/redis.sock?user=u&pass=old-pw&db=1"));
+        let settings = read.client.get_connection_info().redis_settings().clone();
+        assert_eq!(
+            (settings.username(), settings.password()),
+            (Some("u"), Some("old-pw"))
+        );
+        for option in ["user", "pass"] {
+            assert!(
+                log.contains(&format!(
+                    "URL option {option} is replaced by the URL's user info"
+                )),
+                "{log}"
+            );
+        }
+        assert!(!log.contains("old-pw"), "{log}");
+        // Over TCP the client never read them: they are unknown there.
+        assert!(refused("redis://h?pass=x").contains("unknown redis URL option \"pass\""));
+    }
+
+    #[test]
+    fn bad_values_are_typed_errors_that_show_no_secret() {
+        let pw = secrets::encoded();
+        for url in [
+            format!("redis://u:{pw}@h?timeout={pw}"),
+            format!("redis://u:{pw}@h?timeout=30"),
+            format!("redis://u:{pw}@h?connect_timeout=fast"),
+            format!("redis://u:{pw}@h?allow_maxmemory_eviction={pw}"),
+            format!("redis://u:{pw}@h?protocol={pw}"),
+            format!("redis://u:{pw}@h?db={pw}"),
+            format!("redis://u:{pw}@h/1?db=1"),
+            format!("redis://u:{pw}@h1,h2"),
+            format!("redis://u:{pw}@h?tls_domain={pw}"),
+            format!("redis+unix://u:{pw}@h/sock"),
+        ] {
+            secrets::assert_hidden(&url, &refused(&url));
+        }
+        assert!(refused("redis://h?timeout=x").contains("expected a duration"));
+        assert!(refused("redis://h?tls_domain=x").contains("not supported"));
+    }
+
+    #[test]
+    fn an_unknown_option_names_the_known_ones() {
+        let message = refused("redis://h?tiemout=1s");
+        assert!(
+            message.contains("unknown redis URL option \"tiemout\""),
+            "{message}"
+        );
+        for known in KNOWN {
+            assert!(message.contains(known), "{known} missing: {message}");
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_files_are_read_and_checked() {
+        let missing = refused("rediss://h?tls_ca=/nonexistent/ca.pem");
+        assert!(missing.contains("cannot read tls_ca"), "{missing}");
+        let dir = std::env::temp_dir().join(format!("lock-redis-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let junk = junk.display();
+        assert!(refused(&format!("rediss://h?tls_ca={junk}")).contains("root CA"));
+        assert!(refused(&format!("rediss://h?tls_cert={junk}")).contains("go together"));
+        assert!(refused(&format!("redis://h?tls_ca={junk}")).contains("root CA"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

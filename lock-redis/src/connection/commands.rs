@@ -1,0 +1,245 @@
+//! The command connection, and the one rule that keeps replies honest: every
+//! script echoes a per-request nonce, and a connection that timed out or
+//! returned someone else's reply is replaced, never reused.
+//!
+//! A multiplexed connection matches replies to requests by order. TCP never
+//! loses a reply, but a middlebox or a bug that did would shift every later
+//! reply onto the wrong request: an acquire of one name could read the
+//! grant of another. The nonce turns that into an error instead.
+
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lockcore::LockError;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, ScriptInvocation, Value};
+
+use crate::error::{self, BACKEND};
+
+/// A process-wide counter: nonces are unique among the requests any
+/// connection of this process has in flight.
+static NONCE: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh request nonce.
+pub(crate) fn nonce() -> String {
+    NONCE.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+/// The connection lock commands go through, replaced after a timeout or a
+/// mismatched reply, and gone once the client is closed.
+pub(crate) struct Commands {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    timeout: Duration,
+    current: RwLock<Current>,
+}
+
+/// The connection in use, its generation, whether this client opened it (a
+/// caller's own connection, `RedisConfig::connection`, is only dropped at
+/// close, never ended for the caller), and whether the client is closed.
+struct Current {
+    generation: u64,
+    con: ConnectionManager,
+    ours: bool,
+    closed: bool,
+}
+
+impl Commands {
+    /// Commands over `con`, which this client opened if `ours`.
+    pub(crate) fn new(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        timeout: Duration,
+        con: ConnectionManager,
+        ours: bool,
+    ) -> Self {
+        Commands {
+            client,
+            config,
+            timeout,
+            current: RwLock::new(Current {
+                generation: 0,
+                con,
+                ours,
+                closed: false,
+            }),
+        }
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Current> {
+        // Every update under this lock is a plain assignment.
+        self.current.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current connection and its generation; `None` once closed.
+    pub(crate) fn get(&self) -> Option<(u64, ConnectionManager)> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        (!current.closed).then(|| (current.generation, current.con.clone()))
+    }
+
+    /// The connection for the caller's own commands: the current one, or
+    /// once the client is closed, a new one that is the caller's alone,
+    /// connected on first use.
+    pub(crate) fn for_caller(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .con
+            .clone()
+    }
+
+    /// A new connection manager to the same server, connected on first use.
+    fn lazy(&self) -> Option<ConnectionManager> {
+        ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+            .map_err(|e| tracing::warn!(error = %e, "could not set up a redis connection"))
+            .ok()
+    }
+
+    /// Replaces connection `generation` (if still current) with a new one,
+    /// connected on first use.
+    fn replace(&self, generation: u64, why: &str) {
+        let mut current = self.write();
+        if current.generation != generation || current.closed {
+            return;
+        }
+        if let Some(con) = self.lazy() {
+            tracing::debug!(why, "replacing the redis command connection");
+            *current = Current {
+                generation: generation + 1,
+                con,
+                ours: true,
+                closed: false,
+            };
+        }
+    }
+
+    /// Closes the connection: one this client opened is ended with `QUIT`
+    /// (within the operation timeout), so the server has let it go when
+    /// this returns; a caller's own is only dropped. Later requests fail
+    /// with [`closed`]; [`for_caller`](Self::for_caller) hands out a new,
+    /// unconnected one. Idempotent.
+    pub(crate) async fn close(&self) {
+        let (mut con, ours) = {
+            let mut current = self.write();
+            if current.closed {
+                return;
+            }
+            current.closed = true;
+            current.generation += 1;
+            let spare = self.lazy().unwrap_or_else(|| current.con.clone());
+            (std::mem::replace(&mut current.con, spare), current.ours)
+        };
+        if ours {
+            let quit = redis::cmd("QUIT");
+            let quit = quit.query_async::<Value>(&mut con);
+            if let Ok(Err(e)) = tokio::time::timeout(self.timeout, quit).await
+                && !(e.is_connection_dropped() || e.is_io_error())
+            {
+                tracing::debug!(error = %e, "QUIT at close failed; the connection is dropped");
+            }
+        }
+    }
+
+    /// Runs `invocation`, whose first argument is `nonce`, within the
+    /// operation timeout, and checks the reply echoes the nonce before
+    /// decoding the rest of it as `T`.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        what: &str,
+        nonce: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        self.invoke_tracked(what, nonce, invocation)
+            .await
+            .map_err(|(e, _)| e)
+    }
+
+    /// [`invoke`](Self::invoke), also telling on error whether the server
+    /// may have run the script anyway (the request went out, no answer came).
+    pub(crate) async fn invoke_tracked<T: FromRedisValue>(
+        &self,
+        what: &str,
+        nonce: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, (LockError, bool)> {
+        let Some((generation, mut con)) = self.get() else {
+            return Err((closed(), false));
+        };
+        let reply =
+            tokio::time::timeout(self.timeout, invocation.invoke_async::<Value>(&mut con)).await;
+        match reply {
+            Err(_) => {
+                self.replace(generation, "timeout");
+                Err((error::timed_out(what, self.timeout), true))
+            }
+            Ok(Err(e)) => {
+                let maybe_ran = e.is_timeout() || e.is_connection_dropped();
+                if e.is_timeout() {
+                    self.replace(generation, "response timeout");
+                }
+                Err((error::map(e), maybe_ran))
+            }
+            Ok(Ok(reply)) => match echoed(nonce, reply) {
+                Some(rest) => T::from_redis_value(rest)
+                    .map_err(|e| (error::unexpected(format!("{what} reply: {e}")), false)),
+                None => {
+                    self.replace(generation, "mismatched reply");
+                    Err((mismatch(what), true))
+                }
+            },
+        }
+    }
+}
+
+/// The reply without its leading nonce, if it starts with `nonce`.
+pub(crate) fn echoed(nonce: &str, reply: Value) -> Option<Value> {
+    let Value::Array(mut items) = reply else {
+        return None;
+    };
+    if items.is_empty() || String::from_redis_value_ref(&items[0]).ok()? != nonce {
+        return None;
+    }
+    items.remove(0);
+    Some(Value::Array(items))
+}
+
+/// The error of every call on a closed client.
+pub(crate) fn closed() -> LockError {
+    LockError::unavailable(BACKEND, "this client was closed")
+}
+
+/// The error for a reply that belongs to another request.
+pub(crate) fn mismatch(what: &str) -> LockError {
+    LockError::unavailable(
+        BACKEND,
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{what}: the reply belongs to another request (a reply was lost in transit); the connection is dropped"
+            ),
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_requests_own_reply_is_accepted() {
+        let reply = |n: &str| {
+            Value::Array(vec![
+                Value::BulkString(n.as_bytes().to_vec()),
+                Value::Int(1),
+                Value::Int(42),
+            ])
+        };
+        let rest = echoed("7", reply("7")).unwrap();
+        assert_eq!(<(i64, i64)>::from_redis_value(rest).unwrap(), (1, 42));
+        assert!(echoed("7", reply("8")).is_none());
+        assert!(echoed("7", Value::Int(1)).is_none());
+        assert!(echoed("7", Value::Array(vec![])).is_none());
+        assert_ne!(nonce(), nonce());
+    }
+}

@@ -1,0 +1,229 @@
+//! Locks: acquire, renew, release, inspect and evict, each one Lua script
+//! (`locks/scripts/`), so one atomic step and one round trip. Renew and
+//! release take permit leases too (one batch renews locks and permits
+//! mixed), so those two serve `permits.rs` as well.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::backend::{LockRequest, Moment};
+use lockcore::{
+    Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken, ReleaseOutcome,
+};
+
+use crate::connection::background::{Pending, Undo};
+use crate::connection::client::Client;
+use crate::connection::script::{prepare, script};
+use crate::error;
+use crate::fence::NEXT_FENCE;
+use crate::keys::{self, Keys};
+use crate::permits::SLOTS;
+use crate::wait::LINE;
+
+pub(crate) mod value;
+
+use value::{lease_value, parse_value, remaining};
+
+/// `is_lease`: whether a stored value belongs to a lease.
+pub(crate) const IS_LEASE: &str = include_str!("locks/scripts/lease.lua");
+
+script!(ACQUIRE = [NEXT_FENCE, LINE] include_str!("locks/scripts/acquire.lua"));
+script!(RENEW = [IS_LEASE, SLOTS] include_str!("locks/scripts/renew.lua"));
+script!(RELEASE = [IS_LEASE, LINE] include_str!("locks/scripts/release.lua"));
+script!(INSPECT = [] include_str!("locks/scripts/inspect.lua"));
+script!(FORCE_RELEASE = [NEXT_FENCE, LINE] include_str!("locks/scripts/force_release.lua"));
+
+/// Leases renewed by one script: bounds how long one `renew_many` call
+/// keeps the server busy (about a millisecond).
+const RENEW_CHUNK: usize = 1000;
+
+impl Client {
+    /// One acquire script for `owner`. With `line` (the wait's member and
+    /// how long the line is kept without a refresh), a held lock puts the
+    /// caller in line. An attempt whose outcome is unknown (no reply, or
+    /// this future dropped before it; a line's waiter handles the latter
+    /// itself) is undone in the background.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        request: &LockRequest,
+        keys: &Keys,
+        owner: OwnerToken,
+        line: Option<(&str, Duration)>,
+    ) -> Result<Attempt, LockError> {
+        let ttl = request.ttl();
+        let (member, linger) = line.unwrap_or_default();
+        let mut call = prepare(&ACQUIRE);
+        call.0
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.queue)
+            .key(&keys.next)
+            .key(&keys.floor)
+            .arg(owner.encode())
+            .arg(ttl.as_millis_ceil())
+            .arg(member)
+            .arg(linger.as_millis() as u64)
+            .arg(request.label().as_str());
+        // Listening for an eviction of this grant starts before it exists.
+        let watch = self.notifier.watch_hold(&keys.lock, owner);
+        let sent_at = request.now();
+        let until = sent_at.mono() + ttl.get();
+        let pending = line
+            .is_none()
+            .then(|| Pending::new(self.clone(), Undo::Lock(keys.clone(), owner), until));
+        let reply = self
+            .commands
+            .invoke_tracked("acquire", &call.1, &call.0)
+            .await;
+        let (granted, value): (i64, i64) = match reply {
+            Ok(reply) => {
+                Pending::settled(pending);
+                reply
+            }
+            Err((e, maybe_ran)) => {
+                if !maybe_ran {
+                    Pending::settled(pending);
+                } else if line.is_some() {
+                    self.leave_later(keys.clone(), String::new(), Some(owner), until);
+                }
+                return Err(e);
+            }
+        };
+        if granted != 1 {
+            return Ok(Attempt::Held {
+                expires_in: remaining(value),
+            });
+        }
+        let fence = FencingToken::from_store(error::BACKEND, value)?;
+        tracing::debug!(key = %keys.lock, %fence, "acquired");
+        let lost = watch.granted(fence);
+        Ok(Attempt::Acquired(
+            Lease::granted(request, owner, fence, sent_at)
+                .with_loss_signal(lost)
+                .with_extension(watch),
+        ))
+    }
+
+    /// Renews `leases`, locks and permits alike, one script per chunk of
+    /// [`RENEW_CHUNK`], each lease owner- and fence-checked on its own.
+    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let chunks = leases
+            .chunks(RENEW_CHUNK)
+            .map(|chunk| self.renew_chunk(chunk));
+        futures::future::join_all(chunks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    async fn renew_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut call = prepare(&RENEW);
+        for lease in leases {
+            match lease.slot() {
+                None => {
+                    let lock = self.keys(lease.name()).lock;
+                    call.0.key(&lock).key(&lock).arg(lease_value(lease));
+                    call.0.arg(lease.ttl().as_millis_ceil()).arg("");
+                }
+                Some(slot) => {
+                    let keys = self.permit_keys(lease.name());
+                    call.0
+                        .key(&keys.slots)
+                        .key(&keys.holders)
+                        .arg(lease_value(lease));
+                    call.0.arg(lease.ttl().as_millis_ceil()).arg(slot);
+                }
+            }
+        }
+        // Each lease on its own clock, read before the request leaves.
+        let sent: Vec<Moment> = leases.iter().map(Lease::now).collect();
+        match self.invoke::<Vec<i64>>("renew", &call).await {
+            Ok(renewed) if renewed.len() == leases.len() => leases
+                .iter()
+                .zip(sent)
+                .zip(renewed)
+                .map(|((lease, sent_at), renewed)| match renewed {
+                    1 => Ok(lease.renewed(sent_at)),
+                    _ => Err(LockError::NotHeld {
+                        name: lease.name().clone(),
+                    }),
+                })
+                .collect(),
+            Ok(renewed) => {
+                let e = error::unexpected(format!(
+                    "renew answered {} results for {} leases",
+                    renewed.len(),
+                    leases.len()
+                ));
+                leases.iter().map(|_| Err(e.clone())).collect()
+            }
+            Err(e) => leases.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    /// Releases a lock or a permit, if this lease still holds it.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let call = match lease.slot() {
+            None => {
+                let keys = self.keys(lease.name());
+                let mut call = prepare(&RELEASE);
+                call.0.key(&keys.lock).key(&keys.queue).key(&keys.next);
+                call.0.key(&keys.watchers).arg(lease_value(lease));
+                call
+            }
+            Some(slot) => {
+                let keys = self.permit_keys(lease.name());
+                let mut call = prepare(&crate::permits::PERMIT_RELEASE);
+                call.0
+                    .key(&keys.slots)
+                    .key(&keys.holders)
+                    .key(&keys.watchers);
+                call.0.arg(lease_value(lease)).arg(slot);
+                call
+            }
+        };
+        match self.invoke::<(i64,)>("release", &call).await? {
+            (1,) => {
+                tracing::debug!(name = %lease.name(), fence = %lease.fence(), "released");
+                Ok(ReleaseOutcome::Released)
+            }
+            _ => Ok(ReleaseOutcome::NotHeld),
+        }
+    }
+
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
+        let keys = self.keys(name);
+        let mut call = prepare(&INSPECT);
+        call.0.key(&keys.lock);
+        let (pttl, value): (i64, Option<String>) = self.invoke("inspect", &call).await?;
+        value
+            .map(|value| Ok(parse_value(&keys.lock, &value)?.holder(remaining(pttl))))
+            .transpose()
+    }
+
+    pub(crate) async fn evict(
+        &self,
+        name: &LockName,
+        expected: Option<FencingToken>,
+    ) -> Result<Option<Holder>, LockError> {
+        let keys = self.keys(name);
+        let mut call = prepare(&FORCE_RELEASE);
+        call.0.key(&keys.lock).key(&keys.fence).key(&keys.queue);
+        call.0.key(&keys.next).key(&keys.watchers).key(&keys.floor);
+        call.0
+            .arg(expected.map(|f| f.to_string()).unwrap_or_default())
+            .arg(keys::evict_channel(&self.prefix));
+        let (_fence, pttl, value): (i64, i64, Option<String>) =
+            self.invoke("force_release", &call).await?;
+        // The eviction happened: report it even if the old value is odd.
+        Ok(match value.as_deref().map(|v| parse_value(&keys.lock, v)) {
+            Some(Ok(stored)) => Some(stored.holder(remaining(pttl))),
+            Some(Err(e)) => {
+                tracing::warn!(key = %keys.lock, error = %e, "force_release removed a foreign value");
+                None
+            }
+            None => None,
+        })
+    }
+}

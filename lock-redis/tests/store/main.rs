@@ -1,0 +1,18 @@
+//! Every integration test of lock-redis but the conformance suite, the
+//! secrets check (it installs a global tracing capture of every level) and
+//! the scale measurements (they read this process's memory): one binary,
+//! one module per concern, against real `redis-server`s the kit launches.
+
+mod access;
+mod clocks;
+mod close;
+mod connect;
+mod durability;
+mod eviction;
+mod fencing;
+mod keys;
+mod permits;
+mod restore;
+mod support;
+mod tls;
+mod wakeups;

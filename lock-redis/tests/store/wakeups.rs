@@ -1,0 +1,6 @@
+//! Wake-ups from the store: the wait line (one waiter woken per hand-off),
+//! the line across restarts and dropped subscriptions, and watches.
+
+mod line;
+mod recovery;
+mod watch;
