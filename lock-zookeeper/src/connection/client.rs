@@ -1,29 +1,25 @@
-//! The store client: one ZooKeeper session at a time (a new one once it
-//! ends), and the lock operations on it, each one short sequence of
-//! requests.
+//! The store client every clone of a backend shares: one ZooKeeper session
+//! at a time (a new one once it ends, opened in the background), what the
+//! backend declares (`capabilities`), and the bound on each operation. The
+//! operations themselves live in their roles (`locks`, `permits`, `fence`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lockcore::backend::{CancellationToken, Cleanups, LockRequest};
+use lockcore::backend::{CancellationToken, Cleanups};
 use lockcore::{
-    Attempt, Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Lease,
-    LeaseKind, LockError, LockName, OwnerToken, ReleaseOutcome,
+    Backoff, Capabilities, ExpiryClock, Fairness, FenceDurability, LeaseKind, LockError, LockName,
 };
-use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use zookeeper_client as zk;
 
-use crate::acls::Acls;
+use super::requests::retry;
+use super::session::{Session, Timing};
 use crate::config::ZooKeeperConfig;
-use crate::error::{BACKEND, map};
-use crate::held::{Held, Over, gone};
-use crate::names::segment;
-use crate::notify::Keeper;
-use crate::queue::Entry;
-use crate::requests::retry;
-use crate::session::{Session, Timing};
+use crate::error::{BACKEND, closed, map};
+use crate::keys::acls::Acls;
+use crate::locks::eviction_notice::Keeper;
 
 /// A session and the keeper that watches its longer-held grants.
 #[derive(Debug)]
@@ -73,7 +69,7 @@ impl Client {
         retry(|| handle.mkdir(&config.root, &root))
             .await
             .map_err(creating)?;
-        crate::probe::may_queue_under(&handle, &config.root).await?;
+        crate::connection::probe::may_queue_under(&handle, &config.root).await?;
         drop(handle);
         let client = Arc::new(Client {
             timeout_ms: AtomicU64::new(millis(session.timeout)),
@@ -110,7 +106,7 @@ impl Client {
     /// The live session, or a new one if it ended (expired: every lock it
     /// held is already gone on the server; retired: the client closes it).
     /// A session whose fence floor was raised is retired here, at its next
-    /// use (see [`crate::floor`]).
+    /// use (see [`crate::fence::floor`]).
     pub(crate) async fn live(&self) -> Result<Arc<Live>, LockError> {
         self.refuse_closed()?;
         let current = self.current();
@@ -142,7 +138,7 @@ impl Client {
         let config = self.config.clone();
         match old.state() {
             zk::SessionState::Expired => {
-                (self.cleanups).spawn(crate::session::reap(config, old.clone(), fresh));
+                (self.cleanups).spawn(crate::connection::session::reap(config, old.clone(), fresh));
             }
             state if !state.is_terminated() => {
                 let (old, limit) = (old.clone(), self.close_limit());
@@ -164,7 +160,7 @@ impl Client {
 
     /// The ZooKeeper path of `name`'s queue: one child of the root.
     pub(crate) fn lock_path(&self, name: &LockName) -> String {
-        format!("{}/{}", self.config.root, segment(name))
+        crate::keys::paths::lock(&self.config.root, name)
     }
 
     pub(crate) fn capabilities(&self) -> Capabilities {
@@ -208,191 +204,14 @@ impl Client {
         let limit = self.session_timeout();
         lockcore::backend::timed(BACKEND, &format!("{what} {name}"), limit, op).await
     }
-
-    /// The lease's node, if `lease` is a grant of this backend kind that
-    /// matches its own fields (a forged lease has none).
-    pub(crate) fn held<'l>(&self, lease: &'l Lease) -> Option<&'l Arc<Held>> {
-        lease.extension::<Arc<Held>>().filter(|h| {
-            h.name == *lease.name() && h.guid == lease.owner().as_uuid() && h.fence == lease.fence()
-        })
-    }
-
-    /// One attempt: enqueue, and keep the node only if it is first. Made
-    /// once more on a new session if the session ended under it (retired
-    /// for a raised fence floor, or expired).
-    pub(crate) async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        let live = self.live().await?;
-        match self.try_acquire_on(&live, request).await {
-            Err(_) if live.session.is_ended() && !self.is_closed() => {
-                let live = self.live().await?;
-                self.try_acquire_on(&live, request).await
-            }
-            other => other,
-        }
-    }
-
-    /// [`try_acquire`](Self::try_acquire) on the session of `live`.
-    async fn try_acquire_on(
-        &self,
-        live: &Live,
-        request: &LockRequest,
-    ) -> Result<Attempt, LockError> {
-        let name = request.name();
-        let mut entry = Entry::new(
-            live.session.clone(),
-            self.lock_path(name),
-            self.acls.clone(),
-            self.cleanups.clone(),
-            Some(request),
-        );
-        let Some(mut queue) = entry.enqueue(true).await? else {
-            return Err(LockError::store(
-                BACKEND,
-                "a listed enqueue returned no queue",
-            ));
-        };
-        if let Some(fresh) = entry.prune(&queue).await? {
-            queue = fresh;
-        }
-        let ours = entry.name().unwrap_or_default();
-        if queue.position(ours) == Some(0) {
-            let alone = queue.is_only(ours);
-            if !entry.prove_recent().await? {
-                return Err(vanished(name));
-            }
-            return Ok(Attempt::Acquired(self.grant(live, name, entry, alone)?));
-        }
-        if let Err(e) = entry.remove().await {
-            tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
-        }
-        Ok(Attempt::Held { expires_in: None })
-    }
-
-    /// Turns the head of the queue into a lease, starting at the node's
-    /// `alive_since`: the send time of a request that went through the leader
-    /// (a write or a `sync`), so the leader keeps the session (and the node)
-    /// until `alive_since + timeout`, less the session's margin (see
-    /// [`Timing::new`]). The lease is judged on the clock that time was read
-    /// on, the request's. A read answered by a follower proves nothing of the
-    /// kind: a follower cut off from the leader keeps answering for a while.
-    /// Callers make that start recent first ([`Entry::prove_recent`]).
-    /// `alone`: the latest look at the queue showed only our node, so nobody
-    /// else is waiting and the next create here is likely ours again (the
-    /// release then vouches for its number; see [`crate::quiet`]).
-    pub(crate) fn grant(
-        &self,
-        live: &Live,
-        name: &LockName,
-        entry: Entry,
-        alone: bool,
-    ) -> Result<Lease, LockError> {
-        self.grant_slot(live, name, entry, alone, None)
-    }
-
-    /// [`grant`](Self::grant) of a semaphore's `slot` (a lock: `None`).
-    pub(crate) fn grant_slot(
-        &self,
-        live: &Live,
-        name: &LockName,
-        entry: Entry,
-        alone: bool,
-        slot: Option<u32>,
-    ) -> Result<Lease, LockError> {
-        let node = entry
-            .node
-            .as_ref()
-            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
-        let (fence, alive_since) = (node.fence()?, node.alive_since);
-        let session = entry.session.clone();
-        // Whatever was asked, a lease lasts the negotiated session timeout.
-        let ttl = self.capabilities().effective_ttl(session.timeout)?;
-        let lease = Lease::new(
-            name.clone(),
-            OwnerToken::from_uuid(entry.guid),
-            fence,
-            ttl,
-            alive_since,
-        )
-        .with_clock(entry.clock.clone())
-        .with_extra_margin(session.timing.margin);
-        let held = Held::start(entry, name.clone(), fence, alone, lease.deadline())
-            .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
-        live.keeper.add(held.clone());
-        let lease = lease
-            .with_loss_signal(held.lost.clone())
-            .with_extension(held);
-        Ok(match slot {
-            Some(slot) => lease.with_slot(slot),
-            None => lease,
-        })
-    }
-
-    /// Deletes the grant's node if it is still this lease's.
-    pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.refuse_closed()?;
-        let Some(held) = self.held(lease) else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
-        if held.expire_if_due(Instant::now()) {
-            let _ = held.delete().await;
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        if held.over() != Over::No {
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        if held.session.is_ended() {
-            gone(held);
-            return Ok(ReleaseOutcome::NotHeld);
-        }
-        held.releasing();
-        let deleted = held
-            .delete()
-            .await
-            .map_err(|e| map(format!("releasing {}", held.path), e))?;
-        held.finish(Over::Released);
-        held.stop();
-        if let Some(sequence) = held.sequence {
-            held.session.lines.deleted(&held.parent, sequence);
-        }
-        // The node is gone (the server answered): a create sent from now on
-        // that gets the next number is first.
-        if let Some((watch, sequence)) = held.vouch {
-            held.session.quiet.vouch(&held.parent, watch, sequence);
-        }
-        Ok(if deleted {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
-    }
-
-    /// Raises the fence floor of this client's lock root (see
-    /// [`crate::floor`]).
-    pub(crate) async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
-        self.capabilities().check_fence_floor(floor)?;
-        let live = self.live().await?;
-        let raising = |e| {
-            map(
-                format!("raising the fence floor of {}", self.config.root),
-                e,
-            )
-        };
-        crate::floor::raise(
-            &live.session.client().map_err(raising)?,
-            &self.config.root,
-            &self.acls.dirs,
-            floor,
-        )
-        .await
-    }
 }
 
 /// Opens a new session as soon as the current one ends, not only at the
 /// next call, so that a session this client gave up (or retired) is closed
-/// on the servers promptly (see [`crate::session::reap`]). After each
+/// on the servers promptly (see [`crate::connection::session::reap`]). After each
 /// reconnection, looks at once whether the fence floor was raised meanwhile
 /// (a restore), so that a session resumed from before the floor is retired
-/// and closed with the nodes it had then (see [`crate::floor`]). Stops with
+/// and closed with the nodes it had then (see [`crate::fence::floor`]). Stops with
 /// the backend, or when it is closed.
 async fn keep_a_session(client: Weak<Client>) {
     let backoff = Backoff::default();
@@ -436,27 +255,6 @@ async fn keep_a_session(client: Weak<Client>) {
             }
         }
     }
-}
-
-/// `Unavailable`: the client was closed.
-pub(crate) fn closed() -> LockError {
-    LockError::unavailable(BACKEND, "this ZooKeeper client was closed")
-}
-
-/// `NotHeld` for `lease`.
-pub(crate) fn not_held(lease: &Lease) -> LockError {
-    LockError::NotHeld {
-        name: lease.name().clone(),
-    }
-}
-
-/// A retryable error: our queue node went away between its create and the
-/// grant (its session ended).
-pub(crate) fn vanished(name: &LockName) -> LockError {
-    LockError::unavailable(
-        BACKEND,
-        format!("our queue node for {name} went away before the grant (its session ended)"),
-    )
 }
 
 fn millis(d: Duration) -> u64 {

@@ -145,7 +145,7 @@ impl Queue {
 /// label, as UTF-8 text (what `zkCli get` shows), and, once the fence floor
 /// was raised, a second line `fence-offset=<n>`: the floor's offset in force
 /// at the create, which the node's fence adds to its `czxid` (see
-/// [`crate::floor`]). Written in the create itself, so a node never exists
+/// [`crate::fence::floor`]). Written in the create itself, so a node never exists
 /// without it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct NodeData {

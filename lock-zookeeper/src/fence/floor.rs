@@ -6,7 +6,7 @@
 //! grants before it already had. So a fence is `czxid + offset`, where the
 //! offset lives in one node, `<root>/%floor` (decimal text; none means 0),
 //! and every queue node carries the offset in force when it was created
-//! (its data, see [`NodeData`](crate::names::NodeData)).
+//! (its data, see [`NodeData`](crate::keys::names::NodeData)).
 //!
 //! **Raising the floor to `F`** (after a restore, before clients come back)
 //! writes the floor node twice: once unchanged, which yields a zxid `Z`
@@ -30,7 +30,7 @@
 //! in line), and their clients, if still running, may resume them once the
 //! server's zxids pass what they saw. The procedure raises the floor while
 //! clients are away, so a session whose floor changed across a break of
-//! its connection is one of those: it is retired ([`Session::floor_offset`](crate::session::Session::floor_offset))
+//! its connection is one of those: it is retired ([`Session::floor_offset`](crate::connection::session::Session::floor_offset))
 //! and closed, which deletes those nodes. After every break the floor is
 //! read again before the session grants, renews or queues anything. A raise
 //! seen while connected (its watch fired) retires nothing: no restore came
@@ -45,10 +45,7 @@ use lockcore::{FencingToken, LockError};
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map};
-
-/// The floor node's name under the lock root: a bare `%` followed by no hex
-/// pair starts no percent-escape, so no lock name has this segment.
-pub(crate) const FLOOR_NODE: &str = "%floor";
+use crate::keys::paths;
 
 type Fired = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 
@@ -81,7 +78,7 @@ struct Known {
 impl Floor {
     pub(crate) fn new(client: &zk::Client, root: &str) -> Floor {
         Floor {
-            path: format!("{root}/{FLOOR_NODE}"),
+            path: paths::floor(root),
             state: Mutex::new(State {
                 known: None,
                 link: client.state_watcher(),
@@ -197,7 +194,7 @@ pub(crate) async fn raise(
     acls: &[zk::Acl],
     floor: FencingToken,
 ) -> Result<(), LockError> {
-    let path = format!("{root}/{FLOOR_NODE}");
+    let path = paths::floor(root);
     let failed = |e| map(format!("raising the fence floor {path}"), e);
     for _ in 0..16 {
         let synced = client.sync(&path);

@@ -5,8 +5,8 @@
 use lockcore::{Fenced, FencingToken, LockError, StaleToken};
 use zookeeper_client as zk;
 
+use crate::connection::requests::ATTEMPTS;
 use crate::error::{BACKEND, connection_lost, map};
-use crate::requests::ATTEMPTS;
 
 /// Applies the operations `write` adds to a ZooKeeper multi only if `token`
 /// is not older than the last token applied through `fence_node`, and
@@ -26,7 +26,7 @@ use crate::requests::ATTEMPTS;
 /// # async fn example(backend: &lock_zookeeper::ZooKeeperBackend, guard: &lockcore::LockGuard) -> Result<(), lockcore::LockError> {
 /// use lock_zookeeper::{fenced_write, zk};
 ///
-/// let client = backend.zk_client()?;
+/// let client = backend.client()?;
 /// let written = fenced_write(&client, "/app/orders/42-fence", guard.fencing_token(), |multi| {
 ///     multi.add_set_data("/app/orders/42", b"shipped", None)
 /// })

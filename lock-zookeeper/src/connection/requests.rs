@@ -8,7 +8,7 @@ use uuid::Uuid;
 use zookeeper_client as zk;
 
 use crate::error::{connection_lost, map};
-use crate::names::Queue;
+use crate::keys::names::Queue;
 
 /// How many times a request is tried again after its connection was lost.
 pub(crate) const ATTEMPTS: usize = 8;

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use zookeeper_client as zk;
 
-use crate::held::{Held, Over, deleted};
+use crate::locks::held::{Held, Over, deleted};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

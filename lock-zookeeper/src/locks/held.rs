@@ -13,9 +13,9 @@ use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::queue::Entry;
-use crate::requests;
-use crate::session::Session;
+use crate::connection::requests;
+use crate::connection::session::Session;
+use crate::locks::queue::Entry;
 
 /// How a grant ended, as far as this client knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +84,7 @@ pub(crate) struct Held {
     pub(crate) strays: bool,
     /// The parent watch this node was created under, and the node's
     /// sequence number, if it was granted alone in the queue: once released,
-    /// the session vouches for the next number (see [`crate::quiet`]).
+    /// the session vouches for the next number (see [`crate::locks::quiet`]).
     pub(crate) vouch: Option<(u64, u32)>,
     /// The lease's loss signal: cancelled when the node is deleted by anyone
     /// else, the session ends or its client is closed (it is a child of the
@@ -108,9 +108,9 @@ impl std::fmt::Debug for Held {
 impl Held {
     /// Records the grant of `entry`'s node as `name` with `fence` and local
     /// deadline `deadline` (hand it to the session's
-    /// [`Keeper`](crate::notify::Keeper), which watches it if it is still
+    /// [`Keeper`](crate::locks::eviction_notice::Keeper), which watches it if it is still
     /// held a while later). `alone`: the queue held only this node, so its
-    /// release vouches for the next sequence number (see [`crate::quiet`]).
+    /// release vouches for the next sequence number (see [`crate::locks::quiet`]).
     pub(crate) fn start(
         entry: Entry,
         name: LockName,

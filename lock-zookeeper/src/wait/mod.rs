@@ -4,17 +4,19 @@
 //! costs no request of its own: a waiter is woken when it may be first, and
 //! reads nothing but that view until then.
 
+pub(crate) mod line;
+
 use std::sync::Arc;
 
 use lockcore::backend::{LockRequest, Waiter, Wakeup};
 use lockcore::{Attempt, LockError};
 use tokio::sync::Notify;
 
-use crate::client::{Client, Live, vanished};
-use crate::error::{BACKEND, map};
-use crate::line::{Line, Place, Turn};
-use crate::queue::Entry;
-use crate::requests::delete_node;
+use crate::connection::requests::delete_node;
+use crate::connection::{Client, Live};
+use crate::error::{BACKEND, map, vanished};
+use crate::locks::queue::Entry;
+use line::{Line, Place, Turn};
 
 /// One `acquire`'s place in line. Dropping it removes its node.
 pub(crate) struct LineWaiter<'a> {
@@ -67,7 +69,7 @@ impl<'a> LineWaiter<'a> {
     }
 
     /// Queues a node behind the session's view of the queue, unless the
-    /// create alone shows it first: the sequence proof ([`crate::quiet`]),
+    /// create alone shows it first: the sequence proof ([`crate::locks::quiet`]),
     /// or a listing sent with the create when nobody of this session waits
     /// here (as `try_acquire` does). Either saves the view's listing.
     async fn join(&self) -> Result<Joined, LockError> {

@@ -13,8 +13,8 @@ use tokio::sync::Notify;
 use zookeeper_client as zk;
 
 use super::{Line, Step};
+use crate::connection::session::Session;
 use crate::error::{map, transient};
-use crate::session::Session;
 
 type Fired = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 

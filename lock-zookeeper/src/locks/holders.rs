@@ -1,15 +1,17 @@
 //! Looking at who holds a lock, from outside the queue: `inspect`, a
 //! forced release (`evict`), and a wake-up when the holder goes (`watch`).
+//! `watch` serves waiters, but it reads the queue's head as `inspect` does,
+//! so it lives here with it rather than in `wait`.
 
 use lockcore::backend::Wakeup;
 use lockcore::{FencingToken, Holder, LockError, LockName, OwnerToken};
 use zookeeper_client as zk;
 
-use crate::client::Client;
+use crate::connection::Client;
+use crate::connection::requests::{delete_node, list, retry};
+use crate::connection::session::Session;
 use crate::error::{BACKEND, map};
-use crate::names::NodeData;
-use crate::requests::{delete_node, list, retry};
-use crate::session::Session;
+use crate::keys::names::NodeData;
 
 /// How many times inspect and evict look again when the holder changes
 /// under them.

@@ -4,16 +4,15 @@
 use lockcore::LockError;
 use zookeeper_client as zk;
 
+use crate::connection::requests::{delete_node, retry};
 use crate::error::{BACKEND, map};
-use crate::requests::{delete_node, retry};
 
 /// Refuses a client that may not create and delete nodes under the lock
 /// root (another identity's root: wrong or missing digest credentials),
 /// which would fail every acquire with `NoAuth`: better said at connect.
 /// The server judges: an ephemeral probe node is created and deleted.
 pub(crate) async fn may_queue_under(client: &zk::Client, root: &str) -> Result<(), LockError> {
-    // A bare `%` starts no percent-escape: no lock name has this segment.
-    let probe = format!("{root}/%probe-{}", uuid::Uuid::new_v4().simple());
+    let probe = crate::keys::paths::probe(root);
     let mode = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
     let checking = |e| map(format!("checking access to the lock root {root}"), e);
     let refused = match retry(|| client.create(&probe, &[], &mode)).await {

@@ -15,9 +15,9 @@ use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
 use crate::error::{BACKEND, map};
-use crate::floor::Floor;
-use crate::line::Lines;
-use crate::quiet::QuietQueues;
+use crate::fence::floor::Floor;
+use crate::locks::quiet::QuietQueues;
+use crate::wait::line::Lines;
 
 /// How early and how late the servers may end a session, against its
 /// client's clock.
@@ -133,7 +133,7 @@ pub(crate) struct Session {
 impl Session {
     /// Opens a session and starts watching its state.
     pub(crate) async fn open(config: &ZooKeeperConfig) -> Result<Arc<Session>, LockError> {
-        let client = crate::connect::open(config).await?;
+        let client = crate::connection::open::open(config).await?;
         let states = client.state_watcher();
         tracing::debug!(
             session = %client.session_id(),
@@ -206,7 +206,7 @@ impl Session {
     /// The fence floor's offset to create nodes with (known, or read after
     /// a raise or a reconnection), unless the session is from before the
     /// floor: its connection broke while the floor was raised, as when it
-    /// is resumed from a restored server (see [`crate::floor`]). Such a
+    /// is resumed from a restored server (see [`crate::fence::floor`]). Such a
     /// session is retired (`None`): its leases are lost, its waiters queue
     /// again on a new session, and the client closes it, with every node it
     /// had (those the restore brought back included).
@@ -253,7 +253,7 @@ impl Session {
     /// `within`. Its client sends `closeSession` on its own connection once
     /// the last handle is dropped: this one, and those of requests in flight
     /// (or kept by a caller of
-    /// [`ZooKeeperBackend::zk_client`](crate::ZooKeeperBackend::zk_client)).
+    /// [`ZooKeeperBackend::client`](crate::ZooKeeperBackend::client)).
     /// (Closing it from another connection would not do: the servers hand
     /// the session to the newest connection, and this client, still
     /// running, takes it back at once.) A session that already ended is left
@@ -272,7 +272,7 @@ impl Session {
                 BACKEND,
                 format!(
                     "closing ZooKeeper session {}: not closed within {within:?} (no server answers, \
-                     or a handle from zk_client() is still kept); its nodes go when the servers expire it",
+                     or a handle from client() is still kept); its nodes go when the servers expire it",
                     self.info.id()
                 ),
             ));
@@ -369,7 +369,7 @@ pub(crate) async fn reap(config: ZooKeeperConfig, old: Arc<Session>, fresh: Arc<
             }
         }
         let sent = Instant::now();
-        match crate::connect::close(&config, info.clone(), timeout / 4).await {
+        match crate::connection::open::close(&config, info.clone(), timeout / 4).await {
             Ok(()) => {
                 tracing::debug!(session = %info.id(), "closed a session this client had given up");
                 return;

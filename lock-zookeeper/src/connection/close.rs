@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lockcore::LockError;
 
-use crate::client::Client;
+use crate::connection::Client;
 
 impl Client {
     /// How long each step of [`close`](Self::close) may take: the session

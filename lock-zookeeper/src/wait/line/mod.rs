@@ -24,7 +24,7 @@
 //! number.
 //!
 //! An `exists` watch on a queue node never shares a node with the sequence
-//! proof's data watch on the parent ([`crate::quiet`]); a persistent watch
+//! proof's data watch on the parent ([`crate::locks::quiet`]); a persistent watch
 //! on the parent would replace that one on servers before 3.9
 //! (ZOOKEEPER-4466).
 
@@ -36,8 +36,8 @@ use lockcore::backend::{Clock, Moment};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::names::QueueNode;
-use crate::session::Session;
+use crate::connection::session::Session;
+use crate::keys::names::QueueNode;
 
 mod task;
 

@@ -8,10 +8,11 @@ use lockcore::{Lease, LockError};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::client::{Client, closed, not_held};
+use crate::connection::Client;
+use crate::connection::session::Session;
 use crate::error::{BACKEND, map};
-use crate::held::{Held, Over, gone};
-use crate::session::Session;
+use crate::error::{closed, not_held};
+use crate::locks::held::{Held, Over, gone};
 
 /// A lease's place in a batch, and its grant.
 type Indexed = (usize, Arc<Held>);
@@ -28,7 +29,7 @@ impl Client {
     /// request.
     ///
     /// A session whose fence floor was raised while it was disconnected
-    /// (a restore) is retired instead (see [`crate::floor`]): its leases
+    /// (a restore) is retired instead (see [`crate::fence::floor`]): its leases
     /// are lost.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if self.is_closed() {

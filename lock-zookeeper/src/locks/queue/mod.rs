@@ -9,12 +9,12 @@ use lockcore::{FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::acls::Acls;
+use crate::connection::requests::{ATTEMPTS, delete_node, list, retry, sweep_owner};
+use crate::connection::session::Session;
 use crate::error::{BACKEND, connection_lost, map};
-use crate::floor::floor_raised;
-use crate::names::{NodeData, Queue, QueueNode, node_prefix};
-use crate::requests::{ATTEMPTS, delete_node, list, retry, sweep_owner};
-use crate::session::Session;
+use crate::fence::floor::floor_raised;
+use crate::keys::acls::Acls;
+use crate::keys::names::{NodeData, Queue, QueueNode, node_prefix};
 
 /// Our node, once we know it.
 #[derive(Debug, Clone)]
@@ -60,7 +60,7 @@ pub(crate) struct Entry {
     /// A create's reply was lost: a second node of ours may show up.
     pub(crate) strays: bool,
     /// The session's watch on the parent, set before our node was created
-    /// or while it existed (see [`crate::quiet`]).
+    /// or while it existed (see [`crate::locks::quiet`]).
     pub(crate) watched: Option<u64>,
     /// For a semaphore's slot queue: the semaphore's node, read right behind
     /// each create (its permit count), and never created here.
@@ -107,7 +107,7 @@ impl Entry {
     /// it: two requests sent back to back, which the server answers in order,
     /// so the listing includes our node and costs no extra round trip. When
     /// the session vouched for the sequence number this create gets, it skips
-    /// the listing: the node is first (see [`crate::quiet`]). Without
+    /// the listing: the node is first (see [`crate::locks::quiet`]). Without
     /// `listing`, the queue comes back only when it is known anyway (the
     /// vouched number, or the listing that found our node after a lost reply).
     ///
@@ -116,7 +116,7 @@ impl Entry {
     /// its owner uuid instead of leaving it orphaned.
     ///
     /// The node carries the fence floor's offset, confirmed in force at the
-    /// create (see [`crate::floor`]); when the floor was raised meanwhile,
+    /// create (see [`crate::fence::floor`]); when the floor was raised meanwhile,
     /// the node is created again. A session from before the floor (raised
     /// while it was disconnected) is retired instead, and this fails with a
     /// retryable error.
