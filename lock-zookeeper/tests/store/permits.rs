@@ -2,15 +2,14 @@
 //! slot is a lock queue of its own, the count may change once nobody holds
 //! a permit, and a cut-off holder's slot is free within TTL + slack.
 
-mod support;
-
 use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::zookeeper;
 use lock_zookeeper::ZooKeeperBackend;
 use lockcore::backend::{LockRequest, WaitPolicy};
 use lockcore::{HolderLabel, Lease, LockBackend, LockError, LockName, ReleaseOutcome};
-use support::{connect, raw, round_trip, unique};
 use tokio::time::Instant;
+
+use crate::support::{connect, raw, round_trip, unique};
 
 fn request(backend: &ZooKeeperBackend, name: &LockName, label: &str) -> LockRequest {
     let ttl = backend
@@ -51,7 +50,7 @@ async fn a_permit_is_the_head_of_its_slots_queue() {
         .unwrap()
         .into_lease()
         .unwrap();
-    let lock = support::take(&a, &name).await;
+    let lock = crate::support::take(&a, &name).await;
 
     let root = a.config().root_path().to_owned();
     let semaphore = format!(

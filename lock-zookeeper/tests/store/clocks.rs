@@ -4,15 +4,14 @@
 //! renewals that follow; and a waiter never adopts a proof of life read on
 //! another waiter's clock.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_conformance::stores::zookeeper;
 use lockcore::backend::{Clock, Moment};
 use lockcore::{LockBackend, LockGuard, Locker, LossReason};
-use support::{connect, locker, take, unique};
+
+use crate::support::{connect, locker, take, unique};
 
 /// The system clocks, with a boot clock moved ahead by what the host
 /// "slept" (the monotonic clock stands still meanwhile).

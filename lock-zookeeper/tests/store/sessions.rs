@@ -2,20 +2,18 @@
 //! when it is cut off, when the server crashes, and when the ensemble loses
 //! its leader.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::history::History;
 use lock_conformance::proxy::{FaultProxy, Mode};
-use lock_conformance::stores::eventually;
-use lock_conformance::stores::zookeeper;
+use lock_conformance::stores::{eventually, zookeeper};
 use lock_zookeeper::zk;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LeaseKind, LockBackend, LockError, LossReason, ReleaseOutcome};
-use support::{children, connect, connect_with, locker, raw, session_timeout, take, unique};
 use tokio::time::{Instant, timeout};
+
+use crate::support::{children, connect, connect_with, locker, raw, session_timeout, take, unique};
 
 /// The holder's session is expired by the server while it holds the lock and
 /// another client waits: the holder's `lost()` fires with the store's report
@@ -34,7 +32,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
 
     let guard = locker(&a).acquire(&name).await.unwrap();
     let fence_a = guard.fencing_token();
-    let old_session = a.zk_client().unwrap().session_id();
+    let old_session = a.client().unwrap().session_id();
     let waiter = tokio::spawn({
         let (locker, name) = (locker(&b), name.clone());
         async move { locker.acquire(&name).await }
@@ -52,7 +50,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
     proxy.set(Mode::Refuse);
     proxy.reset_existing();
     let killer = zk::Client::connector()
-        .with_session(a.zk_client().unwrap().session().clone())
+        .with_session(a.client().unwrap().session().clone())
         .connect(&store.endpoint())
         .await
         .unwrap();
@@ -109,7 +107,7 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
         .expect("A locks again");
     assert!(again.fence() > fence_b);
     assert_ne!(
-        a.zk_client().unwrap().session_id(),
+        a.client().unwrap().session_id(),
         old_session,
         "A opened a fresh session"
     );
@@ -157,12 +155,12 @@ async fn cut_off_holder_counts_the_lease_lost_by_its_own_clock() {
     let fired = Instant::now();
     let deadline = guard.lease().deadline();
     assert!(
-        fired <= deadline + Duration::from_millis(250).mul_f64(support::time_scale()),
+        fired <= deadline + Duration::from_millis(250).mul_f64(crate::support::time_scale()),
         "lost() ({reason}) fired {:?} after the local deadline",
         fired - deadline
     );
     assert_ne!(
-        a.zk_client().unwrap().state(),
+        a.client().unwrap().state(),
         zk::SessionState::Expired,
         "the client cannot have heard of the expiry yet: the loss came from its own clock"
     );
@@ -212,7 +210,7 @@ async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
     let nodes = children(&observer, &a.lock_path(&name)).await;
     let node = format!("{}/{}", a.lock_path(&name), nodes[0]);
     let (_, deleted) = observer.check_and_watch_stat(&node).await.unwrap();
-    let given_up = a.zk_client().unwrap();
+    let given_up = a.client().unwrap();
 
     proxy.set(Mode::DropDownstream);
     eventually(ttl * 2, "the client giving its session up", || async {
@@ -240,7 +238,7 @@ async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
         "the node lived {gone:?} past the local end: the session was left to expire on the server"
     );
     assert!(
-        !a.zk_client().unwrap().state().is_terminated(),
+        !a.client().unwrap().state().is_terminated(),
         "the backend went on with a new session"
     );
 }
@@ -250,7 +248,9 @@ async fn a_session_given_up_locally_is_closed_once_the_network_heals() {
 /// lock and keeps renewing it; fences keep growing across the crash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
-    if !support::may_launch_servers("held_lock_survives_a_server_crash_and_fences_keep_growing") {
+    if !crate::support::may_launch_servers(
+        "held_lock_survives_a_server_crash_and_fences_keep_growing",
+    ) {
         return;
     }
     let store = Arc::new(zookeeper::start(zookeeper::Options::default()).unwrap());
@@ -311,7 +311,8 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
 /// and fences keep growing under the new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_loss_in_an_ensemble_keeps_exclusion_and_fences() {
-    if !support::may_launch_servers("leader_loss_in_an_ensemble_keeps_exclusion_and_fences") {
+    if !crate::support::may_launch_servers("leader_loss_in_an_ensemble_keeps_exclusion_and_fences")
+    {
         return;
     }
     let cluster = tokio::task::spawn_blocking(|| zookeeper::start_ensemble(3))

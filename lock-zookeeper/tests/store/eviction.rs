@@ -1,16 +1,15 @@
 //! Forced release (`evict`): compare-and-evict, and how soon the evicted
 //! holder hears of it.
 
-mod support;
-
 use std::time::Duration;
 
-use lock_conformance::stores::zookeeper;
+use lock_conformance::stores::{eventually, zookeeper};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
-use lockcore::{FencingToken, LockBackend, ReleaseOutcome};
+use lockcore::{Attempt, FencingToken, LockBackend, ReleaseOutcome};
 use rand::Rng;
-use support::{round_trip, take, unique};
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout};
+
+use crate::support::{children, connect, locker, raw, round_trip, take, unique};
 
 /// A holder's loss signal fires within the declared eviction notice (plus a
 /// round trip) of a forced release, whether the release comes before its
@@ -18,8 +17,8 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_reaches_the_holder_within_the_declared_notice() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.endpoint()).await.unwrap();
-    let admin = support::connect(store.endpoint()).await.unwrap();
+    let holder = crate::support::connect(store.endpoint()).await.unwrap();
+    let admin = crate::support::connect(store.endpoint()).await.unwrap();
     let notice = holder
         .capabilities()
         .eviction_notice
@@ -59,9 +58,9 @@ async fn a_forced_release_reaches_the_holder_within_the_declared_notice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evict_with_a_fence_evicts_that_grant_only() {
     let store = zookeeper::shared();
-    let first = support::connect(store.endpoint()).await.unwrap();
-    let next = support::connect(store.endpoint()).await.unwrap();
-    let admin = support::connect(store.endpoint()).await.unwrap();
+    let first = crate::support::connect(store.endpoint()).await.unwrap();
+    let next = crate::support::connect(store.endpoint()).await.unwrap();
+    let admin = crate::support::connect(store.endpoint()).await.unwrap();
     let name = unique("evict-fence");
     let lease = take(&first, &name).await;
     let waiting = tokio::spawn({
@@ -73,9 +72,9 @@ async fn evict_with_a_fence_evicts_that_grant_only() {
         }
     });
     let parent = admin.lock_path(&name);
-    let observer = support::raw(&store.endpoint()).await;
+    let observer = crate::support::raw(&store.endpoint()).await;
     lock_conformance::stores::until(Duration::from_secs(10), "the waiter queueing", || async {
-        support::children(&observer, &parent).await.len() == 2
+        crate::support::children(&observer, &parent).await.len() == 2
     })
     .await;
 
@@ -116,7 +115,7 @@ async fn evict_with_a_fence_evicts_that_grant_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_does_not_fire_the_loss_signal() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.endpoint()).await.unwrap();
+    let holder = crate::support::connect(store.endpoint()).await.unwrap();
     // Long after the session starts watching a grant (a sixteenth of it).
     let watched = holder.session_timeout() / 8;
     let settle = round_trip(&holder).await;
@@ -140,8 +139,8 @@ async fn a_release_does_not_fire_the_loss_signal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_renewal_refuses_the_evicted_lease_and_renews_the_rest() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.endpoint()).await.unwrap();
-    let admin = support::connect(store.endpoint()).await.unwrap();
+    let holder = crate::support::connect(store.endpoint()).await.unwrap();
+    let admin = crate::support::connect(store.endpoint()).await.unwrap();
     let notice = holder.capabilities().eviction_notice.unwrap();
     for _ in 0..8 {
         let names = [unique("batch-a"), unique("batch-b"), unique("batch-c")];
@@ -178,8 +177,8 @@ async fn a_batch_renewal_refuses_the_evicted_lease_and_renews_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_to_a_held_node_is_no_eviction() {
     let store = zookeeper::shared();
-    let holder = support::connect(store.endpoint()).await.unwrap();
-    let writer = support::raw(&store.endpoint()).await;
+    let holder = crate::support::connect(store.endpoint()).await.unwrap();
+    let writer = crate::support::raw(&store.endpoint()).await;
     let notice = holder.capabilities().eviction_notice.unwrap();
     for _ in 0..24 {
         let name = unique("written");
@@ -187,7 +186,7 @@ async fn a_write_to_a_held_node_is_no_eviction() {
         // Past the notice the node is watched.
         tokio::time::sleep(notice).await;
         let parent = holder.lock_path(&name);
-        let node = support::children(&writer, &parent).await.remove(0);
+        let node = crate::support::children(&writer, &parent).await.remove(0);
         // The write lands while the renewal's sync is on its way (or just
         // before): its event reaches the renewal's check of the watch.
         let path = format!("{parent}/{node}");
@@ -203,4 +202,52 @@ async fn a_write_to_a_held_node_is_no_eviction() {
             ReleaseOutcome::Released
         );
     }
+}
+
+/// `inspect` and `force_release` see the holder, not a waiter; the forced
+/// release deletes exactly the holder's node, the waiter gets the lock
+/// next, and the evicted guard learns from its node watch (or, in the
+/// first moments of a grant, its next renewal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_evicts_the_head_and_the_queue_moves_on() {
+    let store = zookeeper::shared();
+    let (a, b, admin) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let observer = raw(&store.endpoint()).await;
+    let name = unique("forced");
+    let guard = locker(&a).acquire(&name).await.unwrap();
+    let waiter = tokio::spawn({
+        let (locker, name) = (locker(&b), name.clone());
+        async move { locker.acquire(&name).await }
+    });
+    let parent = a.lock_path(&name);
+    eventually(Duration::from_secs(2), "the waiter queueing", || async {
+        (children(&observer, &parent).await.len() == 2).then_some(())
+    })
+    .await;
+    let holder = admin.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(holder.fence, guard.fencing_token());
+    assert_eq!(holder.owner, Some(guard.lease().owner()));
+    let evicted = admin.evict(&name, None).await.unwrap().unwrap();
+    assert_eq!(evicted.fence, guard.fencing_token());
+    let evicted_at = Instant::now();
+    let within = a.session_timeout() / 3 + Duration::from_millis(500);
+    timeout(within, guard.lost())
+        .await
+        .expect("the evicted guard learns by its node watch or its next renewal");
+    assert!(evicted_at.elapsed() < within);
+    let guard_b = timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(guard_b.fencing_token() > evicted.fence);
+    assert!(matches!(
+        a.try_acquire_for(&name, a.session_timeout()).await.unwrap(),
+        Attempt::Held { .. }
+    ));
+    guard_b.release().await.unwrap();
 }

@@ -3,8 +3,6 @@
 //! through at once, nodes that left unseen cost one listing, and a
 //! reconnection loses nobody's turn.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +10,11 @@ use lock_conformance::proxy::FaultProxy;
 use lock_conformance::stores::{until, zookeeper};
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::{FencingToken, LockError, LockName};
-use support::{answered, children, connect, locker, raw, round_trip, session_id, unique, watches};
 use tokio::time::Instant;
+
+use crate::support::{
+    answered, children, connect, locker, raw, round_trip, session_id, unique, watches,
+};
 
 /// Three sessions of the shared server (the first one holds), a raw client
 /// to look at the queue, and a fresh lock name with its parent path.

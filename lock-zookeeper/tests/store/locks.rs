@@ -1,17 +1,22 @@
-//! The queue recipe on the wire: what nodes exist, and when they go away.
-
-mod support;
+//! The queue recipe on the wire: what nodes exist, and when they go away;
+//! and the sequence proof: a session that released the only node of a queue
+//! takes it again with a create alone, and never when anything else
+//! happened to the queue in between (another node, a recreated parent, a
+//! broken connection).
 
 use std::time::Duration;
 
 use lock_conformance::proxy::Mode;
-use lock_conformance::stores::eventually;
-use lock_conformance::stores::zookeeper;
-use lock_zookeeper::{ZooKeeperBackend, decode_segment, zk};
+use lock_conformance::stores::{eventually, zookeeper};
+use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::{CancellationToken, LockBackendExt, WaitPolicy};
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
-use support::{behind_proxy, children, connect, locker, raw, take, unique};
 use tokio::time::{Instant, timeout};
+use uuid::Uuid;
+
+use crate::support::{
+    answered, behind_proxy, children, connect, locker, raw, session_id, take, unique,
+};
 
 /// Waiters that time out, are cancelled, or whose acquire future is simply
 /// dropped (even right after it started, with its create possibly still in
@@ -211,38 +216,6 @@ async fn a_node_found_after_replies_were_lost_long_starts_a_full_lease() {
     }
 }
 
-/// When a lock's parent is deleted (as the server's container reaper does
-/// once it is empty, see `containers.rs`) and recreated, ZooKeeper restarts
-/// its sequence numbers at 0, yet fences keep growing: they are czxids, not
-/// sequences.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parent_recreation_restarts_sequences_but_never_fences() {
-    let store = zookeeper::shared();
-    let a = connect(store.endpoint()).await.unwrap();
-    let observer = raw(&store.endpoint()).await;
-    let name = unique("recreated-parent");
-    let parent = a.lock_path(&name);
-
-    let mut last = None;
-    for _ in 0..5 {
-        let lease = take(&a, &name).await;
-        assert!(last < Some(lease.fence()));
-        last = Some(lease.fence());
-        a.release(&lease).await.unwrap();
-    }
-    // What the server's container reaper does to an empty parent.
-    observer.delete(&parent, None).await.unwrap();
-    let lease = take(&a, &name).await;
-    let nodes = children(&observer, &parent).await;
-    assert_eq!(nodes.len(), 1);
-    assert!(
-        nodes[0].ends_with("-lock-0000000000"),
-        "the sequence restarted: {nodes:?}"
-    );
-    assert!(Some(lease.fence()) > last, "the fence did not restart");
-    a.release(&lease).await.unwrap();
-}
-
 /// A lease that is neither renewed nor released is deleted by its own
 /// client at its local deadline, though the session lives on: an abandoned
 /// lease never blocks the name for the life of a long-lived process. Nobody
@@ -278,139 +251,211 @@ async fn abandoned_lease_is_deleted_at_its_deadline() {
     );
     b.release(&next).await.unwrap();
     assert_eq!(
-        a.zk_client().unwrap().state(),
+        a.client().unwrap().state(),
         zk::SessionState::SyncConnected,
         "A's session lives on"
     );
 }
 
-/// Every lock name is one child of the root, whatever it contains: the
-/// segment decodes back to the name, nothing lands outside the root, and
-/// the lock node is a direct child of that segment.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn odd_names_are_single_children_of_the_root() {
-    let store = zookeeper::shared();
-    let root = format!("/zk-tests-names-{}", uuid::Uuid::new_v4().simple());
-    let a = ZooKeeperBackend::connect_with(
-        lock_zookeeper::ZooKeeperConfig::new(store.endpoint())
-            .root(root.clone())
-            .session_timeout(support::session_timeout()),
-    )
-    .await
-    .unwrap();
-    let observer = raw(&store.endpoint()).await;
-    let long_x = "x".repeat(255);
-    let long_slash = "/".repeat(255);
-    let names = [
-        "a/b",
-        "a%2Fb",
-        ".",
-        "..",
-        "../../escape",
-        "/zookeeper/quota",
-        "zookeeper",
-        "emoji 🔒",
-        "\u{e000}private",
-        "\u{fff0}",
-        "\u{fffd}",
-        "Ünïcode",
-        &long_x,
-        &long_slash,
-    ]
-    .map(|n| LockName::new(n).unwrap());
-    let mut leases = Vec::new();
-    for name in &names {
-        leases.push(
-            a.try_acquire_for(name, a.session_timeout())
-                .await
-                .unwrap()
-                .into_lease()
-                .unwrap(),
-        );
-    }
-    let mut segments = children(&observer, &root).await;
-    segments.sort();
+async fn cycle(backend: &ZooKeeperBackend, name: &LockName) -> lockcore::FencingToken {
+    let lease = backend
+        .try_acquire_for(name, backend.session_timeout())
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("the lock is free");
+    let fence = lease.fence();
     assert_eq!(
-        segments.len(),
-        names.len(),
-        "one parent per name: {segments:?}"
+        backend.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
     );
-    let mut decoded: Vec<String> = segments
-        .iter()
-        .map(|s| decode_segment(s).unwrap())
-        .collect();
-    let mut expected: Vec<String> = names.iter().map(|n| n.as_str().to_owned()).collect();
-    decoded.sort();
-    expected.sort();
-    assert_eq!(decoded, expected);
-    for name in &names {
-        let path = a.lock_path(name);
-        assert_eq!(
-            path.matches('/').count(),
-            root.matches('/').count() + 1,
-            "{path}"
-        );
-        assert_eq!(children(&observer, &path).await.len(), 1, "{path}");
-    }
-    let outside = children(&observer, "/").await;
-    assert!(
-        !outside.iter().any(|c| c == "escape" || c == "b"),
-        "{outside:?}"
-    );
-    for lease in &leases {
-        a.release(lease).await.unwrap();
-    }
-    drop(a);
-    for s in segments {
-        let _ = observer.delete(&format!("{root}/{s}"), None).await;
-    }
-    let _ = observer.delete(&root, None).await;
+    fence
 }
 
-/// `inspect` and `force_release` see the holder, not a waiter; the forced
-/// release deletes exactly the holder's node, the waiter gets the lock
-/// next, and the evicted guard learns from its node watch (or, in the
-/// first moments of a grant, its next renewal).
+/// A queue node as another client (Curator, `zookeeper-client`, another
+/// distlock process) would create it.
+async fn queue_node(client: &zk::Client, parent: &str) -> String {
+    let prefix = format!("{parent}/_c_{}-lock-", Uuid::new_v4().hyphenated());
+    let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let (_, sequence) = client.create(&prefix, &[], &mode).await.unwrap();
+    format!("{prefix}{sequence}")
+}
+
+/// Once a session released the only node of a queue, taking the lock again
+/// costs a create and a delete: no listing, no watch. The first cycle lists
+/// (and sets the one watch on the parent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn force_release_evicts_the_head_and_the_queue_moves_on() {
+async fn uncontended_cycles_send_only_create_and_delete() {
     let store = zookeeper::shared();
-    let (a, b, admin) = (
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
-        connect(store.endpoint()).await.unwrap(),
+    let a = connect(store.endpoint()).await.unwrap();
+    let name = unique("only-create-delete");
+    let sid = session_id(&a);
+
+    let before = answered(store.addr(), sid);
+    let mut last = cycle(&a, &name).await;
+    let cold = answered(store.addr(), sid) - before;
+    assert!(
+        cold >= 3,
+        "the first cycle lists the queue ({cold} requests)"
     );
-    let observer = raw(&store.endpoint()).await;
-    let name = unique("forced");
-    let guard = locker(&a).acquire(&name).await.unwrap();
-    let waiter = tokio::spawn({
-        let (locker, name) = (locker(&b), name.clone());
-        async move { locker.acquire(&name).await }
-    });
+
+    const CYCLES: u64 = 40;
+    let before = answered(store.addr(), sid);
+    for _ in 0..CYCLES {
+        let fence = cycle(&a, &name).await;
+        assert!(fence > last);
+        last = fence;
+    }
+    let requests = answered(store.addr(), sid) - before;
+    // Exactly 2 per cycle; a cycle that ran longer than a twentieth of the
+    // session timeout on a loaded machine may add the granted node's watch.
+    assert!(
+        (2 * CYCLES..2 * CYCLES + CYCLES / 4).contains(&requests),
+        "{requests} requests for {CYCLES} cycles"
+    );
+}
+
+/// Someone else queued between two of our cycles: our create gets a later
+/// number than the one vouched for, so the queue is listed, and the lock is
+/// held by the other node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_node_voids_the_proof() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
+    let name = unique("another-node");
     let parent = a.lock_path(&name);
-    eventually(Duration::from_secs(2), "the waiter queueing", || async {
-        (children(&observer, &parent).await.len() == 2).then_some(())
+    cycle(&a, &name).await;
+    cycle(&a, &name).await;
+
+    let holder = queue_node(&other, &parent).await;
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    let left = children(&other, &parent).await;
+    assert_eq!(left.len(), 1, "our node was removed: {left:?}");
+    assert!(holder.ends_with(&left[0]));
+
+    other.delete(&holder, None).await.unwrap();
+    cycle(&a, &name).await;
+}
+
+/// The parent was deleted (as the container reaper does once it is empty)
+/// and created again, and a node queued in it: our create gets exactly the
+/// number vouched for, but in another parent, behind that node. The watch on
+/// the old parent fired, so the queue is listed and the lock is not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_parent_voids_the_proof() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
+    let name = unique("recreated-parent");
+    let parent = a.lock_path(&name);
+    cycle(&a, &name).await; // sequence 0; the next create would get 1
+
+    other.delete(&parent, None).await.unwrap();
+    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    other.create(&parent, &[], &container).await.unwrap();
+    let holder = queue_node(&other, &parent).await;
+    assert!(holder.ends_with("-lock-0000000000"));
+
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    // The parent's `cversion` counts child creations and deletions: the
+    // holder's create (sequence 0), ours (sequence 1, the number vouched
+    // for), and the removal of ours.
+    let (_, stat) = other.get_children(&parent).await.unwrap();
+    assert_eq!(stat.cversion, 3, "our create got sequence 1");
+
+    other.delete(&holder, None).await.unwrap();
+    cycle(&a, &name).await;
+}
+
+/// The connection broke and healed between two cycles, and meanwhile the
+/// parent was recreated with a node in it: the proof is not used across a
+/// reconnection, and the lock is not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnection_voids_the_proof() {
+    let (proxy, a, other) = behind_proxy().await;
+    let name = unique("reconnected");
+    let parent = a.lock_path(&name);
+    cycle(&a, &name).await;
+
+    let mut states = a.client().unwrap().state_watcher();
+    proxy.reset_existing();
+    timeout(Duration::from_secs(5), async {
+        while states.changed().await != zk::SessionState::Disconnected {}
     })
+    .await
+    .expect("the client notices the reset");
+    other.delete(&parent, None).await.unwrap();
+    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    other.create(&parent, &[], &container).await.unwrap();
+    let holder = queue_node(&other, &parent).await;
+
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    other.delete(&holder, None).await.unwrap();
+    cycle(&a, &name).await;
+}
+
+/// A grant held past a twentieth of the session timeout gets a watch on its
+/// node (one request, sent by the session's keeper), which turns a deletion
+/// by someone else into the lease's loss signal, with no renewal involved.
+/// A grant released sooner never costs that request (see above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longer_hold_is_watched_and_learns_of_its_eviction() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
+    let name = unique("kept");
+    let parent = a.lock_path(&name);
+    let sid = session_id(&a);
+    let lease = take(&a, &name).await;
+    let granted = answered(store.addr(), sid);
+    eventually(
+        a.session_timeout() / 2,
+        "the keeper watching the node",
+        || async { (answered(store.addr(), sid) > granted).then_some(()) },
+    )
     .await;
-    let holder = admin.inspect(&name).await.unwrap().unwrap();
-    assert_eq!(holder.fence, guard.fencing_token());
-    assert_eq!(holder.owner, Some(guard.lease().owner()));
-    let evicted = admin.evict(&name, None).await.unwrap().unwrap();
-    assert_eq!(evicted.fence, guard.fencing_token());
-    let evicted_at = Instant::now();
-    let within = a.session_timeout() / 3 + Duration::from_millis(500);
-    timeout(within, guard.lost())
+    let node = children(&other, &parent).await.pop().unwrap();
+    other
+        .delete(&format!("{parent}/{node}"), None)
         .await
-        .expect("the evicted guard learns by its node watch or its next renewal");
-    assert!(evicted_at.elapsed() < within);
-    let guard_b = timeout(Duration::from_secs(2), waiter)
-        .await
-        .unwrap()
-        .unwrap()
         .unwrap();
-    assert!(guard_b.fencing_token() > evicted.fence);
-    assert!(matches!(
-        a.try_acquire_for(&name, a.session_timeout()).await.unwrap(),
-        Attempt::Held { .. }
-    ));
-    guard_b.release().await.unwrap();
+    timeout(
+        Duration::from_secs(2),
+        lease.loss_signal().unwrap().cancelled(),
+    )
+    .await
+    .expect("the node watch fires the loss signal");
+    assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::NotHeld);
+    cycle(&a, &name).await;
+}
+
+/// Attempts of one session racing for a lock it just released alone: one
+/// create gets the vouched number (the proof is taken once), the others get
+/// later numbers, list the queue, and find it held. Never two holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_attempts_of_one_session_never_share_the_lock() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let name = unique("racing");
+    for _ in 0..25 {
+        cycle(&a, &name).await; // alone: vouches for the next number
+        let attempts: Vec<_> = (0..3)
+            .map(|_| {
+                let (a, name) = (a.clone(), name.clone());
+                tokio::spawn(async move { a.try_acquire_for(&name, a.session_timeout()).await })
+            })
+            .collect();
+        let mut leases = Vec::new();
+        for attempt in attempts {
+            if let Attempt::Acquired(lease) = attempt.await.unwrap().unwrap() {
+                leases.push(lease);
+            }
+        }
+        assert_eq!(leases.len(), 1, "exactly one of the racing attempts holds");
+        a.release(&leases[0]).await.unwrap();
+    }
 }

@@ -9,8 +9,6 @@
 //! the lock node. These tests use a fixed 4 s session (not scaled): the
 //! scenarios are timed against the ensemble's fixed `syncLimit`.
 
-mod support;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -20,10 +18,11 @@ use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig, zk};
 use lockcore::backend::{LockBackendExt, WaitPolicy};
 use lockcore::{LockBackend, ReleaseOutcome};
 use rand::Rng;
-use support::tap::Tap;
-use support::{children, raw, take, unique};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+
+use crate::support::{children, raw, take, unique};
+use crate::tap::Tap;
 
 /// The session timeout of these tests.
 const SESSION: Duration = Duration::from_secs(4);
@@ -38,7 +37,7 @@ fn trials(default: usize) -> usize {
 
 /// A client of these tests: a 4 s session, the launcher's tick.
 fn config(connect: &str) -> ZooKeeperConfig {
-    support::config(connect).session_timeout(SESSION)
+    crate::support::config(connect).session_timeout(SESSION)
 }
 
 /// An ensemble whose members reach each other's quorum port through fault
@@ -144,7 +143,7 @@ async fn watch_only_node(observer: &zk::Client, parent: &str) -> (String, zk::On
 /// local deadline must still come before the leader deletes the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_on_a_cut_off_follower_ends_before_the_leader_expires_it() {
-    if !support::may_launch_servers("renewal_on_a_cut_off_follower") {
+    if !crate::support::may_launch_servers("renewal_on_a_cut_off_follower") {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().await;
@@ -217,7 +216,13 @@ async fn stale_read_trial(split: &mut Split, hold: Hold) -> Option<f64> {
         .await
         .unwrap();
     let name = unique("cut-wait");
-    let held = take(&holder, &name).await;
+    // Renewed until released: the waiter's scenario runs for more than the
+    // local deadline of a lease left unrenewed, longer on a loaded machine.
+    let held = (crate::support::locker(&holder)
+        .try_acquire(&name)
+        .await
+        .unwrap())
+    .expect("a fresh name is free");
     let parent = holder.lock_path(&name);
     let (head, _, _) = watch_only_node(&observer, &parent).await;
     let tap = Tap::start(split.cluster.members[follower].addr()).await;
@@ -251,10 +256,7 @@ async fn stale_read_trial(split: &mut Split, hold: Hold) -> Option<f64> {
         tokio::time::sleep(SESSION / 4 + Duration::from_millis(200)).await;
         tap.hold_replies(true);
     }
-    assert_eq!(
-        holder.release(&held).await.unwrap(),
-        ReleaseOutcome::Released
-    );
+    assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Released);
     until(
         Duration::from_secs(10),
         "the follower seeing the release",
@@ -328,7 +330,7 @@ async fn stale_read_trials(hold: Hold) {
 /// the declared slack of the moment the replies stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_off_one_way_frees_its_lock_within_ttl_and_slack() {
-    if !support::may_launch_servers("a_holder_cut_off_one_way") {
+    if !crate::support::may_launch_servers("a_holder_cut_off_one_way") {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().await;
@@ -359,7 +361,7 @@ async fn a_holder_cut_off_one_way_frees_its_lock_within_ttl_and_slack() {
         );
         // The observer hears of the deletion within a few milliseconds.
         assert!(
-            freed <= bound + Duration::from_millis(100).mul_f64(support::time_scale()),
+            freed <= bound + Duration::from_millis(100).mul_f64(crate::support::time_scale()),
             "the lock outlived TTL + slack: {freed:?} > {bound:?}"
         );
     }
@@ -367,14 +369,14 @@ async fn a_holder_cut_off_one_way_frees_its_lock_within_ttl_and_slack() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_told_late_of_its_turn_by_a_cut_off_follower_is_not_granted_early() {
-    if support::may_launch_servers("waiter_told_late_of_its_turn") {
+    if crate::support::may_launch_servers("waiter_told_late_of_its_turn") {
         stale_read_trials(Hold::WhileWatching).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_queued_late_on_a_cut_off_follower_is_not_granted_early() {
-    if support::may_launch_servers("waiter_queued_late") {
+    if crate::support::may_launch_servers("waiter_queued_late") {
         stale_read_trials(Hold::WhileQueueing).await;
     }
 }

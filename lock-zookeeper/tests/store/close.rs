@@ -4,8 +4,6 @@
 //! refuses work afterwards. Dropping the last handle of a client does the
 //! same in the background.
 
-mod support;
-
 use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
@@ -14,8 +12,9 @@ use lock_conformance::stores::zookeeper;
 use lock_zookeeper::ZooKeeperBackend;
 use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Lease, LockBackend, LockError, LockName};
-use support::{children, connect, locker, raw, round_trip, session_id, take, unique};
 use tokio::time::Instant;
+
+use crate::support::{children, connect, locker, raw, round_trip, session_id, take, unique};
 
 /// The nodes of session `sid` under `parents` (each a queue), as the server
 /// sees them.
@@ -116,7 +115,7 @@ async fn close_leaves_nothing_in_the_store_and_refuses_later_calls() {
             "{gives_up}: nodes of the closed session are left"
         );
         assert!(
-            support::connections(store.addr(), sid).is_empty(),
+            crate::support::connections(store.addr(), sid).is_empty(),
             "{gives_up}: the closed session still has a connection"
         );
         for lost in [&lease, &permit] {
@@ -141,7 +140,7 @@ async fn close_leaves_nothing_in_the_store_and_refuses_later_calls() {
         unavailable("renew", a.renew(&lease).await);
         unavailable("release", a.release(&lease).await);
         unavailable("inspect", a.inspect(&held).await);
-        unavailable("zk_client", a.zk_client());
+        unavailable("client", a.client());
         unavailable("acquire", locker(&a).acquire_timeout(&held, wait).await);
         a.close().await.unwrap();
     }
@@ -174,7 +173,7 @@ async fn a_dropped_client_loses_its_leases_and_frees_its_names() {
     .await;
     eprintln!("free {:?} after the drop", started.elapsed());
     assert!(next.fence() > lease.fence());
-    assert!(support::connections(store.addr(), sid).is_empty());
+    assert!(crate::support::connections(store.addr(), sid).is_empty());
     let observer = raw(&store.endpoint()).await;
     assert_eq!(
         nodes_of(&observer, sid, &[path]).await,
@@ -183,7 +182,7 @@ async fn a_dropped_client_loses_its_leases_and_frees_its_names() {
     b.release(&next).await.unwrap();
 }
 
-/// A handle from `zk_client` that is still kept holds the session open:
+/// A handle from `client()` that is still kept holds the session open:
 /// `close` gives up at its limit, saying so, and the session closes once
 /// the handle is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,12 +191,12 @@ async fn close_says_when_a_kept_handle_holds_the_session() {
     let a = connect(store.endpoint()).await.unwrap();
     let name: LockName = unique("kept-handle");
     let _lease = take(&a, &name).await;
-    let kept = a.zk_client().unwrap();
+    let kept = a.client().unwrap();
     let sid = session_id(&a);
     let started = Instant::now();
     let e = a.close().await.unwrap_err();
     eprintln!("close gave up after {:?}: {e}", started.elapsed());
-    assert!(e.to_string().contains("zk_client"), "{e}");
+    assert!(e.to_string().contains("client()"), "{e}");
     drop(kept);
     let observer = raw(&store.endpoint()).await;
     let path = a.lock_path(&name);

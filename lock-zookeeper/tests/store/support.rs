@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-pub(crate) mod tap;
-
 use lock_conformance::stores::{self, StoreFactory};
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
 use lockcore::LockError;
@@ -172,7 +170,7 @@ pub(crate) fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
 
 /// The session id of `backend`'s current session.
 pub(crate) fn session_id(backend: &ZooKeeperBackend) -> i64 {
-    backend.zk_client().unwrap().session_id().0
+    backend.client().unwrap().session_id().0
 }
 
 /// This process's peak resident set so far (`VmHWM`), in bytes.

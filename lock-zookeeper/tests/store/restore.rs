@@ -4,8 +4,6 @@
 //! one already handed out; raising the floor to the highest fence in use
 //! before clients come back makes every later fence larger.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,8 +11,9 @@ use lock_conformance::proxy::{FaultProxy, Mode};
 use lock_conformance::stores::{Store, eventually, zookeeper};
 use lock_zookeeper::ZooKeeperBackend;
 use lockcore::{FencingToken, LockBackend, LockName};
-use support::{children, connect, connect_with, locker, raw, session_id, take, unique};
 use tokio::time::{Instant, timeout};
+
+use crate::support::{children, connect, connect_with, locker, raw, session_id, take, unique};
 
 /// Copies the directory tree `from` to `to` (which must not exist).
 fn copy_tree(from: &Path, to: &Path) {
@@ -48,7 +47,7 @@ fn restore(store: &Store, data: &Path, backup: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_data_dir_repeats_fences_unless_the_floor_is_raised() {
-    if !support::may_launch_servers("a_restored_data_dir_repeats_fences") {
+    if !crate::support::may_launch_servers("a_restored_data_dir_repeats_fences") {
         return;
     }
     let store = tokio::task::spawn_blocking(|| zookeeper::start(zookeeper::Options::default()))
@@ -144,7 +143,7 @@ async fn across_a_restore(reopen: Reopen) -> Duration {
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
     // Long enough to outlive a stop and a start of the server.
     let long = Duration::from_secs(20)
-        .mul_f64(support::time_scale())
+        .mul_f64(crate::support::time_scale())
         .min(Duration::from_secs(60));
     let running = || {
         let url = store.endpoint_via(proxy.addr());
@@ -192,7 +191,7 @@ async fn across_a_restore(reopen: Reopen) -> Duration {
     }
     drop(d);
     assert!(h_guard.is_held() && held_guard.is_held());
-    let seen = support::zxid(store.addr());
+    let seen = crate::support::zxid(store.addr());
 
     // 1. Running clients cut off (the server's stop ends their connections).
     proxy.set(Mode::Refuse);
@@ -209,7 +208,7 @@ async fn across_a_restore(reopen: Reopen) -> Duration {
     let filler = raw(&store.endpoint()).await;
     let open = lock_zookeeper::zk::CreateMode::Persistent
         .with_acls(lock_zookeeper::zk::Acls::anyone_all());
-    while support::zxid(store.addr()) <= seen {
+    while crate::support::zxid(store.addr()) <= seen {
         filler.create("/filler", b"", &open).await.unwrap();
         filler.delete("/filler", None).await.unwrap();
     }
@@ -303,7 +302,7 @@ async fn across_a_restore(reopen: Reopen) -> Duration {
 /// later fence above the floor, nothing of theirs left from the backup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_restore_procedure_with_running_clients_makes_no_second_holder() {
-    if !support::may_launch_servers("the_restore_procedure_with_running_clients") {
+    if !crate::support::may_launch_servers("the_restore_procedure_with_running_clients") {
         return;
     }
     let gone = across_a_restore(Reopen::AfterTheirTtl).await;
@@ -317,7 +316,7 @@ async fn the_restore_procedure_with_running_clients_makes_no_second_holder() {
 /// under the floor).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_clients_let_back_early_never_resume_sessions_from_before_the_floor() {
-    if !support::may_launch_servers("running_clients_let_back_early") {
+    if !crate::support::may_launch_servers("running_clients_let_back_early") {
         return;
     }
     let gone = across_a_restore(Reopen::AtOnce).await;
