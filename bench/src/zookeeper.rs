@@ -80,7 +80,7 @@ pub(crate) async fn run(settings: Settings) -> Report {
     let backend = ZooKeeperBackend::connect_with(config(&url, SESSION))
         .await
         .expect("connect");
-    let client = backend.zk_client().expect("zk client");
+    let client = backend.client().expect("zk client");
     client.mkdir(FLOOR_DIR, &open()).await.expect("floor dir");
     client.mkdir(RECIPE_DIR, &open()).await.expect("recipe dir");
     let probe = Server {

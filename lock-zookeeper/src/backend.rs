@@ -14,8 +14,8 @@ use lockcore::{
 };
 use zookeeper_client as zk;
 
-use crate::client::Client;
 use crate::config::ZooKeeperConfig;
+use crate::connection::Client;
 use crate::error::BACKEND;
 use crate::wait::LineWaiter;
 
@@ -63,7 +63,8 @@ impl ZooKeeperBackend {
     /// The client of the current session, for diagnostics, tests and
     /// [`fenced_write`](crate::fenced_write) (its
     /// [`session`](zk::Client::session) identifies the owner of this
-    /// backend's lock nodes).
+    /// backend's lock nodes). Every adapter names this escape hatch to its
+    /// store's own client `client()`.
     ///
     /// Drop it when done: [`close`](LockBackend::close) closes the session
     /// once every handle of it is dropped, and waits for that no longer
@@ -71,10 +72,19 @@ impl ZooKeeperBackend {
     ///
     /// # Errors
     /// [`LockError::Unavailable`] once the backend is closed.
-    pub fn zk_client(&self) -> Result<zk::Client, LockError> {
+    pub fn client(&self) -> Result<zk::Client, LockError> {
         self.client.refuse_closed()?;
         let session = &self.client.current().session;
         (session.client()).map_err(|e| crate::error::map("the current session", e))
+    }
+
+    /// The old name of [`client`](Self::client).
+    ///
+    /// # Errors
+    /// As [`client`](Self::client).
+    #[deprecated(note = "use client()")]
+    pub fn zk_client(&self) -> Result<zk::Client, LockError> {
+        self.client()
     }
 
     /// The ZooKeeper path of `name`'s queue: one child of the root.
@@ -91,7 +101,7 @@ impl ZooKeeperBackend {
     ) -> Result<T, LockError> {
         tokio::select! {
             waited = waiting => waited,
-            _ = self.client.closed.cancelled() => Err(crate::client::closed()),
+            _ = self.client.closed.cancelled() => Err(crate::error::closed()),
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use lockcore::LockError;
+use lockcore::{Lease, LockError, LockName};
 use zookeeper_client as zk;
 
 pub(crate) const BACKEND: &str = "zookeeper";
@@ -69,4 +69,25 @@ pub(crate) fn map(what: impl Into<String>, e: zk::Error) -> LockError {
     } else {
         LockError::store(BACKEND, err)
     }
+}
+
+/// `Unavailable`: the client was closed.
+pub(crate) fn closed() -> LockError {
+    LockError::unavailable(BACKEND, "this ZooKeeper client was closed")
+}
+
+/// `NotHeld` for `lease`.
+pub(crate) fn not_held(lease: &Lease) -> LockError {
+    LockError::NotHeld {
+        name: lease.name().clone(),
+    }
+}
+
+/// A retryable error: our queue node went away between its create and the
+/// grant (its session ended).
+pub(crate) fn vanished(name: &LockName) -> LockError {
+    LockError::unavailable(
+        BACKEND,
+        format!("our queue node for {name} went away before the grant (its session ended)"),
+    )
 }

@@ -1,31 +1,24 @@
 #![doc = include_str!("../README.md")]
-mod acls;
 mod backend;
-mod client;
-mod close;
 mod config;
-mod connect;
+mod connection;
 mod error;
 mod fence;
-mod floor;
-mod held;
-mod holders;
-mod line;
-mod names;
-mod notify;
+mod keys;
+mod locks;
 mod permits;
-mod probe;
-mod queue;
-mod quiet;
-mod renew;
-mod requests;
-mod session;
 mod wait;
 
 pub use backend::ZooKeeperBackend;
 pub use config::ZooKeeperConfig;
-pub use fence::fenced_write;
-pub use names::decode_segment;
+pub use fence::write::fenced_write;
 /// The ZooKeeper client this backend is built on, re-exported so callers use
-/// the same version (see [`ZooKeeperBackend::zk_client`]).
+/// the same version (see [`ZooKeeperBackend::client`]).
 pub use zookeeper_client as zk;
+
+/// Items for this crate's own tests, not part of its API: they may change
+/// in any release.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::keys::names::decode_segment;
+}

@@ -27,16 +27,12 @@ use lockcore::backend::wait::Wakeup;
 use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 use zookeeper_client as zk;
 
-use crate::client::{Client, Live, vanished};
-use crate::error::{BACKEND, map};
-use crate::names::{NodeData, Queue, segment};
-use crate::queue::Entry;
-use crate::requests::{ATTEMPTS, delete_node, list};
-
-/// The node under the lock root that holds every semaphore: a bare `%`
-/// followed by no hex pair starts no percent-escape, so no lock name has
-/// this segment.
-pub(crate) const PERMITS_NODE: &str = "%permits";
+use crate::connection::requests::{ATTEMPTS, delete_node, list};
+use crate::connection::{Client, Live};
+use crate::error::{BACKEND, map, vanished};
+use crate::keys::names::{NodeData, Queue};
+use crate::keys::paths;
+use crate::locks::queue::Entry;
 
 /// A semaphore as read: its count and its slots' queues.
 struct Semaphore {
@@ -55,7 +51,7 @@ impl Semaphore {
 impl Client {
     /// The semaphore node of `name`.
     pub(crate) fn semaphore_path(&self, name: &LockName) -> String {
-        format!("{}/{PERMITS_NODE}/{}", self.config.root, segment(name))
+        paths::semaphore(&self.config.root, name)
     }
 
     /// One attempt at one of `permits` slots of `request.name()`; made once
@@ -197,7 +193,7 @@ impl Client {
         match client.create(path, data.as_bytes(), &dir).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
             Err(zk::Error::NoNode) => {
-                let above = format!("{}/{PERMITS_NODE}", self.config.root);
+                let above = paths::semaphores(&self.config.root);
                 let persistent =
                     zk::CreateMode::Persistent.with_acls(zk::Acls::new(&self.acls.dirs));
                 client.mkdir(&above, &persistent).await.map_err(creating)

@@ -3,6 +3,7 @@
 //! cases: a proxy in front of the shared server, and private servers to kill
 //! and pause.
 
+#[path = "store/support.rs"]
 mod support;
 
 lock_conformance::suite!(

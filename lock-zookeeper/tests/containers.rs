@@ -1,7 +1,14 @@
 //! Empty lock parents are container nodes: the server deletes them, and the
 //! next acquisition recreates the parent (sequence numbers restart at 0)
 //! with a larger fence.
+//!
+//! A test binary of its own, not a module of `tests/store`: it sets
+//! `JAVA_TOOL_OPTIONS` before any thread exists, so that its private server
+//! checks containers every 100 ms instead of every minute. In a shared
+//! binary, other tests' threads would be reading the environment, and
+//! every server launched afterwards would inherit the setting.
 
+#[path = "store/support.rs"]
 mod support;
 
 use std::time::Duration;

@@ -5,6 +5,7 @@
 //! everything logged through `tracing` by the whole test binary must show no
 //! part of it.
 
+#[path = "store/support.rs"]
 mod support;
 
 use std::time::Duration;
@@ -202,7 +203,7 @@ async fn the_real_store_refuses_wrong_credentials_without_showing_them() {
             "a floor refused",
             &backend.raise_fence_floor(floor).await.unwrap_err(),
         );
-        let client = backend.zk_client().unwrap();
+        let client = backend.client().unwrap();
         let written = lock_zookeeper::fenced_write(&client, "bad path", lease.fence(), |_| Ok(()));
         hidden_error("a fenced write refused", &written.await.unwrap_err());
         drop(client);

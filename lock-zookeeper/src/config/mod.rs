@@ -6,6 +6,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lockcore::LockError;
+use lockcore::backend::StoreUrl;
+
+mod url;
+
+/// The schemes of a ZooKeeper URL.
+const SCHEMES: &[&str] = &["zk", "zookeeper"];
 
 /// How to reach ZooKeeper and where to keep locks.
 ///
@@ -13,7 +19,7 @@ use lockcore::LockError;
 /// parse a URL with [`from_url`](Self::from_url):
 ///
 /// ```text
-/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&connection_timeout=4s&connect_timeout=10s]
+/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&connection_timeout=4s&connect_timeout=10s&password_file=PATH]
 /// ```
 ///
 /// (`zookeeper://` works too; a plain connect string `host:port[,...][/chroot]`
@@ -54,6 +60,14 @@ impl ZooKeeperConfig {
     /// 30 s, the `Locker`'s default TTL, and inside ZooKeeper's default
     /// `maxSessionTimeout` (20 ticks of 2 s).
     pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The options a `zk://` URL takes (see the crate documentation's table).
+    pub const URL_OPTIONS: &'static [&'static str] = &[
+        "session_timeout",
+        "tick_time",
+        "connection_timeout",
+        "connect_timeout",
+        "password_file",
+    ];
 
     /// A configuration for the ensemble at `connect` (`host:port[,host:port...][/chroot]`),
     /// locks under [`DEFAULT_ROOT`](Self::DEFAULT_ROOT), a 30 s session, no credentials.
@@ -71,8 +85,15 @@ impl ZooKeeperConfig {
 
     /// Parses a `zk://` or `zookeeper://` URL, or a plain connect string.
     ///
+    /// The URL is read by [`StoreUrl`], with the options of
+    /// [`URL_OPTIONS`](Self::URL_OPTIONS) (durations as `30s`, `250ms`,
+    /// `1m`). The user info ends at the last `@` (as
+    /// [`redact_url`](lockcore::backend::redact_url) reads it), so a password
+    /// may hold `#/?@:` unescaped.
+    ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] naming what to fix.
+    /// [`LockError::InvalidConfig`] naming what to fix; it shows no part of
+    /// a password, and a part of the URL only where it cannot hold one.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let Some((scheme, rest)) = url.split_once("://") else {
             let lower = url.trim().to_ascii_lowercase();
@@ -85,76 +106,34 @@ impl ZooKeeperConfig {
             config.validate()?;
             return Ok(config);
         };
-        if !matches!(scheme.to_ascii_lowercase().as_str(), "zk" | "zookeeper") {
-            let shown = match scheme_word(scheme) {
-                true => format!("{scheme}://"),
-                false => "this".to_owned(),
-            };
-            return Err(LockError::config(format!(
-                "{shown} is not a ZooKeeper URL: expected zk:// or zookeeper://"
-            )));
+        let mut parsed = StoreUrl::parse(&url::normalized(scheme, rest)?, SCHEMES)
+            .map_err(|_| url::unparsable())?;
+        let hosts = parsed.hosts().iter().map(url::host).collect::<Vec<_>>();
+        let mut config = ZooKeeperConfig::new(hosts.join(","));
+        if !matches!(parsed.path(), "" | "/") {
+            config.root = parsed.path().to_owned();
         }
-        // The user info ends at the last `@` if no `/`, `?` or `#` comes
-        // before the user name's `:` (else that `@` is in the path or the
-        // query): a password may hold any of `#/?@:` unescaped.
-        let userinfo_end = rest.rfind('@').filter(|&at| {
-            let userinfo = &rest[..at];
-            match (userinfo.find(['/', '?', '#']), userinfo.find(':')) {
-                (Some(delimiter), Some(colon)) => colon < delimiter,
-                (Some(_), None) => false,
-                (None, _) => true,
+        let user = parsed.user().map(str::to_owned);
+        config.digest = match (user, parsed.take_password()?) {
+            (None, None) => None,
+            (Some(user), Some(password)) => Some(Digest { user, password }),
+            _ => {
+                return Err(LockError::config(
+                    "ZooKeeper credentials must be user:password (digest scheme), or a user and password_file",
+                ));
             }
-        });
-        let (userinfo, rest) = match userinfo_end {
-            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-            None => (None, rest),
         };
-        if rest.contains('#') {
-            return Err(LockError::config(
-                "a ZooKeeper URL has no #fragment (write a # in the password as %23); the URL is not shown",
-            ));
+        for (name, setting) in [
+            ("session_timeout", &mut config.session_timeout),
+            ("connect_timeout", &mut config.connect_timeout),
+        ] {
+            if let Some(value) = url::take_duration(&mut parsed, name)? {
+                *setting = value;
+            }
         }
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (hosts, root) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
-        };
-        let mut config = ZooKeeperConfig::new(hosts);
-        if let Some(root) = root.filter(|r| *r != "/" && !r.is_empty()) {
-            config.root = decode(root, "root path")?;
-        }
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
-                LockError::config("ZooKeeper credentials must be user:password (digest scheme)")
-            })?;
-            config.digest = Some(Digest {
-                user: decode(user, "user")?,
-                password: decode(password, "password")?,
-            });
-        }
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let setting = match key {
-                "session_timeout" => &mut config.session_timeout,
-                "connection_timeout" => config.connection_timeout.insert(Duration::ZERO),
-                "connect_timeout" => &mut config.connect_timeout,
-                "tick_time" => config.tick_time.insert(Duration::ZERO),
-                other => {
-                    // Shown only if it looks like an option's name.
-                    let shown = match option_word(other) {
-                        true => format!("{other:?}"),
-                        false => "(not shown)".to_owned(),
-                    };
-                    return Err(LockError::config(format!(
-                        "unknown ZooKeeper URL option {shown}; known: session_timeout, tick_time, connection_timeout, connect_timeout"
-                    )));
-                }
-            };
-            *setting = duration(key, &decode(value, key)?)?;
-        }
+        config.connection_timeout = url::take_duration(&mut parsed, "connection_timeout")?;
+        config.tick_time = url::take_duration(&mut parsed, "tick_time")?;
+        parsed.finish(Self::URL_OPTIONS)?;
         config.validate()?;
         Ok(config)
     }
@@ -283,41 +262,10 @@ impl ZooKeeperConfig {
     }
 }
 
-fn decode(s: &str, what: &str) -> Result<String, LockError> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|e| LockError::config_caused_by(format!("ZooKeeper URL {what} is not UTF-8"), e))
-}
-
-/// The duration option `key` (a known option's name) set to `value`, which
-/// an error does not show.
-fn duration(key: &str, value: &str) -> Result<Duration, LockError> {
-    humantime::parse_duration(value).map_err(|e| {
-        LockError::config_caused_by(
-            format!("ZooKeeper URL option {key} is not a duration like 30s or 500ms"),
-            e,
-        )
-    })
-}
-
-/// Whether `scheme` is a URL scheme's word (safe to show).
-fn scheme_word(scheme: &str) -> bool {
-    let mut chars = scheme.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-}
-
-/// Whether `key` looks like an option's name (lower-case words joined by
-/// `_`): safe to show in an error, unlike a piece of a mistyped URL.
-fn option_word(key: &str) -> bool {
-    (1..=32).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
-}
-
 /// Whether `connect` reads as a connect string, `host[:port][,...][/chroot]`
 /// (hosts may carry `tcp://` or `tcp+tls://`): no part of a URL's user
 /// info can, so one that does is safe to show.
-fn connect_string(connect: &str) -> bool {
+pub(super) fn connect_string(connect: &str) -> bool {
     let entries: Vec<&str> = connect.split(',').collect();
     let last = entries.len() - 1;
     entries.iter().enumerate().all(|(i, entry)| {
@@ -333,7 +281,7 @@ fn connect_string(connect: &str) -> bool {
             && chroot.chars().all(|c| {
                 !c.is_whitespace()
                     && !matches!(c, '@' | '?' | '#')
-                    && !crate::names::refused_by_zookeeper(c)
+                    && !crate::keys::names::refused_by_zookeeper(c)
             })
     })
 }
@@ -356,7 +304,8 @@ fn address_word(address: &str) -> bool {
             true => c.is_ascii_hexdigit() || matches!(c, ':' | '.'),
             false => c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'),
         });
-    let port_ok = port.is_empty() || (port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()));
+    let port_ok = port.is_empty()
+        || (port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok());
     host_ok && port_ok
 }
 
@@ -384,7 +333,7 @@ fn validate_root(root: &str) -> Result<(), LockError> {
         if part == "." || part == ".." {
             return bad("has a relative segment");
         }
-        if part.chars().any(crate::names::refused_by_zookeeper) {
+        if part.chars().any(crate::keys::names::refused_by_zookeeper) {
             return bad("has a character ZooKeeper refuses in paths");
         }
     }

@@ -1,0 +1,331 @@
+//! Lock names as ZooKeeper paths, and the queue nodes under them.
+//!
+//! Every lock name becomes exactly one path segment under the root
+//! (`<root>/<segment>`), so no name can reach outside the root or share a
+//! parent with another name. The queue nodes of a lock are the parent's
+//! children, named like Apache Curator's protected-mode lock nodes:
+//! `_c_<owner uuid>-lock-<sequence>`. A queue node's data is the holder's
+//! label ([`NodeData`]).
+
+use lockcore::{FencingToken, HolderLabel, LockError, LockName};
+
+use crate::error::BACKEND;
+use uuid::Uuid;
+
+/// Whether ZooKeeper refuses `c` in a path. Its `PathUtils.validatePath`
+/// refuses U+0001-U+001F, U+007F-U+009F, U+D800-U+F8FF and U+FFF0-U+FFFF
+/// as UTF-16 units, so every character outside the Basic Multilingual Plane
+/// (a surrogate pair there) is refused too. (NUL is refused as well.)
+pub(crate) fn refused_by_zookeeper(c: char) -> bool {
+    matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..)
+}
+
+/// The path segment of `name`: the name itself, except that `%`, `/` and
+/// every character ZooKeeper refuses are percent-encoded (as UTF-8 bytes,
+/// [`LockName::escaped`]), and the names `.` and `..` have their dots encoded.
+///
+/// Injective: percent-decoding the segment gives the name back, and `%` is
+/// always encoded, so no two names share a segment.
+pub(crate) fn segment(name: &LockName) -> String {
+    match name.as_str() {
+        dots @ ("." | "..") => "%2E".repeat(dots.len()),
+        _ => name.escaped(|c| c == '/' || refused_by_zookeeper(c)),
+    }
+}
+
+/// The lock name a root child's segment came from (the inverse of the
+/// name-to-path mapping; see the crate docs), for tests and
+/// tools that list the root.
+pub fn decode_segment(segment: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
+}
+
+/// The infix between the owner's uuid and the sequence number.
+const LOCK_MARK: &str = "-lock-";
+const PROTECTED: &str = "_c_";
+
+/// The name prefix of the queue node of owner `guid` (ZooKeeper appends the
+/// sequence number). The uuid lets a client find its own node after a create
+/// whose reply was lost ("protected mode").
+pub(crate) fn node_prefix(guid: Uuid) -> String {
+    format!("{PROTECTED}{}{LOCK_MARK}", guid.hyphenated())
+}
+
+/// A queue node, parsed from its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueNode {
+    /// The node's name (one path segment).
+    pub(crate) name: String,
+    /// Its owner's uuid.
+    pub(crate) guid: Uuid,
+    /// Its sequence number, as ZooKeeper's signed 32-bit counter read
+    /// unsigned: a counter that wrapped past 2^31 still sorts after the
+    /// nodes created before it.
+    pub(crate) sequence: u32,
+}
+
+impl QueueNode {
+    /// The sequence number of a queue node's name, cheaply (for looking it
+    /// up among nodes already parsed).
+    pub(crate) fn sequence_of(name: &str) -> Option<u32> {
+        let (_, sequence) = name.rsplit_once(LOCK_MARK)?;
+        sequence.parse::<i32>().ok().map(|s| s as u32)
+    }
+
+    /// Parses `_c_<uuid>-lock-<sequence>`; `None` for any other child.
+    pub(crate) fn parse(name: &str) -> Option<QueueNode> {
+        let rest = name.strip_prefix(PROTECTED)?;
+        let (guid, sequence) = rest.split_at_checked(36)?;
+        let guid = Uuid::try_parse(guid).ok()?;
+        let sequence = sequence.strip_prefix(LOCK_MARK)?;
+        if sequence.is_empty()
+            || !sequence
+                .bytes()
+                .enumerate()
+                .all(|(i, b)| b.is_ascii_digit() || (i == 0 && b == b'-'))
+        {
+            return None;
+        }
+        let sequence = sequence.parse::<i32>().ok()? as u32;
+        Some(QueueNode {
+            name: name.to_owned(),
+            guid,
+            sequence,
+        })
+    }
+}
+
+/// The queue of a lock, in grant order, from the parent's children.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Queue {
+    nodes: Vec<QueueNode>,
+}
+
+impl Queue {
+    /// The queue nodes among `children`, ordered by sequence number.
+    pub(crate) fn new(children: &[String]) -> Queue {
+        let mut nodes: Vec<QueueNode> = children
+            .iter()
+            .filter_map(|c| QueueNode::parse(c))
+            .collect();
+        nodes.sort_by_key(|n| n.sequence);
+        Queue { nodes }
+    }
+
+    /// The holder: the first node.
+    pub(crate) fn head(&self) -> Option<&QueueNode> {
+        self.nodes.first()
+    }
+
+    /// Whether `name` is the only queue node.
+    pub(crate) fn is_only(&self, name: &str) -> bool {
+        matches!(self.nodes.as_slice(), [only] if only.name == name)
+    }
+
+    /// Where `name` stands (0: it holds the lock), `None` if absent.
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// The first node of owner `guid`.
+    pub(crate) fn first_of(&self, guid: Uuid) -> Option<&QueueNode> {
+        self.nodes.iter().find(|n| n.guid == guid)
+    }
+
+    /// Every node of owner `guid`.
+    pub(crate) fn all_of(&self, guid: Uuid) -> impl Iterator<Item = &QueueNode> {
+        self.nodes.iter().filter(move |n| n.guid == guid)
+    }
+}
+
+/// What distlock writes into a queue node when it creates it: the holder's
+/// label, as UTF-8 text (what `zkCli get` shows), and, once the fence floor
+/// was raised, a second line `fence-offset=<n>`: the floor's offset in force
+/// at the create, which the node's fence adds to its `czxid` (see
+/// [`crate::fence::floor`]). Written in the create itself, so a node never exists
+/// without it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct NodeData {
+    /// Who holds (or waits), in words; `None` for a node written without one
+    /// (an older version of this crate; another recipe's data that is no
+    /// valid label).
+    pub(crate) label: Option<HolderLabel>,
+    /// Added to the node's `czxid` to make its fence (0: none).
+    pub(crate) offset: u64,
+}
+
+const OFFSET: &str = "fence-offset=";
+
+impl NodeData {
+    /// The data of a node for a holder labelled `label`, created while the
+    /// fence floor's offset is `offset`.
+    pub(crate) fn new(label: Option<&HolderLabel>, offset: u64) -> NodeData {
+        NodeData {
+            label: label.cloned(),
+            offset,
+        }
+    }
+
+    /// The bytes to create the node with.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut data = self
+            .label
+            .as_ref()
+            .map(|l| l.to_string())
+            .unwrap_or_default();
+        if self.offset > 0 {
+            data.push('\n');
+            data.push_str(OFFSET);
+            data.push_str(&self.offset.to_string());
+        }
+        data.into_bytes()
+    }
+
+    /// Reads a node's data. The label is the first line, if it is a valid
+    /// label; an offset line that does not parse counts as none, and other
+    /// lines are left for later versions.
+    pub(crate) fn decode(data: &[u8]) -> NodeData {
+        let mut lines = data.split(|&b| b == b'\n');
+        let label = (lines.next())
+            .and_then(|l| std::str::from_utf8(l).ok())
+            .and_then(|l| HolderLabel::new(l).ok());
+        let offset = (lines.filter_map(|l| std::str::from_utf8(l).ok()))
+            .find_map(|l| l.strip_prefix(OFFSET)?.parse().ok())
+            .unwrap_or(0);
+        NodeData { label, offset }
+    }
+
+    /// The fence of a node with this data and `czxid`.
+    pub(crate) fn fence(&self, czxid: i64) -> Result<FencingToken, LockError> {
+        let base = FencingToken::from_store(BACKEND, czxid)?;
+        base.get()
+            .checked_add(self.offset)
+            .and_then(FencingToken::new)
+            .ok_or_else(|| {
+                LockError::store(
+                    BACKEND,
+                    format!("fence {czxid} + offset {} is past 2^64", self.offset),
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(s: &str) -> String {
+        segment(&LockName::new(s).unwrap())
+    }
+
+    #[test]
+    fn segments_stay_single_and_readable() {
+        assert_eq!(seg("billing"), "billing");
+        assert_eq!(seg("a/b"), "a%2Fb");
+        assert_eq!(seg("a%2Fb"), "a%252Fb");
+        assert_eq!(seg("."), "%2E");
+        assert_eq!(seg(".."), "%2E%2E");
+        assert_eq!(seg("..."), "...");
+        assert_eq!(seg("../../x"), "..%2F..%2Fx");
+        assert_eq!(seg("/zookeeper/quota"), "%2Fzookeeper%2Fquota");
+        assert_eq!(seg("zookeeper"), "zookeeper");
+        assert_eq!(seg("Ünï 🔒"), "Ünï %F0%9F%94%92");
+        assert_eq!(seg("\u{e000}p"), "%EE%80%80p");
+        assert_eq!(seg("\u{fff0}"), "%EF%BF%B0");
+        assert_eq!(seg("\u{fffd}"), "%EF%BF%BD");
+        assert_eq!(seg("\u{ffef}\u{202e}\u{200b}"), "\u{ffef}\u{202e}\u{200b}");
+    }
+
+    #[test]
+    fn segments_decode_back() {
+        for s in ["a/b", "%", "%25", ".", "..", "🔒/\u{e000}", "x\u{ffff}"] {
+            assert_eq!(decode_segment(&seg(s)).as_deref(), Some(s));
+        }
+    }
+
+    #[test]
+    fn queue_nodes_parse_and_sort_across_the_wrap() {
+        let a = Uuid::new_v4();
+        let b = Uuid::new_v4();
+        let children = vec![
+            format!("{}-2147483648", node_prefix(a)),
+            format!("{}2147483647", node_prefix(b)),
+            format!("{}0000000007", node_prefix(b)),
+            "garbage".to_owned(),
+            format!("{}x1", node_prefix(a)),
+            node_prefix(a),
+        ];
+        let q = Queue::new(&children);
+        let order: Vec<u32> = q.nodes.iter().map(|n| n.sequence).collect();
+        assert_eq!(order, vec![7, 2147483647, 2147483648]);
+        assert_eq!(q.head().unwrap().guid, b);
+        assert_eq!(q.position(&children[0]), Some(2));
+        assert_eq!(q.first_of(a).unwrap().name, children[0]);
+        assert_eq!(q.all_of(b).count(), 2);
+    }
+
+    #[test]
+    fn node_data_round_trips_and_reads_what_others_wrote() {
+        let label = HolderLabel::new("worker 7 — ünï 🔒").unwrap();
+        let data = NodeData::new(Some(&label), 0);
+        assert_eq!(NodeData::decode(&data.encode()), data);
+        assert_eq!(data.encode(), label.as_str().as_bytes());
+        let raised = NodeData::new(Some(&label), 1_000_007);
+        assert_eq!(NodeData::decode(&raised.encode()), raised);
+        assert_eq!(raised.fence(5).unwrap().get(), 1_000_012);
+        assert_eq!(NodeData::new(None, 3).encode(), b"\nfence-offset=3");
+        assert_eq!(NodeData::decode(b"\nfence-offset=3").offset, 3);
+        assert_eq!(NodeData::decode(b"w\nfence-offset=x").offset, 0);
+        assert!(NodeData::new(None, u64::MAX).fence(5).is_err());
+        assert!(NodeData::default().fence(0).is_err());
+        // An older version wrote nothing; other recipes write what they like.
+        assert_eq!(NodeData::decode(b""), NodeData::default());
+        assert_eq!(NodeData::decode(&[0xff, 0xfe]).label, None);
+        assert_eq!(
+            NodeData::decode(b"10.0.0.7").label.map(|l| l.to_string()),
+            Some("10.0.0.7".to_owned())
+        );
+        assert_eq!(
+            NodeData::decode(b"worker 7\nsomething=new").label,
+            Some(HolderLabel::new("worker 7").unwrap())
+        );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn names() -> impl Strategy<Value = LockName> {
+            let specials = prop::sample::select(vec![
+                '/', '.', '%', '2', 'F', '\u{e000}', '\u{fff0}', '🔒', 'a',
+            ]);
+            let chars = prop_oneof![prop::char::any(), specials];
+            prop::collection::vec(chars, 1..48).prop_filter_map("not a valid lock name", |cs| {
+                LockName::new(cs.into_iter().collect::<String>()).ok()
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            #[test]
+            fn segments_are_single_valid_and_decode_back(name in names()) {
+                let s = segment(&name);
+                prop_assert!(!s.contains('/'));
+                prop_assert!(s != "." && s != ".." && !s.is_empty());
+                prop_assert!(!s.chars().any(refused_by_zookeeper), "{:?}", s);
+                let decoded = decode_segment(&s);
+                prop_assert_eq!(decoded.as_deref(), Some(name.as_str()));
+            }
+
+            #[test]
+            fn distinct_names_get_distinct_segments(a in names(), b in names()) {
+                prop_assume!(a != b);
+                prop_assert_ne!(segment(&a), segment(&b));
+            }
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! The queue recipe on the wire: what nodes exist, and when they go away;
+//! and the sequence proof: a session that released the only node of a queue
+//! takes it again with a create alone, and never when anything else
+//! happened to the queue in between (another node, a recreated parent, a
+//! broken connection).
+
+use std::time::Duration;
+
+use lock_conformance::kit::proxy::Mode;
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::stores::zookeeper;
+use lock_zookeeper::{ZooKeeperBackend, zk};
+use lockcore::backend::{CancellationToken, LockBackendExt};
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
+use tokio::time::{Instant, timeout};
+use uuid::Uuid;
+
+use crate::support::{
+    answered, behind_proxy, children, connect, locker, raw, session_id, take, unique,
+};
+
+/// Waiters that time out, are cancelled, or whose acquire future is simply
+/// dropped (even right after it started, with its create possibly still in
+/// flight) leave no node behind: only the holder's node remains, and none
+/// once it releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_up_waiters_leave_no_queue_nodes() {
+    let store = zookeeper::shared();
+    let holder = connect(store.endpoint()).await.unwrap();
+    let waiter = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
+    let name = unique("given-up");
+    let parent = holder.lock_path(&name);
+    let only_holder = || async { (children(&observer, &parent).await.len() == 1).then_some(()) };
+
+    let lease = take(&holder, &name).await;
+
+    // Timed out.
+    let timed_out = locker(&waiter)
+        .acquire_timeout(&name, Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    eventually(
+        Duration::from_secs(2),
+        "the timed-out waiter's node removed",
+        only_holder,
+    )
+    .await;
+
+    // Cancelled while waiting.
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let (locker, name, cancel) = (locker(&waiter), name.clone(), cancel.clone());
+        async move { locker.acquire_cancellable(&name, &cancel).await }
+    });
+    eventually(Duration::from_secs(2), "the waiter queueing", || async {
+        (children(&observer, &parent).await.len() == 2).then_some(())
+    })
+    .await;
+    cancel.cancel();
+    assert!(matches!(
+        task.await.unwrap(),
+        Err(LockError::Cancelled { .. })
+    ));
+    eventually(
+        Duration::from_secs(2),
+        "the cancelled waiter's node removed",
+        only_holder,
+    )
+    .await;
+
+    // Dropped at once, and dropped mid-wait, many times.
+    for round in 0..20 {
+        let task = tokio::spawn({
+            let (locker, name) = (locker(&waiter), name.clone());
+            async move { locker.acquire(&name).await }
+        });
+        if round % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(5 * round)).await;
+        }
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+    eventually(
+        Duration::from_secs(3),
+        "every dropped waiter's node removed",
+        only_holder,
+    )
+    .await;
+
+    assert_eq!(
+        holder.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    eventually(Duration::from_secs(2), "an empty queue", || async {
+        children(&observer, &parent).await.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// The reply to the create of a queue node is lost (the connection breaks
+/// after the server created the node): the client finds its own node by the
+/// owner uuid in its name instead of creating a second one, and gets the
+/// lock with that node's czxid as fence. Nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_finds_its_own_node() {
+    let (proxy, a, observer) = behind_proxy().await;
+    let name = unique("lost-create-reply");
+    let parent = a.lock_path(&name);
+    // The parent exists already, so the create is the only write in flight.
+    let warm = take(&a, &name).await;
+    a.release(&warm).await.unwrap();
+
+    proxy.set(Mode::DropDownstream);
+    let attempt = tokio::spawn({
+        let (a, name) = (a.clone(), name.clone());
+        async move { a.try_acquire_for(&name, a.session_timeout()).await }
+    });
+    let created = eventually(
+        Duration::from_secs(2),
+        "the server creating the node",
+        || async { children(&observer, &parent).await.pop() },
+    )
+    .await;
+    // The reply is gone; now the connection breaks, and heals.
+    proxy.set(Mode::Pass);
+    proxy.reset_existing();
+
+    let lease = timeout(a.session_timeout() * 2, attempt)
+        .await
+        .expect("the attempt completes after reconnecting")
+        .unwrap()
+        .unwrap()
+        .into_lease()
+        .expect("the recovered node holds the lock");
+    let nodes = children(&observer, &parent).await;
+    assert_eq!(
+        nodes,
+        vec![created.clone()],
+        "exactly the one node the server created"
+    );
+    let (_, stat) = observer
+        .get_data(&format!("{parent}/{created}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.fence().get(),
+        stat.czxid as u64,
+        "fence = the node's czxid"
+    );
+    assert!(created.contains(&lease.owner().as_uuid().hyphenated().to_string()));
+    assert!(lease.fence() > warm.fence());
+    assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+    assert!(children(&observer, &parent).await.is_empty());
+}
+
+/// A create's reply is lost and replies stay lost for most of a session
+/// timeout (the session lives on: the client's reconnection attempts reach
+/// the server). The node found again after the connection heals starts its
+/// lease from that finding, not from the create sent long before: counted
+/// from the create, the lease would be handed out with its deadline already
+/// passed. Both grant paths: `try_acquire`, and a waiting `acquire` whose
+/// create joins the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_found_after_replies_were_lost_long_starts_a_full_lease() {
+    let (proxy, a, observer) = behind_proxy().await;
+    let ttl = a.session_timeout();
+    for waiting in [false, true] {
+        let name = unique("long-lost-create-reply");
+        let parent = a.lock_path(&name);
+        // The parent exists already, so the create is the only write in flight.
+        let warm = take(&a, &name).await;
+        a.release(&warm).await.unwrap();
+
+        proxy.set(Mode::DropDownstream);
+        let sent = Instant::now();
+        let attempt = tokio::spawn({
+            let (a, name) = (a.clone(), name.clone());
+            async move {
+                if waiting {
+                    let wait = WaitPolicy::new(Instant::now() + ttl * 3);
+                    a.acquire_for(&name, ttl, &wait).await
+                } else {
+                    a.try_acquire_for(&name, ttl).await.map(Attempt::into_lease)
+                }
+            }
+        });
+        eventually(
+            Duration::from_secs(2),
+            "the server creating the node",
+            || async { children(&observer, &parent).await.pop() },
+        )
+        .await;
+        // A client's session clock gives up 7T/5 after its last reply.
+        tokio::time::sleep_until(sent + ttl * 7 / 8).await;
+        proxy.set(Mode::Pass);
+        proxy.reset_existing();
+
+        let lease = timeout(ttl * 2, attempt)
+            .await
+            .expect("the attempt completes after reconnecting")
+            .unwrap()
+            .unwrap()
+            .expect("the recovered node holds the lock");
+        let left = lease.deadline().saturating_duration_since(Instant::now());
+        // A lease starts from a proof at most T/4 old; margin and drift take
+        // less than T/2 (the session is refused otherwise).
+        assert!(
+            left >= ttl / 4,
+            "waiting={waiting}: the lease was granted with {left:?} left of a {ttl:?} session"
+        );
+        assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+        assert!(children(&observer, &parent).await.is_empty());
+    }
+}
+
+/// A lease that is neither renewed nor released is deleted by its own
+/// client at its local deadline, though the session lives on: an abandoned
+/// lease never blocks the name for the life of a long-lived process. Nobody
+/// gets the lock before that deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_lease_is_deleted_at_its_deadline() {
+    let store = zookeeper::shared();
+    let (a, b) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let name = unique("abandoned");
+    let ttl = a.session_timeout();
+    let lease = take(&a, &name).await;
+    let deadline = lease.deadline();
+    drop(lease);
+    let wait = WaitPolicy::new(Instant::now() + ttl * 2);
+    let next = b
+        .acquire_for(&name, ttl, &wait)
+        .await
+        .unwrap()
+        .expect("acquired after the deadline");
+    let granted = Instant::now();
+    assert!(
+        granted >= deadline,
+        "granted {:?} before the abandoned lease's deadline",
+        deadline - granted
+    );
+    assert!(
+        granted <= deadline + Duration::from_secs(1),
+        "freed {:?} after the deadline",
+        granted - deadline
+    );
+    b.release(&next).await.unwrap();
+    assert_eq!(
+        a.client().unwrap().state(),
+        zk::SessionState::SyncConnected,
+        "A's session lives on"
+    );
+}
+
+async fn cycle(backend: &ZooKeeperBackend, name: &LockName) -> lockcore::FencingToken {
+    let lease = backend
+        .try_acquire_for(name, backend.session_timeout())
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("the lock is free");
+    let fence = lease.fence();
+    assert_eq!(
+        backend.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    fence
+}
+
+/// A queue node as another client (Curator, `zookeeper-client`, another
+/// distlock process) would create it.
+async fn queue_node(client: &zk::Client, parent: &str) -> String {
+    let prefix = format!("{parent}/_c_{}-lock-", Uuid::new_v4().hyphenated());
+    let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let (_, sequence) = client.create(&prefix, &[], &mode).await.unwrap();
+    format!("{prefix}{sequence}")
+}
+
+/// Once a session released the only node of a queue, taking the lock again
+/// costs a create and a delete: no listing, no watch. The first cycle lists
+/// (and sets the one watch on the parent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_cycles_send_only_create_and_delete() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let name = unique("only-create-delete");
+    let sid = session_id(&a);
+
+    let before = answered(store.addr(), sid);
+    let mut last = cycle(&a, &name).await;
+    let cold = answered(store.addr(), sid) - before;
+    assert!(
+        cold >= 3,
+        "the first cycle lists the queue ({cold} requests)"
+    );
+
+    const CYCLES: u64 = 40;
+    let before = answered(store.addr(), sid);
+    for _ in 0..CYCLES {
+        let fence = cycle(&a, &name).await;
+        assert!(fence > last);
+        last = fence;
+    }
+    let requests = answered(store.addr(), sid) - before;
+    // Exactly 2 per cycle; a cycle that ran longer than a twentieth of the
+    // session timeout on a loaded machine may add the granted node's watch.
+    assert!(
+        (2 * CYCLES..2 * CYCLES + CYCLES / 4).contains(&requests),
+        "{requests} requests for {CYCLES} cycles"
+    );
+}
+
+/// Someone else queued between two of our cycles: our create gets a later
+/// number than the one vouched for, so the queue is listed, and the lock is
+/// held by the other node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_node_voids_the_proof() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
+    let name = unique("another-node");
+    let parent = a.lock_path(&name);
+    cycle(&a, &name).await;
+    cycle(&a, &name).await;
+
+    let holder = queue_node(&other, &parent).await;
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    let left = children(&other, &parent).await;
+    assert_eq!(left.len(), 1, "our node was removed: {left:?}");
+    assert!(holder.ends_with(&left[0]));
+
+    other.delete(&holder, None).await.unwrap();
+    cycle(&a, &name).await;
+}
+
+/// The parent was deleted (as the container reaper does once it is empty)
+/// and created again, and a node queued in it: our create gets exactly the
+/// number vouched for, but in another parent, behind that node. The watch on
+/// the old parent fired, so the queue is listed and the lock is not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_parent_voids_the_proof() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
+    let name = unique("recreated-parent");
+    let parent = a.lock_path(&name);
+    cycle(&a, &name).await; // sequence 0; the next create would get 1
+
+    other.delete(&parent, None).await.unwrap();
+    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    other.create(&parent, &[], &container).await.unwrap();
+    let holder = queue_node(&other, &parent).await;
+    assert!(holder.ends_with("-lock-0000000000"));
+
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    // The parent's `cversion` counts child creations and deletions: the
+    // holder's create (sequence 0), ours (sequence 1, the number vouched
+    // for), and the removal of ours.
+    let (_, stat) = other.get_children(&parent).await.unwrap();
+    assert_eq!(stat.cversion, 3, "our create got sequence 1");
+
+    other.delete(&holder, None).await.unwrap();
+    cycle(&a, &name).await;
+}
+
+/// The connection broke and healed between two cycles, and meanwhile the
+/// parent was recreated with a node in it: the proof is not used across a
+/// reconnection, and the lock is not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnection_voids_the_proof() {
+    let (proxy, a, other) = behind_proxy().await;
+    let name = unique("reconnected");
+    let parent = a.lock_path(&name);
+    cycle(&a, &name).await;
+
+    let mut states = a.client().unwrap().state_watcher();
+    proxy.reset_existing();
+    timeout(Duration::from_secs(5), async {
+        while states.changed().await != zk::SessionState::Disconnected {}
+    })
+    .await
+    .expect("the client notices the reset");
+    other.delete(&parent, None).await.unwrap();
+    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    other.create(&parent, &[], &container).await.unwrap();
+    let holder = queue_node(&other, &parent).await;
+
+    let attempt = a.try_acquire_for(&name, a.session_timeout()).await.unwrap();
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    other.delete(&holder, None).await.unwrap();
+    cycle(&a, &name).await;
+}
+
+/// A grant held past a twentieth of the session timeout gets a watch on its
+/// node (one request, sent by the session's keeper), which turns a deletion
+/// by someone else into the lease's loss signal, with no renewal involved.
+/// A grant released sooner never costs that request (see above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longer_hold_is_watched_and_learns_of_its_eviction() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let other = raw(&store.endpoint()).await;
+    let name = unique("kept");
+    let parent = a.lock_path(&name);
+    let sid = session_id(&a);
+    let lease = take(&a, &name).await;
+    let granted = answered(store.addr(), sid);
+    eventually(
+        a.session_timeout() / 2,
+        "the keeper watching the node",
+        || async { (answered(store.addr(), sid) > granted).then_some(()) },
+    )
+    .await;
+    let node = children(&other, &parent).await.pop().unwrap();
+    other
+        .delete(&format!("{parent}/{node}"), None)
+        .await
+        .unwrap();
+    timeout(
+        Duration::from_secs(2),
+        lease.loss_signal().unwrap().cancelled(),
+    )
+    .await
+    .expect("the node watch fires the loss signal");
+    assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::NotHeld);
+    cycle(&a, &name).await;
+}
+
+/// Attempts of one session racing for a lock it just released alone: one
+/// create gets the vouched number (the proof is taken once), the others get
+/// later numbers, list the queue, and find it held. Never two holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_attempts_of_one_session_never_share_the_lock() {
+    let store = zookeeper::shared();
+    let a = connect(store.endpoint()).await.unwrap();
+    let name = unique("racing");
+    for _ in 0..25 {
+        cycle(&a, &name).await; // alone: vouches for the next number
+        let attempts: Vec<_> = (0..3)
+            .map(|_| {
+                let (a, name) = (a.clone(), name.clone());
+                tokio::spawn(async move { a.try_acquire_for(&name, a.session_timeout()).await })
+            })
+            .collect();
+        let mut leases = Vec::new();
+        for attempt in attempts {
+            if let Attempt::Acquired(lease) = attempt.await.unwrap().unwrap() {
+                leases.push(lease);
+            }
+        }
+        assert_eq!(leases.len(), 1, "exactly one of the racing attempts holds");
+        a.release(&leases[0]).await.unwrap();
+    }
+}

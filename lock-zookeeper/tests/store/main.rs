@@ -1,0 +1,23 @@
+//! Every integration test of lock-zookeeper against real ZooKeeper servers
+//! but the conformance suite, the secrets test (it installs a global tracing
+//! capture), the container test (it sets the environment of the servers it
+//! launches) and the scale tests (they measure the process): one binary, so
+//! the test command links one instead of one per file. The tests share the
+//! kit's ZooKeeper; those that kill, pause, restore or cut off a server
+//! start one of their own.
+
+mod access;
+mod clocks;
+mod close;
+mod cluster;
+mod connect;
+mod eviction;
+mod fencing;
+mod keys;
+mod locks;
+mod permits;
+mod restore;
+mod sessions;
+mod support;
+mod tap;
+mod wakeups;

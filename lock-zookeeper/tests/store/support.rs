@@ -1,0 +1,212 @@
+//! Shared test setup: the session timeout tests use, and connecting.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use lock_conformance::kit::stores;
+use lock_conformance::StoreFactory;
+use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
+use lockcore::LockError;
+use lockcore::backend::LockBackendExt;
+
+/// The session timeout the tests ask for: 4 s, stretched by
+/// `LOCK_TEST_TIME_SCALE` (the harness's ZooKeeper allows 1 s to 60 s).
+pub(crate) fn session_timeout() -> Duration {
+    Duration::from_secs(4).mul_f64(time_scale())
+}
+
+pub(crate) use lock_conformance::kit::time_scale;
+
+/// The servers' tick: the launcher's (`ci/docker-compose.yml` uses the same).
+pub(crate) fn tick() -> Duration {
+    Duration::from_millis(stores::zookeeper::Options::default().tick_ms.into())
+}
+
+/// The configuration of a test client of `connect`: the tests' session
+/// timeout and the servers' tick.
+pub(crate) fn config(connect: impl Into<String>) -> ZooKeeperConfig {
+    ZooKeeperConfig::from_url(&connect.into())
+        .expect("a zk:// URL or a connect string")
+        .session_timeout(session_timeout())
+        .tick_time(tick())
+}
+
+/// Connects a test client to `connect` with the tests' session timeout.
+pub(crate) async fn connect(connect: String) -> Result<ZooKeeperBackend, LockError> {
+    ZooKeeperBackend::connect_with(config(connect)).await
+}
+
+/// The conformance factory: the shared ZooKeeper, proxies, private servers.
+pub(crate) fn factory() -> StoreFactory {
+    stores::zookeeper::factory(connect)
+}
+
+/// Connects with the tests' session timeout and `configure` applied.
+pub(crate) async fn connect_with(
+    connect: &str,
+    configure: impl FnOnce(ZooKeeperConfig) -> ZooKeeperConfig,
+) -> Result<ZooKeeperBackend, LockError> {
+    ZooKeeperBackend::connect_with(configure(config(connect))).await
+}
+
+/// A test client of the shared ZooKeeper through a fault proxy of its own,
+/// and a plain client straight to the server, to look at what it wrote.
+pub(crate) async fn behind_proxy() -> (
+    lock_conformance::kit::proxy::FaultProxy,
+    ZooKeeperBackend,
+    lock_zookeeper::zk::Client,
+) {
+    let store = stores::zookeeper::shared();
+    let proxy = lock_conformance::kit::proxy::FaultProxy::start(store.addr())
+        .await
+        .unwrap();
+    let client = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    (proxy, client, raw(&store.endpoint()).await)
+}
+
+/// A plain ZooKeeper client, to look at (or tamper with) what the backend wrote.
+pub(crate) async fn raw(connect: &str) -> lock_zookeeper::zk::Client {
+    lock_zookeeper::zk::Client::connect(connect)
+        .await
+        .unwrap_or_else(|e| panic!("raw client to {connect}: {e}"))
+}
+
+/// A lock name no other test (or rerun) uses.
+pub(crate) fn unique(what: &str) -> lockcore::LockName {
+    lockcore::LockName::new(format!("zk-tests/{what}/{}", uuid::Uuid::new_v4().simple())).unwrap()
+}
+
+/// Takes `name` at once (it must be free) and returns the lease.
+pub(crate) async fn take(backend: &ZooKeeperBackend, name: &lockcore::LockName) -> lockcore::Lease {
+    backend
+        .try_acquire_for(name, backend.session_timeout())
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap_or_else(|| panic!("{name} was expected to be free"))
+}
+
+/// The children of `path` (none if it does not exist).
+pub(crate) async fn children(client: &lock_zookeeper::zk::Client, path: &str) -> Vec<String> {
+    match client.list_children(path).await {
+        Ok(children) => children,
+        Err(lock_zookeeper::zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("listing {path}: {e}"),
+    }
+}
+
+/// Whether this test may launch ZooKeeper servers of its own. Not when
+/// `LOCK_TEST_ZOOKEEPER_URL` names an external server (as in the container CI
+/// job, where no ZooKeeper is installed): like the suite's crash cases, the
+/// test then skips, saying so. Otherwise it launches them, and fails loudly
+/// if it cannot.
+pub(crate) fn may_launch_servers(test: &str) -> bool {
+    // The variable itself, as the launcher reads it: no server is started
+    // (and no thread) just to find out.
+    let external = lock_conformance::kit::env::ZOOKEEPER_URL.is_set();
+    if external {
+        eprintln!(
+            "SKIP {test}: LOCK_TEST_ZOOKEEPER_URL names an external server; this test launches and kills its own"
+        );
+    }
+    !external
+}
+
+/// The reply to four-letter command `command` from the server at `addr`.
+fn four_letters(addr: std::net::SocketAddr, command: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("four-letter connection");
+    conn.write_all(command.as_bytes()).unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+/// The last zxid the server at `addr` processed (`srvr`'s `Zxid:` line).
+pub(crate) fn zxid(addr: std::net::SocketAddr) -> i64 {
+    let reply = four_letters(addr, "srvr");
+    let hex = reply
+        .lines()
+        .find_map(|l| l.strip_prefix("Zxid: 0x"))
+        .unwrap_or_else(|| panic!("no Zxid in {reply}"));
+    i64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
+/// The `cons` four-letter command's line for session `sid` on the server at
+/// `addr` (one line per connection of that session).
+pub(crate) fn connections(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
+    let session = format!("sid=0x{sid:x},");
+    four_letters(addr, "cons")
+        .lines()
+        .filter(|l| l.contains(&session))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The paths session `sid` watches on the server at `addr` (`wchc`).
+pub(crate) fn watches(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
+    let session = format!("0x{sid:x}");
+    let reply = four_letters(addr, "wchc");
+    let mut lines = reply.lines().skip_while(|l| l.trim() != session).skip(1);
+    std::iter::from_fn(|| lines.next().filter(|l| l.starts_with(char::is_whitespace)))
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+/// How many requests the server has answered on session `sid`: the last
+/// request id (`lcxid`) that `cons` reports for it (pings and watch events
+/// have ids of their own, outside this count).
+pub(crate) fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
+    let lines = connections(addr, sid);
+    let line = lines
+        .first()
+        .unwrap_or_else(|| panic!("session 0x{sid:x} not in `cons`"));
+    let cxid = line
+        .split(',')
+        .find_map(|f| f.strip_prefix("lcxid=0x"))
+        .unwrap_or_else(|| panic!("no lcxid in {line}"));
+    u64::from_str_radix(cxid, 16).unwrap()
+}
+
+/// The session id of `backend`'s current session.
+pub(crate) fn session_id(backend: &ZooKeeperBackend) -> i64 {
+    backend.client().unwrap().session_id().0
+}
+
+/// This process's peak resident set so far (`VmHWM`), in bytes.
+pub(crate) fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A `Locker` over `backend` for tests: the session timeout as TTL (what
+/// every lease gets anyway), waits of up to a minute.
+pub(crate) fn locker(backend: &ZooKeeperBackend) -> lockcore::Locker {
+    lockcore::Locker::new(backend.clone())
+        .ttl(backend.session_timeout())
+        .max_wait(Duration::from_secs(60))
+}
+
+/// CPU time this process has used so far (user + system).
+pub(crate) fn cpu_time() -> Duration {
+    lock_conformance::kit::usage::own_cpu_time()
+}
+
+/// An allowance for one round trip to the store on this machine: four times
+/// the slowest of a few `inspect` calls, plus 100 ms, scaled.
+pub(crate) async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
+    use lockcore::backend::LockBackendExt;
+    let name = unique("rtt");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = tokio::time::Instant::now();
+        backend.inspect(&name).await.unwrap();
+        slowest = slowest.max(started.elapsed());
+    }
+    (slowest * 4 + Duration::from_millis(100)).mul_f64(time_scale())
+}

@@ -1,0 +1,236 @@
+//! The session's shared view of a queue: waiters of several sessions are
+//! served in arrival order, a waiter ahead that gives up lets the next one
+//! through at once, nodes that left unseen cost one listing, and a
+//! reconnection loses nobody's turn.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::proxy::FaultProxy;
+use lock_conformance::kit::stores::zookeeper;
+use lock_zookeeper::{ZooKeeperBackend, zk};
+use lockcore::{FencingToken, LockError, LockName};
+use tokio::time::Instant;
+
+use crate::support::{
+    answered, children, connect, locker, raw, round_trip, session_id, unique, watches,
+};
+
+/// Three sessions of the shared server (the first one holds), a raw client
+/// to look at the queue, and a fresh lock name with its parent path.
+async fn three_sessions(what: &str) -> ([ZooKeeperBackend; 3], zk::Client, LockName, String) {
+    let store = zookeeper::shared();
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(connect(store.endpoint()).await.unwrap());
+    }
+    let sessions: [ZooKeeperBackend; 3] = sessions.try_into().unwrap();
+    let name = unique(what);
+    let parent = sessions[0].lock_path(&name);
+    (sessions, raw(&store.endpoint()).await, name, parent)
+}
+
+/// Eight waiters, alternately of two sessions, queue one after the other
+/// behind a third session's holder: each is granted in turn, in the order
+/// they queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_two_sessions_are_served_in_arrival_order() {
+    let ([holder, a, b], observer, name, parent) = three_sessions("two-sessions").await;
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let served: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let locker = locker(if i % 2 == 0 { &a } else { &b });
+        let (name, served) = (name.clone(), served.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = locker
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await?;
+            served.lock().unwrap().push((i, guard.fencing_token()));
+            guard.release().await?;
+            Ok::<_, LockError>(())
+        }));
+        // The next one queues after this one.
+        until(Duration::from_secs(10), "the waiter in line", || async {
+            children(&observer, &parent).await.len() == i + 2
+        })
+        .await;
+    }
+    held.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().unwrap();
+    }
+    let served = served.lock().unwrap().clone();
+    let order: Vec<usize> = served.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        order,
+        (0..8).collect::<Vec<_>>(),
+        "served out of arrival order"
+    );
+    assert!(served.windows(2).all(|w| w[0].1 < w[1].1));
+}
+
+/// A waiter of another session ahead of ours gives up: once the holder
+/// releases, ours is granted within a round trip, not at a re-check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_ahead_that_gives_up_lets_the_next_through() {
+    let ([holder, ahead, ours], observer, name, parent) = three_sessions("gives-up").await;
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let giving_up = tokio::spawn({
+        let (locker, name) = (locker(&ahead), name.clone());
+        async move { locker.acquire_timeout(&name, Duration::from_secs(60)).await }
+    });
+    until(
+        Duration::from_secs(10),
+        "the first waiter in line",
+        || async { children(&observer, &parent).await.len() == 2 },
+    )
+    .await;
+    // Re-checks far apart: only the view's wake-up can be prompt.
+    let patient = locker(&ours).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let guard = patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await;
+            (guard, Instant::now())
+        }
+    });
+    until(
+        Duration::from_secs(10),
+        "the second waiter in line",
+        || async { children(&observer, &parent).await.len() == 3 },
+    )
+    .await;
+    giving_up.abort();
+    until(Duration::from_secs(10), "the first waiter gone", || async {
+        children(&observer, &parent).await.len() == 2
+    })
+    .await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, granted) = waiting.await.unwrap();
+    let lag = granted - released;
+    let bound = round_trip(&ours).await * 2;
+    assert!(
+        lag <= bound,
+        "granted {lag:?} after the release (bound {bound:?})"
+    );
+    guard.unwrap().release().await.unwrap();
+}
+
+/// A waiter watches only the node just ahead of it, so the nodes ahead of
+/// that one can leave unseen. When the watched one goes too, the waiter
+/// lists the queue once (a `sync` and a listing), rather than asking after
+/// each node it had seen, one request each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_left_unseen_cost_one_listing_not_one_request_each() {
+    const AHEAD: usize = 20;
+    let ([holder, others, ours], observer, name, parent) = three_sessions("left-unseen").await;
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let mut ahead = Vec::new();
+    for queued in 1..=AHEAD {
+        ahead.push(tokio::spawn({
+            let (locker, name) = (locker(&others), name.clone());
+            async move { locker.acquire_timeout(&name, Duration::from_secs(60)).await }
+        }));
+        until(
+            Duration::from_secs(10),
+            "a waiter ahead in line",
+            || async { children(&observer, &parent).await.len() == 1 + queued },
+        )
+        .await;
+    }
+    let store = zookeeper::shared();
+    let sid = session_id(&ours);
+    let patient = locker(&ours).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await
+        }
+    });
+    let node_ahead = format!("{parent}/");
+    until(
+        Duration::from_secs(10),
+        "our waiter watching the node ahead",
+        || async { (watches(store.addr(), sid).iter()).any(|w| w.starts_with(&node_ahead)) },
+    )
+    .await;
+    let last = ahead.pop().unwrap();
+    for waiter in &ahead {
+        waiter.abort();
+    }
+    until(
+        Duration::from_secs(10),
+        "the unwatched waiters gone",
+        || async { children(&observer, &parent).await.len() == 3 },
+    )
+    .await;
+    let before = answered(store.addr(), sid);
+    last.abort();
+    until(
+        Duration::from_secs(10),
+        "the watched waiter gone",
+        || async { children(&observer, &parent).await.len() == 2 },
+    )
+    .await;
+    held.release().await.unwrap();
+    let guard = waiting.await.unwrap().unwrap();
+    let requests = answered(store.addr(), sid) - before;
+    // A listing (2), a watch on the holder's node (1), and at most one
+    // look at our own node behind a `sync` (2) before the grant.
+    assert!(
+        requests <= 5,
+        "{requests} requests from the watched node's departure to the grant, with {} nodes gone unseen",
+        AHEAD - 1
+    );
+    guard.release().await.unwrap();
+}
+
+/// A waiter whose connection is reset while it waits keeps its place and
+/// is granted when the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnection_loses_no_turn() {
+    let store = zookeeper::shared();
+    let link = FaultProxy::start(store.addr()).await.unwrap();
+    let holder = connect(store.endpoint()).await.unwrap();
+    let waiter = connect(link.addr().to_string()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
+    let name = unique("reconnected");
+    let parent = holder.lock_path(&name);
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    let patient = locker(&waiter).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await
+        }
+    });
+    until(Duration::from_secs(10), "the waiter in line", || async {
+        children(&observer, &parent).await.len() == 2
+    })
+    .await;
+    let queued = children(&observer, &parent).await;
+    link.reset_existing();
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(holder.session_timeout(), waiting)
+        .await
+        .expect("granted within the session timeout")
+        .unwrap()
+        .unwrap();
+    // Still the node it queued before the reset: no new one was created.
+    let now = children(&observer, &parent).await;
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert!(
+        queued.contains(&now[0]),
+        "{now:?} was not in line before: {queued:?}"
+    );
+    guard.release().await.unwrap();
+}
