@@ -54,14 +54,10 @@ struct Cli {
     /// Every row once with tiny sizes, checking only that each ran (for CI).
     #[arg(long)]
     smoke: bool,
-    /// Also write the Markdown report to this file.
+    /// Also write the Markdown report to this file (bench/RESULTS.md; the
+    /// README links to it).
     #[arg(long, value_name = "PATH")]
     markdown: Option<PathBuf>,
-    /// Also put the summary (run, stores, scale, targets) into this file's
-    /// Performance section, between the `distlock-bench:start` and
-    /// `distlock-bench:end` comment markers (the README).
-    #[arg(long, value_name = "PATH")]
-    readme: Option<PathBuf>,
     /// Seconds each measurement runs (the kinds compared take turns within it).
     #[arg(long, env = "BENCH_SECS", default_value_t = 3.0)]
     secs: f64,
@@ -279,12 +275,6 @@ async fn main() -> ExitCode {
         eprintln!("distlock-bench: cannot write {}: {e}", path.display());
         return ExitCode::FAILURE;
     }
-    if let Some(path) = &cli.readme
-        && let Err(e) = update_readme(path, &report.summary(&run), cli.markdown.as_deref())
-    {
-        eprintln!("distlock-bench: cannot update {}: {e}", path.display());
-        return ExitCode::FAILURE;
-    }
     let incomplete = report.incomplete();
     if !incomplete.is_empty() {
         eprintln!("distlock-bench: not every row ran:");
@@ -313,38 +303,4 @@ fn built_in(backend: &str) -> bool {
         ("zookeeper", cfg!(feature = "zookeeper")),
     ]
     .contains(&(backend, true))
-}
-
-const START: &str = "<!-- distlock-bench:start -->";
-const END: &str = "<!-- distlock-bench:end -->";
-
-/// Replaces what is between the markers in `path` with `summary`, and a
-/// pointer to the whole report when it was written too.
-fn update_readme(
-    path: &std::path::Path,
-    summary: &str,
-    full: Option<&std::path::Path>,
-) -> std::io::Result<()> {
-    let text = std::fs::read_to_string(path)?;
-    let (Some(start), Some(end)) = (text.find(START), text.find(END)) else {
-        return Err(std::io::Error::other(format!(
-            "no {START} ... {END} markers"
-        )));
-    };
-    if end < start {
-        return Err(std::io::Error::other("the markers are out of order"));
-    }
-    let every_row = full.map_or(String::new(), |f| {
-        format!(
-            "\nEvery row (floors, trait, Locker, peers, contention) is in [{}]({}).\n",
-            f.display(),
-            f.display()
-        )
-    });
-    let updated = format!(
-        "{}{START}\n{summary}{every_row}{}",
-        &text[..start],
-        &text[end..]
-    );
-    std::fs::write(path, updated)
 }

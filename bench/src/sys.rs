@@ -123,7 +123,7 @@ pub(crate) fn tcp_connections_to(port: u16) -> Option<u64> {
     read_any.then_some(n)
 }
 
-/// "CPU: <model>, 2 cores (available to this process); kernel 6.1.0; 7.8 GiB RAM".
+/// `"CPU: <model>, 2 cores (available to this process); kernel 6.1.0; 7.8 GiB RAM"`.
 pub(crate) fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
