@@ -44,7 +44,7 @@ while read -r dir exe; do
   secs=$(last "$(basename "$dir")/$name")
   if [ -z "$secs" ]; then
     case $name in
-      ensemble | conformance* | cluster | broken* | scale* | faults | failover | handoff) secs=60 ;;
+      store | conformance* | broken* | scale* | stores) secs=60 ;;
       *) secs=5 ;;
     esac
   fi

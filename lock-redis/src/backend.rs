@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
-use lockcore::backend::{
-    CancellationToken, Kind, LockRequest, Polling, check_permits, timed,
-};
+use lockcore::backend::{CancellationToken, Kind, LockRequest, Polling, check_permits, timed};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken, Holder,
     Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,

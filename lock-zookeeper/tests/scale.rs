@@ -17,9 +17,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_conformance::kit::usage;
 use lock_conformance::kit::poll::{eventually, until};
 use lock_conformance::kit::stores::zookeeper;
+use lock_conformance::kit::usage;
 use lockcore::backend::LockBackendExt;
 use lockcore::backend::wait::WaitPolicy;
 use lockcore::{FencingToken, LockBackend, LockError, LockGuard, Locker};

@@ -227,4 +227,3 @@ fn not_held(lease: &Lease) -> LockError {
         name: lease.name().clone(),
     }
 }
-

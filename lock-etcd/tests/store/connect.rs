@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_conformance::kit::poll::until;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::etcd;
-use lock_conformance::kit::poll::until;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::LockBackendExt;
 use lockcore::{LockBackend, LockError, ReleaseOutcome};

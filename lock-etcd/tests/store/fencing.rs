@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::stores::etcd;
 use lock_conformance::kit::poll::until;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::EtcdBackend;
 use lock_etcd::etcd_client::{Txn, TxnOp};
 use lock_etcd::testing::key_of;

@@ -44,7 +44,11 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
     let mut client = raw(&url).await;
     for (ask, enforced) in [(2000, 2), (2001, 3), (2500, 3), (7000, 7)] {
         let lease = acquire(&backend, &lock, Duration::from_millis(ask)).await;
-        assert_eq!(lease.ttl().get(), Duration::from_secs(enforced), "asked {ask} ms");
+        assert_eq!(
+            lease.ttl().get(),
+            Duration::from_secs(enforced),
+            "asked {ask} ms"
+        );
         let id = etcd_lease_of(&mut client, &key_of(&lease).unwrap()).await;
         let ttl = client.lease_time_to_live(id, None).await.unwrap();
         assert_eq!(

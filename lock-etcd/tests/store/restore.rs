@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::stores::etcd;
 use lock_conformance::kit::poll::until;
+use lock_conformance::kit::stores::etcd;
 use lock_etcd::EtcdBackend;
 use lock_etcd::testing::key_of;
-use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{FencingToken, LockBackend, LockName};
 use tokio::time::Instant;
 

@@ -8,13 +8,13 @@
 
 use std::time::Duration;
 
+use lock_conformance::kit::poll::{eventually, until};
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::etcd;
-use lock_conformance::kit::poll::{eventually, until};
 use lock_etcd::testing::{key_of, sessions};
 use lock_etcd::{EtcdBackend, EtcdConfig};
-use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::{Attempt, Lease, LockBackend, LockName, Locker, LossReason};
 use tokio::time::Instant;
 
@@ -34,8 +34,8 @@ async fn an_unrenewed_lock_expires_on_its_own_ttl_while_its_session_lives_on() {
     assert_eq!(sessions(&client), 1, "both locks on one session");
     let caps = client.capabilities();
     let within = ttl + caps.slack_for(ttl) + scaled(Duration::from_millis(500));
-    let wait =
-        WaitPolicy::new(abandoned.issued().mono() + within).recheck(scaled(Duration::from_millis(100)));
+    let wait = WaitPolicy::new(abandoned.issued().mono() + within)
+        .recheck(scaled(Duration::from_millis(100)));
     let next = observer
         .acquire_for(&abandoned_name, ttl, &wait)
         .await

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::support::name;
+use lock_conformance::kit::pki::{Identity, TestCa};
 use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::etcd::{self, ClientTls, Options};
-use lock_conformance::kit::pki::{Identity, TestCa};
 use lock_etcd::etcd_client::{Certificate, Client, ConnectOptions, Permission, TlsOptions};
 use lock_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 use lockcore::backend::LockBackendExt;

@@ -9,9 +9,9 @@
 use lockcore::backend::Kind;
 use std::time::Duration;
 
+use lock_conformance::kit::poll::{eventually, until};
 use lock_conformance::kit::proxy::FaultProxy;
 use lock_conformance::kit::stores::etcd;
-use lock_conformance::kit::poll::{eventually, until};
 use lock_etcd::EtcdBackend;
 use lock_etcd::etcd_client::{Client, GetOptions};
 use lock_etcd::testing::watched;
@@ -275,13 +275,21 @@ async fn backend_watch_wakes_on_release_and_at_once_when_free() {
     let url = etcd::shared().endpoint();
     let (holder, watcher) = (connect(&url).await, connect(&url).await);
     let lock = name("watch");
-    let free = watcher.watch(&lock, Kind::Lock).await.unwrap().expect("etcd notifies");
+    let free = watcher
+        .watch(&lock, Kind::Lock)
+        .await
+        .unwrap()
+        .expect("etcd notifies");
     tokio::time::timeout(Duration::from_secs(1), free)
         .await
         .expect("a free name wakes at once");
 
     let held = hold(&holder, &lock).await;
-    let wakeup = watcher.watch(&lock, Kind::Lock).await.unwrap().expect("etcd notifies");
+    let wakeup = watcher
+        .watch(&lock, Kind::Lock)
+        .await
+        .unwrap()
+        .expect("etcd notifies");
     let woken = tokio::spawn(wakeup);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!woken.is_finished(), "woke while the lock is held");

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::support::{backend, lock_name, shared_url};
 use lockcore::backend::LockBackendExt;
-use lockcore::backend::{Clock, LockRequest, Moment};
 use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{Clock, LockRequest, Moment};
 use lockcore::{Lease, LockBackend, LockName};
 use tokio::time::Instant;
 

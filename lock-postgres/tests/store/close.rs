@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use crate::support::{acquired, app_url, backend, lock_name, observer, scaled, unique};
+use lock_conformance::kit::poll::until;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::postgres;
-use lock_conformance::kit::poll::until;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, PgPool};
 use lockcore::backend::{LockBackendExt, LockRequest};

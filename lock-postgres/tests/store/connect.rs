@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::{acquired, connect, lock_name as name, scaled, shared_url, sql_conn};
-use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_conformance::kit::poll::until;
+use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lock_postgres::testing;
 use lock_postgres::{PostgresBackend, PostgresConfig};

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::sqlx::{self, PgPool};
 use lock_postgres::{PostgresBackend, ResourceFence, fenced_write, fenced_write_slot};

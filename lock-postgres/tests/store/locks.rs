@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use crate::support::{lock_name, scaled, sql_conn, unique, warm_up, with_params};
-use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::poll::{eventually, until};
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::postgres;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx;

@@ -14,9 +14,9 @@ use std::time::Duration;
 use crate::support::{
     acquired, backend, lock_name, scaled, shared_url, sql_conn, unique, with_params,
 };
+use lock_conformance::kit::poll::until;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::postgres;
-use lock_conformance::kit::poll::until;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgPool};
 use lock_postgres::testing;

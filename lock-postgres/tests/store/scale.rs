@@ -18,8 +18,8 @@ use std::time::Duration;
 use lock_conformance::kit::poll::{eventually, until};
 use lock_postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use lock_postgres::testing;
-use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Attempt, Backoff, Lease, LockBackend, LockError, LockName, Locker, OwnerToken};
 use tokio::time::Instant;
 

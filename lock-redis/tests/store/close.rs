@@ -13,8 +13,8 @@ use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{RedisBackend, RedisConfig};
-use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{Attempt, FencingToken, Lease, LockBackend, LockError, LockName, Locker};
 
 /// The connections the server has open, the observer's own left out.

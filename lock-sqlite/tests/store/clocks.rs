@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_sqlite::SqliteBackend;
-use lockcore::backend::{Clock, LockBackendExt, LockRequest, Moment};
 use lockcore::LockBackend;
+use lockcore::backend::{Clock, LockBackendExt, LockRequest, Moment};
 use sqlx::Connection;
 
 use crate::support::{self, name};

@@ -155,4 +155,3 @@ impl Client {
         stat.is_some_and(|s| s.czxid == held.czxid && s.ephemeral_owner == held.session.id())
     }
 }
-

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::scaled;
 use lock_conformance::kit::proxy::Mode;
+use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{fenced_write, zk};
 use lockcore::backend::LockBackendExt;

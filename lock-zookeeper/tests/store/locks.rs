@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::proxy::Mode;
 use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::Mode;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
-use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::backend::wait::WaitPolicy;
+use lockcore::backend::{CancellationToken, LockBackendExt};
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
 use tokio::time::{Instant, timeout};
 use uuid::Uuid;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::history::History;
-use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::zk;
 use lockcore::backend::LockBackendExt;

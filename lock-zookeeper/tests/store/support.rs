@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::stores;
 use lock_conformance::StoreFactory;
+use lock_conformance::kit::stores;
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
 use lockcore::LockError;
 use lockcore::backend::LockBackendExt;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::{acquired, lock_name, round_trip, scaled, with_app};
+use lock_conformance::kit::poll::until;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::postgres;
-use lock_conformance::kit::poll::until;
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, PgPool};
 use lock_postgres::testing;
