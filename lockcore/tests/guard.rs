@@ -114,6 +114,14 @@ impl LockBackend for Scripted {
 
 const TTL: Duration = Duration::from_secs(3);
 
+/// `lost()`, bounded in virtual time: a loss never reported fails the test
+/// instead of hanging it.
+async fn lost(guard: &lockcore::LockGuard) -> LossReason {
+    tokio::time::timeout(Duration::from_secs(60), guard.lost())
+        .await
+        .expect("the loss was never reported")
+}
+
 fn setup() -> (Arc<Scripted>, Locker) {
     let backend = Arc::new(Scripted::default());
     let locker = Locker::new(backend.clone()).ttl(TTL);
@@ -151,7 +159,7 @@ async fn a_refused_renewal_loses_the_lease_at_once() {
     backend.script(&[Renewal::Refused]);
     let guard = locker.acquire("n").await.unwrap();
     let started = Instant::now();
-    assert_eq!(guard.lost().await, LossReason::RenewalRefused);
+    assert_eq!(lost(&guard).await, LossReason::RenewalRefused);
     assert!(started.elapsed() <= TTL / 3 + Duration::from_millis(10));
     assert!(!guard.is_held());
     assert!(matches!(guard.ensure_held(), Err(LockError::Lost { .. })));
@@ -163,7 +171,7 @@ async fn a_late_renewal_reply_never_resurrects_the_lease() {
     backend.script(&[Renewal::Slow(TTL * 2)]);
     let guard = locker.acquire("n").await.unwrap();
     let deadline = guard.lease().deadline();
-    assert_eq!(guard.lost().await, LossReason::RenewalUnanswered);
+    assert_eq!(lost(&guard).await, LossReason::RenewalUnanswered);
     assert!(Instant::now() >= deadline, "lost before the deadline");
     assert!(
         Instant::now() <= deadline + Duration::from_millis(1),
@@ -184,7 +192,7 @@ async fn transient_errors_are_retried_until_the_deadline() {
 
     backend.script(&[Renewal::Unavailable; 10_000]);
     let deadline = guard.lease().deadline();
-    assert_eq!(guard.lost().await, LossReason::RenewalUnanswered);
+    assert_eq!(lost(&guard).await, LossReason::RenewalUnanswered);
     assert!(Instant::now() >= deadline);
 }
 
@@ -197,7 +205,7 @@ async fn without_renewal_the_lease_is_lost_at_its_deadline() {
         deadline,
         guard.lease().issued().mono() + TTL - Lease::drift(TTL)
     );
-    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(lost(&guard).await, LossReason::DeadlinePassed);
     assert_eq!(Instant::now(), deadline);
     assert_eq!(backend.renews.load(Ordering::SeqCst), 0);
 }
@@ -256,7 +264,7 @@ async fn a_store_loss_signal_is_reported() {
     sleep(Duration::from_millis(100)).await;
     assert!(guard.is_held());
     signal.cancel();
-    assert_eq!(guard.lost().await, LossReason::StoreReported);
+    assert_eq!(lost(&guard).await, LossReason::StoreReported);
     assert!(!guard.is_held());
 }
 
@@ -289,9 +297,12 @@ async fn with_lock_stops_the_critical_section_on_loss() {
     let (backend, locker) = setup();
     backend.script(&[Renewal::Refused]);
     let started = Instant::now();
-    let outcome = locker
-        .with_lock("n", |_| std::future::pending::<()>())
-        .await;
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        locker.with_lock("n", |_| std::future::pending::<()>()),
+    )
+    .await
+    .expect("the critical section was never stopped");
     assert!(
         matches!(
             outcome,
@@ -354,7 +365,7 @@ async fn a_host_suspend_longer_than_the_ttl_loses_the_lease() {
         "is_held() must count time spent suspended"
     );
     let started = Instant::now();
-    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(lost(&guard).await, LossReason::DeadlinePassed);
     assert!(
         started.elapsed() <= Duration::from_secs(1),
         "lost() fired {:?} after the resume",
@@ -419,7 +430,7 @@ async fn once_not_held_a_guard_never_reads_held_again() {
     host.unsuspend(TTL);
     assert!(!guard.is_held(), "a guard answered held after not held");
     assert_eq!(guard.loss_reason(), Some(LossReason::DeadlinePassed));
-    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(lost(&guard).await, LossReason::DeadlinePassed);
 }
 
 #[tokio::test(start_paused = true)]
@@ -428,7 +439,7 @@ async fn a_renewal_answered_with_another_lease_loses_the_guard() {
     backend.script(&[Renewal::Other]);
     let guard = locker.acquire("n").await.unwrap();
     let fence = guard.fencing_token();
-    assert!(matches!(guard.lost().await, LossReason::RenewalFailed(_)));
+    assert!(matches!(lost(&guard).await, LossReason::RenewalFailed(_)));
     assert!(!guard.is_held());
     assert_eq!(
         guard.fencing_token(),
@@ -447,7 +458,7 @@ async fn close_loses_every_guard_first_releases_them_and_closes_the_backend() {
     locker.close().await.unwrap();
     assert!(!kept.is_held());
     assert_eq!(kept.loss_reason(), Some(LossReason::Closed));
-    assert_eq!(kept.lost().await, LossReason::Closed);
+    assert_eq!(lost(&kept).await, LossReason::Closed);
     // Both names are free for another client at once.
     for name in ["kept", "dropped"] {
         let name = LockName::new(name).unwrap();
@@ -475,7 +486,7 @@ async fn closing_a_backend_fires_the_loss_of_its_leases_at_once() {
         .await
         .unwrap();
     store.close().await.unwrap();
-    assert_eq!(guard.lost().await, LossReason::StoreReported);
+    assert_eq!(lost(&guard).await, LossReason::StoreReported);
     assert!(!guard.is_held());
     // Another client of the same store is untouched.
     assert!(mine.is_held());
@@ -505,4 +516,73 @@ async fn a_fence_floor_the_store_cannot_count_past_is_refused() {
         .unwrap();
     let guard = Locker::new(store).acquire("n").await.unwrap();
     assert!(guard.fencing_token() > highest);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lost_token_fires_with_the_loss_and_cancelling_it_changes_nothing() {
+    let (backend, locker) = setup();
+    let guard = locker.acquire("n").await.unwrap();
+    guard.lost_token().cancel();
+    assert!(
+        guard.is_held(),
+        "a cancelled copy of the token lost the guard"
+    );
+    let token = guard.lost_token();
+    backend.script(&[Renewal::Refused]);
+    tokio::time::timeout(TTL, token.cancelled())
+        .await
+        .expect("the token fires when the lease is lost");
+    assert_eq!(guard.loss_reason(), Some(LossReason::RenewalRefused));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_guard_names_its_semaphore_slot_and_a_lock_has_none() {
+    let locker = Locker::new(MemoryBackend::new()).ttl(TTL);
+    let lock = locker.acquire("n").await.unwrap();
+    assert_eq!(lock.slot(), None);
+    let semaphore = locker.semaphore("s", 2).unwrap();
+    let a = semaphore.try_acquire().await.unwrap().expect("a free slot");
+    let b = semaphore.try_acquire().await.unwrap().expect("a free slot");
+    let mut slots = [a.slot(), b.slot()];
+    slots.sort();
+    assert_eq!(slots, [Some(0), Some(1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_evicted_guard_reads_store_reported_and_is_renewed_no_more() {
+    let (backend, locker) = setup();
+    let guard = locker.acquire("n").await.unwrap();
+    let name = LockName::new("n").unwrap();
+    assert!(backend.store.evict(&name, None).await.unwrap().is_some());
+    // Asked before the renewer has looked: still the store's word.
+    assert!(!guard.is_held());
+    assert_eq!(guard.loss_reason(), Some(LossReason::StoreReported));
+    let renews = backend.renews.load(Ordering::SeqCst);
+    sleep(TTL).await;
+    assert_eq!(
+        backend.renews.load(Ordering::SeqCst),
+        renews,
+        "an evicted lease was renewed"
+    );
+    assert_eq!(guard.loss_reason(), Some(LossReason::StoreReported));
+}
+
+#[tokio::test(start_paused = true)]
+async fn guards_of_one_renewer_are_each_judged_on_their_own_clock() {
+    let (host_a, host_b) = (
+        Arc::new(SleepyHost::default()),
+        Arc::new(SleepyHost::default()),
+    );
+    let a = Locker::new(MemoryBackend::new()).ttl(TTL).clock(host_a);
+    // A clone shares the renewer: one task judges both guards.
+    let b = a.clone().clock(host_b.clone());
+    let kept = a.acquire("kept").await.unwrap();
+    let slept = b.acquire("slept").await.unwrap();
+    host_b.suspend_for(TTL);
+    let reason = tokio::time::timeout(Duration::from_secs(2), slept.lost())
+        .await
+        .expect("lost at the renewer's next look");
+    assert_eq!(reason, LossReason::DeadlinePassed);
+    sleep(TTL).await; // several looks and renewals later
+    assert!(kept.is_held(), "{:?}", kept.loss_reason());
 }

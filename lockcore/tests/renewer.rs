@@ -10,7 +10,7 @@ use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName, Locker,
     LossReason, MemoryBackend, ReleaseOutcome,
 };
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep};
 
 /// `MemoryBackend` that records every `renew_many` batch and can refuse the
 /// renewals of chosen names.
@@ -66,6 +66,14 @@ impl LockBackend for Batching {
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// `lost()`, bounded in virtual time: a loss never reported fails the test
+/// instead of hanging it.
+async fn lost(guard: &lockcore::LockGuard) -> LossReason {
+    tokio::time::timeout(Duration::from_secs(60), guard.lost())
+        .await
+        .expect("the loss was never reported")
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_thousand_guards_converge_on_one_batch_per_interval() {
     let backend = Arc::new(Batching::default());
@@ -100,7 +108,7 @@ async fn each_guard_gets_its_own_outcome_from_a_batch() {
     let keep = locker.acquire("keep").await.unwrap();
     let refused = locker.acquire("refused").await.unwrap();
     backend.refuse.lock().unwrap().push("refused".into());
-    assert_eq!(refused.lost().await, LossReason::RenewalRefused);
+    assert_eq!(lost(&refused).await, LossReason::RenewalRefused);
     assert!(
         backend.batches.lock().unwrap().contains(&2),
         "both leases went in one batch"
@@ -121,7 +129,7 @@ async fn a_held_guard_is_lost_at_max_hold_and_its_lock_freed() {
         .max_hold(Duration::from_secs(10));
     let guard = locker.acquire("stuck").await.unwrap();
     let started = tokio::time::Instant::now();
-    assert_eq!(guard.lost().await, LossReason::MaxHoldExceeded);
+    assert_eq!(lost(&guard).await, LossReason::MaxHoldExceeded);
     let held_for = started.elapsed();
     assert!(
         held_for >= Duration::from_secs(10) && held_for <= Duration::from_millis(10_050),
@@ -159,15 +167,98 @@ async fn labels_are_stored_and_never_decide_ownership() {
 
 #[tokio::test(start_paused = true)]
 async fn a_short_hold_cap_fires_at_the_cap() {
-    // Shorter than the renew interval and than the renewer's one-second look.
-    let cap = Duration::from_millis(200);
-    let locker = Locker::new(MemoryBackend::new()).ttl(TTL).max_hold(cap);
-    let guard = locker.acquire("short-cap").await.unwrap();
-    let held = tokio::time::Instant::now();
-    assert_eq!(guard.lost().await, LossReason::MaxHoldExceeded);
-    let took = held.elapsed();
-    assert!(
-        took >= cap && took <= cap + Duration::from_millis(5),
-        "a {cap:?} hold cap fired after {took:?}"
+    // Shorter than the renew interval and than the renewer's one-second
+    // look; then past its first look, before its second.
+    for cap in [Duration::from_millis(200), Duration::from_millis(1_500)] {
+        let locker = Locker::new(MemoryBackend::new()).ttl(TTL).max_hold(cap);
+        let guard = locker.acquire("short-cap").await.unwrap();
+        let held = Instant::now();
+        assert_eq!(lost(&guard).await, LossReason::MaxHoldExceeded);
+        let took = held.elapsed();
+        assert!(
+            took >= cap && took <= cap + Duration::from_millis(5),
+            "a {cap:?} hold cap fired after {took:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_come_at_the_interval_not_at_the_once_a_second_look() {
+    let backend = Arc::new(Batching::default());
+    let every = Duration::from_millis(700);
+    let locker = Locker::new(backend.clone())
+        .ttl(Duration::from_secs(3))
+        .renew_every(every);
+    let guard = locker.acquire("n").await.unwrap();
+    sleep(every * 2 + Duration::from_millis(10)).await;
+    assert_eq!(
+        backend.batches.lock().unwrap().len(),
+        2,
+        "renewed at 700 ms and at 1400 ms"
     );
+    assert!(guard.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn guards_stay_renewed_after_their_locker_is_dropped() {
+    let backend = Arc::new(Batching::default());
+    let guard = Locker::new(backend.clone())
+        .ttl(Duration::from_secs(3))
+        .acquire("n")
+        .await
+        .unwrap();
+    // The locker (the renewer's only handle) is gone; the guard is not.
+    sleep(Duration::from_secs(9)).await;
+    assert!(guard.is_held(), "{:?}", guard.loss_reason());
+    assert!(backend.batches.lock().unwrap().len() >= 8);
+}
+
+/// Counts this thread's WARN events about long holds (the renewer task runs
+/// on the test's own thread: a current-thread runtime).
+struct LongHoldWarnings(Arc<AtomicUsize>);
+
+impl tracing::Subscriber for LongHoldWarnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let meta = event.metadata();
+        if *meta.level() == tracing::Level::WARN && meta.fields().field("held_for").is_some() {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_hold_is_warned_of_once_at_its_threshold() {
+    let warnings = Arc::new(AtomicUsize::new(0));
+    let _capture = tracing::subscriber::set_default(LongHoldWarnings(warnings.clone()));
+    // Between the renewer's one-second looks.
+    let threshold = Duration::from_millis(2_500);
+    let locker = Locker::new(MemoryBackend::new())
+        .ttl(TTL)
+        .long_hold(threshold);
+    let guard = locker.acquire("long").await.unwrap();
+    sleep(threshold - Duration::from_millis(1)).await;
+    assert_eq!(
+        warnings.load(Ordering::SeqCst),
+        0,
+        "warned before the threshold"
+    );
+    sleep(Duration::from_millis(2)).await;
+    assert_eq!(
+        warnings.load(Ordering::SeqCst),
+        1,
+        "no warning at the threshold"
+    );
+    sleep(TTL).await;
+    assert_eq!(warnings.load(Ordering::SeqCst), 1, "warned more than once");
+    assert!(guard.is_held(), "a long hold is only warned of");
 }

@@ -1,0 +1,116 @@
+//! `Locker`'s own decisions, before and around the backend: which waits
+//! and renew settings it accepts, how long it waits, and what the admin
+//! calls evict (virtual clock).
+
+use std::time::Duration;
+
+use lockcore::{LockError, Locker, MemoryBackend};
+use tokio::time::{Instant, sleep};
+
+const TTL: Duration = Duration::from_secs(3);
+const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_of_one_year_is_accepted_and_a_longer_one_refused() {
+    let locker = Locker::new(MemoryBackend::new()).ttl(TTL);
+    let guard = locker.acquire_timeout("year", YEAR).await.unwrap();
+    guard.release().await.unwrap();
+    let err = locker
+        .acquire_timeout("year", YEAR + Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidTimeout { .. }), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_gets_a_lock_released_within_its_wait_and_gives_up_after() {
+    let store = MemoryBackend::new();
+    let holder = Locker::new(store.clone()).ttl(TTL);
+    let waiter = Locker::new(store).ttl(TTL).max_wait(Duration::from_secs(2));
+    let held = holder.acquire("line").await.unwrap();
+    let release = tokio::spawn(async move {
+        sleep(Duration::from_millis(500)).await;
+        held.release().await.unwrap();
+    });
+    let started = Instant::now();
+    let guard = waiter.acquire("line").await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    release.await.unwrap();
+
+    // Held all along: the waiter gives up at its configured wait, not before.
+    let started = Instant::now();
+    let err = holder.acquire("line").await.err();
+    let waited = started.elapsed();
+    assert!(
+        matches!(err, Some(LockError::Timeout { .. })),
+        "{err:?} after {waited:?}"
+    );
+    // The default wait: 30 s.
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(31),
+        "gave up after {waited:?}"
+    );
+    drop(guard);
+}
+
+/// One attempt on `locker`, configured for a TTL of [`TTL`].
+async fn try_with(locker: Locker) -> Result<bool, LockError> {
+    Ok(locker.ttl(TTL).try_acquire("n").await?.is_some())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renew_interval_must_be_positive_and_shorter_than_the_ttl_minus_drift() {
+    let store = MemoryBackend::new();
+    let locker = || Locker::new(store.clone());
+    for every in [Duration::ZERO, TTL, TTL - Duration::from_millis(30)] {
+        let err = try_with(locker().renew_every(every)).await.err();
+        assert!(
+            matches!(err, Some(LockError::InvalidConfig { .. })),
+            "renew_every({every:?}): {err:?}"
+        );
+    }
+    // Just under the TTL minus drift (3 s - 32 ms): accepted.
+    let every = TTL - Duration::from_millis(33);
+    assert!(try_with(locker().renew_every(every)).await.unwrap());
+    let err = try_with(locker().max_hold(Duration::ZERO)).await.err();
+    assert!(
+        matches!(err, Some(LockError::InvalidConfig { .. })),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn force_release_evicts_the_holder_and_force_release_if_only_the_named_one() {
+    let store = MemoryBackend::new();
+    let holder = Locker::new(store.clone()).ttl(TTL);
+    let admin = Locker::new(store);
+    let guard = holder.acquire("n").await.unwrap();
+    let fence = guard.fencing_token();
+    let stale = lockcore::FencingToken::new(fence.get() + 1).unwrap();
+    assert_eq!(
+        admin.force_release_if("n", stale, "test").await.unwrap(),
+        None,
+        "another fence evicts nothing"
+    );
+    assert!(guard.is_held());
+    let evicted = admin
+        .force_release_if("n", fence, "test")
+        .await
+        .unwrap()
+        .expect("the holder");
+    assert_eq!(evicted.fence, fence);
+    tokio::time::timeout(TTL, guard.lost())
+        .await
+        .expect("the evicted guard hears of it");
+    assert!(admin.inspect("n").await.unwrap().is_none());
+
+    let again = holder.acquire("n").await.unwrap();
+    let evicted = admin
+        .force_release("n", "test")
+        .await
+        .unwrap()
+        .expect("the holder");
+    assert_eq!(evicted.fence, again.fencing_token());
+    assert!(!again.is_held());
+    assert_eq!(admin.force_release("n", "test").await.unwrap(), None);
+}
