@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lockcore::backend::{Moment, async_trait};
-use lockcore::wait::{WaitPolicy, Waiter, Wakeup, wait};
+use lockcore::backend::wait::{WaitPolicy, Waiter, Wakeup, wait};
 use lockcore::{
     Attempt, Backoff, Capabilities, FencingToken, Lease, LockError, LockName, OwnerToken,
 };
