@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use lockcore::backend::{Moment, async_trait};
 use lockcore::backend::wait::{WaitPolicy, Waiter, Wakeup, wait};
+use lockcore::backend::{Moment, async_trait};
 use lockcore::{
     Attempt, Backoff, Capabilities, FencingToken, Lease, LockError, LockName, OwnerToken,
 };
