@@ -6,7 +6,7 @@
 //!
 //! ```ignore
 //! // in an adapter's tests: the phantom of a lost acquire reply is caught
-//! let factory = BrokenFactory::new(redis::factory(connect), Flaw::LongGrantUntilAnswered);
+//! let factory = BrokenFactory::new(StoreFactory::redis(connect), Flaw::LongGrantUntilAnswered);
 //! let report = lock_conformance::run_cases(factory, |c| c.name == "lost_acquire_reply_leaves_no_phantom").await;
 //! assert!(report.failures().count() == 1, "{report}");
 //! ```

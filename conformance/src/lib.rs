@@ -40,7 +40,7 @@
 //! ```ignore
 //! use lock_conformance::kit::stores::redis;
 //! lock_conformance::suite!(
-//!     redis::factory(|url| async move { MyBackend::connect(&url).await }),
+//!     lock_conformance::StoreFactory::redis(|url| async move { MyBackend::connect(&url).await }),
 //!     expect_skips = [server_clock_steps_are_judged_on_the_server],
 //! );
 //! ```

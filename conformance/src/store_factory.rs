@@ -60,7 +60,7 @@ where
 /// # Panics
 /// When the shared store cannot be had, unless its binaries are missing in
 /// an explicitly partial run, where every case then skips, loudly.
-pub(crate) fn factory<F, Fut, B>(
+fn factory<F, Fut, B>(
     kind: Kind,
     try_shared: impl FnOnce() -> io::Result<Arc<Store>>,
     private: impl Fn() -> io::Result<Store> + Send + Sync + 'static,
@@ -226,5 +226,106 @@ impl StoreControl for Store {
 
     async fn step_clock(&self, offset_secs: i64) -> io::Result<()> {
         self.set_clock_offset(offset_secs)
+    }
+}
+
+/// The factories over the kit's stores (`suite!(StoreFactory::redis(connect))`):
+/// the shared store of the test binary, a private one for the cases that
+/// crash, pause or step the clock of theirs. `connect` gets the store's URL,
+/// or the same through a fault proxy. The kit's launchers know nothing of
+/// the suite; the suite's factories are here.
+impl StoreFactory {
+    /// Redis, with a private durable Redis (AOF, `appendfsync always`) for
+    /// the crash cases. URLs: `redis://127.0.0.1:P`.
+    pub fn redis<F, Fut, B>(connect: F) -> StoreFactory
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+        B: LockBackend,
+    {
+        use crate::kit::stores::redis;
+        factory(
+            Kind::Redis,
+            redis::try_shared,
+            || redis::start(redis::Options::durable()),
+            connect,
+        )
+    }
+
+    /// PostgreSQL, with private servers started under libfaketime (so their
+    /// clock can be stepped). URLs: `postgres://postgres@127.0.0.1:P/postgres`.
+    pub fn postgres<F, Fut, B>(connect: F) -> StoreFactory
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+        B: LockBackend,
+    {
+        use crate::kit::stores::postgres;
+        factory(
+            Kind::Postgres,
+            postgres::try_shared,
+            || postgres::start(postgres::Options::default().faketime(true)),
+            connect,
+        )
+    }
+
+    /// [`postgres`](Self::postgres) over servers of their own started with
+    /// extra `settings` (`-c name=value`).
+    ///
+    /// # Panics
+    /// When called again in the same binary with different settings.
+    pub fn postgres_with_settings<F, Fut, B>(settings: &[(&str, &str)], connect: F) -> StoreFactory
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+        B: LockBackend,
+    {
+        use crate::kit::stores::postgres;
+        let settings: Vec<(String, String)> = settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let shared = settings.clone();
+        factory(
+            Kind::Postgres,
+            move || postgres::try_shared_with_settings(&shared),
+            move || {
+                let options = postgres::Options::default().faketime(true);
+                postgres::start(postgres::with_settings(options, &settings))
+            },
+            connect,
+        )
+    }
+
+    /// etcd, with a private one for the crash cases. URLs: `etcd://127.0.0.1:P`.
+    pub fn etcd<F, Fut, B>(connect: F) -> StoreFactory
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+        B: LockBackend,
+    {
+        use crate::kit::stores::etcd;
+        factory(
+            Kind::Etcd,
+            etcd::try_shared,
+            || etcd::start(etcd::Options::default()),
+            connect,
+        )
+    }
+
+    /// ZooKeeper, with a private one for the crash cases. URLs: `zk://127.0.0.1:P`.
+    pub fn zookeeper<F, Fut, B>(connect: F) -> StoreFactory
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+        B: LockBackend,
+    {
+        use crate::kit::stores::zookeeper;
+        factory(
+            Kind::ZooKeeper,
+            zookeeper::try_shared,
+            || zookeeper::start(zookeeper::Options::default()),
+            connect,
+        )
     }
 }

@@ -5,7 +5,7 @@
 use lock_etcd::EtcdBackend;
 
 lock_conformance::suite!(
-    lock_conformance::kit::stores::etcd::factory(
+    lock_conformance::StoreFactory::etcd(
         |url| async move { EtcdBackend::connect(&url).await }
     ),
     // etcd expires leases on its leader's monotonic lease timer, which no

@@ -4,11 +4,10 @@
 //! Crash cases get a private server of their own; fault cases connect
 //! through the harness's fault proxy.
 
-use lock_conformance::kit::stores::redis;
 use lock_redis::RedisBackend;
 
 lock_conformance::suite!(
-    redis::factory(|url| async move { RedisBackend::connect(&url).await }),
+    lock_conformance::StoreFactory::redis(|url| async move { RedisBackend::connect(&url).await }),
     // redis-server hangs under libfaketime: its clock cannot be stepped here.
     expect_skips = [server_clock_steps_are_judged_on_the_server],
 );

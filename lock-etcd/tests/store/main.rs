@@ -21,7 +21,6 @@ mod fencing;
 mod keys;
 mod permits;
 mod restore;
-mod scale;
 mod sessions;
 mod support;
 mod tls;

@@ -39,7 +39,7 @@ pub(crate) async fn connect(connect: String) -> Result<ZooKeeperBackend, LockErr
 
 /// The conformance factory: the shared ZooKeeper, proxies, private servers.
 pub(crate) fn factory() -> StoreFactory {
-    stores::zookeeper::factory(connect)
+    lock_conformance::StoreFactory::zookeeper(connect)
 }
 
 /// Connects with the tests' session timeout and `configure` applied.

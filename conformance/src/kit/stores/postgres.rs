@@ -2,7 +2,6 @@
 //! unprivileged `postgres` user (both refuse to run as root).
 
 use std::fs;
-use std::future::Future;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -11,7 +10,6 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockBackend, LockError};
 use nix::sys::signal::Signal;
 
 use super::{Kind, Launch, SharedSlot, Spec, Store, net, process};
@@ -422,51 +420,4 @@ pub fn with_settings(options: Options, settings: &[(String, String)]) -> Options
     settings
         .iter()
         .fold(options, |o, (k, v)| o.setting(k.clone(), v.clone()))
-}
-
-/// A conformance [`Factory`](crate::Factory) over the shared PostgreSQL,
-/// with a private one for the crash, pause and clock-step cases (started
-/// under libfaketime, so its clock can be stepped). `connect` gets a URL
-/// (`postgres://postgres@127.0.0.1:P/postgres`).
-pub fn factory<F, Fut, B>(connect: F) -> crate::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
-    B: LockBackend,
-{
-    crate::store_factory::factory(
-        Kind::Postgres,
-        try_shared,
-        || start(Options::default().faketime(true)),
-        connect,
-    )
-}
-
-/// [`factory`] over servers of their own started with extra `settings`
-/// (`-c name=value`): a shared one for this test binary
-/// ([`try_shared_with_settings`]) and private ones (under libfaketime)
-/// for the crash, pause and clock-step cases.
-///
-/// # Panics
-/// When called again in the same binary with different settings.
-pub fn factory_with_settings<F, Fut, B>(
-    settings: &[(&str, &str)],
-    connect: F,
-) -> crate::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
-    B: LockBackend,
-{
-    let settings: Vec<(String, String)> = settings
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    let shared = settings.clone();
-    crate::store_factory::factory(
-        Kind::Postgres,
-        move || try_shared_with_settings(&shared),
-        move || start(with_settings(Options::default().faketime(true), &settings)),
-        connect,
-    )
 }

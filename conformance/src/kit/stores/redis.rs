@@ -2,7 +2,6 @@
 //! TLS-only serving with certificates the test makes.
 
 use std::fmt;
-use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -11,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockcore::{LockBackend, LockError};
 use nix::sys::signal::Signal;
 
 use super::{Kind, Launch, SharedSlot, Spec, Store, net};
@@ -255,23 +253,6 @@ pub fn try_shared() -> io::Result<Arc<Store>> {
 /// missing and the run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
 pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::Redis, try_shared)
-}
-
-/// A conformance [`Factory`](crate::Factory) over the shared Redis, with
-/// a private durable Redis for the crash cases. `connect` gets a URL
-/// (`redis://127.0.0.1:P`, or the same through a fault proxy).
-pub fn factory<F, Fut, B>(connect: F) -> crate::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
-    B: LockBackend,
-{
-    crate::store_factory::factory(
-        Kind::Redis,
-        try_shared,
-        || start(Options::durable()),
-        connect,
-    )
 }
 
 #[cfg(test)]

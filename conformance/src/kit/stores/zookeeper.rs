@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,7 +10,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockBackend, LockError};
 use nix::sys::signal::Signal;
 
 use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, net};
@@ -266,21 +264,4 @@ pub fn try_shared() -> io::Result<Arc<Store>> {
 /// the run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
 pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::ZooKeeper, try_shared)
-}
-
-/// A conformance [`Factory`](crate::Factory) over the shared ZooKeeper,
-/// with a private one for the crash cases. `connect` gets a URL
-/// (`zk://127.0.0.1:P`: `ZooKeeperBackend::connect` takes it).
-pub fn factory<F, Fut, B>(connect: F) -> crate::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
-    B: LockBackend,
-{
-    crate::store_factory::factory(
-        Kind::ZooKeeper,
-        try_shared,
-        || start(Options::default()),
-        connect,
-    )
 }

@@ -2,7 +2,6 @@
 //! cluster on loopback.
 
 use std::fmt;
-use std::future::Future;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -10,7 +9,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockBackend, LockError};
 use nix::sys::signal::Signal;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -432,21 +430,4 @@ pub fn try_shared() -> io::Result<Arc<Store>> {
 /// run is explicitly partial (`LOCK_TEST_PARTIAL=1`, not CI).
 pub fn shared_or_skip() -> Option<Arc<Store>> {
     super::shared_or_skip(Kind::Etcd, try_shared)
-}
-
-/// A conformance [`Factory`](crate::Factory) over the shared etcd, with
-/// a private one for the crash cases. `connect` gets a URL
-/// (`etcd://127.0.0.1:P`: `EtcdBackend::connect` takes it).
-pub fn factory<F, Fut, B>(connect: F) -> crate::StoreFactory
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
-    B: LockBackend,
-{
-    crate::store_factory::factory(
-        Kind::Etcd,
-        try_shared,
-        || start(Options::default()),
-        connect,
-    )
 }

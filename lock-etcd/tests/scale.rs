@@ -4,11 +4,12 @@
 //! over one connection and are all served, in order. Each prints what it
 //! measured (`--nocapture` shows it).
 //!
-//! What is asserted is counted at the private etcd (its requests) or is
-//! this process's sockets to that etcd's port, so the other modules of this
-//! binary do not disturb it. The client CPU and RSS it prints are the whole
-//! process's: for those numbers, run it alone
-//! (`cargo test -p lock-etcd --all-features --test store scale:: -- --nocapture`).
+//! A test binary of its own, apart from `tests/store/`: its 10,000 locks
+//! and 2,000 waiters would load the machine under the timing cases there,
+//! and the client CPU and RSS it prints are this process's.
+
+#[path = "store/support.rs"]
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

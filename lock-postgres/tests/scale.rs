@@ -8,9 +8,12 @@
 //! each, and a try on a held lock writes nothing), and the server's CPU per
 //! cycle and per contended hand-off (printed, for the README's numbers).
 //!
-//! The client's CPU and peak memory printed here are the whole test
-//! process's: other tests of the binary running beside these count too, so
-//! the memory bound is a generous sanity check, not a measurement.
+//! A test binary of its own, apart from `tests/store/`: its thousands of
+//! locks and waiters would load the machine under the timing cases there,
+//! and its CPU and peak memory are this process's.
+
+#[path = "store/support.rs"]
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
