@@ -130,6 +130,11 @@ if [ "$crate" = lockcore ] && [ "$(survivors)" -gt 0 ]; then
     --test-package lockcore --test-package lock-conformance -- "${targets[@]}" --test memory
 fi
 
+# The mutated copies built into the same target dir under the same names, and
+# cargo may take the last mutant's artifacts as fresh for this tree: make it
+# rebuild them.
+find "$dir" -name '*.rs' -exec touch {} +
+
 # ---- the table ------------------------------------------------------------------------------
 # Over the mutants the settings select now (an exclusion added since a run drops out).
 current >"$ledger/current"

@@ -125,3 +125,38 @@ async fn a_wake_up_that_cannot_be_armed_falls_back_to_backoff_unless_permanent()
         "no attempt after a permanent error"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_expiring_first_is_retried_a_millisecond_after_it() {
+    let expires_in = Duration::from_secs(5);
+    let mut script = Script {
+        wakeups: vec![Ok(RECHECK), Ok(RECHECK)],
+        attempts: vec![
+            Ok(Attempt::Held {
+                expires_in: Some(expires_in),
+            }),
+            Ok(Attempt::Acquired(lease())),
+        ],
+    };
+    let started = Instant::now();
+    assert!(wait(&policy(), &mut script).await.unwrap().is_some());
+    assert_eq!(started.elapsed(), expires_in + Duration::from_millis(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_attempt_error_ends_the_wait_at_once() {
+    let mut script = Script {
+        wakeups: vec![Ok(RECHECK), Ok(RECHECK)],
+        attempts: vec![
+            Err(LockError::store("test", "denied")),
+            Ok(Attempt::Acquired(lease())),
+        ],
+    };
+    let started = Instant::now();
+    assert!(matches!(
+        wait(&policy(), &mut script).await,
+        Err(LockError::Store { .. })
+    ));
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(script.attempts.len(), 1, "retried a permanent error");
+}
