@@ -5,9 +5,7 @@
 use lock_etcd::EtcdBackend;
 
 lock_conformance::suite!(
-    lock_conformance::StoreFactory::etcd(
-        |url| async move { EtcdBackend::connect(&url).await }
-    ),
+    lock_conformance::StoreFactory::etcd(|url| async move { EtcdBackend::connect(&url).await }),
     // etcd expires leases on its leader's monotonic lease timer, which no
     // wall-clock step moves (and libfaketime cannot step a Go binary's clock).
     expect_skips = [server_clock_steps_are_judged_on_the_server],

@@ -5,9 +5,7 @@
 //! its own, as the suite is: its timing cases must not share the machine
 //! with the store tests' scale cases.
 
-lock_conformance::suite!(
-    lock_conformance::StoreFactory::postgres_with_settings(
-        &[("default_transaction_isolation", "serializable")],
-        |url| async move { lock_postgres::PostgresBackend::connect(&url).await }
-    )
-);
+lock_conformance::suite!(lock_conformance::StoreFactory::postgres_with_settings(
+    &[("default_transaction_isolation", "serializable")],
+    |url| async move { lock_postgres::PostgresBackend::connect(&url).await }
+));
