@@ -131,15 +131,25 @@ impl LineWaiter {
                 self.line.enqueued(read, None, &[]);
                 return match other {
                     Ok(Some(reply)) => {
-                        inner.sessions.unreserve(session.id, &self.queue, n);
                         if inner.floor.moved_since(&reply, offset)? {
                             // The floor moved: queue with the new offset.
+                            inner.sessions.unreserve(session.id, &self.queue, n);
                             Err(LockError::unavailable(
                                 BACKEND,
                                 "the fence floor moved; queueing again",
                             ))
                         } else {
-                            Err(protocol("a free entry name was taken"))
+                            // The number's key is still there: an earlier
+                            // entry of this session whose delete has not
+                            // landed yet, or a put whose reply was lost (its
+                            // session is retired, so it goes within a TTL).
+                            // The number stays taken; queue again under the
+                            // next one. (Seen with 2,000 waiters on a
+                            // saturated etcd: a Store error ended the wait.)
+                            Err(LockError::unavailable(
+                                BACKEND,
+                                "an earlier entry still holds that entry name; queueing again",
+                            ))
                         }
                     }
                     Ok(None) => {

@@ -41,7 +41,9 @@ async fn waiter_gets_the_lock_at_expiry(
         .await
         .unwrap();
     let name = lock_name("name");
-    let ttl = scaled(Duration::from_secs(1));
+    // Long enough that the waiter is surely in line by half of it (a new
+    // connection and a query under load), short enough to keep the case quick.
+    let ttl = scaled(Duration::from_secs(3));
     let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(30));
     let lease: Lease = if through_line {
         let first = acquired(&waiter, &name, Duration::from_secs(30)).await;
