@@ -3,5 +3,4 @@
 //! holder stalls (`stalled_holder`).
 
 mod notify;
-mod stalled_holder;
 mod turnstile;

@@ -5,6 +5,13 @@
 //! when its lease keeps the name's turnstile (it was let in by the line,
 //! so the next waiter is queued behind it) and when it does not (it took
 //! a free lock nobody waited for, so the next waiter holds the turnstile).
+//!
+//! A test binary of its own: inside `tests/store/` (cases on 4 threads
+//! beside it) its waiter missed the precondition "in line well before the
+//! holder's expiry" in 2 of 3 full runs, alone it holds.
+
+#[path = "store/support.rs"]
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
