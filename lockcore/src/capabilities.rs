@@ -44,7 +44,7 @@ pub struct Capabilities {
     /// at its next renewal (a third of the TTL by default).
     pub eviction_notice: Option<Duration>,
     /// Whether the backend implements semaphores
-    /// ([`LockBackend::try_acquire_permit`](crate::LockBackend::try_acquire_permit)).
+    /// ([`LockBackend::try_acquire`](crate::LockBackend::try_acquire) with [`LockRequest::with_permits`](crate::backend::LockRequest::with_permits)).
     pub semaphores: bool,
     /// Whether the backend can raise its fence floor after a restore
     /// ([`LockBackend::raise_fence_floor`](crate::LockBackend::raise_fence_floor)).

@@ -269,7 +269,7 @@ impl fmt::Debug for Lease {
     }
 }
 
-/// What [`inspect`](crate::LockBackend::inspect) sees of the current holder.
+/// What [`holders`](crate::LockBackend::holders) sees of a current holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Holder {
