@@ -83,6 +83,18 @@ impl History {
         }
     }
 
+    /// Records that `client` stopped at `at`: it counts on none of its
+    /// grants from then on. A client that stops drops its connection, and
+    /// on a backend whose leases are its session's (ZooKeeper) that frees
+    /// every lock it still held, abandoned ones included.
+    pub fn client_stopped(&self, client: usize, at: Instant) {
+        for grant in self.grants.lock().unwrap().iter_mut() {
+            if grant.client == client {
+                grant.ended = Some(grant.ended.map_or(at, |e| e.min(at)));
+            }
+        }
+    }
+
     /// Sets how long the client counts on grant `index` (its latest local
     /// deadline); a later [`end`](Self::end) can only shorten it.
     pub fn counts_until(&self, index: usize, deadline: Instant) {
@@ -217,5 +229,26 @@ mod tests {
         // 80 ms: it never counted on it.
         let found = check_no_overlap(&[grant(1, 2, at, 10, 200), grant(2, 1, at, 120, 80)]);
         assert!(found.is_empty(), "{found:?}");
+    }
+
+    /// A client that stops counts on none of its grants from then on, an
+    /// abandoned one included; the other clients' grants keep their ends.
+    #[test]
+    fn a_stopped_client_counts_on_nothing_after_it_stopped() {
+        let at = Instant::now();
+        let history = History::new();
+        let name = LockName::new("n").unwrap();
+        let fence = |f| FencingToken::new(f).unwrap();
+        let abandoned = history.granted_at(1, &name, fence(1), at, at);
+        history.counts_until(abandoned, at + Duration::from_millis(300));
+        let other = history.granted_at(2, &name, fence(2), at, at + Duration::from_millis(150));
+        history.counts_until(other, at + Duration::from_millis(400));
+        assert_eq!(check_no_overlap(&history.grants()).len(), 1);
+        // Client 1 stops at 100 ms: its grant no longer overlaps client 2's.
+        history.client_stopped(1, at + Duration::from_millis(100));
+        let grants = history.grants();
+        assert_eq!(grants[0].ended, Some(at + Duration::from_millis(100)));
+        assert_eq!(grants[1].ended, Some(at + Duration::from_millis(400)));
+        assert!(check_no_overlap(&grants[..2]).is_empty());
     }
 }

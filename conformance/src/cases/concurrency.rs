@@ -287,8 +287,11 @@ pub(crate) async fn random_client(
             Duration::from_millis(rng.random_range(0..=(ttl.as_millis() as u64 / 10).max(1)));
         tokio::time::sleep(pause).await;
     }
-    if let Some((_, lease, at)) = held {
-        history.end(at, Instant::now());
+    // The client stops, and its connection with it (the caller drops the
+    // backend): from here on it counts on nothing, not even a grant it
+    // abandoned earlier.
+    history.client_stopped(client, Instant::now());
+    if let Some((_, lease, _)) = held {
         match bounded(faults, Duration::ZERO, backend.release(&lease)).await {
             Ok(_) => {}
             Err(LockError::NotHeld { .. } | LockError::Lost { .. }) if faults.is_some() => {}
