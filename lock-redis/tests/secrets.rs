@@ -73,7 +73,11 @@ async fn drive(what: &str, url: &str) -> Option<RedisBackend> {
         &format!("{what}: Debug of the config"),
         &format!("{config:?}"),
     );
-    let config = config.connect_timeout(Duration::from_millis(500));
+    // A changed config, Debug-checked again. The default timeout, scaled:
+    // a TLS connect with the right password to a loaded server can take
+    // longer than a shorter one, and must succeed.
+    let timeout = RedisConfig::DEFAULT_CONNECT_TIMEOUT.mul_f64(lock_conformance::kit::time_scale());
+    let config = config.connect_timeout(timeout);
     assert_hidden(
         &format!("{what}: Debug of the config"),
         &format!("{config:?}"),
