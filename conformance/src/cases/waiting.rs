@@ -152,6 +152,7 @@ pub async fn every_waiter_is_served(cx: &Ctx) -> CaseResult {
     let name = cx.name("queue");
     let lease = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
     let grants = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spacing = (cx.round_trip() * 2).max(cx.scaled(Duration::from_millis(50)));
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
         let locker = cx.locker(&cx.client().await?, cx.long_ttl());
@@ -164,8 +165,10 @@ pub async fn every_waiter_is_served(cx: &Ctx) -> CaseResult {
             guard.release().await?;
             Ok::<_, LockError>(())
         }));
-        // Space arrivals so "arrival order" is well defined.
-        tokio::time::sleep(cx.scaled(Duration::from_millis(50))).await;
+        // Space arrivals so "arrival order" is well defined: a waiter joins
+        // the line within a couple of round trips of its acquire (its first
+        // attempt), so two of them apart leave no doubt who came first.
+        tokio::time::sleep(spacing).await;
     }
     a.release(&lease).await?;
     for task in tasks {
