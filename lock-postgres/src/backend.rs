@@ -23,6 +23,7 @@ use crate::config::{PostgresConfig, Server, Source};
 use crate::connection::{Client, Facts, Pool};
 use crate::error::BACKEND;
 use crate::fence::ResourceFence;
+use crate::fence::failover::{EpochSql, Era, OnConnect};
 use crate::keys;
 use crate::keys::schema::{Ddl, RESOURCE_FENCE_TABLE};
 use crate::locks::Take;
@@ -109,6 +110,14 @@ impl PostgresBackend {
         let sql = Sql::new(&schema, &table, &ddl.table, &ddl.sequence, &ddl.permits);
         let resource_fence = ResourceFence::new(schema.as_str(), RESOURCE_FENCE_TABLE)?;
         let (op_timeout, connect_timeout) = (config.op_timeout, config.connect_timeout);
+        let closing = CancellationToken::new();
+        let era = Arc::new(Era::new(closing.clone()));
+        let on_connect = Arc::new(OnConnect {
+            sql: EpochSql::new(&ddl.epoch, &ddl.sequence, &sql.lock_grants),
+            era: era.clone(),
+            lock_timeout: op_timeout,
+            table: ddl.table.clone(),
+        });
         let (pool, options, facts) = match config.source {
             Source::Options(options) => {
                 let options = if options.get_application_name().is_none() {
@@ -122,7 +131,7 @@ impl PostgresBackend {
                 // then reports only that it timed out.
                 let (facts, first) =
                     Facts::first_connection(&options, &ddl, connect_timeout, &server).await?;
-                let pool = Pool::own(options.clone(), config.pool_size, first);
+                let pool = Pool::own(options.clone(), config.pool_size, first, on_connect.clone());
                 (pool, options, facts)
             }
             Source::Pool(pool) => {
@@ -146,6 +155,14 @@ impl PostgresBackend {
             let mut op = pool.checkout("schema creation", limit).await?;
             op.run(|c| ddl.create(c)).await?;
         }
+        // The connection opened above (or one of the caller's pool) ran
+        // before the table was sure to exist: checked now. A caller's pool
+        // is checked here only (README, "Failover to a standby").
+        let mut op = pool
+            .checkout("failover check", op_timeout.max(connect_timeout))
+            .await?;
+        op.run(|c| on_connect.run(c)).await?;
+        drop(op);
         let caps = Capabilities::new(BACKEND)
             .expiry_clock(ExpiryClock::StoreWallClock)
             .expiry_slack(EXPIRY_SLACK)
@@ -169,7 +186,7 @@ impl PostgresBackend {
             } else {
                 Fairness::None
             });
-        let (cleanups, closing) = (Cleanups::new(), CancellationToken::new());
+        let cleanups = Cleanups::new();
         let turnstiles = Turnstiles::new(
             options.clone(),
             config.turnstiles,
@@ -193,13 +210,14 @@ impl PostgresBackend {
                 pool: pool.clone(),
                 gone: sql.gone.clone(),
             },
-            closing.clone(),
+            era.clone(),
         );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 client: Arc::new(Client {
                     cleanups,
                     closing,
+                    era,
                     pool,
                     sql,
                     op_timeout,

@@ -5,6 +5,7 @@
 mod pool;
 mod probe;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::LockError;
@@ -13,6 +14,7 @@ use lockcore::backend::CancellationToken;
 pub(crate) use pool::{Checkout, Pool};
 pub(crate) use probe::Facts;
 
+use crate::fence::failover::Era;
 use crate::locks::sql::Sql;
 use crate::wait::notify::Wakeups;
 
@@ -25,8 +27,10 @@ pub(crate) struct Client {
     /// Background clean-ups this client owes the store; `close` finishes them.
     pub(crate) cleanups: lockcore::backend::Cleanups,
     /// Cancelled when the backend is closed (or dropped): every lease's
-    /// loss signal is a child of it, and waits end.
+    /// loss signal descends from it, and waits end.
     pub(crate) closing: CancellationToken,
+    /// The leases of the server timeline in use: a failover ends them.
+    pub(crate) era: Arc<Era>,
 }
 
 impl Client {

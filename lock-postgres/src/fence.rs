@@ -1,7 +1,8 @@
 //! Fences: the sequence's values as fencing tokens, the fence floor
-//! (`floor.rs`), and resource-side fencing in the caller's transaction
+//! (`floor.rs`), the floor raised after a failover (`failover.rs`), and resource-side fencing in the caller's transaction
 //! (`resource.rs`).
 
+pub(crate) mod failover;
 mod floor;
 mod resource;
 

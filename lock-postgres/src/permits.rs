@@ -90,7 +90,7 @@ impl Client {
             return Ok(Attempt::Acquired(
                 Lease::granted(request, owner, token, sent_at)
                     .with_slot(slot)
-                    .with_loss_signal(self.closing.child_token()),
+                    .with_loss_signal(self.era.loss_signal()),
             ));
         }
         if let Some(existing) = existing {

@@ -79,6 +79,8 @@ pub enum Mode {
 struct State {
     mode: Mode,
     reset_epoch: u64,
+    /// Where new connections go.
+    upstream: SocketAddr,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +109,6 @@ struct Stats {
 /// Dropping it closes the listener and every connection.
 pub struct FaultProxy {
     addr: SocketAddr,
-    upstream: SocketAddr,
     state: watch::Sender<State>,
     stop: CancellationToken,
     stats: Arc<Stats>,
@@ -117,7 +118,7 @@ impl fmt::Debug for FaultProxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FaultProxy")
             .field("addr", &self.addr)
-            .field("upstream", &self.upstream)
+            .field("upstream", &self.upstream())
             .field("mode", &self.mode())
             .field("active", &self.connections())
             .finish()
@@ -145,20 +146,13 @@ impl FaultProxy {
                     let (state, rx) = watch::channel(State {
                         mode: Mode::Pass,
                         reset_epoch: 0,
+                        upstream,
                     });
                     let stop = CancellationToken::new();
                     let stats = Arc::new(Stats::default());
-                    tokio::spawn(accept_loop(
-                        listener,
-                        addr,
-                        upstream,
-                        rx,
-                        stop.clone(),
-                        stats.clone(),
-                    ));
+                    tokio::spawn(accept_loop(listener, addr, rx, stop.clone(), stats.clone()));
                     return Ok(FaultProxy {
                         addr,
-                        upstream,
                         state,
                         stop,
                         stats,
@@ -177,7 +171,17 @@ impl FaultProxy {
 
     /// Where it forwards to.
     pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+        self.state.borrow().upstream
+    }
+
+    /// Forwards new connections to `upstream` from now on and resets the
+    /// open ones, as a virtual IP or a load balancer moved to a promoted
+    /// server would: clients reconnect and reach the new one.
+    pub fn repoint(&self, upstream: SocketAddr) {
+        self.state.send_modify(|s| {
+            s.upstream = upstream;
+            s.reset_epoch += 1;
+        });
     }
 
     /// Switches the mode for open and new connections.
@@ -216,7 +220,6 @@ impl Drop for FaultProxy {
 async fn accept_loop(
     listener: TcpListener,
     addr: SocketAddr,
-    upstream: SocketAddr,
     mut rx: watch::Receiver<State>,
     stop: CancellationToken,
     stats: Arc<Stats>,
@@ -249,6 +252,7 @@ async fn accept_loop(
                 listener = Some(current);
                 if let Ok((client, _)) = accepted {
                     stats.accepted.fetch_add(1, Ordering::SeqCst);
+                    let upstream = rx.borrow().upstream;
                     tokio::spawn(connection(client, upstream, rx.clone(), stop.clone(), stats.clone()));
                 }
             }

@@ -26,6 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::error;
+use crate::fence::failover::OnConnect;
 use crate::locks::sql::PIN_ISOLATION;
 
 /// Where lock statements get their connection.
@@ -37,6 +38,8 @@ pub(crate) enum Pool {
 
 pub(crate) struct Own {
     options: PgConnectOptions,
+    /// Run on every new connection before its first statement.
+    on_connect: Arc<OnConnect>,
     /// Connections whose last statement completed, for reuse.
     idle: Mutex<Vec<PgConnection>>,
     /// One per connection, idle or in use.
@@ -46,11 +49,18 @@ pub(crate) struct Own {
 
 impl Pool {
     /// A pool of at most `size` connections opened with `options` on
-    /// demand, each pinned to READ COMMITTED, starting with `first` (the
-    /// connection `connect` probed the server on, already pinned).
-    pub(crate) fn own(options: PgConnectOptions, size: u32, first: PgConnection) -> Pool {
+    /// demand, each pinned to READ COMMITTED and checked for a failover
+    /// (`on_connect`), starting with `first` (the connection `connect`
+    /// probed the server on, already pinned; `connect` checks it).
+    pub(crate) fn own(
+        options: PgConnectOptions,
+        size: u32,
+        first: PgConnection,
+        on_connect: Arc<OnConnect>,
+    ) -> Pool {
         Pool::Own(Arc::new(Own {
             options,
+            on_connect,
             idle: Mutex::new(vec![first]),
             permits: Arc::new(Semaphore::new(size as usize)),
             size,
@@ -95,6 +105,7 @@ impl Pool {
                     None => {
                         let mut conn = PgConnection::connect_with(&own.options).await?;
                         conn.execute(PIN_ISOLATION).await?;
+                        own.on_connect.run(&mut conn).await?;
                         conn
                     }
                 };

@@ -96,6 +96,7 @@ impl Facts {
                           AND to_regclass($2) IS NOT NULL
                           AND to_regclass($3) IS NOT NULL
                           AND to_regclass($4) IS NOT NULL
+                          AND to_regclass($5) IS NOT NULL
                           AND (SELECT EXISTS (
                                SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass($1) AND attname = 'label_owner'
@@ -105,6 +106,7 @@ impl Facts {
             .bind(&ddl.sequence)
             .bind(&ddl.resource_fence)
             .bind(&ddl.permits)
+            .bind(&ddl.epoch)
             .fetch_one(conn)
             .await?;
         Ok(Facts {

@@ -13,6 +13,10 @@ pub(crate) const SEQUENCE_SUFFIX: &str = "_fence_seq";
 /// the sequence suffix, so it fits whenever the sequence's name does).
 pub(crate) const PERMITS_SUFFIX: &str = "_permits";
 
+/// The timeline a lock table's fences were last handed out on lives in
+/// `<table>` + this (see `fence/failover.rs`).
+pub(crate) const EPOCH_SUFFIX: &str = "_epoch";
+
 /// The resource-side fencing table created next to the lock table.
 pub(crate) const RESOURCE_FENCE_TABLE: &str = "resource_fence";
 
@@ -24,12 +28,14 @@ pub(crate) struct Ddl {
     pub(crate) table: String,
     pub(crate) sequence: String,
     pub(crate) permits: String,
+    pub(crate) epoch: String,
     pub(crate) resource_fence: String,
     schema: Ident,
     create_schema: String,
     create_sequence: String,
     create_table: String,
     create_permits: String,
+    create_epoch: String,
     /// Adds the label columns to a table made by a version without them.
     add_labels: String,
     /// Starts a re-created sequence above every fence left in the table,
@@ -46,6 +52,11 @@ impl Ddl {
             "{}.{}",
             schema.quoted(),
             table.with_suffix(PERMITS_SUFFIX).quoted()
+        );
+        let epoch = format!(
+            "{}.{}",
+            schema.quoted(),
+            table.with_suffix(EPOCH_SUFFIX).quoted()
         );
         let resource_fence = format!(
             "{}.{}",
@@ -85,6 +96,15 @@ impl Ddl {
                     PRIMARY KEY (name, slot)
                 )"
             ),
+            // One row: the timeline (of the server's WAL) the table's fences
+            // were last handed out on.
+            create_epoch: format!(
+                "CREATE TABLE IF NOT EXISTS {epoch} (
+                    id       boolean PRIMARY KEY DEFAULT true CHECK (id),
+                    timeline text NOT NULL,
+                    seen_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+                )"
+            ),
             add_labels: format!(
                 "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS label text,
                                  ADD COLUMN IF NOT EXISTS label_owner uuid"
@@ -100,6 +120,7 @@ impl Ddl {
             table: t,
             sequence: seq,
             permits,
+            epoch,
             resource_fence,
             schema: schema.clone(),
         }
@@ -139,6 +160,7 @@ impl Ddl {
             sqlx::query(&self.add_labels).execute(&mut *tx).await?;
         }
         sqlx::query(&self.create_permits).execute(&mut *tx).await?;
+        sqlx::query(&self.create_epoch).execute(&mut *tx).await?;
         if !sequence_existed {
             sqlx::query(&self.resync_sequence).execute(&mut *tx).await?;
         }

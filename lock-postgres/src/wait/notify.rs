@@ -51,6 +51,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use crate::fence::failover::Era;
 use crate::wait::listener::{self, Config, Request};
 use crate::wait::registry::Shared;
 
@@ -65,10 +66,10 @@ pub(crate) struct Wakeups {
 }
 
 impl Wakeups {
-    /// `closing` is the backend's: every grant's loss signal is its child.
-    pub(crate) fn new(config: Config, closing: CancellationToken) -> Self {
+    /// Every grant's loss signal comes from `era` (see [`Era`]).
+    pub(crate) fn new(config: Config, era: Arc<Era>) -> Self {
         Wakeups {
-            shared: Arc::new(Shared::new(closing)),
+            shared: Arc::new(Shared::new(era)),
             config: Arc::new(config),
             requests: OnceLock::new(),
             stop: CancellationToken::new(),

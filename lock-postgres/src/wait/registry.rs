@@ -8,15 +8,17 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use lockcore::backend::CancellationToken;
+
+use crate::fence::failover::Era;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
 /// The registry of one backend instance, shared with its listener task.
 pub(crate) struct Shared {
     state: Mutex<State>,
-    /// Cancelled when the backend closes: every grant's loss signal is a
-    /// child of it, so closing fires them all.
-    closing: CancellationToken,
+    /// Every grant's loss signal is a child of the current era's token:
+    /// closing the backend, or a failover, fires them all.
+    era: Arc<Era>,
 }
 
 struct State {
@@ -54,9 +56,9 @@ struct Grant {
 }
 
 impl Shared {
-    pub(crate) fn new(closing: CancellationToken) -> Self {
+    pub(crate) fn new(era: Arc<Era>) -> Self {
         Shared {
-            closing,
+            era,
             state: Mutex::new(State {
                 waiters: HashMap::new(),
                 listening: false,
@@ -191,7 +193,7 @@ impl Shared {
                 fence: None,
                 evicted: None,
                 covered_by,
-                lost: self.closing.child_token(),
+                lost: self.era.loss_signal(),
             },
         );
         covered_by.is_some()
@@ -214,7 +216,7 @@ impl Shared {
                     evictions.is_some() && grant.covered_by == evictions,
                 )
             }
-            None => (self.closing.child_token(), true),
+            None => (self.era.loss_signal(), true),
         };
         if !covered {
             state.checks_wanted += 1;

@@ -201,135 +201,196 @@ fn faketime_library() -> io::Result<PathBuf> {
 /// [`Options::password_auth`], passwords for every other role) in a fresh
 /// dir, then `postgres` on a free loopback port.
 pub fn start(options: Options) -> io::Result<Store> {
-    let bin = bin_dir()?;
-    let user = server_user()?;
-    let faketime = if options.faketime {
-        Some(faketime_library()?)
-    } else {
-        None
-    };
-    let dir = Arc::new(super::data_dir(Kind::Postgres)?);
-    let data = dir.path().join("data");
-    let run = dir.path().join("run");
-    fs::create_dir(&data)?;
-    super::set_mode(&data, 0o700)?;
-    chown(&data, user)?;
-    fs::create_dir(&run)?;
-    super::set_mode(&run, 0o755)?;
-    chown(&run, user)?;
-    let log = dir.path().join("postgres.log");
+    let server = Server::prepare()?;
+    let (bin, data) = (&server.bin, &server.data);
 
     let mut initdb = Command::new(bin.join("initdb"));
-    initdb
-        .arg("-D")
-        .arg(&data)
-        .args([
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "-E",
-            "UTF8",
-            "--locale=C",
-            "--no-sync",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    as_user(&mut initdb, user);
-    let initdb = process::spawn(initdb, "initdb")?
-        .wait_with_output()
-        .map_err(|e| io::Error::new(e.kind(), format!("initdb: {e}")))?;
-    if !initdb.status.success() {
-        return Err(io::Error::other(format!(
-            "initdb failed ({}): {}{}",
-            initdb.status,
-            String::from_utf8_lossy(&initdb.stdout),
-            String::from_utf8_lossy(&initdb.stderr)
-        )));
+    initdb.arg("-D").arg(data).args([
+        "-U",
+        "postgres",
+        "-A",
+        "trust",
+        "-E",
+        "UTF8",
+        "--locale=C",
+        "--no-sync",
+    ]);
+    server.fill(initdb, "initdb")?;
+    server.launch(options)
+}
+
+/// Starts a streaming standby of the PostgreSQL server at `upstream`
+/// (asynchronous, hot: it answers reads): `pg_basebackup -R` from
+/// `upstream`, whose address its `primary_conninfo` keeps, so a fault
+/// proxy there cuts and heals replication. Promote it with
+/// `SELECT pg_promote()`. Its `application_name` is `standby` (name it in
+/// the primary's `synchronous_standby_names` for synchronous replication).
+pub fn start_standby(upstream: SocketAddr, options: Options) -> io::Result<Store> {
+    let server = Server::prepare()?;
+    let mut backup = Command::new(server.bin.join("pg_basebackup"));
+    backup
+        .args(["-h", &upstream.ip().to_string()])
+        .args(["-p", &upstream.port().to_string()])
+        .args(["-U", "postgres", "-D"])
+        .arg(&server.data)
+        .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"])
+        .args(["-d", "application_name=standby"]);
+    server.fill(backup, &format!("pg_basebackup from {upstream}"))?;
+    server.launch(options)
+}
+
+/// A server's files before it runs: binaries, user, and a fresh data
+/// directory (empty, for `initdb` or `pg_basebackup` to fill).
+struct Server {
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
+    dir: Arc<tempfile::TempDir>,
+    data: PathBuf,
+    run: PathBuf,
+}
+
+impl Server {
+    fn prepare() -> io::Result<Server> {
+        let bin = bin_dir()?;
+        let user = server_user()?;
+        let dir = Arc::new(super::data_dir(Kind::Postgres)?);
+        let data = dir.path().join("data");
+        let run = dir.path().join("run");
+        fs::create_dir(&data)?;
+        super::set_mode(&data, 0o700)?;
+        chown(&data, user)?;
+        fs::create_dir(&run)?;
+        super::set_mode(&run, 0o755)?;
+        chown(&run, user)?;
+        Ok(Server {
+            bin,
+            user,
+            dir,
+            data,
+            run,
+        })
     }
 
-    if options.password_auth {
-        // initdb wrote the file as the server's user: rewriting keeps that.
-        fs::write(
-            data.join("pg_hba.conf"),
-            "local all all trust\n\
+    /// Runs `command` (which fills the data directory) as the server's
+    /// user, to its end; its output is the error if it fails.
+    fn fill(&self, mut command: Command, what: &str) -> io::Result<()> {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        as_user(&mut command, self.user);
+        let out = process::spawn(command, what)?
+            .wait_with_output()
+            .map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "{what} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `postgres` on the prepared data directory, on a free port.
+    fn launch(self, options: Options) -> io::Result<Store> {
+        let Server {
+            bin,
+            user,
+            dir,
+            data,
+            run,
+        } = self;
+        let log = dir.path().join("postgres.log");
+        let faketime = if options.faketime {
+            Some(faketime_library()?)
+        } else {
+            None
+        };
+
+        if options.password_auth {
+            // initdb wrote the file as the server's user: rewriting keeps that.
+            fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
              host all postgres 127.0.0.1/32 trust\n\
              host all all 127.0.0.1/32 scram-sha-256\n",
-        )?;
-    }
-
-    let clock_file = faketime.as_ref().map(|_| dir.path().join("faketime.rc"));
-    if let Some(file) = &clock_file {
-        super::write_clock_file(file, 0)?;
-    }
-    let mut last = None;
-    for _ in 0..3 {
-        let port = net::free_port()?;
-        let (bin, data, run, faketime, clock) = (
-            bin.clone(),
-            data.clone(),
-            run.clone(),
-            faketime.clone(),
-            clock_file.clone(),
-        );
-        let options = options.clone();
-        let command = move || {
-            let mut cmd = Command::new(bin.join("postgres"));
-            let on_off = if options.fsync { "on" } else { "off" };
-            cmd.arg("-D")
-                .arg(&data)
-                .args(["-p", &port.to_string()])
-                .args(["-c", "listen_addresses=127.0.0.1"])
-                .arg("-c")
-                .arg(format!("unix_socket_directories={}", run.display()))
-                .args([
-                    "-c",
-                    &format!("fsync={on_off}"),
-                    "-c",
-                    &format!("full_page_writes={on_off}"),
-                ])
-                .args([
-                    "-c",
-                    &format!("max_connections={}", options.max_connections),
-                ])
-                .args(["-c", "logging_collector=off"]);
-            for (name, value) in &options.settings {
-                cmd.arg("-c").arg(format!("{name}={value}"));
-            }
-            if let (Some(lib), Some(file)) = (&faketime, &clock) {
-                cmd.env("LD_PRELOAD", lib)
-                    .env("FAKETIME_TIMESTAMP_FILE", file)
-                    .env("FAKETIME_NO_CACHE", "1")
-                    .env("DONT_FAKE_MONOTONIC", "1")
-                    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-            }
-            as_user(&mut cmd, user);
-            cmd
-        };
-        let spec = Spec {
-            kind: Kind::Postgres,
-            label: format!("postgres on 127.0.0.1:{port}"),
-            addr: net::loopback(port),
-            durable: options.fsync,
-            dir: dir.clone(),
-            log: log.clone(),
-            clock_file: clock_file.clone(),
-            launch: Launch {
-                command: Box::new(command),
-                // SIGINT = "fast" shutdown (what `pg_ctl -m fast` sends).
-                stop_signal: Signal::SIGINT,
-                stop_grace: Duration::from_secs(20),
-                ready_within: Duration::from_secs(60),
-                probe: None,
-            },
-        };
-        match Store::launch(spec) {
-            Err(e) if net::port_clash(&e) => last = Some(e),
-            other => return other,
+            )?;
         }
+
+        let clock_file = faketime.as_ref().map(|_| dir.path().join("faketime.rc"));
+        if let Some(file) = &clock_file {
+            super::write_clock_file(file, 0)?;
+        }
+        let mut last = None;
+        for _ in 0..3 {
+            let port = net::free_port()?;
+            let (bin, data, run, faketime, clock) = (
+                bin.clone(),
+                data.clone(),
+                run.clone(),
+                faketime.clone(),
+                clock_file.clone(),
+            );
+            let options = options.clone();
+            let command = move || {
+                let mut cmd = Command::new(bin.join("postgres"));
+                let on_off = if options.fsync { "on" } else { "off" };
+                cmd.arg("-D")
+                    .arg(&data)
+                    .args(["-p", &port.to_string()])
+                    .args(["-c", "listen_addresses=127.0.0.1"])
+                    .arg("-c")
+                    .arg(format!("unix_socket_directories={}", run.display()))
+                    .args([
+                        "-c",
+                        &format!("fsync={on_off}"),
+                        "-c",
+                        &format!("full_page_writes={on_off}"),
+                    ])
+                    .args([
+                        "-c",
+                        &format!("max_connections={}", options.max_connections),
+                    ])
+                    .args(["-c", "logging_collector=off"]);
+                for (name, value) in &options.settings {
+                    cmd.arg("-c").arg(format!("{name}={value}"));
+                }
+                if let (Some(lib), Some(file)) = (&faketime, &clock) {
+                    cmd.env("LD_PRELOAD", lib)
+                        .env("FAKETIME_TIMESTAMP_FILE", file)
+                        .env("FAKETIME_NO_CACHE", "1")
+                        .env("DONT_FAKE_MONOTONIC", "1")
+                        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+                }
+                as_user(&mut cmd, user);
+                cmd
+            };
+            let spec = Spec {
+                kind: Kind::Postgres,
+                label: format!("postgres on 127.0.0.1:{port}"),
+                addr: net::loopback(port),
+                durable: options.fsync,
+                dir: dir.clone(),
+                log: log.clone(),
+                clock_file: clock_file.clone(),
+                launch: Launch {
+                    command: Box::new(command),
+                    // SIGINT = "fast" shutdown (what `pg_ctl -m fast` sends).
+                    stop_signal: Signal::SIGINT,
+                    stop_grace: Duration::from_secs(20),
+                    ready_within: Duration::from_secs(60),
+                    probe: None,
+                },
+            };
+            match Store::launch(spec) {
+                Err(e) if net::port_clash(&e) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("postgres did not start")))
     }
-    Err(last.unwrap_or_else(|| io::Error::other("postgres did not start")))
 }
 
 /// One readiness probe: a protocol-3.0 startup as `postgres` (trust auth)

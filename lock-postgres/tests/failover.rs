@@ -1,0 +1,174 @@
+//! Failover to an asynchronous standby: the promoted server lacks the old
+//! primary's last commits, its fence sequence among them (a sequence is
+//! WAL-logged 32 values ahead, so the standby resumes at its last logged
+//! batch). Fences handed out on it must still be larger than every fence
+//! the old primary handed out, and a client of the new primary must see
+//! that the server it talks to is not the one it held its leases on.
+//!
+//! A test binary of its own: it runs three servers of its own (a primary, a
+//! standby and, between them, a relay that cuts replication).
+
+#[path = "store/support.rs"]
+mod support;
+
+use std::time::Duration;
+
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::postgres::{self, Options};
+use lock_postgres::PostgresBackend;
+use lock_postgres::sqlx::{self, Connection, PgConnection};
+use lockcore::LockBackend;
+use lockcore::backend::LockBackendExt;
+use support::{acquired, lock_name, scaled};
+
+/// Grants on the primary after replication is cut: more than the 32 values
+/// a sequence logs ahead, so the standby's sequence is surely behind.
+const GRANTS_AFTER_THE_CUT: usize = 40;
+
+/// How far the standby replayed the primary's WAL, in bytes behind it.
+async fn lag(primary: &mut PgConnection, standby: &mut PgConnection) -> i64 {
+    let sent: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&mut *primary)
+        .await
+        .unwrap();
+    sqlx::query_scalar(
+        "SELECT COALESCE(pg_wal_lsn_diff($1::pg_lsn, pg_last_wal_replay_lsn()), 0)::bigint",
+    )
+    .bind(sent)
+    .fetch_one(standby)
+    .await
+    .unwrap()
+}
+
+/// Promotes the standby `conn` is connected to, waiting until it is done.
+async fn promote(conn: &mut PgConnection) {
+    let promoted: bool = sqlx::query_scalar("SELECT pg_promote(true, 60)")
+        .fetch_one(conn)
+        .await
+        .unwrap();
+    assert!(promoted, "pg_promote");
+}
+
+/// Waits until the standby replayed everything the primary wrote.
+async fn caught_up(primary: &mut PgConnection, standby: &mut PgConnection) {
+    let deadline = tokio::time::Instant::now() + scaled(Duration::from_secs(30));
+    while lag(primary, standby).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby did not catch up with the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_grow_across_a_failover_to_an_async_standby() {
+    let primary = postgres::start(Options::default()).expect("a primary");
+    let old = PostgresBackend::connect(&primary.url()).await.unwrap();
+    let name = lock_name("failover");
+    let first = acquired(&old, &name, Duration::from_secs(60)).await;
+    old.release(&first).await.unwrap();
+
+    // A standby streaming through a relay, caught up, then cut off.
+    let relay = FaultProxy::start(primary.addr()).await.unwrap();
+    let standby = postgres::start_standby(relay.addr(), Options::default()).expect("a standby");
+    let mut on_primary = PgConnection::connect(&primary.url()).await.unwrap();
+    let mut on_standby = PgConnection::connect(&standby.url()).await.unwrap();
+    caught_up(&mut on_primary, &mut on_standby).await;
+    relay.set(Mode::Blackhole);
+
+    // Grants the standby never sees; the last one is held.
+    let mut issued = Vec::new();
+    for _ in 1..GRANTS_AFTER_THE_CUT {
+        let lease = acquired(&old, &name, Duration::from_secs(60)).await;
+        issued.push(lease.fence());
+        old.release(&lease).await.unwrap();
+    }
+    let held = acquired(&old, &name, Duration::from_secs(60)).await;
+    issued.push(held.fence());
+    assert!(
+        lag(&mut on_primary, &mut on_standby).await > 0,
+        "the standby replayed grants made after the cut"
+    );
+
+    // The primary dies; the standby is promoted.
+    primary.kill_now().unwrap();
+    promote(&mut on_standby).await;
+
+    let new = PostgresBackend::connect(&standby.url()).await.unwrap();
+    let lease = acquired(&new, &name, Duration::from_secs(60)).await;
+    let last = *issued.iter().max().unwrap();
+    assert!(
+        lease.fence() > last,
+        "after the failover the name was granted with fence {}, not above the {last} the old \
+         primary handed out before it died (fences after the cut: {issued:?})",
+        lease.fence()
+    );
+    // A second grant goes on from there.
+    new.release(&lease).await.unwrap();
+    let again = acquired(&new, &name, Duration::from_secs(60)).await;
+    assert!(again.fence() > lease.fence());
+    new.release(&again).await.unwrap();
+    drop(held);
+}
+
+/// A lease held through a connection that fails over: the client's next
+/// connection lands on the promoted standby, sees the new timeline, and
+/// every lease it held before is lost at once (its loss signal fires),
+/// even one whose row was replicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_hear_of_a_failover_at_once() {
+    let primary = postgres::start(Options::default()).expect("a primary");
+    let relay = FaultProxy::start(primary.addr()).await.unwrap();
+    let standby = postgres::start_standby(relay.addr(), Options::default()).expect("a standby");
+    // The client reaches "the primary" through an address that moves (a
+    // virtual IP, a proxy): here a relay re-pointed at the standby.
+    let front = FaultProxy::start(primary.addr()).await.unwrap();
+    let client = PostgresBackend::connect(&primary.url_via(front.addr()))
+        .await
+        .unwrap();
+    let name = lock_name("hears");
+    let lease = acquired(&client, &name, Duration::from_secs(60)).await;
+    let mut on_primary = PgConnection::connect(&primary.url()).await.unwrap();
+    let mut on_standby = PgConnection::connect(&standby.url()).await.unwrap();
+    caught_up(&mut on_primary, &mut on_standby).await;
+
+    primary.kill_now().unwrap();
+    promote(&mut on_standby).await;
+    front.repoint(standby.addr());
+    // The lock row was replicated: a renewal alone would be answered. The
+    // first operation on the new primary must still end the old leases.
+    // The first operations fail with the connections the move reset
+    // (retryable); the next ones reach the new primary.
+    let other = lock_name("after");
+    let next = eventually(
+        scaled(Duration::from_secs(10)),
+        "a grant on the new primary",
+        || {
+            let (client, other) = (&client, &other);
+            async move {
+                match client.try_acquire_for(other, Duration::from_secs(60)).await {
+                    Ok(attempt) => attempt.into_lease(),
+                    Err(e) if e.is_retryable() => None,
+                    Err(e) => panic!("acquire on the new primary: {e}"),
+                }
+            }
+        },
+    )
+    .await;
+    let lost = lease
+        .loss_signal()
+        .expect("a PostgreSQL lease has a loss signal");
+    tokio::time::timeout(scaled(Duration::from_secs(5)), lost.cancelled())
+        .await
+        .expect("the lease held before the failover is lost once the client sees the new primary");
+    let fresh = next
+        .loss_signal()
+        .expect("a PostgreSQL lease has a loss signal");
+    assert!(
+        !fresh.is_cancelled(),
+        "a lease of the new primary is not lost"
+    );
+    client.release(&next).await.unwrap();
+}
