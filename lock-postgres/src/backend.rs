@@ -116,6 +116,7 @@ impl PostgresBackend {
             sql: EpochSql::new(&ddl.epoch, &ddl.sequence, &sql.lock_grants),
             era: era.clone(),
             lock_timeout: op_timeout,
+            lock_delay: config.failover_lock_delay,
             table: ddl.table.clone(),
         });
         let (pool, options, facts) = match config.source {
@@ -176,6 +177,7 @@ impl PostgresBackend {
             // timestamptz has microsecond resolution; TTLs are sent in µs.
             .ttl_granularity(Duration::from_micros(1))
             .fence_durability(facts.durability(&server))
+            .failover(facts.failover(config.failover_lock_delay))
             .notifications(true)
             .semaphores(true)
             .fence_floor(true)

@@ -24,6 +24,7 @@ const OWN_OPTIONS: &[&str] = &[
     "connect_timeout",
     "create_schema",
     "turnstiles",
+    "failover_lock_delay",
     "password_file",
     "tls_ca",
     "tls_cert",
@@ -48,7 +49,8 @@ pub(crate) enum Source {
 ///
 /// URL options read by this crate (see the README's table): `schema`,
 /// `table`, `pool_size`, `timeout`, `connect_timeout` (a duration, or
-/// libpq's whole seconds), `create_schema`, `turnstiles`, `password_file`,
+/// libpq's whole seconds), `create_schema`, `turnstiles`,
+/// `failover_lock_delay`, `password_file`,
 /// `tls_ca`/`tls_cert`/`tls_key` (libpq's `sslrootcert`/`sslcert`/`sslkey`).
 /// The `lock_*` spellings of earlier releases are still read, with a
 /// warning.
@@ -62,6 +64,7 @@ pub struct PostgresConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) create_schema: bool,
     pub(crate) turnstiles: u32,
+    pub(crate) failover_lock_delay: Option<Duration>,
 }
 
 impl PostgresConfig {
@@ -85,6 +88,7 @@ impl PostgresConfig {
             connect_timeout: Duration::from_secs(5),
             create_schema: true,
             turnstiles: Self::DEFAULT_TURNSTILES,
+            failover_lock_delay: None,
         }
     }
 
@@ -195,6 +199,22 @@ impl PostgresConfig {
         self
     }
 
+    /// After a failover to a standby (a new WAL timeline, see the README's
+    /// "Failover to a standby"), grants nothing for `delay` from the moment
+    /// a client first sees it (`failover_lock_delay`; off by default). With
+    /// asynchronous replication the old primary's last grants may be gone
+    /// while their holders still work: a delay of at least the longest TTL
+    /// in use, plus the expiry slack and the holders' renewal interval,
+    /// lets every such lease run out first, so no two holders overlap, at
+    /// the cost of that long without grants. Set it alike on every client:
+    /// the first to see the failover records when grants resume.
+    /// [`capabilities`](lockcore::LockBackend::capabilities) reports it as
+    /// [`Failover::LockDelay`](lockcore::Failover::LockDelay).
+    pub fn failover_lock_delay(mut self, delay: Duration) -> Self {
+        self.failover_lock_delay = (!delay.is_zero()).then_some(delay);
+        self
+    }
+
     /// The largest [`turnstiles`](Self::turnstiles) setting.
     pub const MAX_TURNSTILES: u32 = 64;
 
@@ -245,6 +265,7 @@ impl fmt::Debug for PostgresConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("create_schema", &self.create_schema)
             .field("turnstiles", &self.turnstiles)
+            .field("failover_lock_delay", &self.failover_lock_delay)
             .finish()
     }
 }

@@ -66,6 +66,13 @@ impl Client {
         // clock: the local deadline may only be early.
         let sent_at = request.now();
         let mut op = self.checkout("acquire").await?;
+        // A failover's lock delay (seen by this checkout's new connection,
+        // or an earlier one): the name counts as held until it ends.
+        if let Some(wait) = self.era.grants_wait() {
+            return Ok(Attempt::Held {
+                expires_in: Some(wait),
+            });
+        }
         // Registered before it is sent: an eviction right after the grant
         // must find it.
         let pending = self.wakeups.expect(name.as_str(), owner.as_uuid());

@@ -56,6 +56,11 @@ impl Client {
         let begin = format!("{}; SELECT pg_advisory_xact_lock({key})", sql::BEGIN);
         let sent_at = request.now();
         let mut op = self.checkout("acquire permit").await?;
+        if let Some(wait) = self.era.grants_wait() {
+            return Ok(Attempt::Held {
+                expires_in: Some(wait),
+            });
+        }
         let taken: Result<TakeRow, LockError> = op
             .run(|c| async move {
                 let mut tx = c.begin_with(begin).await?;

@@ -16,10 +16,11 @@ use std::time::Duration;
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::postgres::{self, Options};
-use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx::{self, Connection, PgConnection};
-use lockcore::LockBackend;
+use lock_postgres::{PostgresBackend, PostgresConfig};
 use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::{Failover, LockBackend};
 use support::{acquired, lock_name, scaled};
 
 /// Grants on the primary after replication is cut: more than the 32 values
@@ -171,4 +172,120 @@ async fn holders_hear_of_a_failover_at_once() {
         "a lease of the new primary is not lost"
     );
     client.release(&next).await.unwrap();
+}
+
+/// With `failover_lock_delay`, no grant on the promoted server until the
+/// delay has passed since a client first saw the failover: the leases of
+/// the old primary have run out by then. Every client waits, also one that
+/// did not configure the delay (the store recorded when grants resume).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_holds_grants_after_a_failover() {
+    let delay = scaled(Duration::from_secs(3));
+    let primary = postgres::start(Options::default()).expect("a primary");
+    let relay = FaultProxy::start(primary.addr()).await.unwrap();
+    let standby = postgres::start_standby(relay.addr(), Options::default()).expect("a standby");
+    let with_delay = |url: String| {
+        PostgresConfig::from_url(&url)
+            .unwrap()
+            .failover_lock_delay(delay)
+    };
+    let old = PostgresBackend::connect_with(with_delay(primary.url()))
+        .await
+        .unwrap();
+    assert_eq!(old.capabilities().failover, Failover::LockDelay(delay));
+    let name = lock_name("delay");
+    let earlier = acquired(&old, &name, Duration::from_secs(60)).await;
+    old.release(&earlier).await.unwrap();
+    let mut on_primary = PgConnection::connect(&primary.url()).await.unwrap();
+    let mut on_standby = PgConnection::connect(&standby.url()).await.unwrap();
+    caught_up(&mut on_primary, &mut on_standby).await;
+    relay.set(Mode::Blackhole);
+    // A grant the standby never sees: the name is free there.
+    let lost_grant = acquired(&old, &name, Duration::from_secs(60)).await;
+
+    primary.kill_now().unwrap();
+    promote(&mut on_standby).await;
+    let seen = tokio::time::Instant::now();
+    let first = PostgresBackend::connect_with(with_delay(standby.url()))
+        .await
+        .unwrap();
+    let plain = PostgresBackend::connect(&standby.url()).await.unwrap();
+    for (who, client) in [
+        ("the client that saw it", &first),
+        ("another client", &plain),
+    ] {
+        let attempt = client
+            .try_acquire_for(&name, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(
+            attempt.into_lease().is_none(),
+            "{who} was granted the name during the lock delay"
+        );
+    }
+    let wait = WaitPolicy::new(tokio::time::Instant::now() + delay * 4);
+    let lease = plain
+        .acquire_for(&name, Duration::from_secs(60), &wait)
+        .await
+        .unwrap()
+        .expect("granted once the lock delay is over");
+    assert!(
+        seen.elapsed() >= delay,
+        "granted {:?} after the failover was seen, within the {delay:?} lock delay",
+        seen.elapsed()
+    );
+    assert!(lease.fence() > lost_grant.fence());
+    plain.release(&lease).await.unwrap();
+}
+
+/// With a synchronous standby, a grant the client saw survives the
+/// failover: the promoted server still has the holder, and nobody else is
+/// granted the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_standby_keeps_every_grant() {
+    let primary =
+        postgres::start(Options::default().setting("synchronous_standby_names", "standby"))
+            .expect("a primary");
+    let standby = postgres::start_standby(primary.addr(), Options::default()).expect("a standby");
+    let mut on_primary = PgConnection::connect(&primary.url()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + scaled(Duration::from_secs(30));
+    loop {
+        let sync: Option<String> = sqlx::query_scalar(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby'",
+        )
+        .fetch_optional(&mut on_primary)
+        .await
+        .unwrap();
+        if sync.as_deref() == Some("sync") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby is not synchronous: {sync:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let old = PostgresBackend::connect(&primary.url()).await.unwrap();
+    assert_eq!(old.capabilities().failover, Failover::Synchronous);
+    let name = lock_name("sync");
+    let held = acquired(&old, &name, Duration::from_secs(60)).await;
+
+    primary.kill_now().unwrap();
+    let mut on_standby = PgConnection::connect(&standby.url()).await.unwrap();
+    promote(&mut on_standby).await;
+    let new = PostgresBackend::connect(&standby.url()).await.unwrap();
+    let attempt = new
+        .try_acquire_for(&name, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        attempt.into_lease().is_none(),
+        "a grant made with a synchronous standby was lost in the failover"
+    );
+    let holder = new
+        .inspect(&name)
+        .await
+        .unwrap()
+        .expect("the holder survived");
+    assert_eq!(holder.fence, held.fence());
 }

@@ -174,6 +174,9 @@ impl Drop for LastHandle {
 /// the server's settings (`eviction`) make them.
 fn capabilities(response_timeout: Duration, eviction: &Eviction) -> Capabilities {
     Capabilities::new(BACKEND)
+        // Redis replication is asynchronous: a failover can lose the last
+        // grants (fences still grow, floored at the server's clock).
+        .failover(lockcore::Failover::Asynchronous)
         .expiry_clock(ExpiryClock::StoreWallClock)
         .ttl_range(Duration::from_millis(1), MAX_TTL)
         .ttl_granularity(Duration::from_millis(1))

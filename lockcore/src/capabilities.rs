@@ -54,6 +54,8 @@ pub struct Capabilities {
     /// doubles). A fence floor must leave room below it
     /// ([`max_fence_floor`](Self::max_fence_floor)).
     pub max_fence: u64,
+    /// What a failover of the store to a replica keeps.
+    pub failover: Failover,
 }
 
 /// The clock a store judges lease expiry on.
@@ -127,6 +129,32 @@ pub enum Fairness {
     Fifo,
 }
 
+/// What a failover of the store (a replica promoted after its primary
+/// died) keeps: the grants clients saw, or only growing fences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failover {
+    /// No replica takes over: one process or file (SQLite, memory).
+    None,
+    /// A quorum decides every write (etcd, ZooKeeper): a new leader has
+    /// every grant a client saw.
+    Consensus,
+    /// Synchronous replication: a grant a client saw is on a replica, so
+    /// it survives one failover; no second holder appears.
+    Synchronous,
+    /// Asynchronous replication (or not known to be synchronous): the last
+    /// grants before a failover can be lost, and a second holder granted
+    /// while the first still works; fences keep growing (see
+    /// [`Capabilities::fence_durability`]), and holders are told when
+    /// their client reaches the promoted server.
+    Asynchronous,
+    /// Asynchronous, but no grant on a promoted server until this long
+    /// after the failover was seen (the longest TTL in use plus slack, as
+    /// configured): the old grants have run out by then, so no two holders
+    /// overlap, at the cost of that long without grants.
+    LockDelay(Duration),
+}
+
 /// What fencing-token monotonicity (guarantees F1/F2) survives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -162,7 +190,14 @@ impl Capabilities {
             semaphores: false,
             fence_floor: false,
             max_fence: i64::MAX as u64,
+            failover: Failover::None,
         }
+    }
+
+    /// Sets what a failover keeps.
+    pub fn failover(mut self, failover: Failover) -> Self {
+        self.failover = failover;
+        self
     }
 
     /// How many more grants a fence floor must leave room for below

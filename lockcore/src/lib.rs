@@ -111,7 +111,7 @@ mod ttl;
 
 pub use backend::LockBackend;
 pub use backoff::Backoff;
-pub use capabilities::{Capabilities, ExpiryClock, Fairness, FenceDurability, LeaseKind};
+pub use capabilities::{Capabilities, ExpiryClock, Failover, Fairness, FenceDurability, LeaseKind};
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{InvalidName, LockError, LossReason};
 pub use fenced::{Fenced, FencedResource, FencedSlots, StaleToken};

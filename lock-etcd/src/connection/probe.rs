@@ -69,6 +69,8 @@ pub(crate) async fn capabilities(
         let _ = tokio::time::timeout(timeout, leases.revoke(probe.id())).await;
     });
     Ok(Capabilities::new(BACKEND)
+        // A quorum decides every write: a new leader has every grant.
+        .failover(lockcore::Failover::Consensus)
         .expiry_clock(ExpiryClock::StoreLeaseTimer)
         .ttl_range(min_ttl, MAX_TTL)
         .ttl_granularity(Duration::from_secs(1))

@@ -107,6 +107,7 @@ pub(crate) struct Options {
     connect_timeout: Option<Duration>,
     create_schema: Option<bool>,
     turnstiles: Option<u32>,
+    failover_lock_delay: Option<Duration>,
     /// `tls_ca`, `tls_cert`, `tls_key` as the libpq parameters they stand for.
     tls: Vec<(&'static str, String)>,
 }
@@ -180,6 +181,7 @@ impl Options {
         if connect_timeout.is_some_and(|t| t.is_zero()) {
             return Err(bad("connect_timeout", "must be positive"));
         }
+        let failover_lock_delay = url.take_duration("failover_lock_delay")?;
         let mut tls = Vec::new();
         for (name, libpq) in [
             ("tls_ca", "sslrootcert"),
@@ -198,6 +200,7 @@ impl Options {
             connect_timeout,
             create_schema,
             turnstiles,
+            failover_lock_delay,
             tls,
         })
     }
@@ -224,6 +227,9 @@ impl Options {
         }
         if let Some(turnstiles) = self.turnstiles {
             config.turnstiles = turnstiles;
+        }
+        if let Some(delay) = self.failover_lock_delay {
+            config.failover_lock_delay = (!delay.is_zero()).then_some(delay);
         }
     }
 }

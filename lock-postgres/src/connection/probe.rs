@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lockcore::backend::timed;
-use lockcore::{FenceDurability, LockError};
+use lockcore::{Failover, FenceDurability, LockError};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Executor, PgPool};
 
@@ -23,6 +23,7 @@ pub(crate) struct Facts {
     encoding: String,
     fsync: String,
     synchronous_commit: String,
+    synchronous_standby_names: String,
     default_isolation: String,
     pub(crate) objects_exist: bool,
 }
@@ -85,12 +86,20 @@ impl Facts {
     }
 
     async fn read(conn: &mut PgConnection, ddl: &Ddl) -> Result<Facts, sqlx::Error> {
-        let (version, encoding, fsync, synchronous_commit, default_isolation, objects_exist) =
-            sqlx::query_as(
-                "SELECT current_setting('server_version_num')::int4,
+        let (
+            version,
+            encoding,
+            fsync,
+            synchronous_commit,
+            synchronous_standby_names,
+            default_isolation,
+            objects_exist,
+        ) = sqlx::query_as(
+            "SELECT current_setting('server_version_num')::int4,
                         current_setting('server_encoding'),
                         current_setting('fsync'),
                         current_setting('synchronous_commit'),
+                        current_setting('synchronous_standby_names'),
                         current_setting('default_transaction_isolation'),
                         to_regclass($1) IS NOT NULL
                           AND to_regclass($2) IS NOT NULL
@@ -101,19 +110,20 @@ impl Facts {
                                SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass($1) AND attname = 'label_owner'
                                   AND NOT attisdropped))",
-            )
-            .bind(&ddl.table)
-            .bind(&ddl.sequence)
-            .bind(&ddl.resource_fence)
-            .bind(&ddl.permits)
-            .bind(&ddl.epoch)
-            .fetch_one(conn)
-            .await?;
+        )
+        .bind(&ddl.table)
+        .bind(&ddl.sequence)
+        .bind(&ddl.resource_fence)
+        .bind(&ddl.permits)
+        .bind(&ddl.epoch)
+        .fetch_one(conn)
+        .await?;
         Ok(Facts {
             version,
             encoding,
             fsync,
             synchronous_commit,
+            synchronous_standby_names,
             default_isolation,
             objects_exist,
         })
@@ -137,6 +147,20 @@ impl Facts {
             )));
         }
         Ok(())
+    }
+
+    /// What a failover keeps: every grant when commits wait for a
+    /// synchronous standby, else (asynchronous, or no standby named) only
+    /// growing fences, or no overlap with a `lock_delay`.
+    pub(crate) fn failover(&self, lock_delay: Option<std::time::Duration>) -> Failover {
+        let waits_for_standby = matches!(
+            self.synchronous_commit.as_str(),
+            "on" | "remote_apply" | "remote_write"
+        );
+        if waits_for_standby && !self.synchronous_standby_names.trim().is_empty() {
+            return Failover::Synchronous;
+        }
+        lock_delay.map_or(Failover::Asynchronous, Failover::LockDelay)
     }
 
     /// Durable fences need `fsync` on and `synchronous_commit` not off;

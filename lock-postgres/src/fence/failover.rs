@@ -22,20 +22,28 @@
 //! The backend also remembers the timeline it last worked on: when a new
 //! connection finds another one, every lease it held may be gone (its row
 //! unreplicated, or replicated with an older expiry), so their loss
-//! signals fire at once ([`Era::end`]), whichever client raised the floor.
+//! signals fire at once ([`Era::saw`]), whichever client raised the floor.
+//!
+//! With `failover_lock_delay`, the client that records the failover also
+//! records when grants may resume (`grants_from`), every new connection
+//! reads it, and a backend that saw the timeline change waits its own delay
+//! from that moment: no lease of the old primary is still running when the
+//! new one grants again.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use lockcore::backend::CancellationToken;
 use sqlx::{Connection, PgConnection};
+use tokio::time::Instant;
 
 use crate::locks::sql::BEGIN;
 
 /// The statements of one lock table's failover check.
 #[derive(Debug)]
 pub(crate) struct EpochSql {
-    /// The recorded timeline (NULL before the first) and the server's.
+    /// The recorded timeline (NULL before the first), the server's, and
+    /// how long grants still wait after a failover (µs).
     read: String,
     /// `$1` the server's timeline, recorded if none was.
     record: String,
@@ -45,7 +53,7 @@ pub(crate) struct EpochSql {
     locked: String,
     /// Moves the sequence above the server's clock in µs.
     raise: String,
-    /// `$1` the new timeline.
+    /// `$1` the new timeline, `$2` the lock delay (µs).
     update: String,
 }
 
@@ -58,7 +66,13 @@ impl EpochSql {
     /// statement that locks grants out.
     pub(crate) fn new(epoch: &str, seq: &str, lock_grants: &str) -> EpochSql {
         EpochSql {
-            read: format!("SELECT (SELECT timeline FROM {epoch} WHERE id), {TIMELINE}"),
+            read: format!(
+                "SELECT (SELECT timeline FROM {epoch} WHERE id), {TIMELINE},
+                        COALESCE((SELECT (extract(epoch FROM GREATEST(grants_from, now) - now)
+                                          * 1000000)::bigint
+                                    FROM {epoch}, (SELECT clock_timestamp() AS now) t
+                                   WHERE id), 0)"
+            ),
             record: format!(
                 "INSERT INTO {epoch} (id, timeline) VALUES (true, $1) ON CONFLICT (id) DO NOTHING"
             ),
@@ -71,7 +85,10 @@ impl EpochSql {
                     nextval('{seq}'::regclass)))"
             ),
             update: format!(
-                "UPDATE {epoch} SET timeline = $1, seen_at = clock_timestamp() WHERE id"
+                "UPDATE {epoch} SET timeline = $1, seen_at = clock_timestamp(),
+                        grants_from = GREATEST(grants_from,
+                                               clock_timestamp() + $2 * interval '1 microsecond')
+                  WHERE id"
             ),
         }
     }
@@ -92,24 +109,44 @@ pub(crate) enum Seen {
     },
 }
 
+/// What a new connection found.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub(crate) seen: Seen,
+    /// The server's timeline.
+    pub(crate) timeline: String,
+    /// How long grants still wait after a failover with a lock delay.
+    pub(crate) grants_wait: Duration,
+}
+
 /// Runs the check on a new connection, before its first statement:
 /// records the timeline, or after a failover raises the fence floor above
-/// the server's clock (waiting at most `lock_timeout` for grants to pause).
+/// the server's clock and starts the lock delay `lock_delay` (waiting at
+/// most `lock_timeout` for grants to pause).
 pub(crate) async fn check(
     conn: &mut PgConnection,
     sql: &EpochSql,
     lock_timeout: Duration,
-) -> Result<(Seen, String), sqlx::Error> {
-    let (recorded, timeline): (Option<String>, String) =
+    lock_delay: Duration,
+) -> Result<Checked, sqlx::Error> {
+    let (recorded, timeline, wait_us): (Option<String>, String, i64) =
         sqlx::query_as(&sql.read).fetch_one(&mut *conn).await?;
+    let grants_wait = Duration::from_micros(u64::try_from(wait_us).unwrap_or(0));
+    let checked = |seen, timeline, grants_wait| Checked {
+        seen,
+        timeline,
+        grants_wait,
+    };
     match recorded {
-        Some(recorded) if recorded == timeline => return Ok((Seen::Same, timeline)),
+        Some(recorded) if recorded == timeline => {
+            return Ok(checked(Seen::Same, timeline, grants_wait));
+        }
         None => {
             sqlx::query(&sql.record)
                 .bind(&timeline)
                 .execute(&mut *conn)
                 .await?;
-            return Ok((Seen::First, timeline));
+            return Ok(checked(Seen::First, timeline, grants_wait));
         }
         Some(_) => {}
     }
@@ -127,6 +164,7 @@ pub(crate) async fn check(
             let floor: i64 = sqlx::query_scalar(&sql.raise).fetch_one(&mut *tx).await?;
             sqlx::query(&sql.update)
                 .bind(&timeline)
+                .bind(i64::try_from(lock_delay.as_micros()).unwrap_or(i64::MAX))
                 .execute(&mut *tx)
                 .await?;
             Seen::Failover {
@@ -139,7 +177,11 @@ pub(crate) async fn check(
         _ => Seen::Same,
     };
     tx.commit().await?;
-    Ok((seen, timeline))
+    let grants_wait = match seen {
+        Seen::Failover { .. } => grants_wait.max(lock_delay),
+        _ => grants_wait,
+    };
+    Ok(checked(seen, timeline, grants_wait))
 }
 
 /// The leases of one server timeline: each lease's loss signal is a child
@@ -155,6 +197,8 @@ struct EraState {
     token: CancellationToken,
     /// The timeline this backend last saw, once it saw one.
     timeline: Option<String>,
+    /// No grant before this (a failover's lock delay).
+    grants_from: Option<Instant>,
 }
 
 impl Era {
@@ -164,6 +208,7 @@ impl Era {
             state: Mutex::new(EraState {
                 token: closing.child_token(),
                 timeline: None,
+                grants_from: None,
             }),
             closing,
         }
@@ -187,36 +232,60 @@ impl Era {
         changed
     }
 
+    /// Grants nothing for `wait` from now (a lock delay).
+    pub(crate) fn hold_grants(&self, wait: Duration) {
+        if wait.is_zero() {
+            return;
+        }
+        let until = Instant::now() + wait;
+        let mut state = self.lock();
+        state.grants_from = Some(state.grants_from.map_or(until, |t| t.max(until)));
+    }
+
+    /// How long grants still wait, if they do.
+    pub(crate) fn grants_wait(&self) -> Option<Duration> {
+        let from = self.lock().grants_from?;
+        let left = from.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, EraState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// What a new connection runs before its first statement: the check, and
-/// the era's end when the timeline changed.
+/// What a new connection runs before its first statement: the check, the
+/// era's end when the timeline changed, and the lock delay.
 #[derive(Debug)]
 pub(crate) struct OnConnect {
     pub(crate) sql: EpochSql,
     pub(crate) era: std::sync::Arc<Era>,
     /// How long the floor's transaction waits for grants to pause.
     pub(crate) lock_timeout: Duration,
+    /// No grant for this long after a failover (`failover_lock_delay`).
+    pub(crate) lock_delay: Option<Duration>,
     /// The lock table, for the log.
     pub(crate) table: String,
 }
 
 impl OnConnect {
     pub(crate) async fn run(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        let (seen, timeline) = check(conn, &self.sql, self.lock_timeout).await?;
-        if let Seen::Failover { from, to, floor } = &seen {
+        let delay = self.lock_delay.unwrap_or_default();
+        let checked = check(conn, &self.sql, self.lock_timeout, delay).await?;
+        if let Seen::Failover { from, to, floor } = &checked.seen {
             tracing::warn!(
-                table = %self.table, %from, %to, %floor,
+                table = %self.table, %from, %to, %floor, lock_delay = ?self.lock_delay,
                 "the server is on another timeline than the one the fences came from (a failover \
                  or a restore): fences now start above the server's clock in microseconds"
             );
         }
-        if self.era.saw(&timeline) {
+        self.era.hold_grants(checked.grants_wait);
+        if self.era.saw(&checked.timeline) {
+            // Whoever recorded the failover, this backend's old leases may
+            // still be running somewhere: its own delay counts from now.
+            self.era.hold_grants(delay);
             tracing::warn!(
-                table = %self.table, %timeline,
+                table = %self.table, timeline = %checked.timeline,
                 "a new connection reached a server on another timeline: every lease held before is lost"
             );
         }

@@ -102,7 +102,9 @@ impl Ddl {
                 "CREATE TABLE IF NOT EXISTS {epoch} (
                     id       boolean PRIMARY KEY DEFAULT true CHECK (id),
                     timeline text NOT NULL,
-                    seen_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+                    seen_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+                    -- after a failover with a lock delay: no grant before
+                    grants_from timestamptz NOT NULL DEFAULT '-infinity'
                 )"
             ),
             add_labels: format!(

@@ -169,6 +169,8 @@ impl Client {
         // Any TTL from 1 ms to a year is accepted and means the session
         // timeout, which `LeaseKind::Session` declares and every lease reports.
         Capabilities::new(BACKEND)
+            // A quorum decides every write: a new leader has every grant.
+            .failover(lockcore::Failover::Consensus)
             .expiry_clock(ExpiryClock::Session)
             .lease_kind(LeaseKind::Session { timeout })
             .fairness(Fairness::Fifo)
