@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_sqlite::SqliteBackend;
-use lockcore::LockBackend;
 use lockcore::backend::{Clock, LockBackendExt, LockRequest, Moment};
+use lockcore::{Attempt, LockBackend};
 use sqlx::Connection;
 
 use crate::support::{self, name};
@@ -135,4 +135,46 @@ impl Clock for Ahead {
         let ahead = *self.ahead.lock().unwrap();
         Moment::from_parts(real.mono(), real.boot().map(|b| b + ahead))
     }
+}
+
+/// What `inspect` shows of a holder's time left, and what a refused
+/// attempt reports of it (so a waiter can come back then), is its row's
+/// expiry less the host's boot clock now: at most the TTL, and at least
+/// the TTL less the boot-clock time from before the grant to after the
+/// look.
+#[tokio::test]
+async fn inspect_and_a_refusal_show_the_time_left_on_the_host_boot_clock() {
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let backend = SqliteBackend::connect(&url).await.unwrap();
+    let other = SqliteBackend::connect(&url).await.unwrap();
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(60))
+        .unwrap()
+        .get();
+    let n = name("time-left");
+    let before = Moment::now().boot().unwrap();
+    let lease = backend
+        .try_acquire_for(&n, ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let holder = backend.inspect(&n).await.unwrap().expect("held");
+    let refused = other.try_acquire_for(&n, ttl).await.unwrap();
+    let took = Moment::now().boot().unwrap() - before;
+    let Attempt::Held { expires_in } = refused else {
+        panic!("a held lock was granted again");
+    };
+    for (what, left) in [("inspect", holder.expires_in), ("a refusal", expires_in)] {
+        let left = left.expect("a lock file knows its rows' expiry");
+        assert!(
+            left <= ttl && left >= ttl.saturating_sub(took),
+            "{what}: {left:?} left of a {ttl:?} TTL, {took:?} after the request"
+        );
+    }
+    backend.release(&lease).await.unwrap();
+    backend.close().await.unwrap();
+    other.close().await.unwrap();
 }

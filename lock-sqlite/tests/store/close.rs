@@ -20,7 +20,7 @@ use lockcore::{
 };
 use sqlx::Connection;
 
-use crate::support::{self, name};
+use crate::support::{self, inotify_watching, name, watch_id};
 
 /// What this process's descriptors point at.
 fn open_files() -> Vec<String> {
@@ -39,38 +39,6 @@ fn open_under(dir: &Path) -> Vec<String> {
     open_files()
         .into_iter()
         .filter(|f| f.starts_with(&dir))
-        .collect()
-}
-
-/// `path`'s device and inode as `/proc/self/fdinfo` prints a watch of it:
-/// the kernel's device number (`major << 20 | minor`), not `st_dev`.
-fn watch_id(path: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).unwrap();
-    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
-    ((u64::from(major) << 20) | u64::from(minor), meta.ino())
-}
-
-/// The inotify instances of this process (by descriptor) that watch the
-/// file `id`: another test's instances never watch the files of this
-/// test's temp dir.
-fn inotify_watching(id: (u64, u64)) -> Vec<i32> {
-    let hex = |line: &str, key: &str| {
-        let value = line.split(' ').find_map(|w| w.strip_prefix(key))?;
-        u64::from_str_radix(value, 16).ok()
-    };
-    std::fs::read_dir("/proc/self/fdinfo")
-        .unwrap()
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
-            // Gone since the listing: closed, so watching nothing.
-            let info = std::fs::read_to_string(entry.path()).ok()?;
-            info.lines()
-                .filter(|l| l.starts_with("inotify wd:"))
-                .any(|l| hex(l, "sdev:") == Some(id.0) && hex(l, "ino:") == Some(id.1))
-                .then_some(fd)
-        })
         .collect()
 }
 

@@ -1,14 +1,19 @@
-//! Renewals: a batch renewal renews each lease only on its own grant's row
-//! (kind, name, slot, owner and fence, not the fence alone).
+//! Renewals, releases and takeovers judged on the row: a batch renewal
+//! renews each lease only on its own grant's row (kind, name, slot, owner
+//! and fence, not the fence alone), a release says whether the row still
+//! counted, and an expired grant leaves no presence file once taken over
+//! and no watch once its client grants again.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lock_conformance::kit::{poll, scaled};
 use lock_sqlite::SqliteBackend;
 use lockcore::backend::LockBackendExt;
 use lockcore::backend::{LockRequest, Moment};
-use lockcore::{Lease, LockBackend, LockError, LockName, OwnerToken};
+use lockcore::{Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome};
 
-use crate::support::{self, name};
+use crate::support::{self, inotify_watching, name, watch_id};
 
 /// `lease`'s fence under another owner, name, slot or kind: what a batch
 /// must not renew.
@@ -91,8 +96,120 @@ async fn a_batch_renews_each_lease_on_its_own_grant_only() {
         backend.renew(real).await.unwrap();
         assert_eq!(
             backend.release(real).await.unwrap(),
-            lockcore::ReleaseOutcome::Released
+            ReleaseOutcome::Released
         );
     }
+    backend.close().await.unwrap();
+}
+
+/// A release after the row's expiry on the boot clock frees nothing that
+/// still counted: it answers `NotHeld`, as when another took the lock.
+#[tokio::test]
+async fn a_release_after_the_row_expired_is_not_held() {
+    let file = support::SqliteFactory::fresh();
+    let backend = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let n = name("expired");
+    let lease = backend
+        .try_acquire_for(&n, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    poll::until(
+        scaled(Duration::from_secs(5)),
+        "the row expires",
+        || async { backend.inspect(&n).await.unwrap().is_none() },
+    )
+    .await;
+    assert_eq!(
+        backend.release(&lease).await.unwrap(),
+        ReleaseOutcome::NotHeld
+    );
+    backend.close().await.unwrap();
+}
+
+/// Grants `n` for 50 ms on `backend` and waits until its row expired on the
+/// boot clock; returns the grant's presence file (`<file>-distlock/FENCE`).
+async fn expired_grant(backend: &SqliteBackend, file: &Path, n: &LockName) -> PathBuf {
+    let lease = backend
+        .try_acquire_for(n, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let presence =
+        PathBuf::from(format!("{}-distlock", file.display())).join(lease.fence().get().to_string());
+    assert!(
+        presence.exists(),
+        "no presence file at {}",
+        presence.display()
+    );
+    poll::until(
+        scaled(Duration::from_secs(5)),
+        "the row expires",
+        || async { backend.inspect(n).await.unwrap().is_none() },
+    )
+    .await;
+    presence
+}
+
+/// A grant that replaces an expired holder removes that holder's presence
+/// file: its removal is what tells the holder, if it still runs (paused),
+/// that the lock is gone, and nothing of the old grant is left behind.
+#[tokio::test]
+async fn a_takeover_of_an_expired_row_removes_its_presence_file() {
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let (a, b) = (
+        SqliteBackend::connect(&url).await.unwrap(),
+        SqliteBackend::connect(&url).await.unwrap(),
+    );
+    let n = name("taken-over");
+    let presence = expired_grant(&a, file.path(), &n).await;
+    let lease = b
+        .try_acquire_for(&n, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .expect("an expired row is free");
+    assert!(
+        !presence.exists(),
+        "the expired holder's presence file is left behind"
+    );
+    b.release(&lease).await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// A client's next grant forgets its grants whose rows expired: it stops
+/// watching their presence files (no inotify watch kept for a grant that
+/// no longer counts).
+#[tokio::test]
+async fn a_grant_stops_watching_the_clients_expired_grants() {
+    let file = support::SqliteFactory::fresh();
+    let backend = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let presence = expired_grant(&backend, file.path(), &name("expired")).await;
+    assert_eq!(
+        inotify_watching(watch_id(&presence)).len(),
+        1,
+        "the client watches its grant's presence file"
+    );
+    let lease = backend
+        .try_acquire_for(&name("next"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    assert!(presence.exists(), "nobody took the expired grant over");
+    assert_eq!(
+        inotify_watching(watch_id(&presence)),
+        Vec::<i32>::new(),
+        "the expired grant's presence file is still watched"
+    );
+    backend.release(&lease).await.unwrap();
     backend.close().await.unwrap();
 }
