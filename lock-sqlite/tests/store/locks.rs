@@ -1,8 +1,9 @@
 //! Renewals, releases and takeovers judged on the row: a batch renewal
 //! renews each lease only on its own grant's row (kind, name, slot, owner
 //! and fence, not the fence alone), a release says whether the row still
-//! counted, and an expired grant leaves no presence file once taken over
-//! and no watch once its client grants again.
+//! counted, an eviction takes only the holder it names and tells it at
+//! once, and an expired grant leaves no presence file once taken over and
+//! no watch once its client grants again.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,7 +12,7 @@ use lock_conformance::kit::{poll, scaled};
 use lock_sqlite::SqliteBackend;
 use lockcore::backend::LockBackendExt;
 use lockcore::backend::{LockRequest, Moment};
-use lockcore::{Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome};
+use lockcore::{FencingToken, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome};
 
 use crate::support::{self, inotify_watching, name, watch_id};
 
@@ -130,15 +131,9 @@ async fn a_release_after_the_row_expired_is_not_held() {
     backend.close().await.unwrap();
 }
 
-/// Grants `n` for 50 ms on `backend` and waits until its row expired on the
-/// boot clock; returns the grant's presence file (`<file>-distlock/FENCE`).
-async fn expired_grant(backend: &SqliteBackend, file: &Path, n: &LockName) -> PathBuf {
-    let lease = backend
-        .try_acquire_for(n, Duration::from_millis(50))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+/// The presence file of `lease`'s grant in lock file `file`
+/// (`<file>-distlock/FENCE`), which exists while the grant counts.
+fn presence_of(file: &Path, lease: &Lease) -> PathBuf {
     let presence =
         PathBuf::from(format!("{}-distlock", file.display())).join(lease.fence().get().to_string());
     assert!(
@@ -146,6 +141,63 @@ async fn expired_grant(backend: &SqliteBackend, file: &Path, n: &LockName) -> Pa
         "no presence file at {}",
         presence.display()
     );
+    presence
+}
+
+/// An eviction names its holder by fence: another fence evicts nothing; the
+/// named one loses its row, and its holder, in another client, hears of it
+/// at once through its presence file's removal.
+#[tokio::test]
+async fn an_eviction_takes_only_the_named_holder_and_tells_it_at_once() {
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let (a, b) = (
+        SqliteBackend::connect(&url).await.unwrap(),
+        SqliteBackend::connect(&url).await.unwrap(),
+    );
+    let n = name("evicted");
+    let lease = a
+        .try_acquire_for(&n, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let presence = presence_of(file.path(), &lease);
+    let other = FencingToken::new(lease.fence().get() + 1).unwrap();
+    assert_eq!(b.evict(&n, Some(other)).await.unwrap(), None);
+    assert!(
+        b.inspect(&n).await.unwrap().is_some(),
+        "another fence evicted it"
+    );
+    let evicted = b.evict(&n, Some(lease.fence())).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
+    assert!(b.inspect(&n).await.unwrap().is_none());
+    let lost = lease
+        .loss_signal()
+        .expect("a grant carries its loss signal");
+    tokio::time::timeout(scaled(Duration::from_secs(1)), lost.cancelled())
+        .await
+        .expect("the evicted holder was not told");
+    assert!(
+        !presence.exists(),
+        "the evicted grant's presence file is left"
+    );
+    assert_eq!(b.evict(&n, None).await.unwrap(), None, "evicted twice");
+    assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::NotHeld);
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+/// Grants `n` for 50 ms on `backend` and waits until its row expired on the
+/// boot clock; returns the grant's presence file.
+async fn expired_grant(backend: &SqliteBackend, file: &Path, n: &LockName) -> PathBuf {
+    let lease = backend
+        .try_acquire_for(n, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let presence = presence_of(file, &lease);
     poll::until(
         scaled(Duration::from_secs(5)),
         "the row expires",
