@@ -92,15 +92,21 @@ async fn close_returns_once_every_file_of_the_client_is_closed() {
         let locker = Locker::new(backend.clone()).ttl(Duration::from_secs(30));
         // Use every part: both pools, presence files, watches of holders
         // and of waiters, a renewal, a release, a permit.
-        let kept = locker.acquire("kept").await.unwrap();
+        // Free names: granted at the first attempt (a grant that never
+        // comes fails the round at once instead of after a 30 s wait).
+        let kept = locker
+            .try_acquire("kept")
+            .await
+            .unwrap()
+            .expect("a free name");
         let presence = dir.path().join("locks.db-distlock");
         mark_instance(
             &presence.join(kept.fencing_token().get().to_string()),
             dir.path(),
         );
-        let released = locker.acquire("released").await.unwrap();
+        let released = (locker.try_acquire("released").await.unwrap()).expect("a free name");
         let permits = locker.semaphore("permits", 2).unwrap();
-        let permit = permits.acquire().await.unwrap();
+        let permit = permits.try_acquire().await.unwrap().expect("a free permit");
         let waiting = tokio::time::timeout(Duration::from_millis(30), locker.acquire("kept")).await;
         assert!(waiting.is_err(), "the name is held");
         backend.inspect(&name("kept")).await.unwrap().unwrap();
@@ -300,7 +306,11 @@ async fn a_guard_reads_closed_after_its_locker_closed() {
             .await
             .unwrap(),
     );
-    let guard = locker.acquire("guarded").await.unwrap();
+    let guard = locker
+        .try_acquire("guarded")
+        .await
+        .unwrap()
+        .expect("a free name");
     locker.close().await.unwrap();
     assert!(!guard.is_held());
     assert_eq!(guard.loss_reason(), Some(LossReason::Closed));

@@ -63,7 +63,11 @@ async fn a_waiter_gets_a_released_lock_at_once() {
     let mut lags = Vec::new();
     for run in 0..RUNS {
         let name = format!("release-{run}");
-        let guard = holder.acquire(&name).await.unwrap();
+        let guard = holder
+            .try_acquire(&name)
+            .await
+            .unwrap()
+            .expect("a free name");
         let task = tokio::spawn({
             let (waiter, name) = (waiter.clone(), name.clone());
             async move {
