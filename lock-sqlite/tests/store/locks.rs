@@ -1,9 +1,9 @@
 //! Renewals, releases and takeovers judged on the row: a batch renewal
 //! renews each lease only on its own grant's row (kind, name, slot, owner
 //! and fence, not the fence alone), a release says whether the row still
-//! counted, an eviction takes only the holder it names and tells it at
-//! once, and an expired grant leaves no presence file once taken over and
-//! no watch once its client grants again.
+//! counted (a forged one frees nothing), an eviction takes only the holder
+//! it names and tells it at once, and an expired grant leaves no presence
+//! file once taken over and no watch once its client grants again.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -129,6 +129,46 @@ async fn a_release_after_the_row_expired_is_not_held() {
         ReleaseOutcome::NotHeld
     );
     backend.close().await.unwrap();
+}
+
+/// A forged lease (the real fence under another owner, name, slot or
+/// kind) released through the holder's own client frees nothing: the
+/// release is `NotHeld`, and the real holder keeps its row and its
+/// presence file's `flock`, so no other client may take the lock.
+#[tokio::test]
+async fn a_forged_release_leaves_the_real_holder_holding() {
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let (a, b) = (
+        SqliteBackend::connect(&url).await.unwrap(),
+        SqliteBackend::connect(&url).await.unwrap(),
+    );
+    let ttl = Duration::from_secs(60);
+    let n = name("forged");
+    let lease = a
+        .try_acquire_for(&n, ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    for (what, forged) in forgeries(&lease) {
+        assert_eq!(
+            a.release(&forged).await.unwrap(),
+            ReleaseOutcome::NotHeld,
+            "{what}"
+        );
+        assert!(
+            b.try_acquire_for(&n, ttl)
+                .await
+                .unwrap()
+                .into_lease()
+                .is_none(),
+            "after the release of {what}, another client took the lock"
+        );
+    }
+    assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+    a.close().await.unwrap();
+    b.close().await.unwrap();
 }
 
 /// The presence file of `lease`'s grant in lock file `file`
@@ -263,5 +303,51 @@ async fn a_grant_stops_watching_the_clients_expired_grants() {
         "the expired grant's presence file is still watched"
     );
     backend.release(&lease).await.unwrap();
+    backend.close().await.unwrap();
+}
+
+/// A renewal moves the client's record of its grant to the new expiry: the
+/// grant stays watched (an eviction of it is still heard at once) after the
+/// expiry it was granted with has passed.
+#[tokio::test]
+async fn a_renewed_grant_stays_watched_past_its_first_expiry() {
+    let file = support::SqliteFactory::fresh();
+    let backend = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let n = name("renewed");
+    let lease = backend
+        .try_acquire_for(&n, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let presence = presence_of(file.path(), &lease);
+    // The same grant renewed for a minute (a renewal takes its lease's TTL).
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(60))
+        .unwrap();
+    let longer = Lease::new(n.clone(), lease.owner(), lease.fence(), ttl, Moment::now());
+    let renewed = backend.renew(&longer).await.unwrap();
+    // Past the first expiry; the next grant forgets what expired by now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let next = backend
+        .try_acquire_for(&name("next"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    assert!(
+        backend.inspect(&n).await.unwrap().is_some(),
+        "the renewal did not count"
+    );
+    assert_eq!(
+        inotify_watching(watch_id(&presence)).len(),
+        1,
+        "the renewed grant's presence file is no longer watched"
+    );
+    backend.release(&renewed).await.unwrap();
+    backend.release(&next).await.unwrap();
     backend.close().await.unwrap();
 }
