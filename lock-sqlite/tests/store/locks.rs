@@ -16,6 +16,20 @@ use lockcore::{FencingToken, Lease, LockBackend, LockError, LockName, OwnerToken
 
 use crate::support::{self, inotify_watching, name, watch_id};
 
+/// A client of the lock file `file`.
+async fn connect(file: &support::SqliteFactory) -> SqliteBackend {
+    SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap()
+}
+
+/// `n` granted on `backend` for `ttl` (a free name).
+async fn grant(backend: &SqliteBackend, n: &LockName, ttl: Duration) -> Lease {
+    (backend.try_acquire_for(n, ttl).await.unwrap())
+        .into_lease()
+        .expect("a free name is granted")
+}
+
 /// `lease`'s fence under another owner, name, slot or kind: what a batch
 /// must not renew.
 fn forgeries(lease: &Lease) -> Vec<(&'static str, Lease)> {
@@ -54,9 +68,7 @@ fn forgeries(lease: &Lease) -> Vec<(&'static str, Lease)> {
 #[tokio::test]
 async fn a_batch_renews_each_lease_on_its_own_grant_only() {
     let file = support::SqliteFactory::fresh();
-    let backend = SqliteBackend::connect(&support::url(file.path()))
-        .await
-        .unwrap();
+    let backend = connect(&file).await;
     let ttl = backend
         .capabilities()
         .effective_ttl(Duration::from_secs(60))
@@ -108,16 +120,9 @@ async fn a_batch_renews_each_lease_on_its_own_grant_only() {
 #[tokio::test]
 async fn a_release_after_the_row_expired_is_not_held() {
     let file = support::SqliteFactory::fresh();
-    let backend = SqliteBackend::connect(&support::url(file.path()))
-        .await
-        .unwrap();
+    let backend = connect(&file).await;
     let n = name("expired");
-    let lease = backend
-        .try_acquire_for(&n, Duration::from_millis(50))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = grant(&backend, &n, Duration::from_millis(50)).await;
     poll::until(
         scaled(Duration::from_secs(5)),
         "the row expires",
@@ -138,19 +143,10 @@ async fn a_release_after_the_row_expired_is_not_held() {
 #[tokio::test]
 async fn a_forged_release_leaves_the_real_holder_holding() {
     let file = support::SqliteFactory::fresh();
-    let url = support::url(file.path());
-    let (a, b) = (
-        SqliteBackend::connect(&url).await.unwrap(),
-        SqliteBackend::connect(&url).await.unwrap(),
-    );
+    let (a, b) = (connect(&file).await, connect(&file).await);
     let ttl = Duration::from_secs(60);
     let n = name("forged");
-    let lease = a
-        .try_acquire_for(&n, ttl)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = grant(&a, &n, ttl).await;
     for (what, forged) in forgeries(&lease) {
         assert_eq!(
             a.release(&forged).await.unwrap(),
@@ -190,18 +186,9 @@ fn presence_of(file: &Path, lease: &Lease) -> PathBuf {
 #[tokio::test]
 async fn an_eviction_takes_only_the_named_holder_and_tells_it_at_once() {
     let file = support::SqliteFactory::fresh();
-    let url = support::url(file.path());
-    let (a, b) = (
-        SqliteBackend::connect(&url).await.unwrap(),
-        SqliteBackend::connect(&url).await.unwrap(),
-    );
+    let (a, b) = (connect(&file).await, connect(&file).await);
     let n = name("evicted");
-    let lease = a
-        .try_acquire_for(&n, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = grant(&a, &n, Duration::from_secs(60)).await;
     let presence = presence_of(file.path(), &lease);
     let other = FencingToken::new(lease.fence().get() + 1).unwrap();
     assert_eq!(b.evict(&n, Some(other)).await.unwrap(), None);
@@ -231,12 +218,7 @@ async fn an_eviction_takes_only_the_named_holder_and_tells_it_at_once() {
 /// Grants `n` for 50 ms on `backend` and waits until its row expired on the
 /// boot clock; returns the grant's presence file.
 async fn expired_grant(backend: &SqliteBackend, file: &Path, n: &LockName) -> PathBuf {
-    let lease = backend
-        .try_acquire_for(n, Duration::from_millis(50))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = grant(backend, n, Duration::from_millis(50)).await;
     let presence = presence_of(file, &lease);
     poll::until(
         scaled(Duration::from_secs(5)),
@@ -253,11 +235,7 @@ async fn expired_grant(backend: &SqliteBackend, file: &Path, n: &LockName) -> Pa
 #[tokio::test]
 async fn a_takeover_of_an_expired_row_removes_its_presence_file() {
     let file = support::SqliteFactory::fresh();
-    let url = support::url(file.path());
-    let (a, b) = (
-        SqliteBackend::connect(&url).await.unwrap(),
-        SqliteBackend::connect(&url).await.unwrap(),
-    );
+    let (a, b) = (connect(&file).await, connect(&file).await);
     let n = name("taken-over");
     let presence = expired_grant(&a, file.path(), &n).await;
     let lease = b
@@ -281,21 +259,14 @@ async fn a_takeover_of_an_expired_row_removes_its_presence_file() {
 #[tokio::test]
 async fn a_grant_stops_watching_the_clients_expired_grants() {
     let file = support::SqliteFactory::fresh();
-    let backend = SqliteBackend::connect(&support::url(file.path()))
-        .await
-        .unwrap();
+    let backend = connect(&file).await;
     let presence = expired_grant(&backend, file.path(), &name("expired")).await;
     assert_eq!(
         inotify_watching(watch_id(&presence)).len(),
         1,
         "the client watches its grant's presence file"
     );
-    let lease = backend
-        .try_acquire_for(&name("next"), Duration::from_secs(60))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = grant(&backend, &name("next"), Duration::from_secs(60)).await;
     assert!(presence.exists(), "nobody took the expired grant over");
     assert_eq!(
         inotify_watching(watch_id(&presence)),
@@ -312,16 +283,9 @@ async fn a_grant_stops_watching_the_clients_expired_grants() {
 #[tokio::test]
 async fn a_renewed_grant_stays_watched_past_its_first_expiry() {
     let file = support::SqliteFactory::fresh();
-    let backend = SqliteBackend::connect(&support::url(file.path()))
-        .await
-        .unwrap();
+    let backend = connect(&file).await;
     let n = name("renewed");
-    let lease = backend
-        .try_acquire_for(&n, Duration::from_millis(50))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = grant(&backend, &n, Duration::from_millis(50)).await;
     let presence = presence_of(file.path(), &lease);
     // The same grant renewed for a minute (a renewal takes its lease's TTL).
     let ttl = backend
@@ -332,12 +296,7 @@ async fn a_renewed_grant_stays_watched_past_its_first_expiry() {
     let renewed = backend.renew(&longer).await.unwrap();
     // Past the first expiry; the next grant forgets what expired by now.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let next = backend
-        .try_acquire_for(&name("next"), Duration::from_secs(60))
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let next = grant(&backend, &name("next"), Duration::from_secs(60)).await;
     assert!(
         backend.inspect(&n).await.unwrap().is_some(),
         "the renewal did not count"
