@@ -99,6 +99,50 @@ async fn leases_are_stamped_and_judged_on_their_own_clock() {
     backend.close().await.unwrap();
 }
 
+/// A batch reads each clock once, but stamps each renewal on its own
+/// lease's clock: a lease on a clock ahead of the system's, renewed in one
+/// batch after a lease on the system clock, is renewed as of its own clock.
+#[tokio::test]
+async fn a_batch_stamps_each_renewal_on_its_own_leases_clock() {
+    let file = support::SqliteFactory::fresh();
+    let backend = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(60))
+        .unwrap();
+    let ahead = Arc::new(Ahead::default());
+    ahead.jump(Duration::from_secs(1_000));
+    let mut leases = Vec::new();
+    for request in [
+        LockRequest::new(name("system"), ttl),
+        LockRequest::new(name("ahead"), ttl).with_clock(ahead.clone()),
+    ] {
+        leases.push(
+            backend
+                .try_acquire(&request)
+                .await
+                .unwrap()
+                .into_lease()
+                .unwrap(),
+        );
+    }
+    let before = ahead.now();
+    let renewed = backend.renew_many(&leases).await;
+    let on_ahead = renewed[1].as_ref().unwrap();
+    assert!(
+        on_ahead.issued().boot() >= before.boot(),
+        "renewed as of {:?}, before its own clock read {:?}",
+        on_ahead.issued(),
+        before
+    );
+    for lease in renewed {
+        backend.release(&lease.unwrap()).await.unwrap();
+    }
+    backend.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_request_on_the_system_clock_keeps_it() {
     let file = support::SqliteFactory::fresh();
