@@ -137,9 +137,10 @@ async fn a_release_after_the_row_expired_is_not_held() {
 }
 
 /// A forged lease (the real fence under another owner, name, slot or
-/// kind) released through the holder's own client frees nothing: the
-/// release is `NotHeld`, and the real holder keeps its row and its
-/// presence file's `flock`, so no other client may take the lock.
+/// kind) released through the holder's own client or another frees
+/// nothing: the release is `NotHeld`, and the real holder keeps its row and
+/// its presence file with its `flock`, so no other client may take the lock
+/// (and a holder that dies is still seen gone at once).
 #[tokio::test]
 async fn a_forged_release_leaves_the_real_holder_holding() {
     let file = support::SqliteFactory::fresh();
@@ -147,11 +148,16 @@ async fn a_forged_release_leaves_the_real_holder_holding() {
     let ttl = Duration::from_secs(60);
     let n = name("forged");
     let lease = grant(&a, &n, ttl).await;
-    for (what, forged) in forgeries(&lease) {
+    let presence = presence_of(file.path(), &lease);
+    for ((what, forged), via) in forgeries(&lease)
+        .into_iter()
+        .flat_map(|f| [(f.clone(), "its own client"), (f, "another client")])
+    {
+        let client = if via == "its own client" { &a } else { &b };
         assert_eq!(
-            a.release(&forged).await.unwrap(),
+            client.release(&forged).await.unwrap(),
             ReleaseOutcome::NotHeld,
-            "{what}"
+            "{what} through {via}"
         );
         assert!(
             b.try_acquire_for(&n, ttl)
@@ -159,7 +165,11 @@ async fn a_forged_release_leaves_the_real_holder_holding() {
                 .unwrap()
                 .into_lease()
                 .is_none(),
-            "after the release of {what}, another client took the lock"
+            "after the release of {what} through {via}, another client took the lock"
+        );
+        assert!(
+            presence.exists(),
+            "the release of {what} through {via} removed the holder's presence file"
         );
     }
     assert_eq!(a.release(&lease).await.unwrap(), ReleaseOutcome::Released);
