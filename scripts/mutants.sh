@@ -9,11 +9,13 @@
 #   CRATE  lockcore (default) or an adapter crate (lock-sqlite, lock-redis, ...)
 #   FILE   source files to mutate (lockcore/src/renewer.rs ...); default for
 #          lockcore: its safety files (renewer, lease, clock, guard, fenced,
-#          wait, locker, capabilities); for an adapter: all of its src/
+#          backend/wait, locker, capabilities); for an adapter: all of its src/
 # Environment:
 #   MUTANTS_JOBS   mutants built and tested at once [1] (each needs a core)
 #   MUTANTS_FRESH  1: forget earlier results and test every mutant again
 #   MUTANTS_ARGS   more cargo-mutants arguments, split on spaces (e.g. "--list")
+#   MUTANTS_TIMEOUT  lockcore's second pass: seconds a mutant's tests may
+#                  take [120] (that pass runs no baseline to time them by)
 #   MUTANTS_TESTS  the first pass's test binaries only, to save builds (e.g.
 #                  "guard renewer locker" for renewer.rs; "lib" for the unit
 #                  tests); default: all of the crate's. lockcore's second pass
@@ -47,7 +49,7 @@ dir=$crate
 
 files=("$@")
 if [ ${#files[@]} -eq 0 ] && [ "$crate" = lockcore ]; then
-  for f in renewer lease clock guard fenced wait locker capabilities; do
+  for f in renewer lease clock guard fenced backend/wait locker capabilities; do
     files+=("lockcore/src/$f.rs")
   done
 fi
@@ -116,6 +118,10 @@ targets=(--lib)
 for t in "$dir"/tests/*.rs; do
   [ -e "$t" ] && targets+=(--test "$(basename "$t" .rs)")
 done
+# A binary of several files: tests/NAME/main.rs (an adapter's store tests).
+for t in "$dir"/tests/*/main.rs; do
+  [ -e "$t" ] && targets+=(--test "$(basename "$(dirname "$t")")")
+done
 
 first=("${targets[@]}")
 if [ -n "${MUTANTS_TESTS:-}" ]; then
@@ -126,7 +132,10 @@ if [ -n "${MUTANTS_TESTS:-}" ]; then
 fi
 pass "$crate: its own tests (${first[*]})" -- "${first[@]}"
 if [ "$crate" = lockcore ] && [ "$(survivors)" -gt 0 ]; then
+  # No baseline: cargo-mutants runs it on the mutated package alone, which
+  # has no `memory` target. Without one, the test timeout is explicit.
   pass "lockcore: survivors against the conformance suite on MemoryBackend" \
+    --baseline=skip --timeout "${MUTANTS_TIMEOUT:-120}" \
     --test-package lockcore --test-package lock-conformance -- "${targets[@]}" --test memory
 fi
 

@@ -114,3 +114,23 @@ async fn force_release_evicts_the_holder_and_force_release_if_only_the_named_one
     assert!(!again.is_held());
     assert_eq!(admin.force_release("n", "test").await.unwrap(), None);
 }
+
+/// Each getter answers what its setter set (callers size their own waits
+/// and renew loops from them), and the deprecated names answer the same.
+#[test]
+#[allow(deprecated)]
+fn getters_answer_what_their_setters_set() {
+    let label: lockcore::HolderLabel = "worker 7".parse().unwrap();
+    let locker = Locker::new(MemoryBackend::new())
+        .ttl(Duration::from_secs(7))
+        .max_wait(Duration::from_secs(11))
+        .recheck(Duration::from_millis(1_300))
+        .label(label.clone());
+    assert_eq!(locker.get_ttl(), Duration::from_secs(7));
+    assert_eq!(locker.get_max_wait(), Duration::from_secs(11));
+    assert_eq!(locker.get_recheck(), Duration::from_millis(1_300));
+    assert_eq!(locker.get_label(), &label);
+    assert_eq!(locker.wait_limit(), locker.get_max_wait());
+    assert_eq!(locker.recheck_interval(), locker.get_recheck());
+    assert_eq!(locker.holder_label(), &label);
+}

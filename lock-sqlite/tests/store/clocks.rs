@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_sqlite::SqliteBackend;
-use lockcore::LockBackend;
 use lockcore::backend::{Clock, LockBackendExt, LockRequest, Moment};
+use lockcore::{Attempt, LockBackend};
 use sqlx::Connection;
 
 use crate::support::{self, name};
@@ -99,6 +99,50 @@ async fn leases_are_stamped_and_judged_on_their_own_clock() {
     backend.close().await.unwrap();
 }
 
+/// A batch reads each clock once, but stamps each renewal on its own
+/// lease's clock: a lease on a clock ahead of the system's, renewed in one
+/// batch after a lease on the system clock, is renewed as of its own clock.
+#[tokio::test]
+async fn a_batch_stamps_each_renewal_on_its_own_leases_clock() {
+    let file = support::SqliteFactory::fresh();
+    let backend = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(60))
+        .unwrap();
+    let ahead = Arc::new(Ahead::default());
+    ahead.jump(Duration::from_secs(1_000));
+    let mut leases = Vec::new();
+    for request in [
+        LockRequest::new(name("system"), ttl),
+        LockRequest::new(name("ahead"), ttl).with_clock(ahead.clone()),
+    ] {
+        leases.push(
+            backend
+                .try_acquire(&request)
+                .await
+                .unwrap()
+                .into_lease()
+                .unwrap(),
+        );
+    }
+    let before = ahead.now();
+    let renewed = backend.renew_many(&leases).await;
+    let on_ahead = renewed[1].as_ref().unwrap();
+    assert!(
+        on_ahead.issued().boot() >= before.boot(),
+        "renewed as of {:?}, before its own clock read {:?}",
+        on_ahead.issued(),
+        before
+    );
+    for lease in renewed {
+        backend.release(&lease.unwrap()).await.unwrap();
+    }
+    backend.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_request_on_the_system_clock_keeps_it() {
     let file = support::SqliteFactory::fresh();
@@ -135,4 +179,46 @@ impl Clock for Ahead {
         let ahead = *self.ahead.lock().unwrap();
         Moment::from_parts(real.mono(), real.boot().map(|b| b + ahead))
     }
+}
+
+/// What `inspect` shows of a holder's time left, and what a refused
+/// attempt reports of it (so a waiter can come back then), is its row's
+/// expiry less the host's boot clock now: at most the TTL, and at least
+/// the TTL less the boot-clock time from before the grant to after the
+/// look.
+#[tokio::test]
+async fn inspect_and_a_refusal_show_the_time_left_on_the_host_boot_clock() {
+    let file = support::SqliteFactory::fresh();
+    let url = support::url(file.path());
+    let backend = SqliteBackend::connect(&url).await.unwrap();
+    let other = SqliteBackend::connect(&url).await.unwrap();
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(60))
+        .unwrap()
+        .get();
+    let n = name("time-left");
+    let before = Moment::now().boot().unwrap();
+    let lease = backend
+        .try_acquire_for(&n, ttl)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
+    let holder = backend.inspect(&n).await.unwrap().expect("held");
+    let refused = other.try_acquire_for(&n, ttl).await.unwrap();
+    let took = Moment::now().boot().unwrap() - before;
+    let Attempt::Held { expires_in } = refused else {
+        panic!("a held lock was granted again");
+    };
+    for (what, left) in [("inspect", holder.expires_in), ("a refusal", expires_in)] {
+        let left = left.expect("a lock file knows its rows' expiry");
+        assert!(
+            left <= ttl && left >= ttl.saturating_sub(took),
+            "{what}: {left:?} left of a {ttl:?} TTL, {took:?} after the request"
+        );
+    }
+    backend.release(&lease).await.unwrap();
+    backend.close().await.unwrap();
+    other.close().await.unwrap();
 }

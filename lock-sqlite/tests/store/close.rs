@@ -20,7 +20,7 @@ use lockcore::{
 };
 use sqlx::Connection;
 
-use crate::support::{self, name};
+use crate::support::{self, inotify_watching, name, watch_id};
 
 /// What this process's descriptors point at.
 fn open_files() -> Vec<String> {
@@ -39,38 +39,6 @@ fn open_under(dir: &Path) -> Vec<String> {
     open_files()
         .into_iter()
         .filter(|f| f.starts_with(&dir))
-        .collect()
-}
-
-/// `path`'s device and inode as `/proc/self/fdinfo` prints a watch of it:
-/// the kernel's device number (`major << 20 | minor`), not `st_dev`.
-fn watch_id(path: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).unwrap();
-    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
-    ((u64::from(major) << 20) | u64::from(minor), meta.ino())
-}
-
-/// The inotify instances of this process (by descriptor) that watch the
-/// file `id`: another test's instances never watch the files of this
-/// test's temp dir.
-fn inotify_watching(id: (u64, u64)) -> Vec<i32> {
-    let hex = |line: &str, key: &str| {
-        let value = line.split(' ').find_map(|w| w.strip_prefix(key))?;
-        u64::from_str_radix(value, 16).ok()
-    };
-    std::fs::read_dir("/proc/self/fdinfo")
-        .unwrap()
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
-            // Gone since the listing: closed, so watching nothing.
-            let info = std::fs::read_to_string(entry.path()).ok()?;
-            info.lines()
-                .filter(|l| l.starts_with("inotify wd:"))
-                .any(|l| hex(l, "sdev:") == Some(id.0) && hex(l, "ino:") == Some(id.1))
-                .then_some(fd)
-        })
         .collect()
 }
 
@@ -124,15 +92,21 @@ async fn close_returns_once_every_file_of_the_client_is_closed() {
         let locker = Locker::new(backend.clone()).ttl(Duration::from_secs(30));
         // Use every part: both pools, presence files, watches of holders
         // and of waiters, a renewal, a release, a permit.
-        let kept = locker.acquire("kept").await.unwrap();
+        // Free names: granted at the first attempt (a grant that never
+        // comes fails the round at once instead of after a 30 s wait).
+        let kept = locker
+            .try_acquire("kept")
+            .await
+            .unwrap()
+            .expect("a free name");
         let presence = dir.path().join("locks.db-distlock");
         mark_instance(
             &presence.join(kept.fencing_token().get().to_string()),
             dir.path(),
         );
-        let released = locker.acquire("released").await.unwrap();
+        let released = (locker.try_acquire("released").await.unwrap()).expect("a free name");
         let permits = locker.semaphore("permits", 2).unwrap();
-        let permit = permits.acquire().await.unwrap();
+        let permit = permits.try_acquire().await.unwrap().expect("a free permit");
         let waiting = tokio::time::timeout(Duration::from_millis(30), locker.acquire("kept")).await;
         assert!(waiting.is_err(), "the name is held");
         backend.inspect(&name("kept")).await.unwrap().unwrap();
@@ -200,7 +174,8 @@ async fn close_loses_every_lease_first_and_frees_it_at_once() {
     let next = take(&b, &name("closing")).await;
     assert!(next.fence() > permit.fence());
     b.release(&next).await.unwrap();
-    // Closed: refused, retry on another client; closing again is harmless.
+    // Closed: refused, saying so (retry on another client), before any I/O;
+    // closing again is harmless.
     for refused in [
         a.try_acquire_for(&name("after"), Duration::from_secs(1))
             .await
@@ -212,7 +187,7 @@ async fn close_loses_every_lease_first_and_frees_it_at_once() {
             .await,
     ] {
         assert!(
-            matches!(refused, Err(LockError::Unavailable { .. })),
+            matches!(&refused, Err(e @ LockError::Unavailable { .. }) if e.to_string().contains("was closed")),
             "{refused:?}"
         );
     }
@@ -332,7 +307,11 @@ async fn a_guard_reads_closed_after_its_locker_closed() {
             .await
             .unwrap(),
     );
-    let guard = locker.acquire("guarded").await.unwrap();
+    let guard = locker
+        .try_acquire("guarded")
+        .await
+        .unwrap()
+        .expect("a free name");
     locker.close().await.unwrap();
     assert!(!guard.is_held());
     assert_eq!(guard.loss_reason(), Some(LossReason::Closed));

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock_conformance::kit::scaled;
+use lock_conformance::kit::{poll, scaled};
 use lock_sqlite::SqliteBackend;
 use lockcore::Locker;
 use tokio::time::Instant;
@@ -38,6 +38,14 @@ async fn two_thousand_waiters_on_one_name_are_all_served() {
             })
         })
         .collect();
+    // The name is free: the first waiter is served at once (the rest wait
+    // their turn; none has to wait its whole `max_wait` to find out).
+    poll::until(
+        scaled(Duration::from_secs(10)),
+        "a first waiter is served",
+        || async { served.load(Ordering::Relaxed) > 0 },
+    )
+    .await;
     for task in tasks {
         task.await
             .expect("the waiter task")

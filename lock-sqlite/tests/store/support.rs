@@ -422,3 +422,35 @@ async fn stall_forever(path: &Path) -> Result<(), String> {
     std::future::pending::<()>().await;
     Ok(())
 }
+
+/// `path`'s device and inode as `/proc/self/fdinfo` prints a watch of it:
+/// the kernel's device number (`major << 20 | minor`), not `st_dev`.
+pub(crate) fn watch_id(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap();
+    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    ((u64::from(major) << 20) | u64::from(minor), meta.ino())
+}
+
+/// The inotify instances of this process (by descriptor) that watch the
+/// file `id`: another test's instances never watch the files of this
+/// test's temp dir.
+pub(crate) fn inotify_watching(id: (u64, u64)) -> Vec<i32> {
+    let hex = |line: &str, key: &str| {
+        let value = line.split(' ').find_map(|w| w.strip_prefix(key))?;
+        u64::from_str_radix(value, 16).ok()
+    };
+    std::fs::read_dir("/proc/self/fdinfo")
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
+            // Gone since the listing: closed, so watching nothing.
+            let info = std::fs::read_to_string(entry.path()).ok()?;
+            info.lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .any(|l| hex(l, "sdev:") == Some(id.0) && hex(l, "ino:") == Some(id.1))
+                .then_some(fd)
+        })
+        .collect()
+}
