@@ -161,9 +161,12 @@ async fn holders_hear_of_a_failover_at_once() {
     let lost = lease
         .loss_signal()
         .expect("a PostgreSQL lease has a loss signal");
-    tokio::time::timeout(scaled(Duration::from_secs(5)), lost.cancelled())
-        .await
-        .expect("the lease held before the failover is lost once the client sees the new primary");
+    // The grant above ran on a new connection, whose check saw the new
+    // timeline before its first statement: the old lease is lost already.
+    assert!(
+        lost.is_cancelled(),
+        "the lease held before the failover is not lost once the client reached the new primary"
+    );
     let fresh = next
         .loss_signal()
         .expect("a PostgreSQL lease has a loss signal");
