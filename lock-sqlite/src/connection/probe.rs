@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lockcore::LockError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
-use sqlx::{ConnectOptions, Connection};
+use sqlx::{ConnectOptions, Connection, Sqlite, TransactionManager};
 
 use crate::error::{self, code, shown};
 use crate::keys;
@@ -434,6 +434,7 @@ pub(crate) async fn pool(
         .max_lifetime(None)
         .acquire_timeout(timeout)
         .after_connect(|conn, _| Box::pin(no_checkpoint_on_close(conn)))
+        .after_release(|conn, _| Box::pin(outside_transactions(conn)))
         .connect_with(options(path, timeout))
         .await
         .map_err(|e| match error::primary_code(&e) {
@@ -442,6 +443,18 @@ pub(crate) async fn pool(
             }
             _ => error::map(e),
         })
+}
+
+/// Whether a connection given back to its pool is outside any transaction
+/// (else the pool closes it, which rolls the transaction back). A `BEGIN
+/// IMMEDIATE` whose future is dropped just after the statement ran, before
+/// its reply was read, leaves its connection inside a transaction that no
+/// `Transaction` owns: reused, it would hold the file's write lock and
+/// refuse every later `BEGIN`. The ping first lets a rollback queued by a
+/// dropped `Transaction` run.
+async fn outside_transactions(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    conn.ping().await?;
+    Ok(<Sqlite as sqlx::Database>::TransactionManager::get_transaction_depth(conn) == 0)
 }
 
 /// Creates the lock file with mode 0600 if it does not exist, so SQLite

@@ -298,6 +298,42 @@ async fn an_acquire_cut_short_anywhere_leaves_nothing_once_closed() {
     );
 }
 
+/// Acquires cut short at every point of their transaction leave the
+/// client usable: a `BEGIN IMMEDIATE` that ran but whose reply was never
+/// read leaves its pooled connection inside a transaction, which must not
+/// be handed out again (it would hold the file's write lock, and every
+/// later `BEGIN` on it fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_cut_short_anywhere_leave_the_client_usable() {
+    let file = support::SqliteFactory::fresh();
+    let client = SqliteBackend::connect(&support::url(file.path()))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let lease = take(&client, &name("probe")).await;
+    let whole = started.elapsed();
+    client.release(&lease).await.unwrap();
+    // The BEGIN's reply comes early in an acquire: cut finely there.
+    let steps = 1000_u32;
+    for step in 0..=steps {
+        let at = scaled(whole) * step / steps / 4;
+        let lock = name(&format!("cut-{step}"));
+        let cut = tokio::time::timeout(at, client.try_acquire_for(&lock, Duration::from_secs(60)));
+        if let Ok(attempt) = cut.await {
+            attempt.unwrap().into_lease().expect("a free lock");
+        }
+        let next = client
+            .try_acquire_for(&name(&format!("next-{step}")), Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("step {step} (cut after {at:?}): the next acquire: {e}"));
+        client
+            .release(&next.into_lease().expect("a free lock"))
+            .await
+            .unwrap();
+    }
+    client.close().await.unwrap();
+}
+
 /// The guard's view of a close through its `Locker`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_reads_closed_after_its_locker_closed() {
