@@ -11,7 +11,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
-use lockcore::backend::{CancellationToken, Cleanups, Kind, LockRequest, Polling, async_trait};
+use lockcore::backend::{
+    CancellationToken, Cleanups, Era, Kind, LockRequest, Polling, async_trait,
+};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease, LockBackend,
     LockError, LockName, ReleaseOutcome,
@@ -23,7 +25,7 @@ use crate::config::{PostgresConfig, Server, Source};
 use crate::connection::{Client, Facts, Pool};
 use crate::error::BACKEND;
 use crate::fence::ResourceFence;
-use crate::fence::failover::{EpochSql, Era, OnConnect};
+use crate::fence::failover::{EpochSql, OnConnect};
 use crate::keys;
 use crate::keys::schema::{Ddl, RESOURCE_FENCE_TABLE};
 use crate::locks::Take;

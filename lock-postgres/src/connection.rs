@@ -14,9 +14,9 @@ use lockcore::backend::CancellationToken;
 pub(crate) use pool::{Checkout, Pool};
 pub(crate) use probe::Facts;
 
-use crate::fence::failover::Era;
 use crate::locks::sql::Sql;
 use crate::wait::notify::Wakeups;
+use lockcore::backend::Era;
 
 /// The pool and statements of one backend instance.
 pub(crate) struct Client {

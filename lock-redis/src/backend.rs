@@ -89,7 +89,8 @@ impl RedisBackend {
     pub async fn connect_with(config: RedisConfig) -> Result<Self, LockError> {
         let response_timeout = config.response_timeout;
         let connected = connection::connect(config).await?;
-        let caps = capabilities(response_timeout, &connected.eviction);
+        let failover = connected.client.failover.mode();
+        let caps = capabilities(response_timeout, &connected.eviction, failover);
         let client = connected.client;
         Ok(RedisBackend {
             _last: Arc::new(LastHandle {
@@ -171,12 +172,17 @@ impl Drop for LastHandle {
 
 /// What a backend declares: expiry on the server's clock, FIFO waiting,
 /// eviction notices within the response timeout, fences as durable as
-/// the server's settings (`eviction`) make them.
-fn capabilities(response_timeout: Duration, eviction: &Eviction) -> Capabilities {
+/// the server's settings (`eviction`) make them, and what a failover keeps.
+fn capabilities(
+    response_timeout: Duration,
+    eviction: &Eviction,
+    failover: lockcore::Failover,
+) -> Capabilities {
     Capabilities::new(BACKEND)
         // Redis replication is asynchronous: a failover can lose the last
-        // grants (fences still grow, floored at the server's clock).
-        .failover(lockcore::Failover::Asynchronous)
+        // grants (fences still grow, floored at the server's clock), unless
+        // a lock delay outlasts them (`fence/failover.rs`).
+        .failover(failover)
         .expiry_clock(ExpiryClock::StoreWallClock)
         .ttl_range(Duration::from_millis(1), MAX_TTL)
         .ttl_granularity(Duration::from_millis(1))

@@ -45,6 +45,8 @@ pub struct RedisConfig {
     pub(crate) response_timeout: Duration,
     pub(crate) require_durable_fences: bool,
     pub(crate) allow_maxmemory_eviction: bool,
+    pub(crate) failover_lock_delay: Option<Duration>,
+    pub(crate) wait_replicas: Option<u32>,
     #[cfg(feature = "tls")]
     tls: crate::connection::tls::Certificates,
 }
@@ -78,6 +80,8 @@ impl RedisConfig {
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             require_durable_fences: false,
             allow_maxmemory_eviction: false,
+            failover_lock_delay: None,
+            wait_replicas: None,
             #[cfg(feature = "tls")]
             tls: Default::default(),
         }
@@ -111,6 +115,41 @@ impl RedisConfig {
     /// `?timeout=1s`.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// After a failover to a replica (a new replication id, see the
+    /// README's "Failover to a replica"), grants nothing for `delay` from
+    /// the moment it is first seen (`failover_lock_delay`; off by default).
+    /// With asynchronous replication the old primary's last grants may be
+    /// missing on the promoted replica while their holders still work: a
+    /// delay of at least the longest TTL in use, plus the expiry slack and
+    /// the holders' renewal interval, lets every such lease run out first,
+    /// so no two holders overlap, at the cost of that long without grants.
+    /// Set it alike on every client: the first grant on the promoted server
+    /// records when grants resume. Needs `INFO` (the ACL's `+info`): connect
+    /// refuses it otherwise. [`capabilities`](lockcore::LockBackend::capabilities)
+    /// reports it as [`Failover::LockDelay`](lockcore::Failover::LockDelay).
+    /// The URL form is `?failover_lock_delay=15s`.
+    pub fn failover_lock_delay(mut self, delay: Duration) -> Self {
+        self.failover_lock_delay = (!delay.is_zero()).then_some(delay);
+        self
+    }
+
+    /// The lossless mode (`wait_replicas`; off by default): each grant and
+    /// each renewal is sent with `WAIT replicas` in one request, and counts
+    /// only once that many replicas acknowledged it (within half the
+    /// response timeout); a grant they did not is released and the call fails with a
+    /// retryable [`LockError::Unavailable`], a renewal is not adopted. A
+    /// promoted replica that acknowledged then has every lease a client
+    /// believes it holds: set `replicas` to the number of replicas that can
+    /// be promoted. Costs a round trip to the replicas per grant and renewal,
+    /// and grants stop while fewer replicas are connected. 0 turns it off.
+    /// [`capabilities`](lockcore::LockBackend::capabilities) reports it as
+    /// [`Failover::Synchronous`](lockcore::Failover::Synchronous). The URL
+    /// form is `?wait_replicas=1`.
+    pub fn wait_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = (replicas > 0).then_some(replicas);
         self
     }
 
@@ -265,7 +304,9 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("require_durable_fences", &self.require_durable_fences)
-            .field("allow_maxmemory_eviction", &self.allow_maxmemory_eviction);
+            .field("allow_maxmemory_eviction", &self.allow_maxmemory_eviction)
+            .field("failover_lock_delay", &self.failover_lock_delay)
+            .field("wait_replicas", &self.wait_replicas);
         #[cfg(feature = "tls")]
         shown.field("tls_custom_root", &self.tls.has_root()).field(
             "tls_client_identity",

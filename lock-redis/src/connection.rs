@@ -1,5 +1,6 @@
 //! Connecting: the command connection (checked with a `PING`), the checks
-//! at connect (`probe.rs`: persistence, eviction policy), the instance's
+//! at connect (`probe.rs`: persistence, eviction policy; the replication id,
+//! `fence/failover.rs`), the instance's
 //! `Client` and its subscription; then the rules every request follows
 //! (`commands.rs`), the scripts (`script.rs`), TLS (`tls.rs`), background
 //! clean-ups (`background.rs`) and closing (`closing.rs`).
@@ -17,6 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::RedisConfig;
 use crate::error::{self, BACKEND, TcpProbe};
+use crate::fence::failover::Failover;
 use crate::keys;
 use crate::wait::notify::Notifier;
 
@@ -80,6 +82,8 @@ pub(crate) async fn connect(config: RedisConfig) -> Result<Connected, LockError>
     timed(BACKEND, &format!("PING {endpoint}"), op_timeout, ping).await?;
     let (persistence, eviction) = probe::check(&config, &endpoint, &mut con, op_timeout).await?;
     let (closing, tasks) = (CancellationToken::new(), TaskTracker::new());
+    let failover = Failover::probe(&mut con, &endpoint, &config, closing.clone());
+    let failover = timed(BACKEND, "INFO replication", op_timeout, failover).await?;
     let (notifier, events) = Notifier::new(
         config.client.clone(),
         (op_timeout, config.response_timeout),
@@ -96,6 +100,7 @@ pub(crate) async fn connect(config: RedisConfig) -> Result<Connected, LockError>
         op_timeout,
         claim_window: config.response_timeout,
         notifier,
+        failover,
         closing: closing.clone(),
         tasks: tasks.clone(),
         acquires: TaskTracker::new(),

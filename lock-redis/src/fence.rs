@@ -1,7 +1,9 @@
 //! Fencing: the counters every grant advances (`next_fence`, prepended to
-//! the scripts that grant), the fence floor raised after a restore, and
-//! fenced writes to data kept in Redis.
+//! the scripts that grant), the fence floor raised after a restore, the
+//! failover check every grant makes (`failover.rs`), and fenced writes to
+//! data kept in Redis.
 
+pub(crate) mod failover;
 mod fenced_write;
 mod floor;
 

@@ -13,6 +13,7 @@
 //! <prefix>{<name>}:permits:fence     semaphore fence counter (never expires)
 //! <prefix>{<name>}:permits:watchers  instances watching the semaphore (set), one-shot
 //! <prefix>fence-floor:{<t>}          the fence floor of one Cluster slot (16384 of them, once raised)
+//! <prefix>era:{<t>}                  the replication id one Cluster slot's grants came from (hash)
 //! <prefix>wake:<instance>            pub/sub channel of one backend instance (not a key)
 //! <prefix>evict                      pub/sub channel announcing forced releases to holders
 //! ```
@@ -21,9 +22,9 @@
 //! and nothing else is touched. That encoding is injective, and it keeps
 //! braces out of the hash tag, so the tag is exactly the encoded name: all
 //! keys of a name always land in the same Redis Cluster slot, and two names
-//! never share a key. The fence floor is kept per slot, under a tag chosen
-//! to land in that slot, so each name's scripts read it without leaving
-//! their slot. Glob characters (`* ? [ ] \`) are plain data: the adapter
+//! never share a key. The fence floor and the era are kept per slot, under
+//! a tag chosen to land in that slot, so each name's scripts read them
+//! without leaving their slot. Glob characters (`* ? [ ] \`) are plain data: the adapter
 //! never uses `KEYS` or `SCAN MATCH`.
 
 use lockcore::{LockError, LockName};
@@ -78,6 +79,8 @@ pub(crate) struct Keys {
     pub(crate) watchers: String,
     /// The fence floor of the name's Cluster slot.
     pub(crate) floor: String,
+    /// The era of the name's Cluster slot.
+    pub(crate) era: String,
 }
 
 impl Keys {
@@ -94,6 +97,7 @@ impl Keys {
             next: format!("{lock}:next"),
             watchers: format!("{lock}:watchers"),
             floor: floor_key(prefix, slot_of(tag)),
+            era: era_key(prefix, slot_of(tag)),
             lock,
         }
     }
@@ -124,6 +128,8 @@ pub(crate) struct PermitKeys {
     pub(crate) watchers: String,
     /// The fence floor of the name's Cluster slot.
     pub(crate) floor: String,
+    /// The era of the name's Cluster slot.
+    pub(crate) era: String,
 }
 
 impl PermitKeys {
@@ -135,6 +141,7 @@ impl PermitKeys {
             fence: format!("{base}:fence"),
             watchers: format!("{base}:watchers"),
             floor: floor_key(prefix, slot_of(&tag)),
+            era: era_key(prefix, slot_of(&tag)),
             slots: base,
         }
     }
@@ -164,10 +171,20 @@ fn slot_of(tag: &str) -> u16 {
     crc % SLOTS
 }
 
-/// The fence floor key of Cluster slot `slot`: `<prefix>fence-floor:{<t>}`
-/// where `<t>` is the first lowercase-hex number whose slot is `slot`, so
-/// each name's scripts read the floor from their own slot.
+/// The fence floor key of Cluster slot `slot` (see [`slot_key`]).
 pub(crate) fn floor_key(prefix: &str, slot: u16) -> String {
+    slot_key(prefix, "fence-floor", slot)
+}
+
+/// The era key of Cluster slot `slot` (see [`slot_key`]).
+pub(crate) fn era_key(prefix: &str, slot: u16) -> String {
+    slot_key(prefix, "era", slot)
+}
+
+/// The key `<prefix><what>:{<t>}` of Cluster slot `slot`, where `<t>` is
+/// the first lowercase-hex number whose slot is `slot`, so each name's
+/// scripts read it from their own slot.
+fn slot_key(prefix: &str, what: &str, slot: u16) -> String {
     static TAGS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
         let mut tags = vec![String::new(); usize::from(SLOTS)];
         let mut missing = tags.len();
@@ -184,10 +201,7 @@ pub(crate) fn floor_key(prefix: &str, slot: u16) -> String {
         }
         tags
     });
-    format!(
-        "{prefix}fence-floor:{{{}}}",
-        TAGS[usize::from(slot % SLOTS)]
-    )
+    format!("{prefix}{what}:{{{}}}", TAGS[usize::from(slot % SLOTS)])
 }
 
 /// The channel forced releases announce evictions on, for the holders.
@@ -292,6 +306,7 @@ mod tests {
         assert_eq!(k.next, "distlock:{orders/%7B42%7D}:next");
         assert_eq!(k.watchers, "distlock:{orders/%7B42%7D}:watchers");
         assert!(k.floor.starts_with("distlock:fence-floor:{"));
+        assert_eq!(k.era, k.floor.replace("fence-floor:", "era:"));
         assert_eq!(
             Keys::from_lock_key(DEFAULT_PREFIX, &k.lock),
             Some(k.clone())
@@ -334,6 +349,9 @@ mod tests {
                 slot_of(hash_tag(&k.lock)),
                 "{name}"
             );
+            assert_eq!(slot_of(hash_tag(&k.era)), slot_of(hash_tag(&k.lock)));
+            let p = PermitKeys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap());
+            assert_eq!((&p.floor, &p.era), (&k.floor, &k.era), "{name}");
         }
     }
 

@@ -16,6 +16,7 @@ use crate::connection::client::Client;
 use crate::connection::script::{prepare, script};
 use crate::error;
 use crate::fence::NEXT_FENCE;
+use crate::fence::failover::ERA_CHECK;
 use crate::keys::{self, Keys};
 use crate::permits::SLOTS;
 use crate::wait::LINE;
@@ -27,7 +28,7 @@ use value::{lease_value, parse_value, remaining};
 /// `is_lease`: whether a stored value belongs to a lease.
 pub(crate) const IS_LEASE: &str = include_str!("locks/scripts/lease.lua");
 
-script!(ACQUIRE = [NEXT_FENCE, LINE] include_str!("locks/scripts/acquire.lua"));
+script!(ACQUIRE = [NEXT_FENCE, ERA_CHECK, LINE] include_str!("locks/scripts/acquire.lua"));
 script!(RENEW = [IS_LEASE, SLOTS] include_str!("locks/scripts/renew.lua"));
 script!(RELEASE = [IS_LEASE, LINE] include_str!("locks/scripts/release.lua"));
 script!(INSPECT = [] include_str!("locks/scripts/inspect.lua"));
@@ -50,6 +51,11 @@ impl Client {
         owner: OwnerToken,
         line: Option<(&str, Duration)>,
     ) -> Result<Attempt, LockError> {
+        if let Some(expires_in) = self.failover.era.grants_wait() {
+            return Ok(Attempt::Held {
+                expires_in: Some(expires_in),
+            });
+        }
         let ttl = request.ttl();
         let (member, linger) = line.unwrap_or_default();
         let mut call = prepare(&ACQUIRE);
@@ -59,11 +65,13 @@ impl Client {
             .key(&keys.queue)
             .key(&keys.next)
             .key(&keys.floor)
+            .key(&keys.era)
             .arg(owner.encode())
             .arg(ttl.as_millis_ceil())
             .arg(member)
             .arg(linger.as_millis() as u64)
-            .arg(request.label().as_str());
+            .arg(request.label().as_str())
+            .arg(self.failover.script_arg());
         // Listening for an eviction of this grant starts before it exists.
         let watch = self.notifier.watch_hold(&keys.lock, owner);
         let sent_at = request.now();
@@ -71,11 +79,8 @@ impl Client {
         let pending = line
             .is_none()
             .then(|| Pending::new(self.clone(), Undo::Lock(keys.clone(), owner), until));
-        let reply = self
-            .commands
-            .invoke_tracked("acquire", &call.1, &call.0)
-            .await;
-        let (granted, value): (i64, i64) = match reply {
+        let reply = self.invoke_replicated("acquire", &call).await;
+        let ((era, granted, value), replicated): ((String, i64, i64), _) = match reply {
             Ok(reply) => {
                 Pending::settled(pending);
                 reply
@@ -89,18 +94,22 @@ impl Client {
                 return Err(e);
             }
         };
+        self.failover.saw(&era, &self.endpoint);
         if granted != 1 {
             return Ok(Attempt::Held {
                 expires_in: remaining(value),
             });
         }
         let fence = FencingToken::from_store(error::BACKEND, value)?;
+        let lease = Lease::granted(request, owner, fence, sent_at);
+        if let Err(e) = replicated {
+            self.give_back(&lease).await;
+            return Err(e);
+        }
         tracing::debug!(key = %keys.lock, %fence, "acquired");
-        let lost = watch.granted(fence);
+        let lost = watch.granted(fence, self.failover.era.loss_signal());
         Ok(Attempt::Acquired(
-            Lease::granted(request, owner, fence, sent_at)
-                .with_loss_signal(lost)
-                .with_extension(watch),
+            lease.with_loss_signal(lost).with_extension(watch),
         ))
     }
 
@@ -138,7 +147,13 @@ impl Client {
         }
         // Each lease on its own clock, read before the request leaves.
         let sent: Vec<Moment> = leases.iter().map(Lease::now).collect();
-        match self.invoke::<Vec<i64>>("renew", &call).await {
+        let reply = self.invoke_replicated::<Vec<i64>>("renew", &call).await;
+        // A renewal the replicas do not have is not adopted (lossless mode).
+        let reply = match reply {
+            Ok((renewed, Ok(()))) => Ok(renewed),
+            Ok((_, Err(e))) | Err((e, _)) => Err(e),
+        };
+        match reply {
             Ok(renewed) if renewed.len() == leases.len() => leases
                 .iter()
                 .zip(sent)
@@ -159,6 +174,15 @@ impl Client {
                 leases.iter().map(|_| Err(e.clone())).collect()
             }
             Err(e) => leases.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    /// Releases a grant the replicas did not acknowledge (lossless mode):
+    /// it is never handed out; if the release fails too, its key runs out
+    /// at its TTL, held by nobody.
+    pub(crate) async fn give_back(&self, lease: &Lease) {
+        if let Err(e) = self.release(lease).await {
+            tracing::warn!(name = %lease.name(), error = %e, "could not release a grant the replicas did not acknowledge; it runs out at its TTL");
         }
     }
 

@@ -12,6 +12,7 @@ use crate::connection::client::Client;
 use crate::connection::script::{prepare, script};
 use crate::error;
 use crate::fence::NEXT_FENCE;
+use crate::fence::failover::ERA_CHECK;
 use crate::locks::IS_LEASE;
 use crate::locks::value::{parse_value, remaining};
 use crate::wait::LINE;
@@ -19,7 +20,7 @@ use crate::wait::LINE;
 /// `now_ms`, `purge_expired`, `permits_live_until`: semaphore slots.
 pub(crate) const SLOTS: &str = include_str!("permits/scripts/permits.lua");
 
-script!(PERMIT_ACQUIRE = [NEXT_FENCE, SLOTS] include_str!("permits/scripts/permit_acquire.lua"));
+script!(PERMIT_ACQUIRE = [NEXT_FENCE, ERA_CHECK, SLOTS] include_str!("permits/scripts/permit_acquire.lua"));
 script!(PERMIT_RELEASE = [IS_LEASE, LINE, SLOTS] include_str!("permits/scripts/permit_release.lua"));
 script!(PERMIT_INSPECT = [SLOTS] include_str!("permits/scripts/permit_inspect.lua"));
 script!(PERMIT_LEAVE = [LINE] include_str!("permits/scripts/permit_leave.lua"));
@@ -34,49 +35,56 @@ impl Client {
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
+        if let Some(expires_in) = self.failover.era.grants_wait() {
+            return Ok(Attempt::Held {
+                expires_in: Some(expires_in),
+            });
+        }
         let keys = self.permit_keys(request.name());
         let owner = OwnerToken::new();
         let ttl = request.ttl();
         let mut call = prepare(&PERMIT_ACQUIRE);
         call.0.key(&keys.slots).key(&keys.holders);
-        call.0.key(&keys.fence).key(&keys.floor);
+        call.0.key(&keys.fence).key(&keys.floor).key(&keys.era);
         call.0
             .arg(owner.encode())
             .arg(ttl.as_millis_ceil())
             .arg(permits)
-            .arg(request.label().as_str());
+            .arg(request.label().as_str())
+            .arg(self.failover.script_arg());
         let sent_at = request.now();
         let pending = Pending::new(
             self.clone(),
             Undo::Permit(keys.clone(), owner),
             sent_at.mono() + ttl.get(),
         );
-        let reply: Vec<i64> = match self
-            .commands
-            .invoke_tracked("acquire permit", &call.1, &call.0)
-            .await
-        {
-            Ok(reply) => {
-                Pending::settled(Some(pending));
-                reply
-            }
-            Err((e, maybe_ran)) => {
-                if !maybe_ran {
+        let ((era, reply), replicated): ((String, Vec<i64>), _) =
+            match self.invoke_replicated("acquire permit", &call).await {
+                Ok(reply) => {
                     Pending::settled(Some(pending));
+                    reply
                 }
-                return Err(e);
-            }
-        };
+                Err((e, maybe_ran)) => {
+                    if !maybe_ran {
+                        Pending::settled(Some(pending));
+                    }
+                    return Err(e);
+                }
+            };
+        self.failover.saw(&era, &self.endpoint);
         match reply[..] {
             [1, fence, slot] => {
                 let fence = FencingToken::from_store(error::BACKEND, fence)?;
                 let slot = u32::try_from(slot)
                     .map_err(|_| error::unexpected(format!("permit slot {slot}")))?;
+                let lease = Lease::granted(request, owner, fence, sent_at).with_slot(slot);
+                if let Err(e) = replicated {
+                    self.give_back(&lease).await;
+                    return Err(e);
+                }
                 tracing::debug!(name = %request.name(), %fence, slot, "permit acquired");
                 Ok(Attempt::Acquired(
-                    Lease::granted(request, owner, fence, sent_at)
-                        .with_slot(slot)
-                        .with_loss_signal(self.closing.child_token()),
+                    lease.with_loss_signal(self.failover.era.loss_signal()),
                 ))
             }
             [0, expires_in] => Ok(Attempt::Held {

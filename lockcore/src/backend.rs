@@ -11,6 +11,7 @@ pub use tokio_util::sync::CancellationToken;
 
 pub use crate::cleanups::Cleanups;
 pub use crate::clock::{Clock, Moment, SystemClock};
+pub use crate::era::Era;
 pub use crate::error::{BoxError, SharedError};
 pub use crate::request::{Kind, LockRequest};
 pub use crate::store_url::{Host, StoreUrl, parse_duration};

@@ -90,6 +90,7 @@ mod capabilities;
 mod cleanups;
 mod clock;
 mod election;
+mod era;
 mod error;
 mod fenced;
 mod guard;

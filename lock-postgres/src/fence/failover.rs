@@ -22,7 +22,8 @@
 //! The backend also remembers the timeline it last worked on: when a new
 //! connection finds another one, every lease it held may be gone (its row
 //! unreplicated, or replicated with an older expiry), so their loss
-//! signals fire at once ([`Era::saw`]), whichever client raised the floor.
+//! signals fire at once (lockcore's [`Era`], one per backend), whichever
+//! client raised the floor.
 //!
 //! With `failover_lock_delay`, the client that records the failover also
 //! records when grants may resume (`grants_from`), every new connection
@@ -30,12 +31,10 @@
 //! from that moment: no lease of the old primary is still running when the
 //! new one grants again.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use lockcore::backend::CancellationToken;
+use lockcore::backend::Era;
 use sqlx::{Connection, PgConnection};
-use tokio::time::Instant;
 
 use crate::locks::sql::BEGIN;
 
@@ -182,76 +181,6 @@ pub(crate) async fn check(
         _ => grants_wait,
     };
     Ok(checked(seen, timeline, grants_wait))
-}
-
-/// The leases of one server timeline: each lease's loss signal is a child
-/// of the current era's token, and a new timeline ends the era.
-#[derive(Debug)]
-pub(crate) struct Era {
-    closing: CancellationToken,
-    state: Mutex<EraState>,
-}
-
-#[derive(Debug)]
-struct EraState {
-    token: CancellationToken,
-    /// The timeline this backend last saw, once it saw one.
-    timeline: Option<String>,
-    /// No grant before this (a failover's lock delay).
-    grants_from: Option<Instant>,
-}
-
-impl Era {
-    /// The first era; `closing` (the backend's) ends every era.
-    pub(crate) fn new(closing: CancellationToken) -> Era {
-        Era {
-            state: Mutex::new(EraState {
-                token: closing.child_token(),
-                timeline: None,
-                grants_from: None,
-            }),
-            closing,
-        }
-    }
-
-    /// A loss signal for a lease granted from now on.
-    pub(crate) fn loss_signal(&self) -> CancellationToken {
-        self.lock().token.child_token()
-    }
-
-    /// A connection saw `timeline`: when it is not the one this backend
-    /// saw before, every lease granted before is lost (`true`).
-    pub(crate) fn saw(&self, timeline: &str) -> bool {
-        let mut state = self.lock();
-        let changed = state.timeline.as_deref().is_some_and(|t| t != timeline);
-        if changed {
-            state.token.cancel();
-            state.token = self.closing.child_token();
-        }
-        state.timeline = Some(timeline.to_owned());
-        changed
-    }
-
-    /// Grants nothing for `wait` from now (a lock delay).
-    pub(crate) fn hold_grants(&self, wait: Duration) {
-        if wait.is_zero() {
-            return;
-        }
-        let until = Instant::now() + wait;
-        let mut state = self.lock();
-        state.grants_from = Some(state.grants_from.map_or(until, |t| t.max(until)));
-    }
-
-    /// How long grants still wait, if they do.
-    pub(crate) fn grants_wait(&self) -> Option<Duration> {
-        let from = self.lock().grants_from?;
-        let left = from.saturating_duration_since(Instant::now());
-        (!left.is_zero()).then_some(left)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, EraState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 /// What a new connection runs before its first statement: the check, the

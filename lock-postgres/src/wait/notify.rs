@@ -51,9 +51,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::fence::failover::Era;
 use crate::wait::listener::{self, Config, Request};
 use crate::wait::registry::Shared;
+use lockcore::backend::Era;
 
 /// The waiters and holders of one backend instance, and its listener task.
 pub(crate) struct Wakeups {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use lockcore::backend::CancellationToken;
 
-use crate::fence::failover::Era;
+use lockcore::backend::Era;
 use tokio::sync::Notify;
 use uuid::Uuid;
 

@@ -34,6 +34,8 @@ const KNOWN: &[&str] = &[
     "tls_key",
     "allow_maxmemory_eviction",
     "require_durable_fences",
+    "failover_lock_delay",
+    "wait_replicas",
 ];
 
 /// The Redis port when the URL names none.
@@ -95,6 +97,12 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     }
     if let Some(required) = url.take_bool("require_durable_fences")? {
         config.require_durable_fences = required;
+    }
+    if let Some(delay) = url.take_duration("failover_lock_delay")? {
+        config = config.failover_lock_delay(delay);
+    }
+    if let Some(replicas) = url.take_u32("wait_replicas")? {
+        config = config.wait_replicas(replicas);
     }
     if url.take("tls_domain").is_some() {
         return Err(bad(

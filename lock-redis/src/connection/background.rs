@@ -172,12 +172,21 @@ pub(crate) async fn handle_events(
 async fn check_leases(client: Weak<Client>, checks: Checks, closing: CancellationToken) {
     let retry = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     let mut pending = checks.leases;
+    let mut era_checked = false;
     for attempt in 0_u32.. {
         let Some(strong) = client.upgrade() else {
             return;
         };
         if strong.notifier.subscription() != Some(checks.subscription) {
             return;
+        }
+        // The link may have moved to a promoted replica: if so, every
+        // lease is lost at once, whatever its key says.
+        if !era_checked {
+            era_checked = tokio::select! {
+                _ = closing.cancelled() => return,
+                checked = strong.check_era() => checked.is_ok(),
+            };
         }
         let looking = futures::stream::iter(pending)
             .map(
@@ -212,7 +221,7 @@ async fn check_leases(client: Weak<Client>, checks: Checks, closing: Cancellatio
                 Err(_) => pending.push((lock_key, value, lost)),
             }
         }
-        if pending.is_empty() {
+        if pending.is_empty() && era_checked {
             return;
         }
         tokio::select! {

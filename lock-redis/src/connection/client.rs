@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use super::commands::Commands;
 use super::script::Call;
+use crate::fence::failover::Failover;
 use crate::keys::{Keys, PermitKeys};
 use crate::wait::notify::Notifier;
 
@@ -27,6 +28,9 @@ pub(crate) struct Client {
     /// reserved for it (at most the waiter's TTL).
     pub(crate) claim_window: Duration,
     pub(crate) notifier: Arc<Notifier>,
+    /// The server's incarnations as this client saw them, and the era
+    /// every lease's loss signal comes from.
+    pub(crate) failover: Failover,
     /// Background clean-ups this client owes the store; `close` finishes them.
     pub(crate) cleanups: Cleanups,
     /// Cancelled when the client closes (or is dropped): the parent of every

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use lockcore::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, ScriptInvocation, Value};
+use redis::{ErrorKind, FromRedisValue, ScriptInvocation, ServerErrorKind, Value};
 
 use crate::error::{self, BACKEND};
 
@@ -163,11 +163,58 @@ impl Commands {
         nonce: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, (LockError, bool)> {
+        self.send(what, nonce, async |con| {
+            invocation.invoke_async::<Value>(con).await
+        })
+        .await
+    }
+
+    /// [`invoke_tracked`](Self::invoke_tracked), followed on the same
+    /// connection, in the same request, by `WAIT replicas within` (the
+    /// lossless mode): also returns how many replicas acknowledged every
+    /// write this connection made so far, the script's among them.
+    pub(crate) async fn invoke_replicated<T: FromRedisValue>(
+        &self,
+        what: &str,
+        nonce: &str,
+        invocation: &ScriptInvocation<'_>,
+        (replicas, within): (u32, Duration),
+    ) -> Result<(T, u32), (LockError, bool)> {
+        let mut acked = 0;
+        let seen = &mut acked;
+        let reply = self
+            .send(what, nonce, async |con| {
+                let mut pipe = redis::pipe();
+                pipe.invoke_script(invocation)
+                    .cmd("WAIT")
+                    .arg(replicas)
+                    .arg(u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1));
+                let (reply, count) = match pipe.query_async::<(Value, u32)>(con).await {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        invocation.load_async(con).await?;
+                        pipe.query_async::<(Value, u32)>(con).await?
+                    }
+                    other => other?,
+                };
+                *seen = count;
+                Ok(reply)
+            })
+            .await?;
+        Ok((reply, acked))
+    }
+
+    /// Sends one request through the current connection: replaces the
+    /// connection after a timeout or a reply that does not echo `nonce`.
+    async fn send<T: FromRedisValue>(
+        &self,
+        what: &str,
+        nonce: &str,
+        request: impl AsyncFnOnce(&mut ConnectionManager) -> redis::RedisResult<Value>,
+    ) -> Result<T, (LockError, bool)> {
         let Some((generation, mut con)) = self.get() else {
             return Err((closed(), false));
         };
-        let reply =
-            tokio::time::timeout(self.timeout, invocation.invoke_async::<Value>(&mut con)).await;
+        let reply = tokio::time::timeout(self.timeout, request(&mut con)).await;
         match reply {
             Err(_) => {
                 self.replace(generation, "timeout");

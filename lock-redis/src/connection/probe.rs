@@ -356,7 +356,7 @@ impl fmt::Display for Eviction {
 }
 
 /// What a denied or failed read says: the server's error code and words.
-fn denial(e: &redis::RedisError) -> String {
+pub(crate) fn denial(e: &redis::RedisError) -> String {
     match (e.code(), e.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         _ => e.to_string(),

@@ -45,8 +45,22 @@ async fn keys_on_the_server_are_as_documented() {
     assert!(pttl > 0 && pttl <= 30_000, "PX must be the TTL: {pttl}");
     let fence: u64 = con.get(format!("{lock_key}:fence")).await.unwrap();
     assert_eq!(fence, lease.fence().get());
-    let keys: Vec<String> = con.keys(format!("{prefix}*")).await.unwrap();
+    let mut keys: Vec<String> = con.keys(format!("{prefix}*")).await.unwrap();
+    keys.sort();
+    let era: Vec<String> = keys
+        .extract_if(.., |k| k.starts_with(&format!("{prefix}era:{{")))
+        .collect();
     assert_eq!(keys.len(), 2, "one lock key and one fence key: {keys:?}");
+    assert_eq!(era.len(), 1, "the era of the name's slot: {era:?}");
+    let (id, from): (String, u64) = lock_redis::redis::cmd("HMGET")
+        .arg(&era[0])
+        .arg("id")
+        .arg("from")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(id.len(), 40, "the server's replication id: {id}");
+    assert_eq!(from, 0, "no failover seen, no lock delay");
 
     // Another prefix is another namespace.
     let other = RedisBackend::connect_with(

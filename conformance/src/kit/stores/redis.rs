@@ -223,6 +223,16 @@ pub fn start(options: Options) -> io::Result<Store> {
     Err(last.unwrap_or_else(|| io::Error::other("redis did not start")))
 }
 
+/// Starts a replica of the Redis at `upstream` (asynchronous, as Redis
+/// replication is): `--replicaof`, so a fault proxy at `upstream` cuts and
+/// heals replication. It answers reads at once; it has the primary's data
+/// once its `INFO replication` says `master_link_status:up` and its offset
+/// reached the primary's. Promote it with `REPLICAOF NO ONE`.
+pub fn start_replica(upstream: SocketAddr, options: Options) -> io::Result<Store> {
+    let (ip, port) = (upstream.ip().to_string(), upstream.port().to_string());
+    start(options.server_args(["--replicaof".to_string(), ip, port]))
+}
+
 /// Readiness of a TLS-only server, without a TLS client here: the port
 /// accepts connections, and the log of this start says the server does
 /// (it binds its ports and loads its data first).

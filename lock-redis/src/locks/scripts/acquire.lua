@@ -1,15 +1,22 @@
--- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next, KEYS[5] floor.
+-- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next, KEYS[5] floor,
+-- KEYS[6] era.
 -- ARGV[1] request nonce, ARGV[2] owner token, ARGV[3] TTL in ms,
 -- ARGV[4] the caller's wait member ('' when it will not wait),
 -- ARGV[5] how long the line is kept without a refresh, in ms,
--- ARGV[6] the holder's label.
+-- ARGV[6] the holder's label, ARGV[7] the lock delay after a failover in ms
+-- (see era_check).
 -- Grants a free lock to the waiter it is reserved for, else to the head of
 -- the line, else (empty line) to the caller: nobody barges past a waiter.
 -- When the lock is free, unreserved and someone else heads the line, that
 -- waiter is woken (expiry sends no message). A caller that will wait joins
 -- the line, keeping its place if it has one.
--- Returns {nonce, 1, fence} when granted,
---         {nonce, 0, ms until the holder or reservation expires (-1: never)}.
+-- Returns {nonce, replication id, 1, fence} when granted,
+--         {nonce, replication id, 0, ms until the holder or reservation
+--          expires (-1: never), or until a failover's lock delay ends}.
+local era, grants_wait = era_check(KEYS[6], ARGV[7])
+if grants_wait > 0 then
+  return {ARGV[1], era, 0, grants_wait}
+end
 local lock, queue, next_key, me = KEYS[1], KEYS[3], KEYS[4], ARGV[4]
 local wait_ms
 -- quiet: nothing is held, reserved or queued under this name.
@@ -35,7 +42,7 @@ if not wait_ms then
   end
   local fence, decimal = next_fence(KEYS[2], KEYS[5])
   redis.call('SET', lock, ARGV[2] .. ':' .. decimal .. ' ' .. ARGV[6], 'PX', ARGV[3])
-  return {ARGV[1], 1, fence}
+  return {ARGV[1], era, 1, fence}
 end
 if me ~= '' then
   if not redis.call('ZSCORE', queue, me) then
@@ -46,4 +53,4 @@ if me ~= '' then
     line_call('PEXPIRE', queue, ARGV[5])
   end
 end
-return {ARGV[1], 0, wait_ms}
+return {ARGV[1], era, 0, wait_ms}

@@ -20,28 +20,38 @@ pub(crate) struct HoldWatch {
 }
 
 impl HoldWatch {
-    /// The acquire was granted `fence`: the lease's loss signal. If the
-    /// instance was not subscribed all along since registration, an
+    /// The acquire was granted `fence`; `lost` is the lease's loss signal
+    /// (from the era the grant was made in), which from now on also fires
+    /// on its eviction, and at once if one was heard since registration.
+    /// If the instance was not subscribed all along since registration, an
     /// eviction may have gone unheard: the lease is checked at once.
-    pub(crate) fn granted(&self, fence: FencingToken) -> CancellationToken {
+    pub(crate) fn granted(
+        &self,
+        fence: FencingToken,
+        lost: CancellationToken,
+    ) -> CancellationToken {
         let notifier = &self.notifier;
         let mut holds = notifier.holds();
         let subscription = holds.subscription;
+        if self.lost.is_cancelled() {
+            lost.cancel();
+        }
         if let Some(held) = holds.leases.get_mut(&self.owner) {
             held.fence = Some(fence);
+            held.lost = lost.clone();
             if let Some(subscription) = subscription
                 && self.since != Some(subscription)
             {
                 let lease = (
                     held.lock_key.clone(),
                     format!("{}:{fence}", self.owner.encode()),
-                    self.lost.clone(),
+                    lost.clone(),
                 );
                 drop(holds);
                 notifier.check(subscription, vec![lease]);
             }
         }
-        self.lost.clone()
+        lost
     }
 }
 
