@@ -87,6 +87,17 @@ impl Topology {
         .await;
     }
 
+    /// A grant of `name` by `holder` that the replica never sees: the
+    /// name's counter and its slot's era reach it (an earlier grant, then
+    /// the replica catches up), then replication is cut.
+    async fn unreplicated_grant(&self, holder: &RedisBackend, name: &LockName) -> Lease {
+        let earlier = take(holder, name, TTL).await;
+        holder.release(&earlier).await.unwrap();
+        self.caught_up().await;
+        self.cut();
+        take(holder, name, TTL).await
+    }
+
     /// Cuts replication: nothing the primary writes from now on reaches
     /// the replica.
     fn cut(&self) {
@@ -150,11 +161,7 @@ async fn fences_grow_and_holders_hear_after_an_async_failover() {
     let holder = topology.client(|c| c).await;
     assert_eq!(holder.capabilities().failover, Failover::Asynchronous);
     let name = unique("failover");
-    let earlier = take(&holder, &name, TTL).await;
-    holder.release(&earlier).await.unwrap();
-    topology.caught_up().await;
-    topology.cut();
-    let held = take(&holder, &name, TTL).await;
+    let held = topology.unreplicated_grant(&holder, &name).await;
 
     topology.fail_over().await;
     let other = topology.client(|c| c).await;
@@ -223,11 +230,7 @@ async fn a_lock_delay_outlasts_the_leases_the_failover_lost() {
     let holder = topology.client(|c| c.failover_lock_delay(delay)).await;
     assert_eq!(holder.capabilities().failover, Failover::LockDelay(delay));
     let name = unique("delay");
-    let earlier = take(&holder, &name, TTL).await;
-    holder.release(&earlier).await.unwrap();
-    topology.caught_up().await;
-    topology.cut();
-    let held = take(&holder, &name, TTL).await;
+    let held = topology.unreplicated_grant(&holder, &name).await;
 
     topology.fail_over().await;
     let first = topology.client(|c| c.failover_lock_delay(delay)).await;
