@@ -108,6 +108,11 @@ impl History {
         self.violations.lock().unwrap().push(what);
     }
 
+    /// The violations recorded while running (not the checkers').
+    pub fn violations(&self) -> Vec<String> {
+        self.violations.lock().unwrap().clone()
+    }
+
     /// All grants so far.
     pub fn grants(&self) -> Vec<Grant> {
         self.grants.lock().unwrap().clone()

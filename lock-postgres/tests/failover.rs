@@ -11,10 +11,13 @@
 #[path = "store/support.rs"]
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use lock_conformance::cases::failover::{Expect, FailoverRun, run_with_failovers};
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::postgres::{self, Options};
 use lock_postgres::sqlx::{self, Connection, PgConnection};
 use lock_postgres::{PostgresBackend, PostgresConfig};
@@ -291,4 +294,147 @@ async fn a_synchronous_standby_keeps_every_grant() {
         .unwrap()
         .expect("the holder survived");
     assert_eq!(holder.fence, held.fence());
+}
+
+/// A primary, its standby behind a relay that cuts replication, and the
+/// front address clients use, for repeated failovers: each promotes the
+/// standby and starts a new one of it.
+struct Rotation {
+    primary: Store,
+    standby: Store,
+    relay: FaultProxy,
+    front: FaultProxy,
+    options: Options,
+}
+
+impl Rotation {
+    async fn start(options: Options) -> Rotation {
+        let opts = options.clone();
+        let primary = tokio::task::spawn_blocking(move || postgres::start(opts))
+            .await
+            .unwrap()
+            .expect("a primary");
+        let relay = FaultProxy::start(primary.addr()).await.unwrap();
+        let standby = Self::standby_of(&relay, &options).await;
+        let front = FaultProxy::start(primary.addr()).await.unwrap();
+        let rotation = Rotation {
+            primary,
+            standby,
+            relay,
+            front,
+            options,
+        };
+        rotation.caught_up().await;
+        rotation
+    }
+
+    async fn standby_of(relay: &FaultProxy, options: &Options) -> Store {
+        let (upstream, options) = (relay.addr(), options.clone());
+        tokio::task::spawn_blocking(move || postgres::start_standby(upstream, options))
+            .await
+            .unwrap()
+            .expect("a standby")
+    }
+
+    async fn caught_up(&self) {
+        let mut on_primary = PgConnection::connect(&self.primary.url()).await.unwrap();
+        let mut on_standby = PgConnection::connect(&self.standby.url()).await.unwrap();
+        caught_up(&mut on_primary, &mut on_standby).await;
+    }
+
+    /// Replication cut `lag` before the primary's `kill -9` (what it wrote
+    /// meanwhile is lost), the standby promoted, the front address moved
+    /// to it, and a new standby of it behind a new relay.
+    async fn rotate(&mut self, lag: Duration) {
+        self.relay.set(Mode::Blackhole);
+        tokio::time::sleep(lag).await;
+        self.primary.kill_now().unwrap();
+        let mut on_standby = PgConnection::connect(&self.standby.url()).await.unwrap();
+        promote(&mut on_standby).await;
+        self.front.repoint(self.standby.addr());
+        let relay = FaultProxy::start(self.standby.addr()).await.unwrap();
+        let standby = Self::standby_of(&relay, &self.options).await;
+        self.primary = std::mem::replace(&mut self.standby, standby);
+        self.relay = relay;
+        self.caught_up().await;
+    }
+}
+
+/// The failover nemesis: four clients run the random workload through the
+/// front address while the primary is killed and the standby promoted,
+/// three times (`LOCK_TEST_FAILOVERS`; more in `scripts/soak-failover.sh`),
+/// each time losing what it wrote in its last half TTL.
+async fn failovers(
+    topology: &'static str,
+    expect: Expect,
+    options: Options,
+    configure: fn(PostgresConfig) -> PostgresConfig,
+) {
+    let ttl = scaled(Duration::from_secs(1));
+    let rotation = Rotation::start(options).await;
+    let url = rotation.primary.url_via(rotation.front.addr());
+    let mut clients: Vec<Arc<dyn LockBackend>> = Vec::new();
+    for _ in 0..4 {
+        let config = configure(PostgresConfig::from_url(&url).unwrap());
+        clients.push(Arc::new(
+            PostgresBackend::connect_with(config).await.unwrap(),
+        ));
+    }
+    let run = FailoverRun {
+        topology,
+        expect,
+        ttl,
+        // Reconnecting through the moved address, a commit waiting for a
+        // synchronous standby, a lock delay.
+        call_limit: scaled(Duration::from_secs(4)),
+        failovers: lock_conformance::kit::env::FAILOVERS.count(3),
+        // More than the lock delay plus a TTL: grants resume between failovers.
+        every: ttl * 3,
+        seed: rand_seed(),
+    };
+    let rotation = Arc::new(tokio::sync::Mutex::new(rotation));
+    let grants = run_with_failovers(clients, run, |_| {
+        let rotation = rotation.clone();
+        async move { rotation.lock().await.rotate(ttl / 2).await }
+    })
+    .await
+    .unwrap_or_else(|f| panic!("{f}"));
+    assert!(grants > 0);
+}
+
+/// A seed for one nemesis run.
+fn rand_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    (nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+/// With a synchronous standby, no grant is lost in any failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failovers_with_a_synchronous_standby_never_overlap() {
+    let sync = Options::default().setting("synchronous_standby_names", "standby");
+    failovers("synchronous", Expect::NoOverlap, sync, |c| c).await;
+}
+
+/// With a lock delay longer than the TTL, no overlap either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failovers_with_a_lock_delay_never_overlap() {
+    failovers("lock_delay", Expect::NoOverlap, Options::default(), |c| {
+        c.failover_lock_delay(scaled(Duration::from_millis(1500)))
+    })
+    .await;
+}
+
+/// Without either, fences still grow across every failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failovers_keep_fences_growing() {
+    failovers(
+        "asynchronous",
+        Expect::FencesOnly,
+        Options::default(),
+        |c| c,
+    )
+    .await;
 }

@@ -22,6 +22,9 @@ use lock_redis::redis;
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::backend::wait::WaitPolicy;
 use lockcore::backend::{LockBackendExt, LockRequest};
+use std::sync::Arc;
+
+use lock_conformance::cases::failover::{Expect, FailoverRun, run_with_failovers};
 use lockcore::{Failover, Lease, LockBackend, LockName};
 use support::{raw, scaled, take, unique};
 use tokio::time::Instant;
@@ -39,15 +42,12 @@ struct Topology {
 
 impl Topology {
     async fn start() -> Topology {
-        let primary = support::private(Options::durable()).await;
+        // Its replica gets its first copy at once (no diskless-sync delay).
+        let primary =
+            support::private(Options::durable().server_args(["--repl-diskless-sync-delay", "0"]))
+                .await;
         let relay = FaultProxy::start(primary.addr()).await.unwrap();
-        let upstream = relay.addr();
-        let replica = tokio::task::spawn_blocking(move || {
-            launcher::start_replica(upstream, Options::durable())
-        })
-        .await
-        .unwrap()
-        .expect("a replica");
+        let replica = replica_of(&relay).await;
         let front = FaultProxy::start(primary.addr()).await.unwrap();
         Topology {
             primary,
@@ -104,6 +104,21 @@ impl Topology {
         self.relay.set(Mode::Blackhole);
     }
 
+    /// A failover that loses what the primary wrote in its last `lag`
+    /// (replication cut that long before the kill), and a new replica for
+    /// the next one: the promoted replica is the primary from now on, and a
+    /// fresh replica (behind a fresh relay) follows it.
+    async fn rotate(&mut self, lag: Duration) {
+        self.cut();
+        tokio::time::sleep(lag).await;
+        self.fail_over().await;
+        let relay = FaultProxy::start(self.replica.addr()).await.unwrap();
+        let replica = replica_of(&relay).await;
+        self.primary = std::mem::replace(&mut self.replica, replica);
+        self.relay = relay;
+        self.caught_up().await;
+    }
+
     /// `kill -9` of the primary, `REPLICAOF NO ONE` on the replica, and the
     /// front address moved to it.
     async fn fail_over(&self) {
@@ -117,6 +132,15 @@ impl Topology {
             .unwrap();
         self.front.repoint(self.replica.addr());
     }
+}
+
+/// A durable replica of the server behind `relay`.
+async fn replica_of(relay: &FaultProxy) -> Store {
+    let upstream = relay.addr();
+    tokio::task::spawn_blocking(move || launcher::start_replica(upstream, Options::durable()))
+        .await
+        .unwrap()
+        .expect("a replica")
 }
 
 /// One field of `INFO replication`.
@@ -350,6 +374,64 @@ async fn with_wait_replicas_nothing_unreplicated_is_handed_out() {
         renewed.is_err(),
         "a renewal the replica lacks was adopted: {renewed:?}"
     );
+}
+
+/// The failover nemesis: four clients run the random workload through the
+/// front address while the primary is killed and a replica promoted, three
+/// times (`LOCK_TEST_FAILOVERS`; more in `scripts/soak-failover.sh`), each
+/// time losing what it wrote in its last half TTL (replication cut).
+async fn failovers(
+    topology_name: &'static str,
+    expect: Expect,
+    configure: fn(RedisConfig) -> RedisConfig,
+) {
+    let ttl = scaled(Duration::from_secs(1));
+    let topology = Topology::start().await;
+    topology.caught_up().await;
+    let mut clients: Vec<Arc<dyn LockBackend>> = Vec::new();
+    for _ in 0..4 {
+        clients.push(Arc::new(topology.client(configure).await));
+    }
+    let run = FailoverRun {
+        topology: topology_name,
+        expect,
+        ttl,
+        // Reconnecting through the moved address, then a WAIT or a lock delay.
+        call_limit: scaled(Duration::from_secs(4)),
+        failovers: lock_conformance::kit::env::FAILOVERS.count(3),
+        // More than the lock delay plus a TTL: grants resume between failovers.
+        every: ttl * 3,
+        seed: support::rand_u64(),
+    };
+    let topology = Arc::new(tokio::sync::Mutex::new(topology));
+    let grants = run_with_failovers(clients, run, |_| {
+        let topology = topology.clone();
+        async move { topology.lock().await.rotate(ttl / 2).await }
+    })
+    .await
+    .unwrap_or_else(|f| panic!("{f}"));
+    assert!(grants > 0);
+}
+
+/// With `wait_replicas`, no grant is lost in any failover: no overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failovers_with_wait_replicas_never_overlap() {
+    failovers("wait_replicas", Expect::NoOverlap, |c| c.wait_replicas(1)).await;
+}
+
+/// With a lock delay longer than the TTL, no overlap either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failovers_with_a_lock_delay_never_overlap() {
+    failovers("lock_delay", Expect::NoOverlap, |c| {
+        c.failover_lock_delay(scaled(Duration::from_millis(1500)))
+    })
+    .await;
+}
+
+/// Without either, fences still grow across every failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failovers_keep_fences_growing() {
+    failovers("asynchronous", Expect::FencesOnly, |c| c).await;
 }
 
 /// The lock delay needs the replication id: an ACL that denies `INFO`

@@ -143,6 +143,32 @@ pub(crate) struct Workload {
     pub(crate) faults: Option<Duration>,
 }
 
+/// Starts one [`random_client`] per backend of `clients` (client `i` on
+/// `clients[i]`, its operations from `seed`), under `workload`.
+pub(crate) fn spawn_random_clients(
+    clients: &[Arc<dyn LockBackend>],
+    names: &Arc<Vec<lockcore::LockName>>,
+    resources: &Arc<Vec<FencedResource<u64>>>,
+    history: &Arc<History>,
+    workload: Workload,
+    seed: u64,
+) -> tokio::task::JoinSet<Result<(), Failure>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (client, backend) in clients.iter().enumerate() {
+        let (backend, names, resources, history) = (
+            backend.clone(),
+            names.clone(),
+            resources.clone(),
+            history.clone(),
+        );
+        let rng = client_rng(seed, client);
+        tasks.spawn(async move {
+            random_client(client, backend, &names, &resources, &history, workload, rng).await
+        });
+    }
+    tasks
+}
+
 /// Client `client`'s RNG for a run seeded with `seed`: a replayed seed
 /// replays each client's choice of operations (not their timing).
 pub(crate) fn client_rng(seed: u64, client: usize) -> StdRng {

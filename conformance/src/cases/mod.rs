@@ -10,6 +10,7 @@ pub mod concurrency;
 pub mod election;
 pub mod exclusion;
 pub mod expiry;
+pub mod failover;
 pub mod faults;
 pub mod fence_floor;
 pub mod fencing;

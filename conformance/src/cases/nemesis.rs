@@ -55,10 +55,9 @@ mod imp {
     use lockcore::{FencedResource, LockBackend};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-    use tokio::task::JoinSet;
     use tokio::time::Instant;
 
-    use super::super::concurrency::{Workload, client_rng, random_client};
+    use super::super::concurrency::{Workload, spawn_random_clients};
     use super::super::faults::{fault_ttl, proxied};
     use crate::history::History;
     use crate::kit::proxy::{FaultProxy, Mode};
@@ -215,19 +214,8 @@ mod imp {
             faults: Some(limit),
         };
 
-        let mut tasks = JoinSet::new();
-        for (client, backend) in clients.iter().enumerate() {
-            let (backend, names, resources, history) = (
-                backend.clone(),
-                names.clone(),
-                resources.clone(),
-                history.clone(),
-            );
-            let rng = client_rng(seed, client);
-            tasks.spawn(async move {
-                random_client(client, backend, &names, &resources, &history, workload, rng).await
-            });
-        }
+        let mut tasks =
+            spawn_random_clients(&clients, &names, &resources, &history, workload, seed);
         let (schedule, longest_fault) =
             nemesis(&proxies, StdRng::seed_from_u64(seed), ttl, workload.until).await;
         let healed = Instant::now();

@@ -15,6 +15,7 @@
 //! | `LOCK_TEST_NEMESIS_SEED` | replay a nemesis run (decimal or `0x` hex) | `LOCK_NEMESIS_SEED` |
 //! | `LOCK_TEST_ZK_TRIALS` | rounds of lock-zookeeper's ensemble tests | `LOCK_ZK_TRIALS` |
 //! | `LOCK_TEST_ETCD_FAILOVER_RUNS` | leader kills per lock-etcd failover test | `ETCD_FAILOVER_RUNS` |
+//! | `LOCK_TEST_FAILOVERS` | primary kills per run of the replicated stores' failover nemesis | |
 //! | `LOCK_TEST_TMPDIR` | where launched stores keep their data | |
 //! | `LOCK_TEST_PG_BIN` | the PostgreSQL server binaries | |
 //!
@@ -211,6 +212,8 @@ pub const NEMESIS_SEED: Var =
     Var::renamed("LOCK_TEST_NEMESIS_SEED", "LOCK_NEMESIS_SEED", unchanged);
 /// Rounds of lock-zookeeper's ensemble tests.
 pub const ZK_TRIALS: Var = Var::renamed("LOCK_TEST_ZK_TRIALS", "LOCK_ZK_TRIALS", unchanged);
+/// Primary kills per run of the failover nemesis (Redis, PostgreSQL).
+pub const FAILOVERS: Var = Var::new("LOCK_TEST_FAILOVERS");
 /// Leader kills per lock-etcd failover test.
 pub const ETCD_FAILOVER_RUNS: Var = Var::renamed(
     "LOCK_TEST_ETCD_FAILOVER_RUNS",
@@ -234,6 +237,7 @@ pub const ALL: &[Var] = &[
     PARTIAL,
     NEMESIS_SEED,
     ZK_TRIALS,
+    FAILOVERS,
     ETCD_FAILOVER_RUNS,
     TMPDIR,
     PG_BIN,

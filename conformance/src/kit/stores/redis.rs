@@ -227,10 +227,18 @@ pub fn start(options: Options) -> io::Result<Store> {
 /// replication is): `--replicaof`, so a fault proxy at `upstream` cuts and
 /// heals replication. It answers reads at once; it has the primary's data
 /// once its `INFO replication` says `master_link_status:up` and its offset
-/// reached the primary's. Promote it with `REPLICAOF NO ONE`.
+/// reached the primary's. Promote it with `REPLICAOF NO ONE`: promoted,
+/// it sends its own replicas their first copy at once (no diskless-sync
+/// delay).
 pub fn start_replica(upstream: SocketAddr, options: Options) -> io::Result<Store> {
     let (ip, port) = (upstream.ip().to_string(), upstream.port().to_string());
-    start(options.server_args(["--replicaof".to_string(), ip, port]))
+    start(options.server_args([
+        "--replicaof".to_string(),
+        ip,
+        port,
+        "--repl-diskless-sync-delay".to_string(),
+        "0".to_string(),
+    ]))
 }
 
 /// Readiness of a TLS-only server, without a TLS client here: the port

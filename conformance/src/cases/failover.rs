@@ -1,0 +1,173 @@
+//! A nemesis for replicated stores: the random workload of the nemesis case
+//! (try-acquire, waiting acquire, renew, fenced write, release, abandon)
+//! runs on clients that reach the primary through an address that moves,
+//! while the caller's `fail_over` kills the primary (`kill -9`), promotes a
+//! replica and moves the address, again and again.
+//!
+//! What must hold depends on what the topology promises
+//! ([`Failover`](lockcore::Failover), see [`Expect`]):
+//! - **always**: per name, fences in real-time order (F1), across every
+//!   failover; the fenced resources refuse every out-of-order write.
+//! - **no overlap** (synchronous replication, or a lock delay): no two
+//!   grants of one name counted on at once, and no fenced write refused
+//!   while its writer still held a valid lease.
+//!
+//! A holder whose lease went with the old primary may hear so before its
+//! local deadline (its renewal or release answered "not held"): that is
+//! the failover, failing closed, and not counted against it. A store call
+//! that times out or fails with a retryable error is an unknown outcome.
+//!
+//! The seed of each client's operations is printed with every failure and
+//! in one `FAILOVER` line per run, for soak scripts.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{FencedResource, LockBackend};
+use tokio::time::Instant;
+
+use super::concurrency::{Workload, spawn_random_clients};
+use crate::Failure;
+use crate::history::{History, check_fence_order, check_no_overlap};
+
+/// What a run checks, from what the topology promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Synchronous replication or a lock delay: no overlap at all.
+    NoOverlap,
+    /// Asynchronous replication without a lock delay: a grant lost in a
+    /// failover may be granted again while its holder works; only fence
+    /// order is checked.
+    FencesOnly,
+}
+
+/// One run of the failover nemesis.
+#[derive(Debug, Clone)]
+pub struct FailoverRun {
+    /// The topology, as the `FAILOVER` line names it (e.g. `wait_replicas`).
+    pub topology: &'static str,
+    /// What the run checks.
+    pub expect: Expect,
+    /// The TTL every acquire asks for.
+    pub ttl: Duration,
+    /// The longest one store call may take across a failover (reconnects,
+    /// retries): a call past it is an unknown outcome.
+    pub call_limit: Duration,
+    /// Failovers, one every `every`; the run goes on for two `every`s
+    /// after the last (it must grant again after it).
+    pub failovers: usize,
+    /// Time between failovers (more than a lock delay, for progress).
+    pub every: Duration,
+    /// The clients' operations come from this.
+    pub seed: u64,
+}
+
+/// Lock names the clients share.
+const NAMES: usize = 2;
+
+/// Runs `run` on `clients` (each reaching the current primary through the
+/// moving address), calling `fail_over(round)` every `run.every`. Returns
+/// the number of grants, or what broke.
+pub async fn run_with_failovers<F, Fut>(
+    clients: Vec<Arc<dyn LockBackend>>,
+    run: FailoverRun,
+    mut fail_over: F,
+) -> Result<usize, Failure>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let seed = run.seed;
+    let backend = clients
+        .first()
+        .map(|c| c.capabilities().backend)
+        .unwrap_or_default();
+    let salt: u64 = rand::random();
+    let names: Arc<Vec<_>> = Arc::new(
+        (0..NAMES)
+            .map(|i| lockcore::LockName::new(format!("failover/{salt:x}/{i}")))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Failure::new(format!("a lock name: {e}")))?,
+    );
+    let resources: Arc<Vec<_>> = Arc::new((0..NAMES).map(|_| FencedResource::new(0_u64)).collect());
+    let history = Arc::new(History::new());
+    let started = Instant::now();
+    let rounds = u32::try_from(run.failovers).unwrap_or(u32::MAX);
+    let workload = Workload {
+        ttl: run.ttl,
+        wait: run.ttl * 2,
+        until: started + run.every * (rounds + 2),
+        faults: Some(run.call_limit),
+    };
+    let mut tasks = spawn_random_clients(&clients, &names, &resources, &history, workload, seed);
+    let mut schedule = Vec::new();
+    for round in 0..run.failovers {
+        let at = started + run.every * (u32::try_from(round).unwrap_or(u32::MAX) + 1);
+        tokio::time::sleep_until(at).await;
+        fail_over(round).await;
+        schedule.push(format!(
+            "{:>8.2?} failover {round} ({:.2?})",
+            at - started,
+            at.elapsed()
+        ));
+    }
+    let schedule = schedule.join("\n");
+    let replay = format!("seed {seed:#x}");
+    // Each client's last call started before `until` and is bounded.
+    let give_up = workload.until + workload.wait + run.call_limit * 3;
+    while let Some(joined) = tokio::time::timeout_at(give_up, tasks.join_next())
+        .await
+        .map_err(|_| {
+            Failure::new(format!(
+                "{} client task(s) still running past their calls' bounds ({replay}); \
+                 failovers:\n{schedule}",
+                tasks.len()
+            ))
+        })?
+    {
+        joined
+            .map_err(|e| Failure::new(format!("client task failed: {e} ({replay})")))?
+            .map_err(|e| Failure::new(format!("{e} ({replay}); failovers:\n{schedule}")))?;
+    }
+    let grants = history.grants();
+    eprintln!(
+        "FAILOVER backend={backend} topology={} expect={:?} seed={seed:#x} failovers={} grants={}",
+        run.topology,
+        run.expect,
+        run.failovers,
+        grants.len()
+    );
+    // A holder told "not held" before its deadline lost its lease with
+    // the old primary (S2, S4): the failover failing closed.
+    let mut violations: Vec<String> = history
+        .violations()
+        .into_iter()
+        .filter(|v| !(v.starts_with("S2:") || v.starts_with("S4:")))
+        .filter(|v| run.expect == Expect::NoOverlap || !v.starts_with("S1:"))
+        .collect();
+    violations.extend(check_fence_order(&grants));
+    if run.expect == Expect::NoOverlap {
+        violations.extend(check_no_overlap(&grants));
+    }
+    if !violations.is_empty() {
+        return Err(Failure::new(format!(
+            "history violations across failovers ({} grants, {replay}):\n{}\nfailovers:\n{schedule}",
+            grants.len(),
+            violations.join("\n")
+        )));
+    }
+    // Progress: grants went on between failovers, not only before the first.
+    let after_last = grants
+        .iter()
+        .filter(|g| g.invoked >= started + run.every * rounds)
+        .count();
+    if grants.len() < NAMES || (run.failovers > 0 && after_last == 0) {
+        return Err(Failure::new(format!(
+            "too little progress: {} grants, {after_last} after the last failover ({replay}); \
+             failovers:\n{schedule}",
+            grants.len()
+        )));
+    }
+    Ok(grants.len())
+}
