@@ -67,7 +67,41 @@ pub(crate) async fn run(settings: Settings) -> Report {
             .failures
             .push(format!("redis without persistence not measured: {e}")),
     }
+    // The lossless mode: a replica, and each grant and renewal counts only
+    // once it has it (`WAIT 1` in the same request).
+    match replicated().await {
+        Ok((primary, _replica)) => {
+            let url = format!("{}?wait_replicas=1", primary.url());
+            report.extend(server("redis + replica, wait_replicas=1", &url, true, &settings).await)
+        }
+        Err(e) => report
+            .failures
+            .push(format!("redis with wait_replicas not measured: {e}")),
+    }
     report
+}
+
+/// A durable primary and its replica, once the replica has its first copy.
+async fn replicated() -> std::io::Result<(
+    lock_conformance::kit::stores::Store,
+    lock_conformance::kit::stores::Store,
+)> {
+    use lock_conformance::kit::stores::redis::{self as stores, Options};
+    // The replica gets its first copy at once (no diskless-sync delay).
+    let primary =
+        stores::start(Options::durable().server_args(["--repl-diskless-sync-delay", "0"]))?;
+    let replica = stores::start_replica(primary.addr(), Options::durable())?;
+    let probe = Server::connect(&replica.url(), None).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while probe.field("replication", "master_link_status").await != "up" {
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(
+                "the replica did not sync within 30 s",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((primary, replica))
 }
 
 /// Every row against the server at `url` (`own`: launched here, so its
