@@ -13,6 +13,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+unix", "redis"),
+    ("redis+sentinel", "redis"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
     ("etcd", "etcd"),
@@ -27,7 +28,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// |---|---|---|
 /// | `memory://` | [`MemoryBackend`] (this process only) | always |
 /// | `sqlite://PATH` (`sqlite:///abs.db`, `sqlite://rel.db`) | a SQLite lock file shared by the processes of one host (`lock_sqlite::SqliteBackend`) | `sqlite` |
-/// | `redis://`, `rediss://` (TLS), `redis+unix://` | Redis (`lock_redis::RedisBackend`) | `redis` |
+/// | `redis://`, `rediss://` (TLS), `redis+unix://`, `redis+sentinel://` | Redis (`lock_redis::RedisBackend`) | `redis` |
 /// | `postgres://`, `postgresql://` (TLS from `sslmode`) | PostgreSQL (`lock_postgres::PostgresBackend`) | `postgres` |
 /// | `etcd://`, `etcds://` (TLS) | etcd v3 (`lock_etcd::EtcdBackend`) | `etcd` |
 /// | `zk://`, `zookeeper://` | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` |
@@ -57,7 +58,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(lock_sqlite::SqliteBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" => {
+        "redis" | "rediss" | "redis+unix" | "redis+sentinel" => {
             Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?))
         }
         #[cfg(feature = "postgres")]

@@ -17,7 +17,11 @@ mod url;
 ///
 /// URLs: `redis://[user[:password]@]host[:port][/db][?options]`,
 /// `rediss://...` for TLS (feature `tls`, on by default),
-/// `redis+unix:///path[?options]`. The options are the crate README's
+/// `redis+unix:///path[?options]`, and
+/// `redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db][?options]`
+/// to find the primary through Redis Sentinel (the sentinels at the hosts
+/// given, default port 26379, monitoring it as `service`; the user and
+/// password are the primary's). The options are the crate README's
 /// table: `timeout`, `connect_timeout` (durations: `500ms`, `2s`), `prefix`,
 /// `db`, `protocol`, `password_file`, `tls_ca` / `tls_cert` / `tls_key`
 /// (PEM files), `allow_maxmemory_eviction`, `require_durable_fences`; each
@@ -47,6 +51,9 @@ pub struct RedisConfig {
     pub(crate) allow_maxmemory_eviction: bool,
     pub(crate) failover_lock_delay: Option<Duration>,
     pub(crate) wait_replicas: Option<u32>,
+    /// Found through Sentinel (`redis+sentinel://`): `client` then carries
+    /// the credentials and database, and the primary's address is asked.
+    pub(crate) sentinel: Option<crate::connection::target::Sentinels>,
     #[cfg(feature = "tls")]
     tls: crate::connection::tls::Certificates,
 }
@@ -82,6 +89,7 @@ impl RedisConfig {
             allow_maxmemory_eviction: false,
             failover_lock_delay: None,
             wait_replicas: None,
+            sentinel: None,
             #[cfg(feature = "tls")]
             tls: Default::default(),
         }
@@ -241,6 +249,7 @@ impl RedisConfig {
         if let Ok(client) = redis::Client::open(info.set_addr(addr)) {
             self.client = client;
             self.connection = None;
+            self.sentinel = None;
         }
         self
     }
@@ -306,7 +315,8 @@ impl fmt::Debug for RedisConfig {
             .field("require_durable_fences", &self.require_durable_fences)
             .field("allow_maxmemory_eviction", &self.allow_maxmemory_eviction)
             .field("failover_lock_delay", &self.failover_lock_delay)
-            .field("wait_replicas", &self.wait_replicas);
+            .field("wait_replicas", &self.wait_replicas)
+            .field("sentinel", &self.sentinel);
         #[cfg(feature = "tls")]
         shown.field("tls_custom_root", &self.tls.has_root()).field(
             "tls_client_identity",

@@ -28,12 +28,14 @@ mod closing;
 pub(crate) mod commands;
 pub(crate) mod probe;
 pub(crate) mod script;
+pub(crate) mod target;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;
 
 use client::Client;
 use commands::Commands;
 use probe::{Eviction, Persistence};
+use target::Target;
 
 /// A connected backend instance: its client, and what the checks at
 /// connect found.
@@ -53,14 +55,24 @@ pub(crate) struct Connected {
 /// server whose settings the config does not accept; [`LockError::Unavailable`]
 /// when the server cannot be reached in time; [`LockError::Store`] when it
 /// refuses the credentials.
-pub(crate) async fn connect(config: RedisConfig) -> Result<Connected, LockError> {
+pub(crate) async fn connect(mut config: RedisConfig) -> Result<Connected, LockError> {
     config.validate()?;
     if config.uses_tls() {
         #[cfg(feature = "tls")]
         tls::install_provider();
     }
-    let endpoint = config.endpoint();
     let op_timeout = config.connect_timeout + config.response_timeout;
+    let target = match &config.sentinel {
+        None => Target::fixed(config.client.clone()),
+        Some(sentinels) => {
+            let asking = Target::sentinel(sentinels, &config.client);
+            let target = timed(BACKEND, "asking the sentinels", op_timeout, asking).await?;
+            config.client = target.client();
+            target
+        }
+    };
+    let target = Arc::new(target);
+    let endpoint = config.endpoint();
     let manager = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(Some(config.response_timeout))
@@ -85,7 +97,7 @@ pub(crate) async fn connect(config: RedisConfig) -> Result<Connected, LockError>
     let failover = Failover::probe(&mut con, &endpoint, &config, closing.clone());
     let failover = timed(BACKEND, "INFO replication", op_timeout, failover).await?;
     let (notifier, events) = Notifier::new(
-        config.client.clone(),
+        target.clone(),
         (op_timeout, config.response_timeout),
         keys::wake_channel(&config.key_prefix),
         keys::evict_channel(&config.key_prefix),
@@ -94,7 +106,7 @@ pub(crate) async fn connect(config: RedisConfig) -> Result<Connected, LockError>
     );
     let client = Arc::new(Client {
         cleanups: Cleanups::new(),
-        commands: Commands::new(config.client.clone(), manager, op_timeout, con, ours),
+        commands: Commands::new(target, manager, op_timeout, con, ours),
         prefix: config.key_prefix,
         endpoint,
         op_timeout,

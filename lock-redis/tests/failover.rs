@@ -434,6 +434,80 @@ async fn repeated_failovers_keep_fences_growing() {
     failovers("asynchronous", Expect::FencesOnly, |c| c).await;
 }
 
+/// Through Sentinel (`redis+sentinel://`), the client follows a failover
+/// the sentinels make: after a `kill -9` of the primary it is granted on
+/// the replica they promote, the lease it held before is lost (another
+/// replication id), and fences keep growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_follow_a_sentinel_failover() {
+    let primary =
+        support::private(Options::durable().server_args(["--repl-diskless-sync-delay", "0"])).await;
+    let relay = FaultProxy::start(primary.addr()).await.unwrap();
+    let replica = replica_of(&relay).await;
+    let addr = primary.addr();
+    let sentinels =
+        tokio::task::spawn_blocking(move || launcher::start_sentinels(addr, "locks", 3))
+            .await
+            .unwrap()
+            .expect("three sentinels");
+    // The sentinels learn the replica from the primary.
+    let observer = raw(&sentinels[0].url()).await;
+    until(
+        scaled(Duration::from_secs(30)),
+        "the sentinels know the replica",
+        || {
+            let mut observer = observer.clone();
+            async move {
+                let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+                    .arg("REPLICAS")
+                    .arg("locks")
+                    .query_async(&mut observer)
+                    .await
+                    .unwrap_or_default();
+                replicas.len() == 1
+            }
+        },
+    )
+    .await;
+    let url = format!(
+        "redis+sentinel://{}/locks",
+        launcher::sentinel_hosts(&sentinels)
+    );
+    let client = RedisBackend::connect(&url).await.unwrap();
+    let name = unique("sentinel");
+    let held = take(&client, &name, support::LONG).await;
+
+    primary.kill_now().unwrap();
+    let killed = tokio::time::Instant::now();
+    // Sentinel's own pace: down after 500 ms, then an election, retried
+    // every 2 s (twice its failover timeout) when it fails.
+    let next = eventually(
+        scaled(Duration::from_secs(60)),
+        "a grant on the primary the sentinels promoted",
+        || async {
+            match client.try_acquire_for(&unique("after"), TTL).await {
+                Ok(attempt) => attempt.into_lease(),
+                Err(e) if e.is_retryable() => None,
+                Err(e) => panic!("acquire after the failover: {e}"),
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "granted on the promoted replica {:?} after the kill",
+        killed.elapsed()
+    );
+    let mut on_replica = raw(&replica.url()).await;
+    assert_eq!(info_field(&mut on_replica, "role").await, "master");
+    assert!(
+        held.loss_signal().unwrap().is_cancelled(),
+        "the lease held before the failover is not lost"
+    );
+    assert!(next.fence() > held.fence());
+    client.release(&next).await.unwrap();
+    drop(relay);
+}
+
 /// The lock delay needs the replication id: an ACL that denies `INFO`
 /// makes connect refuse it, naming the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use lockcore::backend::StoreUrl;
 use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
 use super::RedisConfig;
+use crate::connection::target::Sentinels;
 
 /// The schemes the Redis client itself reads (`valkey` for its fork,
 /// `unix` for a socket), and so did `connect` before this parser.
@@ -19,6 +20,7 @@ const SCHEMES: &[&str] = &[
     "valkey",
     "valkeys",
     "valkey+unix",
+    "redis+sentinel",
 ];
 
 /// The options a Redis URL may carry, named in the error for any other.
@@ -41,6 +43,9 @@ const KNOWN: &[&str] = &[
 /// The Redis port when the URL names none.
 const DEFAULT_PORT: u16 = 6379;
 
+/// A sentinel's port when the URL names none.
+const SENTINEL_PORT: u16 = 26379;
+
 /// Parses `text` (see [`RedisConfig::from_url`]).
 pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     let mut url = StoreUrl::parse(text, SCHEMES)?;
@@ -61,8 +66,15 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     } else {
         (None, None)
     };
-    let addr = address(&url, tls, unix).map_err(bad)?;
-    let db = database(&mut url, unix).map_err(bad)?;
+    let sentinel = url.scheme() == "redis+sentinel";
+    let (addr, db, sentinels) = if sentinel {
+        let (sentinels, db) = sentinels(&mut url).map_err(bad)?;
+        let (host, port) = sentinels.addrs[0].clone();
+        (ConnectionAddr::Tcp(host, port), db, Some(sentinels))
+    } else {
+        let addr = address(&url, tls, unix).map_err(bad)?;
+        (addr, database(&mut url, unix).map_err(bad)?, None)
+    };
     let protocol = match url.take("protocol").as_deref() {
         None | Some("2" | "resp2") => ProtocolVersion::RESP2,
         Some("3" | "resp3") => ProtocolVersion::RESP3,
@@ -83,6 +95,7 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
         .set_redis_settings(settings);
     let client = redis::Client::open(info).map_err(|e| bad(format!("cannot be used: {e}")))?;
     let mut config = RedisConfig::from_client(client);
+    config.sentinel = sentinels;
     if let Some(prefix) = url.take("prefix") {
         config.key_prefix = prefix;
     }
@@ -145,6 +158,36 @@ fn address(url: &StoreUrl, tls: bool, unix: bool) -> Result<ConnectionAddr, Stri
     } else {
         ConnectionAddr::Tcp(host, port)
     })
+}
+
+/// The sentinels of a `redis+sentinel://h1:p1,h2:p2/<service>[/<db>]` URL,
+/// and the database (the path's second part, or option `db`).
+fn sentinels(url: &mut StoreUrl) -> Result<(Sentinels, i64), String> {
+    let addrs: Vec<(String, u16)> = url
+        .hosts()
+        .iter()
+        .map(|h| (h.name.clone(), h.port.unwrap_or(SENTINEL_PORT)))
+        .collect();
+    let path = url.path().trim_matches('/').to_owned();
+    let (service, db) = path.split_once('/').unwrap_or((path.as_str(), ""));
+    if addrs.is_empty() || service.is_empty() {
+        return Err(
+            "a Sentinel URL names the sentinels and the primary's service name: \
+                    redis+sentinel://host1:26379,host2:26379/mymaster[/db]"
+                .into(),
+        );
+    }
+    let db = match (db, url.take("db").as_deref()) {
+        ("", None) => 0,
+        (text, None) | ("", Some(text)) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|db| *db >= 0)
+            .ok_or("the database is not a number (redis+sentinel://h/mymaster/2 or ?db=2)")?,
+        (_, Some(_)) => return Err("gives the database twice, as its path and as db=".into()),
+    };
+    let service = service.to_owned();
+    Ok((Sentinels { addrs, service }, db))
 }
 
 /// The database: the path (`/2`) of a TCP URL, or option `db`.
@@ -252,6 +295,41 @@ mod tests {
             Err(LockError::InvalidConfig { message, .. }) => message,
             other => panic!("{url}: expected InvalidConfig, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_the_service_and_the_database() {
+        let read = config("redis+sentinel://u:pw@10.0.0.1:26380,10.0.0.2/locks/3?prefix=app:");
+        let sentinel = read.sentinel.as_ref().expect("a sentinel config");
+        assert_eq!(
+            sentinel.addrs,
+            vec![
+                ("10.0.0.1".to_string(), 26380),
+                ("10.0.0.2".to_string(), SENTINEL_PORT)
+            ]
+        );
+        assert_eq!(sentinel.service, "locks");
+        let settings = read.client.get_connection_info().redis_settings();
+        assert_eq!(settings.db(), 3);
+        assert_eq!(settings.username(), Some("u"));
+        assert_eq!(read.key_prefix, "app:");
+        assert_eq!(
+            config("redis+sentinel://h/locks?db=2")
+                .client
+                .get_connection_info()
+                .redis_settings()
+                .db(),
+            2
+        );
+        for bad in [
+            "redis+sentinel://h",
+            "redis+sentinel://h/",
+            "redis+sentinel://h/locks/x",
+            "redis+sentinel://h/locks/2?db=2",
+        ] {
+            refused(bad);
+        }
+        assert!(!format!("{read:?}").contains("pw"));
     }
 
     #[test]

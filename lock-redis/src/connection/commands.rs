@@ -7,14 +7,15 @@
 //! reply onto the wrong request: an acquire of one name could read the
 //! grant of another. The nonce turns that into an error instead.
 
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use lockcore::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, ScriptInvocation, ServerErrorKind, Value};
 
+use super::target::{self, Target};
 use crate::error::{self, BACKEND};
 
 /// A process-wide counter: nonces are unique among the requests any
@@ -29,7 +30,7 @@ pub(crate) fn nonce() -> String {
 /// The connection lock commands go through, replaced after a timeout or a
 /// mismatched reply, and gone once the client is closed.
 pub(crate) struct Commands {
-    client: redis::Client,
+    target: Arc<Target>,
     config: ConnectionManagerConfig,
     timeout: Duration,
     current: RwLock<Current>,
@@ -41,6 +42,8 @@ pub(crate) struct Commands {
 struct Current {
     generation: u64,
     con: ConnectionManager,
+    /// The server `con` connects to (it moves with Sentinel).
+    to: redis::ConnectionAddr,
     ours: bool,
     closed: bool,
 }
@@ -48,22 +51,23 @@ struct Current {
 impl Commands {
     /// Commands over `con`, which this client opened if `ours`.
     pub(crate) fn new(
-        client: redis::Client,
+        target: Arc<Target>,
         config: ConnectionManagerConfig,
         timeout: Duration,
         con: ConnectionManager,
         ours: bool,
     ) -> Self {
         Commands {
-            client,
             config,
             timeout,
             current: RwLock::new(Current {
                 generation: 0,
+                to: target.client().get_connection_info().addr().clone(),
                 con,
                 ours,
                 closed: false,
             }),
+            target,
         }
     }
 
@@ -89,11 +93,29 @@ impl Commands {
             .clone()
     }
 
-    /// A new connection manager to the same server, connected on first use.
-    fn lazy(&self) -> Option<ConnectionManager> {
-        ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+    /// A new connection manager to the primary, connected on first use,
+    /// and the server it connects to.
+    fn lazy(&self) -> Option<(ConnectionManager, redis::ConnectionAddr)> {
+        let client = self.target.client();
+        let to = client.get_connection_info().addr().clone();
+        ConnectionManager::new_lazy_with_config(client, self.config.clone())
             .map_err(|e| tracing::warn!(error = %e, "could not set up a redis connection"))
             .ok()
+            .map(|con| (con, to))
+    }
+
+    /// After a failed request (Sentinel): asks the sentinels, and replaces
+    /// connection `generation` if it is not to the primary they name.
+    async fn follow(&self, generation: u64) {
+        self.target.refresh().await;
+        let primary = self.target.client();
+        let stale = {
+            let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+            current.generation == generation && &current.to != primary.get_connection_info().addr()
+        };
+        if stale {
+            self.replace(generation, "the primary moved");
+        }
     }
 
     /// Replaces connection `generation` (if still current) with a new one,
@@ -103,11 +125,12 @@ impl Commands {
         if current.generation != generation || current.closed {
             return;
         }
-        if let Some(con) = self.lazy() {
+        if let Some((con, to)) = self.lazy() {
             tracing::debug!(why, "replacing the redis command connection");
             *current = Current {
                 generation: generation + 1,
                 con,
+                to,
                 ours: true,
                 closed: false,
             };
@@ -127,7 +150,9 @@ impl Commands {
             }
             current.closed = true;
             current.generation += 1;
-            let spare = self.lazy().unwrap_or_else(|| current.con.clone());
+            let spare = self
+                .lazy()
+                .map_or_else(|| current.con.clone(), |(con, _)| con);
             (std::mem::replace(&mut current.con, spare), current.ours)
         };
         if ours {
@@ -224,6 +249,8 @@ impl Commands {
                 let maybe_ran = e.is_timeout() || e.is_connection_dropped();
                 if e.is_timeout() {
                     self.replace(generation, "response timeout");
+                } else if self.target.moves() && target::calls_for_refresh(&e) {
+                    self.follow(generation).await;
                 }
                 Err((error::map(e), maybe_ran))
             }

@@ -48,6 +48,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::connection::target::Target;
 use crate::error::{self, BACKEND};
 
 mod holds;
@@ -122,7 +123,7 @@ pub(crate) struct Orphan {
 }
 
 pub(crate) struct Notifier {
-    client: redis::Client,
+    target: Arc<Target>,
     /// Time to connect and subscribe.
     timeout: Duration,
     /// Time a `PING` on the subscription may take, and the pause between two.
@@ -208,7 +209,7 @@ impl Notifier {
     /// Every lease's loss signal is a child of `leases`; the connection
     /// task runs on `tasks`.
     pub(crate) fn new(
-        client: redis::Client,
+        target: Arc<Target>,
         (timeout, ping_every): (Duration, Duration),
         channel: String,
         evictions: String,
@@ -217,7 +218,7 @@ impl Notifier {
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<Event>) {
         let (events, received) = mpsc::unbounded_channel();
         let notifier = Arc::new(Notifier {
-            client,
+            target,
             timeout,
             ping_every,
             channel,

@@ -199,13 +199,7 @@ pub fn start(options: Options) -> io::Result<Store> {
             dir: Arc::new(dir),
             log,
             clock_file: None,
-            launch: Launch {
-                command: Box::new(command),
-                stop_signal: Signal::SIGTERM,
-                stop_grace: Duration::from_secs(10),
-                ready_within: Duration::from_secs(30),
-                probe: None,
-            },
+            launch: launch(command),
         };
         let launched = if tls {
             let ready: super::Probe = Box::new(move |addr| {
@@ -239,6 +233,77 @@ pub fn start_replica(upstream: SocketAddr, options: Options) -> io::Result<Store
         "--repl-diskless-sync-delay".to_string(),
         "0".to_string(),
     ]))
+}
+
+/// Starts `count` Redis Sentinels (`redis-server sentinel.conf --sentinel`)
+/// that monitor the primary at `primary` as `service`, with a majority
+/// quorum, taking it for down after 500 ms without an answer: after a
+/// `kill -9` of the primary they promote one of its replicas within a few
+/// seconds. Clients find the primary with `redis+sentinel://` and
+/// [`sentinel_hosts`].
+pub fn start_sentinels(primary: SocketAddr, service: &str, count: usize) -> io::Result<Vec<Store>> {
+    let program =
+        super::which("redis-server").ok_or_else(|| super::missing(Kind::Redis, "redis-server"))?;
+    let quorum = count / 2 + 1;
+    (0..count)
+        .map(|_| {
+            let port = net::free_port()?;
+            let dir = super::data_dir(Kind::Redis)?;
+            let data = dir.path().to_owned();
+            let conf = data.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                     sentinel monitor {service} {} {} {quorum}\n\
+                     sentinel down-after-milliseconds {service} 500\n\
+                     sentinel failover-timeout {service} 1000\n\
+                     sentinel parallel-syncs {service} 1\n",
+                    data.display(),
+                    primary.ip(),
+                    primary.port(),
+                ),
+            )?;
+            let program = program.clone();
+            let command = move || {
+                let mut cmd = Command::new(&program);
+                cmd.arg(&conf).arg("--sentinel");
+                cmd
+            };
+            Store::launch(Spec {
+                kind: Kind::Redis,
+                label: format!("redis sentinel on 127.0.0.1:{port}"),
+                addr: net::loopback(port),
+                durable: false,
+                log: data.join("sentinel.log"),
+                dir: Arc::new(dir),
+                clock_file: None,
+                launch: launch(command),
+            })
+        })
+        .collect()
+}
+
+/// The host list of a `redis+sentinel://` URL for `sentinels`
+/// (`127.0.0.1:P1,127.0.0.1:P2,...`).
+pub fn sentinel_hosts(sentinels: &[Store]) -> String {
+    sentinels
+        .iter()
+        .map(|s| s.addr().to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// How a `redis-server` (or sentinel) runs `command`: stopped with
+/// `SIGTERM`, 10 s to stop, 30 s to start.
+fn launch(command: impl Fn() -> Command + Send + Sync + 'static) -> Launch {
+    Launch {
+        command: Box::new(command),
+        stop_signal: Signal::SIGTERM,
+        stop_grace: Duration::from_secs(10),
+        ready_within: Duration::from_secs(30),
+        probe: None,
+    }
 }
 
 /// Readiness of a TLS-only server, without a TLS client here: the port

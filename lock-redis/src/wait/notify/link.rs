@@ -12,7 +12,7 @@ use super::{Link, Notifier, reconnect_backoff};
 
 impl Notifier {
     async fn connect(&self, wake: bool) -> redis::RedisResult<redis::aio::PubSub> {
-        let mut pubsub = self.client.get_async_pubsub().await?;
+        let mut pubsub = self.target.client().get_async_pubsub().await?;
         let mut channels = vec![self.evictions.as_str()];
         if wake {
             channels.push(&self.channel);
@@ -28,6 +28,13 @@ impl Notifier {
         let backoff = reconnect_backoff();
         loop {
             let mut wake = self.wants_wake.load(Ordering::SeqCst);
+            // Reconnecting: the primary may have moved (Sentinel).
+            if subscriptions + u64::from(failures) > 0 {
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => return,
+                    _ = tokio::time::timeout(self.timeout, self.target.refresh()) => {}
+                }
+            }
             let connected = tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 s = tokio::time::timeout(self.timeout, self.connect(wake)) => s,
