@@ -213,8 +213,20 @@ async fn left_running_across_a_restore(backup_in_wal_mode: bool) {
     restore(&saved, &path);
     let restored = Instant::now();
     let mut refused = Vec::new();
+    // The holder notices at its first renewal, TTL/3 after its grant, and
+    // must before its TTL ends: each connect is cut at that deadline, so a
+    // holder that never notices (a connect kept waiting on it) fails here.
+    let noticed_by = restored + ttl;
     let (operator, let_in) = loop {
-        match SqliteBackend::connect(&support::url(&path)).await {
+        let connected = tokio::time::timeout_at(
+            noticed_by,
+            SqliteBackend::connect(&support::url(&path)),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!("the holder did not notice the restore within its TTL ({ttl:?}): still no client connects")
+        });
+        match connected {
             Ok(operator) => break (operator, support::monotonic_ns()),
             Err(e @ LockError::Unavailable { .. })
                 if e.to_string().contains(&format!("still holds grant {held}"))
