@@ -112,3 +112,147 @@ impl Client {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! An undo against a real lock file: retried while its first attempt
+    //! fails retryably, and never attempted on a file replaced under the
+    //! client or through a closed pool. Current-thread runtimes: the first
+    //! test pauses time.
+
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use lockcore::backend::LockRequest;
+    use lockcore::{Attempt, Capabilities};
+    use sqlx::Connection as _;
+
+    use super::*;
+    use crate::config::SqliteConfig;
+
+    /// A client of a fresh lock file in `dir`.
+    async fn connect(dir: &Path) -> Arc<Client> {
+        let url = format!("sqlite://{}", dir.join("locks.db").display());
+        Client::connect(url.parse::<SqliteConfig>().unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// The fences of the rows in the lock file, read through a connection
+    /// of the test's own.
+    async fn fences(path: &Path) -> Vec<i64> {
+        let url = format!("sqlite://{}", path.display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        let fences = sqlx::query_scalar("SELECT fence FROM distlock_leases ORDER BY fence")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        fences
+    }
+
+    /// A grant of lock `lock` for `ttl` whose reply was lost: its row is in
+    /// the file, the client keeps no record of it (its presence file closed
+    /// with the acquire's future), and its undo is armed. The undo and the
+    /// grant's fence.
+    async fn lost_grant(client: &Client, lock: &str, ttl: Duration) -> (Undo, i64) {
+        let name = LockName::new(lock).unwrap();
+        let ttl_checked = Capabilities::new(BACKEND).effective_ttl(ttl).unwrap();
+        let request = LockRequest::new(name.clone(), ttl_checked);
+        let Attempt::Acquired(lease) = client.try_grant(Kind::Lock, &request, 1).await.unwrap()
+        else {
+            panic!("{lock} is free");
+        };
+        let fence = lease.fence().get();
+        client.forget(fence, None, false);
+        let fence = i64::try_from(fence).unwrap();
+        let undo = Undo::arm(client, Kind::Lock, &name, 0, lease.owner(), fence, ttl);
+        (undo, fence)
+    }
+
+    /// The undo's first attempt fails retryably: another operation of the
+    /// client holds its one writer connection (one waiting for the file's
+    /// write lock, say), so the undo's wait for it times out. It is retried
+    /// until its deadline, the grant's TTL from now, and removes the row
+    /// once the connection is free.
+    #[tokio::test]
+    async fn an_undo_that_first_fails_retryably_is_retried_until_it_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.db");
+        let client = connect(dir.path()).await;
+        // Long enough for both waits below, each one operation's bound.
+        let ttl = client.limit * 4;
+        let (undo, fence) = lost_grant(&client, "undo-retried", ttl).await;
+        let busy = client.writer.acquire().await.unwrap();
+        // On paused time, while the undo waits for the connection the
+        // runtime is idle, so its timers fire at once: after one operation's
+        // bound (`limit`, which each attempt is cut to) its first attempt has
+        // failed, well before its deadline.
+        tokio::time::pause();
+        drop(undo);
+        tokio::time::sleep(client.limit).await;
+        tokio::time::resume();
+        assert_eq!(fences(&path).await, [fence], "the undo ran while blocked");
+        drop(busy);
+        // It ends by its deadline at the latest, the row removed or not.
+        assert!(
+            client.cleanups.finish(ttl).await,
+            "the undo outlived its TTL"
+        );
+        assert_eq!(
+            fences(&path).await,
+            Vec::<i64>::new(),
+            "the undo gave up after its first attempt failed"
+        );
+        client.close().await;
+    }
+
+    /// Once the file was replaced under the client (restored from a backup),
+    /// an undo writes nothing and is done at once, while the client's writer
+    /// pool is still open: it does not keep `close` waiting until its limit.
+    #[tokio::test]
+    async fn an_undo_on_a_replaced_file_is_done_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.db");
+        let client = connect(dir.path()).await;
+        // Longer than the wait below: an undo retried until its deadline
+        // outlasts it.
+        let ttl = client.limit * 4;
+        let (undo, _) = lost_grant(&client, "undo-replaced", ttl).await;
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::rename(&copy, &path).unwrap();
+        let refused = client
+            .holders(Kind::Lock, &LockName::new("any").unwrap())
+            .await;
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("was replaced")),
+            "{refused:?}"
+        );
+        assert!(!client.writer.is_closed());
+        drop(undo);
+        assert!(
+            client.cleanups.finish(client.limit).await,
+            "the undo of a grant on a replaced file kept retrying"
+        );
+        client.close().await;
+    }
+
+    /// With the writer pool closed (a client not closed through `close`),
+    /// an undo is done at once: it has nothing to write through.
+    #[tokio::test]
+    async fn an_undo_through_a_closed_pool_is_done_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = connect(dir.path()).await;
+        // Longer than the wait below, as above.
+        let ttl = client.limit * 4;
+        let (undo, _) = lost_grant(&client, "undo-closed-pool", ttl).await;
+        client.writer.close().await;
+        drop(undo);
+        assert!(
+            client.cleanups.finish(client.limit).await,
+            "the undo through a closed pool kept retrying"
+        );
+        client.close().await;
+    }
+}

@@ -8,6 +8,8 @@
 //! closes itself, and until it does nobody can connect.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lock_conformance::kit::scaled;
@@ -211,8 +213,20 @@ async fn left_running_across_a_restore(backup_in_wal_mode: bool) {
     restore(&saved, &path);
     let restored = Instant::now();
     let mut refused = Vec::new();
+    // The holder notices at its first renewal, TTL/3 after its grant, and
+    // must before its TTL ends: each connect is cut at that deadline, so a
+    // holder that never notices (a connect kept waiting on it) fails here.
+    let noticed_by = restored + ttl;
     let (operator, let_in) = loop {
-        match SqliteBackend::connect(&support::url(&path)).await {
+        let connected = tokio::time::timeout_at(
+            noticed_by,
+            SqliteBackend::connect(&support::url(&path)),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!("the holder did not notice the restore within its TTL ({ttl:?}): still no client connects")
+        });
+        match connected {
             Ok(operator) => break (operator, support::monotonic_ns()),
             Err(e @ LockError::Unavailable { .. })
                 if e.to_string().contains(&format!("still holds grant {held}"))
@@ -288,7 +302,9 @@ fn presence_held(path: &Path, fence: u64) -> bool {
 /// its presence file lets go, and so before any other process may take
 /// the name (which needs that `flock`, or the client's connections gone):
 /// a thread that takes the `flock` the moment it is free finds the loss
-/// already fired, 20 times over.
+/// already fired, 20 times over. And it lets go before it answers the call
+/// that found out: a file still held once the call was answered fails the
+/// round at once (no wait for a let-go that never comes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_file_loses_each_lease_before_letting_go() {
     for round in 0..20 {
@@ -304,25 +320,41 @@ async fn a_replaced_file_loses_each_lease_before_letting_go() {
         let fence = lease.fence().get();
         assert!(presence_held(&path, fence));
         let signal = lease.loss_signal().expect("a loss signal").clone();
+        // Set once the renewal below is answered.
+        let answered = Arc::new(AtomicBool::new(false));
+        // Whether the loss had fired when the file was first seen free;
+        // `None`: still held after the answer.
         let watcher = std::thread::spawn({
-            let path = path.clone();
+            let (path, answered) = (path.clone(), answered.clone());
             move || {
-                while presence_held(&path, fence) {
+                loop {
+                    let after_answer = answered.load(Ordering::SeqCst);
+                    if !presence_held(&path, fence) {
+                        return Some(signal.is_cancelled());
+                    }
+                    if after_answer {
+                        return None;
+                    }
                     std::hint::spin_loop();
                 }
-                signal.is_cancelled()
             }
         });
         std::fs::remove_file(format!("{}-wal", path.display())).unwrap();
         let refused = client.renew(&lease).await;
+        answered.store(true, Ordering::SeqCst);
         assert!(
             matches!(&refused, Err(e @ LockError::Unavailable { .. }) if e.to_string().contains("was replaced")),
             "{refused:?}"
         );
-        assert!(
-            watcher.join().unwrap(),
-            "round {round}: the presence file was free before the lease's loss fired"
-        );
+        match watcher.join().unwrap() {
+            Some(lost_first) => assert!(
+                lost_first,
+                "round {round}: the presence file was free before the lease's loss fired"
+            ),
+            None => panic!(
+                "round {round}: the client refused the renewal with the presence file still held"
+            ),
+        }
         client.close().await.unwrap();
     }
 }
