@@ -1,8 +1,12 @@
 //! A nemesis for replicated stores: the random workload of the nemesis case
 //! (try-acquire, waiting acquire, renew, fenced write, release, abandon)
 //! runs on clients that reach the primary through an address that moves,
-//! while the caller's `fail_over` kills the primary (`kill -9`), promotes a
-//! replica and moves the address, again and again.
+//! and beside it each client holds semaphore permits and an election's
+//! leadership through `Locker` guards (renewed in the background, their
+//! `lost()` heard), while the caller's `fail_over` kills the primary
+//! (`kill -9`), promotes a replica and moves the address, again and again.
+//! A permit counts as a lock per slot; a leadership as a lock of the
+//! election's name, its term as the fence.
 //!
 //! What must hold depends on what the topology promises
 //! ([`Failover`](lockcore::Failover), see [`Expect`]):
@@ -24,7 +28,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{FencedResource, LockBackend};
+use lockcore::{FencedResource, HolderLabel, LockBackend, LockError, LockName, Locker};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::concurrency::{Workload, spawn_random_clients};
@@ -101,6 +107,22 @@ where
         faults: Some(run.call_limit),
     };
     let mut tasks = spawn_random_clients(&clients, &names, &resources, &history, workload, seed);
+    let held = Held {
+        semaphore: LockName::new(format!("failover/{salt:x}/permits"))
+            .map_err(|e| Failure::new(format!("a lock name: {e}")))?,
+        election: LockName::new(format!("failover/{salt:x}/leader"))
+            .map_err(|e| Failure::new(format!("a lock name: {e}")))?,
+        ttl: run.ttl,
+        limit: run.call_limit,
+        until: workload.until,
+    };
+    for (i, backend) in clients.iter().enumerate() {
+        let client = clients.len() + i;
+        let (held, backend, history) = (held.clone(), backend.clone(), history.clone());
+        let rng =
+            StdRng::seed_from_u64(seed ^ (client as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        tasks.spawn(async move { guarded_client(client, backend, &held, &history, rng).await });
+    }
     let mut schedule = Vec::new();
     for round in 0..run.failovers {
         let at = started + run.every * (u32::try_from(round).unwrap_or(u32::MAX) + 1);
@@ -170,4 +192,101 @@ where
         )));
     }
     Ok(grants.len())
+}
+
+/// What the guarded clients share.
+#[derive(Debug, Clone)]
+struct Held {
+    /// A semaphore of [`PERMITS`].
+    semaphore: LockName,
+    election: LockName,
+    ttl: std::time::Duration,
+    limit: std::time::Duration,
+    until: Instant,
+}
+
+/// Permits of the shared semaphore.
+const PERMITS: u32 = 2;
+
+/// One client holding through `Locker` guards until `held.until`: a permit
+/// or the leadership, held 0–2 TTLs (renewed in the background), recorded
+/// until its `lost()` fires or it lets go. A call past its bound or a
+/// retryable error is an unknown outcome.
+async fn guarded_client(
+    client: usize,
+    backend: Arc<dyn LockBackend>,
+    held: &Held,
+    history: &History,
+    mut rng: StdRng,
+) -> Result<(), Failure> {
+    let fail = |op: &str, e: LockError| Failure::new(format!("client {client}: {op}: {e} ({e:?})"));
+    let locker = Locker::new(backend).ttl(held.ttl);
+    let semaphore = locker
+        .semaphore(&held.semaphore, PERMITS)
+        .map_err(|e| fail("semaphore", e))?;
+    let election = locker
+        .election(&held.election)
+        .map_err(|e| fail("election", e))?;
+    let label = HolderLabel::new(format!("client-{client}")).map_err(|e| fail("label", e))?;
+    let bound = held.limit + held.ttl * 2;
+    while Instant::now() < held.until {
+        let invoked = Instant::now();
+        let permit = rng.random_bool(0.5);
+        let granted = if permit {
+            let acquire = async {
+                semaphore
+                    .acquire_timeout(held.ttl * 2)
+                    .await
+                    .map(Holding::Permit)
+            };
+            tokio::time::timeout(bound, acquire).await
+        } else {
+            let campaign = async { election.campaign(label.clone()).await.map(Holding::Leader) };
+            tokio::time::timeout(bound, campaign).await
+        };
+        let holding = match granted {
+            Err(_elapsed) => continue,
+            Ok(Err(e)) if e.is_retryable() || matches!(e, LockError::Timeout { .. }) => continue,
+            Ok(Err(e)) => return Err(fail(if permit { "permit" } else { "campaign" }, e)),
+            Ok(Ok(holding)) => holding,
+        };
+        let guard = holding.guard();
+        let name = match guard.slot() {
+            Some(slot) => LockName::new(format!("{}#{slot}", held.semaphore))
+                .map_err(|e| fail("slot name", e))?,
+            None => held.election.clone(),
+        };
+        let at = history.granted(client, &name, guard.fencing_token(), invoked);
+        let hold = held.ttl.mul_f64(rng.random_range(0.0..2.0));
+        tokio::select! {
+            _ = guard.lost() => history.end(at, Instant::now()),
+            _ = tokio::time::sleep(hold) => {
+                history.end(at, Instant::now());
+                let _ = tokio::time::timeout(held.limit, holding.release()).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A permit or a leadership, held through its guard.
+enum Holding {
+    Permit(lockcore::LockGuard),
+    Leader(lockcore::Leadership),
+}
+
+impl Holding {
+    fn guard(&self) -> &lockcore::LockGuard {
+        match self {
+            Holding::Permit(guard) => guard,
+            Holding::Leader(leadership) => leadership.guard(),
+        }
+    }
+
+    async fn release(self) -> Result<lockcore::ReleaseOutcome, LockError> {
+        match self {
+            Holding::Permit(guard) => guard.release().await,
+            Holding::Leader(leadership) => leadership.resign().await,
+        }
+    }
 }
