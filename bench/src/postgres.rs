@@ -29,9 +29,69 @@ const BACKEND: &str = "postgres";
 pub(crate) async fn run(settings: Settings) -> Report {
     use lock_conformance::kit::stores::postgres as stores;
     let store = stores::shared();
-    let url = store.url();
+    let mut report = server(BACKEND, &store.url(), &settings).await;
+    let counted = counted_server(&store);
+    if let Some(profile) = match &counted {
+        Some(counted) => statement_profile(&counted.url(), &settings).await,
+        None => None,
+    } && let Some(row) = (report.rows.iter_mut()).find(|r| r.what.starts_with("2 x durable"))
+    {
+        row.note = format!(
+            "{}; per statement (own server, pg_stat_statements): {profile}",
+            row.note
+        );
+    }
+    report.extend(scenarios(&settings, store, counted).await);
+    // The lossless mode: a synchronous standby, each commit waiting for it.
+    match synchronous_pair().await {
+        Ok((primary, _standby)) => {
+            report.extend(server("postgres + synchronous standby", &primary.url(), &settings).await)
+        }
+        Err(e) => report.failures.push(format!(
+            "postgres with a synchronous standby not measured: {e}"
+        )),
+    }
+    report
+}
+
+/// A primary whose commits wait for its standby (named in
+/// `synchronous_standby_names`), once the standby is synchronous.
+async fn synchronous_pair() -> std::io::Result<(
+    lock_conformance::kit::stores::Store,
+    lock_conformance::kit::stores::Store,
+)> {
+    use lock_conformance::kit::stores::postgres::{self as stores, Options};
+    let primary =
+        stores::start(Options::default().setting("synchronous_standby_names", "standby"))?;
+    let standby = stores::start_standby(primary.addr(), Options::default())?;
+    let mut conn = PgConnection::connect(&primary.url())
+        .await
+        .map_err(std::io::Error::other)?;
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let sync: Option<String> = sqlx::query_scalar(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby'",
+        )
+        .fetch_optional(&mut conn)
+        .await
+        .map_err(std::io::Error::other)?;
+        if sync.as_deref() == Some("sync") {
+            return Ok((primary, standby));
+        }
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(
+                "the standby did not become synchronous within 30 s",
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The lineup on the server at `url`: lock cycles next to its floors and
+/// advisory locks, labelled `label`.
+async fn server(label: &str, url: &str, settings: &Settings) -> Report {
     let conn = Arc::new(Mutex::new(
-        PgConnection::connect(&url).await.expect("connect floor"),
+        PgConnection::connect(url).await.expect("connect floor"),
     ));
     let round_trip = harness::timed(
         &statements(&conn, "SELECT 1", 1),
@@ -55,7 +115,7 @@ pub(crate) async fn run(settings: Settings) -> Report {
     // user's): what the pool itself costs per round trip.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(PostgresConfig::DEFAULT_POOL_SIZE)
-        .connect(&url)
+        .connect(url)
         .await
         .expect("pool");
     let pooled = op(move || {
@@ -72,14 +132,14 @@ pub(crate) async fn run(settings: Settings) -> Report {
     let mut contenders: Vec<Arc<dyn LockBackend>> = Vec::new();
     let mut advisory: Vec<Shared> = Vec::new();
     for _ in 0..settings.contenders {
-        let b = PostgresBackend::connect(&url)
+        let b = PostgresBackend::connect(url)
             .await
             .expect("connect contender");
         contenders.push(Arc::new(b));
-        advisory.push(Advisory::connect(&url, 4242).await);
+        advisory.push(Advisory::connect(url, 4242).await);
     }
     let lineup = Lineup {
-        backend: BACKEND.into(),
+        backend: label.into(),
         round_trip: Some(("SELECT 1".into(), round_trip)),
         floor: Some((
             "2 x durable single-row UPDATE commit (one connection)".into(),
@@ -92,25 +152,14 @@ pub(crate) async fn run(settings: Settings) -> Report {
         other_floors: vec![("2 x SELECT 1 through a sqlx pool".into(), pooled)],
         peers: vec![(
             "pg_advisory_lock + pg_advisory_unlock".into(),
-            harness::cycle(Advisory::connect(&url, 42).await),
+            harness::cycle(Advisory::connect(url, 42).await),
         )],
         contended_peers: vec![("blocking pg_advisory_lock".into(), advisory)],
-        backend_instance: Arc::new(PostgresBackend::connect(&url).await.expect("connect")),
+        backend_instance: Arc::new(PostgresBackend::connect(url).await.expect("connect")),
         contenders,
         floor_target: Some(0.9),
     };
-    let mut report = lineup::measure(lineup, &settings).await;
-    let counted = counted_server(&store);
-    if let Some(profile) = match &counted {
-        Some(counted) => statement_profile(&counted.url(), &settings).await,
-        None => None,
-    } && let Some(row) = (report.rows.iter_mut()).find(|r| r.what.starts_with("2 x durable"))
-    {
-        row.note = format!(
-            "{}; per statement (own server, pg_stat_statements): {profile}",
-            row.note
-        );
-    }
+    let mut report = lineup::measure(lineup, settings).await;
     let settings_of = |names: &'static [&'static str]| {
         let conn = conn.clone();
         async move {
@@ -134,14 +183,13 @@ pub(crate) async fn run(settings: Settings) -> Report {
     ])
     .await;
     report.store(
-        BACKEND,
+        label,
         format!(
             "PostgreSQL {}",
             version.trim_start_matches("server_version=")
         ),
         format!("{durability}; the launcher's defaults"),
     );
-    report.extend(scenarios(&settings, store, counted).await);
     report
 }
 
