@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use lockcore::{FencingToken, LockName};
 use tokio::time::Instant;
@@ -173,6 +174,19 @@ pub fn check_fence_order(grants: &[Grant]) -> Vec<String> {
 /// own deadline (a reply held up longer than the lease) was never counted
 /// on: its interval is empty.
 pub fn check_no_overlap(grants: &[Grant]) -> Vec<String> {
+    overlaps(grants, Duration::ZERO)
+}
+
+/// S1 with an allowance: per name, no two grants counted on at once for
+/// longer than `allowed` (after an asynchronous failover a second holder
+/// may be granted while the first works, until the first's lease runs out).
+pub fn check_overlap_at_most(grants: &[Grant], allowed: Duration) -> Vec<String> {
+    overlaps(grants, allowed)
+}
+
+/// Every pair of one name's grants counted on at once for longer than
+/// `allowed`.
+fn overlaps(grants: &[Grant], allowed: Duration) -> Vec<String> {
     let now = Instant::now();
     let end = |g: &Grant| g.ended.unwrap_or(now);
     let mut found = Vec::new();
@@ -184,6 +198,9 @@ pub fn check_no_overlap(grants: &[Grant]) -> Vec<String> {
             for y in &gs[i + 1..] {
                 if y.granted >= x_end {
                     break;
+                }
+                if x_end.min(end(y)) - y.granted <= allowed {
+                    continue;
                 }
                 found.push(format!(
                     "S1: {name}: client {} (fence {}) was granted {:?} before client {} (fence {}) \
@@ -225,6 +242,24 @@ mod tests {
         let at = Instant::now();
         let found = check_no_overlap(&[grant(1, 1, at, 0, 100), grant(2, 2, at, 50, 150)]);
         assert_eq!(found.len(), 1, "{found:?}");
+    }
+
+    #[test]
+    fn overlaps_within_the_allowance_pass_and_longer_ones_are_reported() {
+        let at = Instant::now();
+        let pair = [grant(1, 1, at, 0, 100), grant(2, 2, at, 50, 150)];
+        assert!(check_overlap_at_most(&pair, Duration::from_millis(50)).is_empty());
+        assert_eq!(
+            check_overlap_at_most(&pair, Duration::from_millis(49)).len(),
+            1
+        );
+        // The overlap ends with the earlier of the two ends.
+        let inside = [grant(1, 1, at, 0, 300), grant(2, 2, at, 50, 80)];
+        assert!(check_overlap_at_most(&inside, Duration::from_millis(30)).is_empty());
+        assert_eq!(
+            check_overlap_at_most(&inside, Duration::from_millis(29)).len(),
+            1
+        );
     }
 
     #[test]
