@@ -434,55 +434,137 @@ async fn repeated_failovers_keep_fences_growing() {
     failovers("asynchronous", Expect::FencesOnly, |c| c).await;
 }
 
+/// A primary, its replica behind a relay, and three sentinels that
+/// monitor the primary as `locks` and promote the replica when it dies.
+struct SentinelTopology {
+    primary: Store,
+    replica: Store,
+    relay: FaultProxy,
+    sentinels: Vec<Store>,
+    observer: redis::aio::MultiplexedConnection,
+}
+
+impl SentinelTopology {
+    async fn start() -> SentinelTopology {
+        let primary =
+            support::private(Options::durable().server_args(["--repl-diskless-sync-delay", "0"]))
+                .await;
+        let relay = FaultProxy::start(primary.addr()).await.unwrap();
+        let replica = replica_of(&relay).await;
+        let addr = primary.addr();
+        let sentinels =
+            tokio::task::spawn_blocking(move || launcher::start_sentinels(addr, "locks", 3))
+                .await
+                .unwrap()
+                .expect("three sentinels");
+        let observer = raw(&sentinels[0].url()).await;
+        let topology = SentinelTopology {
+            primary,
+            replica,
+            relay,
+            sentinels,
+            observer,
+        };
+        topology.know_replica().await;
+        topology
+    }
+
+    /// The URL clients connect with.
+    fn url(&self) -> String {
+        format!(
+            "redis+sentinel://{}/locks",
+            launcher::sentinel_hosts(&self.sentinels)
+        )
+    }
+
+    /// Waits until the sentinels list the replica, healthy: they learn it
+    /// from the primary.
+    async fn know_replica(&self) {
+        let port = self.replica.addr().port().to_string();
+        until(
+            scaled(Duration::from_secs(30)),
+            "the sentinels know the replica",
+            || {
+                let (mut observer, port) = (self.observer.clone(), port.clone());
+                async move {
+                    let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+                        .arg("REPLICAS")
+                        .arg("locks")
+                        .query_async(&mut observer)
+                        .await
+                        .unwrap_or_default();
+                    replicas.iter().any(|fields| {
+                        let field = |name: &str| {
+                            fields
+                                .chunks(2)
+                                .find(|kv| kv[0] == name)
+                                .map(|kv| kv[1].clone())
+                                .unwrap_or_default()
+                        };
+                        field("port") == port && !field("flags").contains("down")
+                    })
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Waits until the sentinels name the replica the primary.
+    async fn promoted(&self) {
+        let port = self.replica.addr().port().to_string();
+        // Sentinel's own pace: down after 500 ms, then an election,
+        // retried every 2 s (twice its failover timeout) when it fails.
+        until(
+            scaled(Duration::from_secs(60)),
+            "the sentinels promote the replica",
+            || {
+                let (mut observer, port) = (self.observer.clone(), port.clone());
+                async move {
+                    let primary: Vec<String> = redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg("locks")
+                        .query_async(&mut observer)
+                        .await
+                        .unwrap_or_default();
+                    primary.get(1) == Some(&port)
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Replication cut `lag` before the primary's `kill -9` (what it wrote
+    /// meanwhile is lost), the sentinels' promotion of the replica, and a
+    /// new replica of it (behind a new relay) that they know.
+    async fn rotate(&mut self, lag: Duration) {
+        self.relay.set(Mode::Blackhole);
+        tokio::time::sleep(lag).await;
+        self.primary.kill_now().unwrap();
+        self.promoted().await;
+        let relay = FaultProxy::start(self.replica.addr()).await.unwrap();
+        let replica = replica_of(&relay).await;
+        self.primary = std::mem::replace(&mut self.replica, replica);
+        self.relay = relay;
+        self.know_replica().await;
+    }
+}
+
 /// Through Sentinel (`redis+sentinel://`), the client follows a failover
 /// the sentinels make: after a `kill -9` of the primary it is granted on
 /// the replica they promote, the lease it held before is lost (another
 /// replication id), and fences keep growing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_follow_a_sentinel_failover() {
-    let primary =
-        support::private(Options::durable().server_args(["--repl-diskless-sync-delay", "0"])).await;
-    let relay = FaultProxy::start(primary.addr()).await.unwrap();
-    let replica = replica_of(&relay).await;
-    let addr = primary.addr();
-    let sentinels =
-        tokio::task::spawn_blocking(move || launcher::start_sentinels(addr, "locks", 3))
-            .await
-            .unwrap()
-            .expect("three sentinels");
-    // The sentinels learn the replica from the primary.
-    let observer = raw(&sentinels[0].url()).await;
-    until(
-        scaled(Duration::from_secs(30)),
-        "the sentinels know the replica",
-        || {
-            let mut observer = observer.clone();
-            async move {
-                let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
-                    .arg("REPLICAS")
-                    .arg("locks")
-                    .query_async(&mut observer)
-                    .await
-                    .unwrap_or_default();
-                replicas.len() == 1
-            }
-        },
-    )
-    .await;
-    let url = format!(
-        "redis+sentinel://{}/locks",
-        launcher::sentinel_hosts(&sentinels)
-    );
-    let client = RedisBackend::connect(&url).await.unwrap();
+    let topology = SentinelTopology::start().await;
+    let client = RedisBackend::connect(&topology.url()).await.unwrap();
     let name = unique("sentinel");
     let held = take(&client, &name, support::LONG).await;
 
-    primary.kill_now().unwrap();
+    topology.primary.kill_now().unwrap();
     let killed = tokio::time::Instant::now();
-    // Sentinel's own pace: down after 500 ms, then an election, retried
-    // every 2 s (twice its failover timeout) when it fails.
+    topology.promoted().await;
     let next = eventually(
-        scaled(Duration::from_secs(60)),
+        scaled(Duration::from_secs(10)),
         "a grant on the primary the sentinels promoted",
         || async {
             match client.try_acquire_for(&unique("after"), TTL).await {
@@ -497,7 +579,7 @@ async fn clients_follow_a_sentinel_failover() {
         "granted on the promoted replica {:?} after the kill",
         killed.elapsed()
     );
-    let mut on_replica = raw(&replica.url()).await;
+    let mut on_replica = raw(&topology.replica.url()).await;
     assert_eq!(info_field(&mut on_replica, "role").await, "master");
     assert!(
         held.loss_signal().unwrap().is_cancelled(),
@@ -505,7 +587,39 @@ async fn clients_follow_a_sentinel_failover() {
     );
     assert!(next.fence() > held.fence());
     client.release(&next).await.unwrap();
-    drop(relay);
+}
+
+/// The failover nemesis through Sentinel: the clients find the primary
+/// through the sentinels, which promote the replica after each `kill -9`
+/// (asynchronous replication, no lock delay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failovers_through_sentinel_keep_fences_growing() {
+    let ttl = scaled(Duration::from_secs(1));
+    let topology = SentinelTopology::start().await;
+    let mut clients: Vec<Arc<dyn LockBackend>> = Vec::new();
+    for _ in 0..4 {
+        clients.push(Arc::new(
+            RedisBackend::connect(&topology.url()).await.unwrap(),
+        ));
+    }
+    let run = FailoverRun {
+        topology: "sentinel",
+        expect: Expect::FencesOnly,
+        ttl,
+        call_limit: scaled(Duration::from_secs(4)),
+        failovers: lock_conformance::kit::env::FAILOVERS.count(3),
+        // A sentinel failover takes seconds: grants resume in between.
+        every: scaled(Duration::from_secs(8)),
+        seed: support::rand_u64(),
+    };
+    let topology = Arc::new(tokio::sync::Mutex::new(topology));
+    let grants = run_with_failovers(clients, run, |_| {
+        let topology = topology.clone();
+        async move { topology.lock().await.rotate(ttl / 2).await }
+    })
+    .await
+    .unwrap_or_else(|f| panic!("{f}"));
+    assert!(grants > 0);
 }
 
 /// The lock delay needs the replication id: an ACL that denies `INFO`
