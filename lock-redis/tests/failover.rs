@@ -32,6 +32,9 @@ use tokio::time::Instant;
 /// The TTL of the lease the failover loses.
 const TTL: Duration = Duration::from_secs(3);
 
+/// The TTL of the failover nemesis's grants (scaled).
+const NEMESIS_TTL: Duration = Duration::from_secs(1);
+
 /// A primary, its replica behind a relay, and the front address clients use.
 struct Topology {
     primary: Store,
@@ -385,22 +388,57 @@ async fn failovers(
     expect: Expect,
     configure: fn(RedisConfig) -> RedisConfig,
 ) {
-    let ttl = scaled(Duration::from_secs(1));
     let topology = Topology::start().await;
     topology.caught_up().await;
     let mut clients: Vec<Arc<dyn LockBackend>> = Vec::new();
     for _ in 0..4 {
         clients.push(Arc::new(topology.client(configure).await));
     }
+    // More than the lock delay plus a TTL: grants resume between failovers.
+    nemesis(
+        topology,
+        clients,
+        (topology_name, expect),
+        scaled(NEMESIS_TTL) * 3,
+    )
+    .await;
+}
+
+/// A topology the nemesis fails over, losing what the primary wrote in its
+/// last `lag`.
+trait Rotate: Send + 'static {
+    fn rotate(&mut self, lag: Duration) -> impl std::future::Future<Output = ()> + Send;
+}
+
+impl Rotate for Topology {
+    async fn rotate(&mut self, lag: Duration) {
+        Topology::rotate(self, lag).await
+    }
+}
+
+impl Rotate for SentinelTopology {
+    async fn rotate(&mut self, lag: Duration) {
+        SentinelTopology::rotate(self, lag).await
+    }
+}
+
+/// Runs the failover nemesis on `clients` of `topology` (named, and what
+/// it promises), failing over every `every`: half a TTL lost each time.
+async fn nemesis<T: Rotate>(
+    topology: T,
+    clients: Vec<Arc<dyn LockBackend>>,
+    (name, expect): (&'static str, Expect),
+    every: Duration,
+) {
+    let ttl = scaled(NEMESIS_TTL);
     let run = FailoverRun {
-        topology: topology_name,
+        topology: name,
         expect,
         ttl,
         // Reconnecting through the moved address, then a WAIT or a lock delay.
         call_limit: scaled(Duration::from_secs(4)),
         failovers: lock_conformance::kit::env::FAILOVERS.count(3),
-        // More than the lock delay plus a TTL: grants resume between failovers.
-        every: ttl * 3,
+        every,
         seed: support::rand_u64(),
     };
     let topology = Arc::new(tokio::sync::Mutex::new(topology));
@@ -594,7 +632,6 @@ async fn clients_follow_a_sentinel_failover() {
 /// (asynchronous replication, no lock delay).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_failovers_through_sentinel_keep_fences_growing() {
-    let ttl = scaled(Duration::from_secs(1));
     let topology = SentinelTopology::start().await;
     let mut clients: Vec<Arc<dyn LockBackend>> = Vec::new();
     for _ in 0..4 {
@@ -602,24 +639,9 @@ async fn repeated_failovers_through_sentinel_keep_fences_growing() {
             RedisBackend::connect(&topology.url()).await.unwrap(),
         ));
     }
-    let run = FailoverRun {
-        topology: "sentinel",
-        expect: Expect::FencesOnly,
-        ttl,
-        call_limit: scaled(Duration::from_secs(4)),
-        failovers: lock_conformance::kit::env::FAILOVERS.count(3),
-        // A sentinel failover takes seconds: grants resume in between.
-        every: scaled(Duration::from_secs(8)),
-        seed: support::rand_u64(),
-    };
-    let topology = Arc::new(tokio::sync::Mutex::new(topology));
-    let grants = run_with_failovers(clients, run, |_| {
-        let topology = topology.clone();
-        async move { topology.lock().await.rotate(ttl / 2).await }
-    })
-    .await
-    .unwrap_or_else(|f| panic!("{f}"));
-    assert!(grants > 0);
+    // A sentinel failover takes seconds: grants resume in between.
+    let every = scaled(Duration::from_secs(8));
+    nemesis(topology, clients, ("sentinel", Expect::FencesOnly), every).await;
 }
 
 /// The lock delay needs the replication id: an ACL that denies `INFO`
