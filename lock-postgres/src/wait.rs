@@ -51,13 +51,15 @@ use crate::locks::{Held, Take};
 /// queued at its turnstile takes it past whoever holds the turnstile: a
 /// holder that stopped renewing (paused, hung) keeps its turnstile until
 /// the server notices, and a turnstile holder that waits for the lease
-/// itself retries right at its expiry, well within this.
-pub(crate) const TAKE_PAST_AFTER: Duration = Duration::from_millis(50);
+/// itself retries right at its expiry, well within this. Long enough that
+/// a head of the line slowed by a loaded machine (50 ms was seen passed)
+/// keeps its turn.
+pub(crate) const TAKE_PAST_AFTER: Duration = Duration::from_millis(150);
 
 /// How long after a lease's expiry a waiter queued behind a stalled
 /// turnstile holder may still be waiting (beyond round trips): the wait
 /// above, and one retry when its timer fired a little early.
-pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(100);
+pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(200);
 
 /// One waiting `acquire`, step by step, once it is first in the local line
 /// (its `LocalTurn` is held by the caller for the whole wait).
