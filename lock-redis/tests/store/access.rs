@@ -10,7 +10,7 @@ use lock_conformance::kit::until;
 use lock_redis::redis::{self, AsyncCommands};
 use lock_redis::{Eviction, Persistence, RedisBackend, RedisConfig};
 use lockcore::backend::{LockBackendExt, LockRequest};
-use lockcore::{LockBackend, LockError, ReleaseOutcome};
+use lockcore::{Attempt, LockBackend, LockError, ReleaseOutcome};
 use tokio::time::Instant;
 
 /// T3.2: the reply to an acquire is lost. The caller gets a retryable error;
@@ -110,6 +110,137 @@ async fn a_lost_permit_reply_leaves_no_phantom_permit() {
     let lease = acquire().await.unwrap().into_lease().unwrap();
     assert!(lease.fence() > phantom[0].fence);
     assert_eq!(cut.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// A lost acquire reply whose undo's first try fails, for a lock: the undo
+/// is retried (for as long as the grant could live), not given up after
+/// that try, so a grant the caller never heard of is gone as soon as the
+/// server takes writes again, long before its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_undo_whose_first_try_fails_is_retried() {
+    undo_retried(Grant::Lock).await;
+}
+
+/// The same for a permit: its give-back is retried too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_undo_whose_first_try_fails_is_retried() {
+    undo_retried(Grant::Permit).await;
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Grant {
+    Lock,
+    Permit,
+}
+
+impl Grant {
+    async fn attempt(
+        self,
+        backend: &RedisBackend,
+        request: &LockRequest,
+    ) -> Result<Attempt, LockError> {
+        match self {
+            Grant::Lock => backend.try_acquire(request).await,
+            Grant::Permit => backend.try_acquire_permit(request, 1).await,
+        }
+    }
+}
+
+/// One grant whose reply is lost, on a private server that then refuses
+/// writes for a while: it is made a replica (of a primary nothing listens
+/// for, so it keeps its data and serves reads) and refuses every write
+/// with `READONLY`, a retryable error. The undo is the only write the
+/// client sends meanwhile, so a `READONLY` is a failed try of it.
+async fn undo_retried(grant: Grant) {
+    let store = private(Options::durable()).await;
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    // The lost reply times out after this: the server refuses writes
+    // before then, so no try of the undo can succeed until it takes them.
+    let response_timeout = scaled(Duration::from_secs(1));
+    let connect_timeout = scaled(Duration::from_millis(300));
+    let via = RedisConfig::from_url(&store.url())
+        .unwrap()
+        .address(proxy.addr().ip().to_string(), proxy.addr().port())
+        .response_timeout(response_timeout)
+        .connect_timeout(connect_timeout);
+    // A try takes at most a connect and its two retries, then the response
+    // timeout; tries are at most a second apart (the clean-ups' backoff).
+    let next_try = scaled(Duration::from_secs(1)) + connect_timeout * 3 + response_timeout;
+    let cut = RedisBackend::connect_with(via).await.unwrap();
+    let name = unique("undo");
+    let request = LockRequest::new(
+        name.clone(),
+        cut.capabilities().effective_ttl(LONG).unwrap(),
+    );
+    // Load the script first, so the lost request really runs on the server.
+    let warm = grant.attempt(&cut, &request).await.unwrap();
+    let warm = warm.into_lease().unwrap();
+    cut.release(&warm).await.unwrap();
+
+    let observer = raw(&store.url()).await;
+    let granted = async || -> bool {
+        let mut con = observer.clone();
+        match grant {
+            Grant::Lock => con.exists(format!("distlock:{{{}}}", name.as_str())),
+            Grant::Permit => con.exists(format!("distlock:{{{}}}:permits", name.as_str())),
+        }
+        .await
+        .unwrap()
+    };
+    // Writes the server refused.
+    let refused = async || {
+        let info: String = redis::cmd("INFO")
+            .arg("errorstats")
+            .query_async(&mut observer.clone())
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_READONLY:count="))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let refused_before = refused().await;
+    proxy.set(Mode::DropDownstream);
+    let sent = Instant::now();
+    let lost = tokio::spawn({
+        let (cut, request) = (cut.clone(), request.clone());
+        async move { grant.attempt(&cut, &request).await }
+    });
+    until(response_timeout, "the request runs on the server", granted).await;
+    let mut admin = observer.clone();
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(1)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        sent.elapsed() < response_timeout,
+        "the server refused writes only after the lost reply timed out"
+    );
+    let lost = lost.await.unwrap();
+    assert!(matches!(&lost, Err(e) if e.is_retryable()), "{lost:?}");
+    proxy.set(Mode::Pass);
+    // The first try may fail before it reaches the server (its connect ran
+    // while replies were dropped); the second reaches it.
+    until(next_try * 2, "a try of the undo refused", || async {
+        refused().await > refused_before
+    })
+    .await;
+
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let writable = Instant::now();
+    until(
+        next_try,
+        &format!("the {grant:?} undone once the server takes writes"),
+        || async { !granted().await },
+    )
+    .await;
+    assert!(writable.elapsed() < LONG / 4, "undone long before the TTL");
 }
 
 /// T4.11: passwords and ACL users. Wrong credentials are a permanent error,
