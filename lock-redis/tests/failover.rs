@@ -435,8 +435,11 @@ async fn nemesis<T: Rotate>(
         topology: name,
         expect,
         ttl,
-        // Reconnecting through the moved address, then a WAIT or a lock delay.
-        call_limit: scaled(Duration::from_secs(4)),
+        // A call may reconnect (the connect timeout) and then wait one
+        // response, WAIT included (half of it) or a lock delay's answer.
+        call_limit: scaled(
+            RedisConfig::DEFAULT_CONNECT_TIMEOUT + RedisConfig::DEFAULT_RESPONSE_TIMEOUT * 2,
+        ),
         failovers: lock_conformance::kit::env::FAILOVERS.count(3),
         every,
         seed: support::rand_u64(),
@@ -601,18 +604,7 @@ async fn clients_follow_a_sentinel_failover() {
     topology.primary.kill_now().unwrap();
     let killed = tokio::time::Instant::now();
     topology.promoted().await;
-    let next = eventually(
-        scaled(Duration::from_secs(10)),
-        "a grant on the primary the sentinels promoted",
-        || async {
-            match client.try_acquire_for(&unique("after"), TTL).await {
-                Ok(attempt) => attempt.into_lease(),
-                Err(e) if e.is_retryable() => None,
-                Err(e) => panic!("acquire after the failover: {e}"),
-            }
-        },
-    )
-    .await;
+    let next = granted_after_the_move(&client, &unique("after")).await;
     eprintln!(
         "granted on the promoted replica {:?} after the kill",
         killed.elapsed()
