@@ -31,6 +31,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::BACKEND;
 
+/// The most operations etcd takes in one transaction (its `--max-txn-ops`,
+/// 128 unless the operator raised it): counted per branch, and a nested
+/// transaction's own count against what its parent's branch leaves. A
+/// transaction over it is refused whole ("too many operations in txn
+/// request"), so every transaction whose size grows with a batch is cut to
+/// fit.
+pub(crate) const MAX_TXN_OPS: usize = 128;
+
 /// One client's connection and background work.
 pub(crate) struct Conn {
     client: RwLock<Option<Client>>,

@@ -39,7 +39,7 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use lockcore::backend::{CancellationToken, Clock, Moment};
 use tokio::time::Instant;
 
-use crate::connection::Conn;
+use crate::connection::{Conn, MAX_TXN_OPS};
 use crate::fence::floor::Floor;
 use crate::keys::Keys;
 
@@ -50,9 +50,10 @@ mod lease;
 const TICK: Duration = Duration::from_millis(100);
 /// How long a session nothing is attached to is kept for the next lock.
 const IDLE: Duration = Duration::from_secs(5);
-/// Entries moved off a retired session per transaction (each a nested
-/// transaction: etcd allows 128 operations per branch).
-const MOVE_BATCH: usize = 128;
+/// Entries moved off a retired session per transaction: each is a nested
+/// transaction of two compares, which etcd counts against what the
+/// parent's branch of one operation per entry leaves.
+const MOVE_BATCH: usize = MAX_TXN_OPS - 2;
 
 /// How far a session may be from its last refresh and still take a new
 /// entry without one: a new grant then gets at least 3/4 of its TTL.

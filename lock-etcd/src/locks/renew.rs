@@ -10,16 +10,17 @@ use etcd_client::{GetOptions, LeaseTimeToLiveOptions, Txn, TxnOp, TxnOpResponse}
 use lockcore::backend::Moment;
 use lockcore::{Lease, LockError};
 
+use crate::connection::MAX_TXN_OPS;
 use crate::connection::client::Inner;
 use crate::connection::session::{Attached, Entry, Kind, Status, Use};
 use crate::error::timed;
 use crate::keys::record::Record;
 use crate::locks::grant::Grant;
 
-/// Keys checked per transaction of gets (etcd allows 128 operations); a
-/// renewal of more keys on one session asks the session's lease which keys
-/// it carries instead, in one request.
-const CHECK_BATCH: usize = 128;
+/// Keys checked per transaction of gets (the fence floor's read is one
+/// more); a renewal of more keys on one session asks the session's lease
+/// which keys it carries instead, in one request.
+const CHECK_BATCH: usize = MAX_TXN_OPS - 1;
 
 /// Which renewed keys a session carries, as of a keep-alive sent at `sent`.
 struct Checked {

@@ -4,13 +4,14 @@
 //! every guard on it at once. And the faults the conformance suite cannot
 //! aim this precisely: a write whose reply is lost retires its session (a
 //! phantom entry must not outlive its TTL, however busy the client keeps its
-//! other leases), and a late keep-alive reply extends nothing.
+//! other leases), and a late keep-alive reply extends nothing. And the
+//! batches that meet etcd's limit of operations per transaction.
 
 use std::time::Duration;
 
 use lock_conformance::kit::poll::{eventually, until};
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
-use lock_conformance::kit::stores::etcd;
+use lock_conformance::kit::stores::{self, etcd};
 use lock_etcd::testing::{key_of, sessions};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::wait::WaitPolicy;
@@ -158,6 +159,18 @@ const ROUNDS: usize = 8;
 
 const TTL: Duration = Duration::from_secs(4);
 
+/// A proxy in front of `store`, and a client through it that gives up on a
+/// request after `timeout`.
+async fn behind_proxy(store: &stores::Store, timeout: Duration) -> (FaultProxy, EtcdBackend) {
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = EtcdBackend::connect_with(
+        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
+    )
+    .await
+    .unwrap();
+    (proxy, client)
+}
+
 /// A name no other test uses, numbered.
 fn numbered(test: &str, i: usize) -> LockName {
     LockName::new(format!("{}/{i}", name(test))).unwrap()
@@ -286,13 +299,8 @@ async fn churn(client: EtcdBackend, granted: Vec<Lease>, stop: CancellationToken
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
     let store = etcd::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let timeout = scaled(Duration::from_millis(500));
-    let client = EtcdBackend::connect_with(
-        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
-    )
-    .await
-    .unwrap();
+    let (proxy, client) = behind_proxy(&store, timeout).await;
     let observer = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint()]))
         .await
         .unwrap();
@@ -367,13 +375,8 @@ async fn a_write_without_an_answer_retires_the_session_and_its_locks_move_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_reply_that_comes_after_its_cancellation_extends_nothing() {
     let store = etcd::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let timeout = scaled(Duration::from_millis(800));
-    let client = EtcdBackend::connect_with(
-        EtcdConfig::new([store.endpoint_via(proxy.addr())]).request_timeout(timeout),
-    )
-    .await
-    .unwrap();
+    let (proxy, client) = behind_proxy(&store, timeout).await;
     let mut raw = raw(&store.endpoint()).await;
     let ttl = Duration::from_secs(10);
     let first = client
@@ -434,4 +437,93 @@ async fn a_keep_alive_reply_that_comes_after_its_cancellation_extends_nothing() 
          a late keep-alive reply was taken for a later keep-alive's"
     );
     client.release(&second).await.unwrap();
+}
+
+/// `n` locks held by `client` on fresh names, acquired a few at a time.
+async fn hold_many(client: &EtcdBackend, test: &str, n: usize) -> Vec<Lease> {
+    use futures_util::StreamExt;
+    futures_util::stream::iter(0..n)
+        .map(|i| async move { acquire(client, &numbered(test, i), TTL).await })
+        .buffered(16)
+        .collect()
+        .await
+}
+
+/// etcd refuses a transaction of more operations than its `--max-txn-ops`
+/// (128 unless raised). A renewal checks its keys in one transaction, and a
+/// batch just under, at and over that size must renew every lease: the
+/// check's own extra read (the fence floor) must not push a batch over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_batches_around_etcds_transaction_limit_renew_every_lease() {
+    let store = etcd::shared();
+    let client = connect(&store.endpoint()).await;
+    for n in [127, 128, 129] {
+        let leases = hold_many(&client, &format!("batch-{n}"), n).await;
+        let renewed = client.renew_many(&leases).await;
+        let failed: Vec<String> = renewed
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "a batch of {n}: {} of {n} renewals failed, first: {:?}",
+            failed.len(),
+            failed.first()
+        );
+        for lease in renewed {
+            client.release(&lease.unwrap()).await.unwrap();
+        }
+    }
+}
+
+/// The keys of a retired session move to a new one in transactions too
+/// (each key a nested transaction, whose operations count against what its
+/// parent leaves): more keys than one transaction may carry all move, and
+/// every lease on them is renewed, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_keys_than_one_transaction_carries_all_move_off_a_retired_session() {
+    const HELD: usize = 300;
+    let store = etcd::shared();
+    let timeout = scaled(Duration::from_millis(500));
+    let (proxy, client) = behind_proxy(&store, timeout).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let leases = hold_many(&client, "moved", HELD).await;
+    let session = etcd_lease_of(&mut raw, &key_of(&leases[0]).unwrap()).await;
+
+    // An acquire whose reply comes too late retires the session.
+    proxy.set(Mode::DelayDownstream {
+        base: timeout * 2,
+        jitter: Duration::ZERO,
+    });
+    let err = client
+        .try_acquire_for(&numbered("moved-phantom", 0), TTL)
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    proxy.set(Mode::Pass);
+
+    // Renewed as the renewer would: a retryable failure (the new session's
+    // grant slow on a busy machine) is tried again, anything else fails.
+    let within = scaled(Duration::from_secs(5));
+    let renewed = eventually(within, "every lease renewed", || async {
+        let renewed = client.renew_many(&leases).await;
+        if let Some(e) = renewed.iter().find_map(|r| r.as_ref().err()) {
+            assert!(e.is_retryable(), "a renewal failed: {e}");
+            return None;
+        }
+        Some(renewed)
+    })
+    .await;
+    for lease in &leases {
+        let now = etcd_lease_of(&mut raw, &key_of(lease).unwrap()).await;
+        assert_ne!(
+            now,
+            session,
+            "{} still on the retired session",
+            lease.name()
+        );
+    }
+    for lease in renewed {
+        client.release(&lease.unwrap()).await.unwrap();
+    }
 }
