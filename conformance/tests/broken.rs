@@ -37,6 +37,9 @@ enum Flaw {
     EvictIgnoresFence,
     /// Declares an eviction notice but never tells the evicted holder.
     SilentEviction,
+    /// An evicted holder never hears: no notice, and its renewals take the
+    /// name again instead of failing.
+    DeafHolder,
     /// Declares notifications but never wakes anyone.
     NeverWakes,
     /// A dropped acquire leaves a grant behind that never expires soon.
@@ -146,7 +149,9 @@ impl Broken {
             {
                 Attempt::Acquired(lease.with_ttl(asked))
             }
-            Attempt::Acquired(lease) if self.flaw == Flaw::SilentEviction => {
+            Attempt::Acquired(lease)
+                if matches!(self.flaw, Flaw::SilentEviction | Flaw::DeafHolder) =>
+            {
                 // The same grant without the store's loss signal.
                 Attempt::Acquired(Lease::new(
                     name.clone(),
@@ -166,7 +171,7 @@ impl Broken {
             Flaw::PanicsOnForgedLease if self.store.inspect(lease.name()).await?.is_none() => {
                 panic!("no such lease")
             }
-            Flaw::RenewResurrects => match self.store.renew(&real).await {
+            Flaw::RenewResurrects | Flaw::DeafHolder => match self.store.renew(&real).await {
                 Err(LockError::NotHeld { .. }) => Ok(self
                     .store
                     .try_acquire_for(lease.name(), lease.ttl().get())
@@ -443,6 +448,21 @@ async fn fence_blind_eviction_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_eviction_is_caught() {
     must_fail(Flaw::SilentEviction, &["lost_fires_on_force_release"]).await;
+}
+
+/// The critical section of a holder that never hears of its eviction runs
+/// on: the case reports it still running at its bound, instead of waiting
+/// for it without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deaf_holders_are_caught() {
+    must_fail_saying(
+        Flaw::DeafHolder,
+        &[(
+            "with_lock_stops_when_lost",
+            "the critical section still ran",
+        )],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

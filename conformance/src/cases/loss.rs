@@ -112,7 +112,7 @@ pub async fn with_lock_stops_when_lost(cx: &Ctx) -> CaseResult {
     let every = ttl / 4;
     let locker = cx.locker(&a, ttl).renew_every(every);
     let entered = Arc::new(Notify::new());
-    let evictor = {
+    let mut evictor = {
         let (name, entered) = (name.clone(), entered.clone());
         tokio::spawn(async move {
             // Once the critical section runs, the lock held.
@@ -124,20 +124,43 @@ pub async fn with_lock_stops_when_lost(cx: &Ctx) -> CaseResult {
                 .map(|_| evicted)
         })
     };
-    let outcome = locker
-        .with_lock(&name, |_fence| {
-            entered.notify_one();
-            std::future::pending::<()>()
-        })
-        .await;
-    let stopped = Instant::now();
-    if !matches!(outcome, Err(LockError::Lost { .. })) {
-        evictor.abort();
-        return Err(Failure::new(format!("expected Lost, got {outcome:?}")));
-    }
-    let evicted = evictor
-        .await
-        .map_err(|e| Failure::new(format!("evictor failed: {e}")))??;
+    let run = locker.with_lock(&name, |_fence| {
+        entered.notify_one();
+        std::future::pending::<()>()
+    });
+    tokio::pin!(run);
+    // The section must end by itself: bounded from the eviction on, so a
+    // backend that never tells its holder fails here instead of hanging.
+    let (outcome, stopped, evicted) = tokio::select! {
+        outcome = &mut run => {
+            let stopped = Instant::now();
+            if !matches!(outcome, Err(LockError::Lost { .. })) {
+                evictor.abort();
+                return Err(Failure::new(format!("expected Lost, got {outcome:?}")));
+            }
+            // The holder may hear before the eviction call returns.
+            let evicted = (&mut evictor)
+                .await
+                .map_err(|e| Failure::new(format!("evictor failed: {e}")))??;
+            (outcome, stopped, evicted)
+        }
+        evicted = &mut evictor => {
+            let evicted = evicted.map_err(|e| Failure::new(format!("evictor failed: {e}")))??;
+            match tokio::time::timeout_at(evicted + every + cx.slack(ttl), &mut run).await {
+                Ok(outcome) => (outcome, Instant::now(), evicted),
+                Err(_) => {
+                    return Err(Failure::new(format!(
+                        "the critical section still ran {:?} after the eviction",
+                        evicted.elapsed()
+                    )));
+                }
+            }
+        }
+    };
+    ensure!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "expected Lost, got {outcome:?}"
+    );
     ensure!(
         stopped <= evicted + every + cx.slack(ttl),
         "the critical section ran {:?} after the eviction",
