@@ -246,6 +246,41 @@ async fn a_grant_on_the_promoted_replica_ends_the_clients_earlier_leases() {
     client.release(&next).await.unwrap();
 }
 
+/// A holder whose grant was replicated (its key is on the promoted replica,
+/// alive for long after the failover) hears of the failover without
+/// granting anything: its subscription moves with the front address, and
+/// the first look at the new server finds another replication id. The key
+/// says nothing: only the id tells. With and without a lock delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_of_a_replicated_grant_hears_of_the_failover_without_granting() {
+    let long = Duration::from_secs(60);
+    for delay in [None, Some(scaled(TTL))] {
+        let topology = Topology::start().await;
+        let holder = topology
+            .client(|c| match delay {
+                Some(d) => c.failover_lock_delay(d),
+                None => c,
+            })
+            .await;
+        let held = take(&holder, &unique("replicated"), long).await;
+        topology.caught_up().await;
+
+        topology.fail_over().await;
+        let lost = held.loss_signal().expect("a Redis lease has a loss signal");
+        // As in the unreplicated case: reconnect with backoff (at most a
+        // second), then one request to the new server.
+        let within = scaled(Duration::from_secs(2) + RedisConfig::DEFAULT_RESPONSE_TIMEOUT * 2);
+        tokio::time::timeout(within, lost.cancelled())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "lock delay {delay:?}: the holder of a replicated grant did not hear of the \
+                     failover within {within:?}"
+                )
+            });
+    }
+}
+
 /// With `failover_lock_delay`, the promoted replica grants nothing until
 /// the delay has passed since a grant first saw the failover, so the lost
 /// grant's holder has stopped before anyone else starts: no overlap. A
