@@ -140,6 +140,33 @@ async fn missing_objects_without_create_schema_are_a_config_error() {
     assert!(err.to_string().contains("create_schema"), "{err}");
 }
 
+/// A lock table taken away under a client (renamed by an operator): its
+/// renewals fail for good at once (a store error, not retryable), so its
+/// holders hear now instead of retrying until their deadlines.
+#[tokio::test]
+async fn renewals_on_a_table_taken_away_fail_for_good() {
+    let table = unique("taken");
+    let url = with_params(&shared_url(), &format!("table={table}"));
+    let client = connect(&url).await;
+    let lease = acquired(&client, &name("taken"), Duration::from_secs(30)).await;
+    let mut conn = sql_conn(&url).await;
+    let rename = |from: &str, to: &str| format!("ALTER TABLE public.{from} RENAME TO {to}");
+    sqlx::query(&rename(&table, &format!("{table}_away")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let renewed = client.renew_many(std::slice::from_ref(&lease)).await;
+    sqlx::query(&rename(&format!("{table}_away"), &table))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    match &renewed[..] {
+        [Err(e @ LockError::Store { .. })] => assert!(!e.is_retryable(), "{e:?}"),
+        other => panic!("a renewal on a missing table: {other:?}"),
+    }
+    client.release(&lease).await.unwrap();
+}
+
 /// `purge_free` deletes long-free rows without letting fences go back.
 #[tokio::test]
 async fn purge_free_keeps_fences_monotonic() {

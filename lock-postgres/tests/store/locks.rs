@@ -8,19 +8,21 @@ use std::time::Duration;
 use crate::support::{lock_name, scaled, sql_conn, unique, warm_up, with_params};
 use lock_conformance::kit::poll::{eventually, until};
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
-use lock_conformance::kit::stores::postgres;
+use lock_conformance::kit::stores::{Store, postgres};
 use lock_postgres::PostgresBackend;
 use lock_postgres::sqlx;
 use lockcore::backend::{LockBackendExt, LockRequest};
-use lockcore::{Attempt, LockBackend, ReleaseOutcome};
+use lockcore::{Attempt, Lease, LockBackend, LockName, ReleaseOutcome};
 use tokio::time::Instant;
 
-#[tokio::test]
-async fn a_lost_acquire_reply_leaves_no_phantom() {
-    let store = postgres::shared();
+/// A client behind a proxy that gives up on an operation after
+/// `op_timeout`, with one pooled connection (so an acquire goes on the one
+/// `warm_up` prepared), and another client straight to the store.
+async fn blind_and_other(
+    store: &Store,
+    op_timeout: Duration,
+) -> (FaultProxy, PostgresBackend, PostgresBackend) {
     let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let op_timeout = scaled(Duration::from_millis(500));
-    // One pooled connection, so the acquire goes on the one `warm_up` prepared.
     let url = format!(
         "{}?timeout={}ms&pool_size=1",
         store.url_via(proxy.addr()),
@@ -28,6 +30,35 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
     );
     let blind = PostgresBackend::connect(&url).await.unwrap();
     let other = PostgresBackend::connect(&store.url()).await.unwrap();
+    (proxy, blind, other)
+}
+
+/// Heals the network and waits for `other` to be granted `name`: the
+/// phantom must go within a few operation timeouts and a round of retry
+/// backoff (1 s at most), far below its TTL.
+async fn granted_once_healed(
+    proxy: &FaultProxy,
+    other: &PostgresBackend,
+    name: &LockName,
+    op_timeout: Duration,
+) -> Lease {
+    proxy.set(Mode::Pass);
+    let within = scaled(op_timeout * 3 + Duration::from_secs(2));
+    eventually(within, "the phantom's removal", || async {
+        other
+            .try_acquire_for(name, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .into_lease()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_lost_acquire_reply_leaves_no_phantom() {
+    let store = postgres::shared();
+    let op_timeout = scaled(Duration::from_millis(500));
+    let (proxy, blind, other) = blind_and_other(&store, op_timeout).await;
     let name = lock_name("phantom");
     let before = match other.try_acquire_for(&name, Duration::from_secs(5)).await {
         Ok(Attempt::Acquired(lease)) => lease,
@@ -51,19 +82,9 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
         .expect("the server granted the acquire whose reply was lost");
     assert!(phantom.fence > before.fence());
 
-    // The network heals: the phantom goes within a few operation timeouts
-    // and a round of retry backoff (1 s at most), far below the TTL.
-    proxy.set(Mode::Pass);
+    // The network heals.
     let healed = Instant::now();
-    let within = scaled(op_timeout * 3 + Duration::from_secs(2));
-    let next = eventually(within, "the phantom's removal", || async {
-        other
-            .try_acquire_for(&name, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .into_lease()
-    })
-    .await;
+    let next = granted_once_healed(&proxy, &other, &name, op_timeout).await;
     eprintln!("phantom removed {:?} after healing", healed.elapsed());
     assert!(next.fence() > phantom.fence, "fences only grow");
     assert_eq!(
@@ -73,22 +94,56 @@ async fn a_lost_acquire_reply_leaves_no_phantom() {
     );
 }
 
+/// The undo of a lost grant is retried until the grant would have expired:
+/// here its first try never reaches the server (the network goes dark
+/// right after the acquire's request got through, before the client gave
+/// up on its reply), and only a later try, once the network is back, can
+/// free the name, long before the TTL.
+#[tokio::test]
+async fn an_undo_whose_first_try_fails_is_retried() {
+    let store = postgres::shared();
+    let op_timeout = scaled(Duration::from_millis(500));
+    let (proxy, blind, other) = blind_and_other(&store, op_timeout).await;
+    let name = lock_name("undo-retried");
+    warm_up(&blind).await;
+
+    proxy.set(Mode::DropDownstream);
+    let ttl = Duration::from_secs(120);
+    let acquire = tokio::spawn({
+        let (blind, name) = (blind.clone(), name.clone());
+        async move { blind.try_acquire_for(&name, ttl).await }
+    });
+    // The grant is in; the client still waits for its reply. From now on
+    // nothing gets through, the undo's first try included.
+    let phantom = eventually(op_timeout, "the grant at the server", || async {
+        other.inspect(&name).await.unwrap()
+    })
+    .await;
+    proxy.set(Mode::Blackhole);
+    let err = acquire.await.unwrap().expect_err("no reply, no answer");
+    assert!(err.is_retryable(), "{err:?}");
+    // The first try is under way at once and fails within its operation
+    // timeout (a checkout, then the statement).
+    tokio::time::sleep(op_timeout * 3).await;
+    assert_eq!(
+        other.inspect(&name).await.unwrap().map(|h| h.fence),
+        Some(phantom.fence),
+        "the undo got through the dark network"
+    );
+
+    let next = granted_once_healed(&proxy, &other, &name, op_timeout).await;
+    assert!(next.fence() > phantom.fence, "fences only grow");
+    other.release(&next).await.unwrap();
+}
+
 /// The cleanup is owner-checked: a later holder's grant of the same name,
 /// taken before the cleanup ran, is left alone.
 #[tokio::test]
 async fn the_cleanup_never_frees_a_later_grant() {
     let store = postgres::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
     let op_timeout = scaled(Duration::from_millis(300));
     let ttl = scaled(Duration::from_millis(400));
-    // One pooled connection, so the acquire goes on the one `warm_up` prepared.
-    let url = format!(
-        "{}?timeout={}ms&pool_size=1",
-        store.url_via(proxy.addr()),
-        op_timeout.as_millis()
-    );
-    let blind = PostgresBackend::connect(&url).await.unwrap();
-    let other = PostgresBackend::connect(&store.url()).await.unwrap();
+    let (proxy, blind, other) = blind_and_other(&store, op_timeout).await;
     let name = lock_name("later");
     warm_up(&blind).await;
     proxy.set(Mode::DropDownstream);
