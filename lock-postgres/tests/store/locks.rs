@@ -1,7 +1,8 @@
 //! An acquire (or a permit acquire) whose reply is lost may have taken the
 //! lock (or a slot) for an owner who will never use it. The backend removes
 //! such a phantom in the background (owner-checked) once the store answers
-//! again, instead of leaving the name blocked for the whole TTL.
+//! again, instead of leaving the name blocked for the whole TTL. And how a
+//! renewal cut off from the server fails.
 
 use std::time::Duration;
 
@@ -134,6 +135,37 @@ async fn an_undo_whose_first_try_fails_is_retried() {
     let next = granted_once_healed(&proxy, &other, &name, op_timeout).await;
     assert!(next.fence() > phantom.fence, "fences only grow");
     other.release(&next).await.unwrap();
+}
+
+/// A renewal that cannot reach the server fails retryably (the renewer tries
+/// again until the lease's deadline), and the next one, with the server
+/// back, renews.
+#[tokio::test]
+async fn a_renewal_cut_off_from_the_server_fails_retryably() {
+    let store = postgres::shared();
+    let op_timeout = scaled(Duration::from_millis(300));
+    let (proxy, blind, _) = blind_and_other(&store, op_timeout).await;
+    let lease = match blind
+        .try_acquire_for(&lock_name("cut-off"), Duration::from_secs(30))
+        .await
+    {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!("the free lock: {other:?}"),
+    };
+    proxy.set(Mode::Blackhole);
+    proxy.reset_existing();
+    match &blind.renew_many(std::slice::from_ref(&lease)).await[..] {
+        [Err(e)] => assert!(e.is_retryable(), "{e:?}"),
+        other => panic!("a renewal through a dark network: {other:?}"),
+    }
+    proxy.set(Mode::Pass);
+    let renewed = eventually(
+        scaled(op_timeout * 3 + Duration::from_secs(2)),
+        "a renewal once the network is back",
+        || async { blind.renew(&lease).await.ok() },
+    )
+    .await;
+    blind.release(&renewed).await.unwrap();
 }
 
 /// The cleanup is owner-checked: a later holder's grant of the same name,
