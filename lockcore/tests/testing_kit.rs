@@ -223,6 +223,19 @@ async fn a_phantom_holds_the_name_until_its_ttl() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_waiter_times_out_after_exactly_its_wait() {
+    let store = TestStore::new();
+    let _rival = store.hold_as("job", "rival", TTL).await;
+    let started = Instant::now();
+    let waited = locker(&store, "a")
+        .acquire_timeout("job", Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    assert!(matches!(waited, LockError::Timeout { .. }), "{waited:?}");
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
 async fn history_lists_every_grant_and_its_end_in_order() {
     let store = TestStore::new();
     let a = locker(&store, "a");
