@@ -156,6 +156,22 @@ async fn a_hung_renewal_healed_before_the_deadline_keeps_the_lease() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_renewal_released_into_a_partition_does_not_reach_the_store() {
+    let store = TestStore::new();
+    store.faults().hang_renewals();
+    let _lost = lost_at_deadline_under(&store, |faults| {
+        let (faults, store_faults) = (faults.clone(), store.faults());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            faults.partition();
+            store_faults.heal();
+        });
+    })
+    .await;
+    assert!(store.history().iter().all(|e| e.change != Change::Renewed));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_partition_fails_every_call_until_healed() {
     let store = TestStore::new();
     let b = locker(&store, "b");

@@ -110,6 +110,10 @@ impl LockBackend for TestBackend {
                 scope.unhung().await;
             }
         }
+        // A partition may have begun while the call hung.
+        if let Err(e) = self.reach() {
+            return fail(e);
+        }
         let at = Instant::now();
         let renewed = self.inner.renew_many(leases).await;
         for lease in renewed.iter().flatten() {
