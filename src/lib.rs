@@ -14,6 +14,11 @@ pub use lockcore::{
 };
 // Administrative actions, their audit trail, and the metric names.
 pub use lockcore::{admin, audit, metrics};
+// Testing the code that uses locks: a store with faults on demand, and a
+// recording fenced resource (docs/testing-your-code.md).
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use lockcore::testing;
 
 /// For backend authors: the kit to implement [`LockBackend`] (requests,
 /// validated TTLs, clocks, the wait loop in [`backend::wait`]). The types a

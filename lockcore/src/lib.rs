@@ -54,6 +54,8 @@
 //! - [`metrics`]: the metrics every backend emits (feature `metrics`).
 //! - [`backend`]: what a backend author needs besides [`LockBackend`]
 //!   (requests, validated TTLs, clocks, the wait loop).
+//! - `testing` (feature `testing`): a store with faults on demand and a
+//!   recording fenced resource, for testing the code that uses locks.
 //!
 //! # Guarantees
 //!
@@ -107,6 +109,8 @@ mod request;
 mod semaphore;
 mod store_url;
 mod support;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod token;
 mod ttl;
 

@@ -299,6 +299,25 @@ impl MemoryBackend {
     }
 }
 
+#[cfg(feature = "testing")]
+impl MemoryBackend {
+    /// Frees the lock `name` now as if its TTL had run out: waiters are
+    /// woken, the holder is not told (its next renewal is refused). The
+    /// expired holder, if any. For [`testing::TestStore::expire`](crate::testing::TestStore::expire).
+    pub(crate) fn expire_now(&self, name: &LockName) -> Option<Holder> {
+        let now = Instant::now();
+        let key = Key::Lock(name.clone());
+        let mut state = self.lock();
+        let entry = state.entries.get_mut(&key)?;
+        let expired = entry.live(0, now).map(|g| g.holder(now));
+        if expired.is_some() {
+            entry.free(0);
+        }
+        state.tidy(&key, now);
+        expired
+    }
+}
+
 impl fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.lock();
