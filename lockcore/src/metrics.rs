@@ -1,4 +1,4 @@
-//! Metrics, emitted once here for every backend through the [`metrics`]
+//! Metrics, emitted once here for every backend through the [`metrics`](https://docs.rs/metrics)
 //! facade (feature `metrics`): the application installs the exporter it
 //! wants (Prometheus, OpenTelemetry, StatsD...). Without the feature every
 //! function here compiles to nothing.
