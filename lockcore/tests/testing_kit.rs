@@ -364,3 +364,22 @@ async fn writes_with_an_unwatched_fence_are_only_fence_checked() {
     ledger.assert_no_write_after_loss();
     assert_eq!(ledger.attempts()[0].after_loss, None);
 }
+
+/// Leases are judged on the test's clock alone: real time spent while the
+/// test's clock stands still (a slow machine, a blocking call) does not
+/// age them, however short the TTL.
+#[tokio::test(start_paused = true)]
+async fn real_time_does_not_age_a_lease_while_the_test_clock_stands() {
+    let store = TestStore::new();
+    let ttl = Duration::from_millis(100);
+    let locker = Locker::new(store.client()).ttl(ttl);
+    let guard = locker.acquire("short").await.unwrap();
+    std::thread::sleep(ttl * 2);
+    assert!(
+        guard.is_held(),
+        "a lease aged by real time on a paused clock"
+    );
+    // The test's clock still ends it: unrenewed, past its deadline.
+    store.faults().hang_renewals();
+    assert_eq!(guard.lost().await, LossReason::RenewalUnanswered);
+}

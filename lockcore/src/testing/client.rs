@@ -4,6 +4,7 @@
 //! store did goes into the history.
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -12,6 +13,7 @@ use super::faults::{BACKEND, Faults, RenewalAction};
 use super::history::{Change, History};
 use crate::backend::wait::Wakeup;
 use crate::backend::{Kind, LockRequest};
+use crate::clock::{Clock, Moment};
 use crate::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     MemoryBackend, ReleaseOutcome,
@@ -62,6 +64,25 @@ impl TestBackend {
     }
 }
 
+/// Tokio's clock alone, for the leases a test store hands out: under a
+/// paused clock their deadlines move only as the test's time does. (The
+/// real clocks also read the host's boot clock, which runs on in real time
+/// however the test's clock stands.)
+#[derive(Debug)]
+struct TestClock;
+
+impl Clock for TestClock {
+    fn now(&self) -> Moment {
+        Moment::from_parts(Instant::now(), None)
+    }
+}
+
+/// `lease` judged on the test's clock, from the same send time.
+fn on_test_clock(lease: Lease) -> Lease {
+    let sent = Moment::from_parts(lease.issued().mono(), None);
+    lease.with_clock(Arc::new(TestClock)).renewed(sent)
+}
+
 impl fmt::Debug for TestBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TestBackend")
@@ -84,10 +105,13 @@ impl LockBackend for TestBackend {
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         self.reach()?;
         let at = Instant::now();
-        let attempt = self.inner.try_acquire(request).await;
-        if let Ok(Attempt::Acquired(lease)) = &attempt {
-            self.history.granted(lease, request.label(), at);
-        }
+        let attempt = match self.inner.try_acquire(request).await {
+            Ok(Attempt::Acquired(lease)) => {
+                self.history.granted(&lease, request.label(), at);
+                Ok(Attempt::Acquired(on_test_clock(lease)))
+            }
+            other => other,
+        };
         self.reply(attempt).await
     }
 
