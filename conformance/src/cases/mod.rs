@@ -112,6 +112,7 @@ macro_rules! __for_each_case {
             semaphores::permits_never_exceed_n,
             semaphores::cancelled_permit_wait_leaves_nothing,
             semaphores::permit_count_disagreement_is_refused,
+            semaphores::zero_permits_are_refused,
             permit_expiry::stale_slot_holder_is_refused,
             permit_expiry::crashed_permit_holder_frees_its_slot,
             election::one_leader_at_a_time,

@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{FencingToken, LockError};
 use rand::Rng;
 use tokio::time::Instant;
@@ -241,5 +242,32 @@ pub async fn permit_count_disagreement_is_refused(cx: &Ctx) -> CaseResult {
     ensure!(held.slot() != second.slot(), "two holders share a slot");
     second.release().await?;
     held.release().await?;
+    Ok(Outcome::Passed)
+}
+
+/// A semaphore of zero permits is bad input: refused with a typed error
+/// before anything is taken, through a `Locker` and through the backend
+/// alike (never an attempt that reads as "held").
+pub async fn zero_permits_are_refused(cx: &Ctx) -> CaseResult {
+    if !cx.caps().semaphores {
+        skip!("the backend declares no semaphores");
+    }
+    let a = cx.client().await?;
+    let name = cx.name("zero-permits");
+    let via_locker = cx.locker(&a, cx.long_ttl()).semaphore(&name, 0);
+    ensure!(
+        matches!(via_locker, Err(LockError::InvalidConfig { .. })),
+        "Locker::semaphore with 0 permits should be InvalidConfig, got {via_locker:?}"
+    );
+    let request = LockRequest::new(name.clone(), cx.caps().effective_ttl(cx.long_ttl())?);
+    let direct = a.try_acquire_permit(&request, 0).await;
+    ensure!(
+        matches!(direct, Err(LockError::InvalidConfig { .. })),
+        "a permit of a 0-permit semaphore should be InvalidConfig, got {direct:?}"
+    );
+    ensure!(
+        a.inspect_permits(&name).await?.is_empty(),
+        "a refused semaphore must not take a slot"
+    );
     Ok(Outcome::Passed)
 }
