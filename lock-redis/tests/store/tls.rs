@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::pki::TestCa;
+use lock_conformance::kit::pki::{Identity, TestCa};
 use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::redis::{self as launcher, Options, Tls};
 use lock_redis::{RedisBackend, RedisConfig};
@@ -26,9 +26,14 @@ fn ca() -> TestCa {
     TestCa::new("distlock test CA")
 }
 
-/// A TLS-only server with a certificate from `ca`.
+/// A TLS-only server with a certificate from `ca` (for 127.0.0.1 and
+/// localhost).
 async fn tls_server(ca: &TestCa, client_certs: bool) -> Store {
-    let server = ca.server();
+    tls_server_with(ca, ca.server(), client_certs).await
+}
+
+/// A TLS-only server presenting `server`, a certificate from `ca`.
+async fn tls_server_with(ca: &TestCa, server: Identity, client_certs: bool) -> Store {
     let tls = Tls::new(server.cert, server.key, ca.pem()).require_client_certs(client_certs);
     tokio::task::spawn_blocking(move || launcher::start(Options::default().tls(tls)))
         .await
@@ -156,6 +161,25 @@ async fn a_server_certificate_from_an_untrusted_ca_is_refused() {
     assert!(
         matches!(err, LockError::Store { .. }) && !err.is_retryable(),
         "{err:?}"
+    );
+}
+
+/// A certificate from the trusted CA, but for another host than the one
+/// dialled: the host name is checked, not only the issuer.
+#[tokio::test]
+async fn a_server_certificate_for_another_host_is_refused() {
+    let ca = ca();
+    let store = tls_server_with(&ca, ca.server_for(&["elsewhere.example"]), false).await;
+    let trusted = config(&store.url()).tls_root_cert_pem(ca.pem()).unwrap();
+    let err = connect_err(connect(trusted).await);
+    assert!(
+        matches!(err, LockError::Store { .. }) && !err.is_retryable(),
+        "{err:?}"
+    );
+    assert!(
+        chain(&err).contains("not valid for name"),
+        "{}",
+        chain(&err)
     );
 }
 
