@@ -10,6 +10,32 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
 
+/// `err` and every source under it, joined by ` / `: what a TLS refusal
+/// test matches its cause in (`UnknownIssuer`, `not valid for name`),
+/// which client libraries nest a few sources deep.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(" / {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// Asserts that `err` is a final refusal naming `cause`: a
+/// [`LockError::Store`](lockcore::LockError::Store), not retryable (no
+/// retry fixes a certificate), with `cause` in its [`error_chain`].
+#[track_caller]
+pub fn assert_refused_for(err: &lockcore::LockError, cause: &str) {
+    assert!(
+        matches!(err, lockcore::LockError::Store { .. }) && !err.is_retryable(),
+        "{err:?}"
+    );
+    let chain = error_chain(err);
+    assert!(chain.contains(cause), "not naming {cause:?}: {chain}");
+}
+
 /// A certificate and its private key, as PEM.
 #[derive(Clone)]
 pub struct Identity {
