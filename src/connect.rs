@@ -20,6 +20,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("etcds", "etcd"),
     ("zk", "zookeeper"),
     ("zookeeper", "zookeeper"),
+    ("zks", "zookeeper-tls"),
 ];
 
 /// Connects the backend `url` names:
@@ -31,7 +32,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | `redis://`, `rediss://` (TLS), `redis+unix://`, `redis+sentinel://` | Redis (`lock_redis::RedisBackend`) | `redis` |
 /// | `postgres://`, `postgresql://` (TLS from `sslmode`) | PostgreSQL (`lock_postgres::PostgresBackend`) | `postgres` |
 /// | `etcd://`, `etcds://` (TLS) | etcd v3 (`lock_etcd::EtcdBackend`) | `etcd` |
-/// | `zk://`, `zookeeper://` | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` |
+/// | `zk://`, `zookeeper://`, `zks://` (TLS) | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` (`zookeeper-tls` for `zks://`) |
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] for a URL without a scheme, an unknown
@@ -68,7 +69,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(lock_etcd::EtcdBackend::connect(url).await?)),
         #[cfg(feature = "zookeeper")]
-        "zk" | "zookeeper" => Ok(Arc::new(
+        "zk" | "zookeeper" | "zks" => Ok(Arc::new(
             lock_zookeeper::ZooKeeperBackend::connect(url).await?,
         )),
         other => Err(LockError::config(
@@ -114,6 +115,20 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// `zks://` names the feature it needs when built without it, and shows
+    /// no password either way.
+    #[cfg(not(feature = "zookeeper-tls"))]
+    #[tokio::test]
+    async fn zks_without_its_feature_names_it() {
+        let Err(e) = connect("zks://u:secret@127.0.0.1:2281?tls_ca=/ca.pem").await else {
+            panic!("connected without TLS support");
+        };
+        let shown = format!("{e} {e:?}");
+        assert!(matches!(e, LockError::InvalidConfig { .. }), "{shown}");
+        assert!(shown.contains("zookeeper-tls"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
     }
 
     #[tokio::test]

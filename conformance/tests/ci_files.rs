@@ -136,6 +136,14 @@ fn workflow_runs_the_suite_against_the_containers() {
     }
 }
 
+/// Whether `line` names the variable `var` (not merely a longer name that
+/// starts with it: `LOCK_TEST_ZOOKEEPER_TLS` is not `LOCK_TEST_ZOOKEEPER`).
+fn names(line: &str, var: &str) -> bool {
+    line.match_indices(var).any(|(at, _)| {
+        !line[at + var.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
 /// The CI files, the test-all script and the testing guide use the
 /// variables' current names only, and name every store by its URL variable.
 #[test]
@@ -154,7 +162,7 @@ fn ci_files_use_the_current_variable_names() {
                 // The guide's table of renamed variables may name old ones.
                 let mentions = text
                     .lines()
-                    .filter(|l| l.contains(old) && !l.contains(var.name()))
+                    .filter(|l| names(l, old) && !names(l, var.name()))
                     .count();
                 assert_eq!(mentions, 0, "{relative} still uses {old}: use {var}");
             }

@@ -7,7 +7,8 @@
 //! | `LOCK_TEST_REDIS_URL` | `redis://host:port[/db]`: use this Redis | |
 //! | `LOCK_TEST_POSTGRES_URL` | `postgres://user@host:port/db`: use this PostgreSQL | |
 //! | `LOCK_TEST_ETCD_URL` | `etcd://host:port[,host:port]` (`etcds://` for TLS): use this etcd | `LOCK_TEST_ETCD_ENDPOINTS` (`http://host:port,...`) |
-//! | `LOCK_TEST_ZOOKEEPER_URL` | `zk://host:port[,host:port][/root]`: use this ZooKeeper | `LOCK_TEST_ZOOKEEPER` (`host:port,...`) |
+//! | `LOCK_TEST_ZOOKEEPER_URL` | `zk://host:port[,host:port][/root]` (`zks://...?tls_ca=PATH` for TLS): use this ZooKeeper | `LOCK_TEST_ZOOKEEPER` (`host:port,...`) |
+//! | `LOCK_TEST_ZOOKEEPER_TLS` | `1`: standalone ZooKeepers the kit launches serve TLS only (a CA of their own; URL `zks://...?tls_ca=PATH`) | |
 //! | `LOCK_TEST_SQLITE_URL` | `sqlite://PATH`: the lock file of a helper process | `LOCK_TEST_SQLITE_PATH` (`PATH`) |
 //! | `LOCK_TEST_TIME_SCALE` | stretch every timing (e.g. `2` on a slow machine) | |
 //! | `LOCK_TEST_EXPECT_SKIPS` | more cases expected to skip here (CI against external stores) | |
@@ -199,6 +200,10 @@ pub const SQLITE_URL: Var = Var::renamed(
     "LOCK_TEST_SQLITE_PATH",
     sqlite_url_from_path,
 );
+/// `1`: the standalone ZooKeepers the kit launches serve clients over TLS
+/// only, with a certificate from a CA made for each (the store's URL names
+/// its PEM file). For running the conformance suite over TLS.
+pub const ZOOKEEPER_TLS: Var = Var::new("LOCK_TEST_ZOOKEEPER_TLS");
 /// Stretches every timing of the suite and the kit (default 1).
 pub const TIME_SCALE: Var = Var::new("LOCK_TEST_TIME_SCALE");
 /// Cases expected to skip in this environment (comma- or space-separated),
@@ -231,6 +236,7 @@ pub const ALL: &[Var] = &[
     POSTGRES_URL,
     ETCD_URL,
     ZOOKEEPER_URL,
+    ZOOKEEPER_TLS,
     SQLITE_URL,
     TIME_SCALE,
     EXPECT_SKIPS,

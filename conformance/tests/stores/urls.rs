@@ -19,7 +19,11 @@ const DOCUMENTED: &[(Kind, &str, &[&str])] = &[
     ),
     (Kind::Postgres, "lock-postgres/README.md", &["postgres://"]),
     (Kind::Etcd, "lock-etcd/README.md", &["etcd://", "etcds://"]),
-    (Kind::ZooKeeper, "lock-zookeeper/README.md", &["zk://"]),
+    (
+        Kind::ZooKeeper,
+        "lock-zookeeper/README.md",
+        &["zk://", "zks://"],
+    ),
 ];
 
 fn readme(path: &str) -> String {
@@ -89,7 +93,7 @@ fn store_urls_are_what_the_adapters_connect_takes() {
 
 #[test]
 fn tls_store_urls_use_the_tls_schemes() {
-    if !launcher_run(&[Kind::Redis, Kind::Etcd]) {
+    if !launcher_run(&[Kind::Redis, Kind::Etcd, Kind::ZooKeeper]) {
         return;
     }
     let ca = TestCa::new("urls test CA");
@@ -109,6 +113,19 @@ fn tls_store_urls_use_the_tls_schemes() {
     .unwrap();
     assert_connect_form(Kind::Etcd, &etcd.url(), true, &[etcd.addr().port()]);
     assert_eq!(etcd.endpoint(), format!("https://{}", etcd.addr()));
+    let server = ca.server();
+    let zk = zookeeper::start(zookeeper::Options::default().tls(zookeeper::ClientTls::new(
+        ca.pem(),
+        server.cert,
+        server.key,
+    )))
+    .unwrap();
+    assert_connect_form(Kind::ZooKeeper, &zk.url(), true, &[zk.addr().port()]);
+    // The URL names the CA's PEM file, which the store keeps while it runs.
+    let url = zk.url();
+    let (_, ca_file) = url.split_once("?tls_ca=").expect(&url);
+    assert_eq!(std::fs::read_to_string(ca_file).unwrap(), ca.pem());
+    assert_eq!(zk.endpoint(), zk.addr().to_string());
 }
 
 /// Run by `old_variable_names_still_work_with_a_warning` in a child process.

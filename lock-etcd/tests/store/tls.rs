@@ -3,7 +3,7 @@
 //! `etcds://` URL and the builder, a client that does not trust the CA,
 //! `--client-cert-auth`, and users and roles over TLS.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::support::name;
@@ -46,7 +46,7 @@ impl Tls {
             store.endpoint()
         );
         let files = tempfile::tempdir().unwrap();
-        std::fs::write(files.path().join("ca.pem"), ca.pem()).unwrap();
+        ca.write(files.path(), "ca.pem").unwrap();
         Tls { ca, store, files }
     }
 
@@ -65,19 +65,8 @@ impl Tls {
 
     /// A client certificate signed by the CA, written as PEM files.
     fn client_identity(&self) -> (PathBuf, PathBuf) {
-        let Identity { cert, key } = self.ca.client();
-        write_pair(self.files.path(), "client", &cert, &key)
+        self.ca.client().write(self.files.path(), "client").unwrap()
     }
-}
-
-fn write_pair(dir: &Path, stem: &str, cert: &str, key: &str) -> (PathBuf, PathBuf) {
-    let (cert_file, key_file) = (
-        dir.join(format!("{stem}.pem")),
-        dir.join(format!("{stem}-key.pem")),
-    );
-    std::fs::write(&cert_file, cert).unwrap();
-    std::fs::write(&key_file, key).unwrap();
-    (cert_file, key_file)
 }
 
 /// Connects with `config`, giving up after [`BOUND`].
@@ -211,8 +200,8 @@ async fn client_certificates_are_required_with_client_cert_auth() {
     assert_server_refuses("no client certificate", anonymous).await;
 
     // A certificate from another CA is no better.
-    let Identity { cert, key } = TestCa::new("a stranger's CA").client();
-    let (cert, key) = write_pair(tls.files.path(), "stranger", &cert, &key);
+    let stranger = TestCa::new("a stranger's CA").client();
+    let (cert, key) = stranger.write(tls.files.path(), "stranger").unwrap();
     let foreign = EtcdConfig::from_url(&tls.url(
         "",
         "",

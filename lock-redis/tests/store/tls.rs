@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::pki::TestCa;
+use lock_conformance::kit::pki::{Identity, TestCa, assert_refused_for, error_chain as chain};
 use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::redis::{self as launcher, Options, Tls};
 use lock_redis::{RedisBackend, RedisConfig};
@@ -26,9 +26,14 @@ fn ca() -> TestCa {
     TestCa::new("distlock test CA")
 }
 
-/// A TLS-only server with a certificate from `ca`.
+/// A TLS-only server with a certificate from `ca` (for 127.0.0.1 and
+/// localhost).
 async fn tls_server(ca: &TestCa, client_certs: bool) -> Store {
-    let server = ca.server();
+    tls_server_with(ca, ca.server(), client_certs).await
+}
+
+/// A TLS-only server presenting `server`, a certificate from `ca`.
+async fn tls_server_with(ca: &TestCa, server: Identity, client_certs: bool) -> Store {
     let tls = Tls::new(server.cert, server.key, ca.pem()).require_client_certs(client_certs);
     tokio::task::spawn_blocking(move || launcher::start(Options::default().tls(tls)))
         .await
@@ -55,17 +60,6 @@ fn connect_err(result: Result<RedisBackend, LockError>) -> LockError {
         Ok(backend) => panic!("the connection should have been refused: {backend:?}"),
         Err(e) => e,
     }
-}
-
-/// The error and every source under it, for matching on the cause.
-fn chain(err: &LockError) -> String {
-    let mut text = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        text.push_str(&format!(" / {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 /// Acquire, renew, release, acquire again: every step over the connection
@@ -157,6 +151,17 @@ async fn a_server_certificate_from_an_untrusted_ca_is_refused() {
         matches!(err, LockError::Store { .. }) && !err.is_retryable(),
         "{err:?}"
     );
+}
+
+/// A certificate from the trusted CA, but for another host than the one
+/// dialled: the host name is checked, not only the issuer.
+#[tokio::test]
+async fn a_server_certificate_for_another_host_is_refused() {
+    let ca = ca();
+    let store = tls_server_with(&ca, ca.server_for(&["elsewhere.example"]), false).await;
+    let trusted = config(&store.url()).tls_root_cert_pem(ca.pem()).unwrap();
+    let err = connect_err(connect(trusted).await);
+    assert_refused_for(&err, "not valid for name");
 }
 
 #[tokio::test]

@@ -8,10 +8,15 @@ use std::time::Duration;
 use lockcore::LockError;
 use lockcore::backend::StoreUrl;
 
+#[cfg(feature = "tls")]
+mod tls;
 mod url;
 
-/// The schemes of a ZooKeeper URL.
-const SCHEMES: &[&str] = &["zk", "zookeeper"];
+#[cfg(feature = "tls")]
+pub(crate) use tls::install_provider;
+
+/// The schemes of a ZooKeeper URL (`zks` speaks TLS to every server).
+const SCHEMES: &[&str] = &["zk", "zookeeper", "zks"];
 
 /// How to reach ZooKeeper and where to keep locks.
 ///
@@ -20,10 +25,14 @@ const SCHEMES: &[&str] = &["zk", "zookeeper"];
 ///
 /// ```text
 /// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&connection_timeout=4s&connect_timeout=10s&password_file=PATH]
+/// zks://[user:password@]host:port[,host:port...][/root]?tls_ca=PATH[&tls_cert=PATH&tls_key=PATH][&...]
 /// ```
 ///
 /// (`zookeeper://` works too; a plain connect string `host:port[,...][/chroot]`
-/// is accepted as well.) The password may hold any character, even
+/// is accepted as well.) `zks://` (the `tls` feature) speaks TLS to every
+/// server, each server's certificate checked against the CA in `tls_ca` and
+/// for the host the URL names; `tls_cert` and `tls_key` name a client
+/// certificate and its key, for servers with `ssl.clientAuth=need`. The password may hold any character, even
 /// unescaped `#/?@:` (the user info ends at the last `@`, as
 /// [`redact_url`](lockcore::backend::redact_url) reads it); percent-escapes
 /// are decoded. `Debug` and errors never show it.
@@ -37,6 +46,8 @@ pub struct ZooKeeperConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) tick_time: Option<Duration>,
     pub(crate) digest: Option<Digest>,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<tls::Tls>,
 }
 
 /// Digest credentials (`addauth digest user:password`).
@@ -67,6 +78,9 @@ impl ZooKeeperConfig {
         "connection_timeout",
         "connect_timeout",
         "password_file",
+        "tls_ca",
+        "tls_cert",
+        "tls_key",
     ];
 
     /// A configuration for the ensemble at `connect` (`host:port[,host:port...][/chroot]`),
@@ -80,10 +94,12 @@ impl ZooKeeperConfig {
             connect_timeout: Duration::from_secs(10),
             tick_time: None,
             digest: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 
-    /// Parses a `zk://` or `zookeeper://` URL, or a plain connect string.
+    /// Parses a `zk://`, `zookeeper://` or `zks://` URL, or a plain connect string.
     ///
     /// The URL is read by [`StoreUrl`], with the options of
     /// [`URL_OPTIONS`](Self::URL_OPTIONS) (durations as `30s`, `250ms`,
@@ -97,9 +113,12 @@ impl ZooKeeperConfig {
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let Some((scheme, rest)) = url.split_once("://") else {
             let lower = url.trim().to_ascii_lowercase();
-            if lower.starts_with("zk:") || lower.starts_with("zookeeper:") {
+            if ["zk:", "zks:", "zookeeper:"]
+                .iter()
+                .any(|s| lower.starts_with(s))
+            {
                 return Err(LockError::config(
-                    "a ZooKeeper URL starts with zk:// or zookeeper:// (two slashes); the rest is not shown",
+                    "a ZooKeeper URL starts with zk://, zookeeper:// or zks:// (two slashes); the rest is not shown",
                 ));
             }
             let config = ZooKeeperConfig::new(url.trim());
@@ -133,6 +152,7 @@ impl ZooKeeperConfig {
         }
         config.connection_timeout = url::take_duration(&mut parsed, "connection_timeout")?;
         config.tick_time = url::take_duration(&mut parsed, "tick_time")?;
+        config = url::certificates(&mut parsed, config)?;
         parsed.finish(Self::URL_OPTIONS)?;
         config.validate()?;
         Ok(config)
@@ -196,6 +216,54 @@ impl ZooKeeperConfig {
             password: password.into(),
         });
         self
+    }
+
+    /// Speaks TLS to every server and trusts only the CA certificates in
+    /// `pem` (ZooKeeper's client has no system roots): each server must
+    /// present a certificate that chains to one of them and is issued for
+    /// the host the connect string names. The URL form is
+    /// `zks://host:port?tls_ca=/path/to/ca.pem`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] when `pem` holds no well-formed CA
+    /// certificate.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert_pem(mut self, pem: impl AsRef<[u8]>) -> Result<Self, LockError> {
+        self.tls = Some(tls::Tls::with_ca(self.tls.take(), pem.as_ref())?);
+        Ok(self)
+    }
+
+    /// Presents this client certificate (PEM, leaf first) and its private
+    /// key (PEM: PKCS#8, PKCS#1 or SEC1), for servers with
+    /// `ssl.clientAuth=need`. Set the CA first
+    /// ([`tls_root_cert_pem`](Self::tls_root_cert_pem)). The URL form is
+    /// `?tls_cert=/path/to/client.pem&tls_key=/path/to/client.key`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for malformed PEM, a key that does not
+    /// belong to the certificate, or no CA set yet. The message never
+    /// contains the key.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_identity_pem(
+        mut self,
+        cert_pem: impl AsRef<[u8]>,
+        key_pem: impl AsRef<[u8]>,
+    ) -> Result<Self, LockError> {
+        let Some(tls) = &self.tls else {
+            return Err(LockError::config(
+                "a client certificate needs TLS: set the CA the servers' certificates chain to first (tls_root_cert_pem, or tls_ca= in a zks:// URL)",
+            ));
+        };
+        self.tls = Some(tls.with_identity(cert_pem.as_ref(), key_pem.as_ref())?);
+        Ok(self)
+    }
+
+    /// Whether the client speaks TLS to the servers (`zks://`).
+    pub fn uses_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
     }
 
     /// The connect string.
@@ -361,6 +429,7 @@ impl fmt::Debug for ZooKeeperConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("tick_time", &self.tick_time)
             .field("digest_user", &self.digest.as_ref().map(|d| &d.user))
+            .field("tls", &self.uses_tls())
             .finish_non_exhaustive()
     }
 }

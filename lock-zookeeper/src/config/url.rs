@@ -31,7 +31,7 @@ pub(super) fn normalized(scheme: &str, rest: &str) -> Result<String, LockError> 
             false => "this".to_owned(),
         };
         return Err(LockError::config(format!(
-            "{shown} is not a ZooKeeper URL: expected zk:// or zookeeper://"
+            "{shown} is not a ZooKeeper URL: expected zk://, zookeeper:// or zks:// (TLS)"
         )));
     }
     // The user info ends at the last `@` if no `/`, `?` or `#` comes before
@@ -121,6 +121,66 @@ pub(super) fn take_duration(url: &mut StoreUrl, name: &str) -> Result<Option<Dur
         "URL option {name}: write the duration as 30s, 250ms or 1m; this form is read until the next release"
     );
     Ok(Some(old))
+}
+
+/// TLS from the URL: `zks://` turns it on and needs `tls_ca`, the PEM file
+/// of the CA the servers' certificates chain to; `tls_cert` and `tls_key`
+/// (together) name a client certificate and its key. They are handed to
+/// the config's builder methods.
+///
+/// # Errors
+/// A TLS option on a `zk://` URL, `zks://` without `tls_ca` or without the
+/// `tls` feature, a file that cannot be read, bad PEM.
+pub(super) fn certificates(
+    url: &mut StoreUrl,
+    config: super::ZooKeeperConfig,
+) -> Result<super::ZooKeeperConfig, LockError> {
+    let ca = url.take_path("tls_ca")?;
+    let cert = url.take_path("tls_cert")?;
+    let key = url.take_path("tls_key")?;
+    if url.scheme() != "zks" {
+        if ca.is_some() || cert.is_some() || key.is_some() {
+            return Err(LockError::config(
+                "URL options tls_ca, tls_cert and tls_key need a zks:// URL (TLS)",
+            ));
+        }
+        return Ok(config);
+    }
+    let Some(ca) = ca else {
+        return Err(LockError::config(
+            "a zks:// URL needs tls_ca=PATH, the PEM file of the CA that signed the servers' \
+             certificates (ZooKeeper's client trusts no system roots)",
+        ));
+    };
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = (ca, cert, key, config);
+        Err(LockError::config(
+            "zks:// needs lock-zookeeper's `tls` feature (distlock's `zookeeper-tls`)",
+        ))
+    }
+    #[cfg(feature = "tls")]
+    {
+        let config = config.tls_root_cert_pem(pem("tls_ca", &ca)?)?;
+        match (cert, key) {
+            (None, None) => Ok(config),
+            (Some(cert), Some(key)) => {
+                config.tls_client_identity_pem(pem("tls_cert", &cert)?, pem("tls_key", &key)?)
+            }
+            _ => Err(LockError::config(
+                "URL options tls_cert and tls_key go together",
+            )),
+        }
+    }
+}
+
+/// The contents of the PEM file `path` that option `option` names (a path
+/// is no secret: it is shown).
+#[cfg(feature = "tls")]
+fn pem(option: &str, path: &std::path::Path) -> Result<Vec<u8>, LockError> {
+    std::fs::read(path).map_err(|e| {
+        LockError::config_caused_by(format!("cannot read {option} {}", path.display()), e)
+    })
 }
 
 /// Whether `scheme` is a URL scheme's word (safe to show).

@@ -9,5 +9,7 @@ pub(crate) mod open;
 pub(crate) mod probe;
 pub(crate) mod requests;
 pub(crate) mod session;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub(crate) use client::{Client, Live};

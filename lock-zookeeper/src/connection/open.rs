@@ -25,13 +25,46 @@ fn connector(config: &ZooKeeperConfig) -> zk::Connector {
     connector
 }
 
+/// Connects `connector` to `config`'s servers, over TLS for `zks://`.
+async fn connect(
+    connector: zk::Connector,
+    config: &ZooKeeperConfig,
+) -> Result<zk::Client, zk::Error> {
+    #[cfg(feature = "tls")]
+    if let Some(tls) = &config.tls {
+        crate::config::install_provider();
+        return (connector.with_tls(tls.options.clone()))
+            .secure_connect(&config.connect)
+            .await;
+    }
+    connector.connect(&config.connect).await
+}
+
+/// What a look at the servers checks beyond a TCP connect: the TLS
+/// handshake, with the configured CA and client certificate.
+#[cfg(feature = "tls")]
+type Trust = Option<std::sync::Arc<rustls::ClientConfig>>;
+/// Without TLS there is no handshake to look at.
+#[cfg(not(feature = "tls"))]
+type Trust = Option<std::sync::Arc<std::convert::Infallible>>;
+
+fn trust(config: &ZooKeeperConfig) -> Trust {
+    #[cfg(feature = "tls")]
+    return config.tls.as_ref().map(|tls| tls.diagnosis.clone());
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = config;
+        None
+    }
+}
+
 /// Opens a session within the connect timeout. When that fails, the error
 /// says why, server by server: the client itself only reports that no
 /// server gave it a session.
 pub(crate) async fn open(config: &ZooKeeperConfig) -> Result<zk::Client, LockError> {
     let started = Instant::now();
     let deadline = started + config.connect_timeout;
-    let connecting = connector(config).connect(&config.connect);
+    let connecting = connect(connector(config), config);
     tokio::pin!(connecting);
     // The servers are looked at only when connecting is slow, or failed.
     let mut looking = None;
@@ -39,7 +72,7 @@ pub(crate) async fn open(config: &ZooKeeperConfig) -> Result<zk::Client, LockErr
         tokio::select! {
             outcome = &mut connecting => break Some(outcome),
             _ = tokio::time::sleep_until(started + config.connect_timeout / 2), if looking.is_none() => {
-                looking = Some(tokio::spawn(look_at_servers(config.connect.clone(), deadline)));
+                looking = Some(tokio::spawn(look_at_servers(config.connect.clone(), trust(config), deadline)));
             }
             _ = tokio::time::sleep_until(deadline) => break None,
         }
@@ -66,17 +99,19 @@ pub(crate) async fn open(config: &ZooKeeperConfig) -> Result<zk::Client, LockErr
         Some(Err(e)) => format!("failed after {:?} ({e})", started.elapsed()),
         None => format!("no session within {:?}", config.connect_timeout),
     };
-    let servers = match looking {
+    let (servers, refused) = match looking {
         Some(looking) => looking.await.unwrap_or_default(),
-        None => look_at_servers(config.connect.clone(), deadline).await,
+        None => look_at_servers(config.connect.clone(), trust(config), deadline).await,
     };
-    Err(LockError::unavailable(
-        BACKEND,
-        format!(
-            "connecting to ZooKeeper at {}: {failed}: {servers}",
-            config.connect
-        ),
-    ))
+    let message = format!(
+        "connecting to ZooKeeper at {}: {failed}: {servers}",
+        config.connect
+    );
+    Err(match refused {
+        // A certificate refused: no retry fixes the configuration.
+        true => LockError::store(BACKEND, message),
+        false => LockError::unavailable(BACKEND, message),
+    })
 }
 
 /// Whether `e` only says that no server could be reached.
@@ -88,39 +123,59 @@ fn unreachable(e: &zk::Error) -> bool {
 }
 
 /// What each server of `connect` (`host:port[,...][/chroot]`) does when
-/// asked for a TCP connection, until `deadline`.
-async fn look_at_servers(connect: String, deadline: Instant) -> String {
+/// asked for a TCP connection (and a TLS handshake, with `trust`), until
+/// `deadline`; and whether one refused a certificate.
+async fn look_at_servers(connect: String, trust: Trust, deadline: Instant) -> (String, bool) {
     let hosts = connect.split('/').next().unwrap_or_default();
     let looks: Vec<_> = hosts
         .split(',')
         .map(|host| {
-            let host = host.strip_prefix("tcp://").unwrap_or(host).to_owned();
-            tokio::spawn(async move { format!("{host}: {}", look_at(&host, deadline).await) })
+            let host = (host.strip_prefix("tcp://"))
+                .or_else(|| host.strip_prefix("tcp+tls://"))
+                .unwrap_or(host)
+                .to_owned();
+            let trust = trust.clone();
+            tokio::spawn(async move {
+                let (seen, refused) = look_at(&host, trust, deadline).await;
+                (format!("{host}: {seen}"), refused)
+            })
         })
         .collect();
     let mut seen = Vec::with_capacity(looks.len());
+    let mut refused = false;
     for look in looks {
-        seen.push(
-            look.await
-                .unwrap_or_else(|e| format!("not looked at ({e})")),
-        );
+        let (text, final_) = look
+            .await
+            .unwrap_or_else(|e| (format!("not looked at ({e})"), false));
+        seen.push(text);
+        refused |= final_;
     }
-    seen.join("; ")
+    (seen.join("; "), refused)
 }
 
-async fn look_at(host: &str, deadline: Instant) -> String {
+/// What the server `host` does; `true` if it refused a certificate.
+async fn look_at(host: &str, trust: Trust, deadline: Instant) -> (String, bool) {
     let looked = tokio::time::timeout_at(deadline, async {
         let addrs = match tokio::net::lookup_host(host).await {
             Ok(addrs) => addrs.collect::<Vec<_>>(),
-            Err(e) => return format!("cannot resolve the name ({e})"),
+            Err(e) => return (format!("cannot resolve the name ({e})"), false),
         };
+        let _ = &trust;
         let mut last = String::from("resolves to no address");
         for addr in addrs {
             match TcpStream::connect(addr).await {
-                Ok(_) => {
-                    return "accepts connections but gave no ZooKeeper session \
-                            (not a ZooKeeper server, not serving, or its replies are lost)"
-                        .to_owned();
+                Ok(stream) => {
+                    #[cfg(feature = "tls")]
+                    if let Some(trust) = trust.clone() {
+                        use super::tls::{Verdict, handshake};
+                        return match handshake(stream, host, trust, deadline).await {
+                            Verdict::Accepted => (NO_SESSION.to_owned(), false),
+                            Verdict::Refused(why) => (why, true),
+                            Verdict::Failed(why) => (why, false),
+                        };
+                    }
+                    drop(stream);
+                    return (NO_SESSION.to_owned(), false);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                     last = "connection refused (nothing listens there)".to_owned();
@@ -128,11 +183,17 @@ async fn look_at(host: &str, deadline: Instant) -> String {
                 Err(e) => last = format!("cannot connect ({e})"),
             }
         }
-        last
+        (last, false)
     })
     .await;
-    looked.unwrap_or_else(|_| "no answer to a TCP connect (down, or packets dropped)".to_owned())
+    looked.unwrap_or_else(|_| {
+        let silent = "no answer to a TCP connect (down, or packets dropped)";
+        (silent.to_owned(), false)
+    })
 }
+
+const NO_SESSION: &str = "accepts connections but gave no ZooKeeper session \
+                          (not a ZooKeeper server, not serving, or its replies are lost)";
 
 /// Reconnects to the session `info` (an id and password) and closes it,
 /// which deletes its ephemeral nodes at once. `Ok` once the servers closed
@@ -142,9 +203,7 @@ pub(crate) async fn close(
     info: zk::SessionInfo,
     within: Duration,
 ) -> Result<(), zk::Error> {
-    let reconnecting = connector(config)
-        .with_session(info)
-        .connect(&config.connect);
+    let reconnecting = connect(connector(config).with_session(info), config);
     let client = match tokio::time::timeout(within, reconnecting).await {
         Err(_) => return Err(zk::Error::Timeout),
         Ok(Err(zk::Error::SessionExpired)) => return Ok(()),

@@ -20,4 +20,5 @@ mod restore;
 mod sessions;
 mod support;
 mod tap;
+mod tls;
 mod wakeups;

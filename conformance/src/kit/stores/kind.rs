@@ -63,7 +63,7 @@ impl Kind {
             Kind::Redis => &["redis", "rediss"],
             Kind::Postgres => &["postgres", "postgresql"],
             Kind::Etcd => &["etcd", "etcds"],
-            Kind::ZooKeeper => &["zk", "zookeeper"],
+            Kind::ZooKeeper => &["zk", "zookeeper", "zks"],
         }
     }
 
@@ -73,7 +73,9 @@ impl Kind {
             Kind::Redis => "redis://[user[:password]@]host[:port][/db] (rediss:// for TLS)",
             Kind::Postgres => "postgres://user[:password]@host[:port]/database",
             Kind::Etcd => "etcd://host:port[,host:port...] (etcds:// for TLS)",
-            Kind::ZooKeeper => "zk://host:port[,host:port...][/root]",
+            Kind::ZooKeeper => {
+                "zk://host:port[,host:port...][/root] (zks://...?tls_ca=PATH for TLS)"
+            }
         }
     }
 
@@ -120,7 +122,7 @@ impl Kind {
             // `Mode:` line only once it does.
             Kind::ZooKeeper => {
                 let reply = net::exchange(addr, b"srvr", timeout, |_| false)?;
-                Ok(String::from_utf8_lossy(&reply).contains("Mode: "))
+                Ok(super::zookeeper::serves(&reply))
             }
         }
     }

@@ -35,6 +35,7 @@
 //! and never when `CI=true`, does `shared_or_skip` (and `factory`) skip
 //! instead, with a loud `SKIP` line.
 
+mod client_tls;
 mod cluster;
 mod dirs;
 pub mod etcd;
@@ -47,6 +48,7 @@ mod url;
 pub mod zookeeper;
 
 pub use crate::kit::env::partial_run_allowed;
+pub use client_tls::ClientTls;
 pub use cluster::Cluster;
 pub use kind::Kind;
 pub use store::Store;

@@ -148,6 +148,13 @@ impl Store {
         })
     }
 
+    /// The store with `query` (`?name=value...`) after its URL: what
+    /// clients need besides the address (a TLS store's `tls_ca`).
+    pub(crate) fn with_url_query(mut self, query: &str) -> Store {
+        self.url = self.url.clone().with_query(query);
+        self
+    }
+
     /// Which store this is.
     pub fn kind(&self) -> Kind {
         self.kind

@@ -33,7 +33,8 @@ impl StoreUrl {
             (Kind::Postgres, _) => ("postgres", "postgres@", "/postgres"),
             (Kind::Etcd, false) => ("etcd", "", ""),
             (Kind::Etcd, true) => ("etcds", "", ""),
-            (Kind::ZooKeeper, _) => ("zk", "", ""),
+            (Kind::ZooKeeper, false) => ("zk", "", ""),
+            (Kind::ZooKeeper, true) => ("zks", "", ""),
         };
         StoreUrl {
             kind,
@@ -84,6 +85,12 @@ impl StoreUrl {
             hosts,
             tail: tail.to_owned(),
         })
+    }
+
+    /// The same URL with `query` (`?name=value...`) after its path.
+    pub(crate) fn with_query(mut self, query: &str) -> StoreUrl {
+        self.tail.push_str(query);
+        self
     }
 
     /// The URL `connect` takes.

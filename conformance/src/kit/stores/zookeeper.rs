@@ -1,5 +1,6 @@
-//! ZooKeeper: standalone (`ZooKeeperServerMain`) or a 3-server ensemble
-//! (`QuorumPeerMain`), from a generated `zoo.cfg`.
+//! ZooKeeper: standalone (`ZooKeeperServerMain`, plaintext or TLS on the
+//! client port) or a 3-server ensemble (`QuorumPeerMain`), from a generated
+//! `zoo.cfg`.
 
 use std::collections::HashMap;
 use std::fs;
@@ -12,10 +13,21 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+pub use super::ClientTls;
+use super::client_tls::write_pem;
 use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, net};
+use crate::kit::env;
+use crate::kit::pki::{Identity, TestCa};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
+/// Netty's codecs, which TLS on the client port needs (Netty's `SslHandler`
+/// is a decoder) and Debian's zookeeper.jar does not name in its class
+/// path: it is in `libnetty-java`, which the `zookeeper` package pulls in.
+const NETTY_CODEC: &str = "/usr/share/java/netty-codec.jar";
+
+/// The CA's PEM file in a TLS server's data dir (its URL's `tls_ca`).
+const CA_FILE: &str = "tls-ca.pem";
 
 /// Launch options.
 #[derive(Debug, Clone)]
@@ -33,6 +45,37 @@ pub struct Options {
     /// credentials themselves are never refused: a wrong password is another
     /// identity, which ACLs keep out.
     pub require_digest: bool,
+    /// Serve clients over TLS only (default: plaintext, or with
+    /// `LOCK_TEST_ZOOKEEPER_TLS=1` TLS from a CA of the server's own).
+    /// Standalone only; the store's URL names the CA's PEM file (`tls_ca`).
+    pub tls: Option<ClientTls>,
+}
+
+impl Options {
+    /// Serves clients over TLS only, on the secure client port (the URL is
+    /// then `zks://127.0.0.1:P`; clients add `?tls_ca=`).
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+/// Writes the key store (key and certificate in one PEM file, as
+/// ZooKeeper reads it) and the trust store into `dir`; the `zoo.cfg` lines
+/// that make the client port the secure one (Netty, `secureClientPort`).
+fn write_tls(tls: &ClientTls, dir: &Path) -> io::Result<String> {
+    let keystore = format!("{}{}", tls.key_pem, tls.cert_pem);
+    let keystore = write_pem(dir, "tls-server.pem", &keystore, 0o600)?;
+    let truststore = write_pem(dir, CA_FILE, &tls.ca_pem, 0o644)?;
+    let auth = if tls.client_cert_auth { "need" } else { "none" };
+    Ok(format!(
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+         ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+         ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+         ssl.clientAuth={auth}\n",
+        keystore.display(),
+        truststore.display()
+    ))
 }
 
 impl Default for Options {
@@ -42,11 +85,12 @@ impl Default for Options {
             min_session_ms: 1000,
             max_session_ms: 60_000,
             require_digest: false,
+            tls: None,
         }
     }
 }
 
-fn java() -> io::Result<(PathBuf, String)> {
+fn java(tls: bool) -> io::Result<(PathBuf, String)> {
     if !Path::new(JAR).is_file() {
         return Err(super::missing(Kind::ZooKeeper, JAR));
     }
@@ -58,19 +102,39 @@ fn java() -> io::Result<(PathBuf, String)> {
         classpath.push(':');
         classpath.push_str(SLF4J_SIMPLE);
     }
+    if tls {
+        if !Path::new(NETTY_CODEC).is_file() {
+            return Err(super::missing(Kind::ZooKeeper, NETTY_CODEC));
+        }
+        classpath.push(':');
+        classpath.push_str(NETTY_CODEC);
+    }
     Ok((java, classpath))
 }
 
-fn config(options: &Options, data: &Path, client: u16, servers: &[(u16, u16)]) -> String {
+/// `zoo.cfg`; `tls` the lines of [`write_tls`], which make the
+/// client port the secure one (and the only one).
+fn config(
+    options: &Options,
+    data: &Path,
+    client: u16,
+    servers: &[(u16, u16)],
+    tls: Option<String>,
+) -> String {
+    let port = match tls {
+        Some(_) => "secureClientPort",
+        None => "clientPort",
+    };
     let mut cfg = format!(
         "tickTime={}\nminSessionTimeout={}\nmaxSessionTimeout={}\ndataDir={}\n\
-         clientPort={client}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n\
+         {port}={client}\n{port}Address=127.0.0.1\nmaxClientCnxns=0\n\
          admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr,conf,cons,wchc\n",
         options.tick_ms,
         options.min_session_ms,
         options.max_session_ms,
         data.display()
     );
+    cfg.push_str(tls.as_deref().unwrap_or_default());
     if options.require_digest {
         cfg.push_str("enforce.auth.enabled=true\nenforce.auth.schemes=digest\n");
     }
@@ -92,15 +156,19 @@ fn spec(
     myid: Option<usize>,
     stop_signal: Signal,
 ) -> io::Result<Spec> {
-    let (java, classpath) = java()?;
+    let (java, classpath) = java(options.tls.is_some())?;
     let dir = Arc::new(super::data_dir(Kind::ZooKeeper)?);
+    let tls = match &options.tls {
+        Some(tls) => Some(write_tls(tls, dir.path())?),
+        None => None,
+    };
     let data = dir.path().join("data");
     fs::create_dir(&data)?;
     if let Some(id) = myid {
         fs::write(data.join("myid"), format!("{id}\n"))?;
     }
     let cfg = dir.path().join("zoo.cfg");
-    fs::write(&cfg, config(options, &data, client, servers))?;
+    fs::write(&cfg, config(options, &data, client, servers, tls))?;
     let log = dir.path().join("zookeeper.log");
     let command = move || {
         let mut cmd = Command::new(&java);
@@ -113,9 +181,10 @@ fn spec(
             .arg(&cfg);
         cmd
     };
+    let secure = if options.tls.is_some() { " (TLS)" } else { "" };
     let label = match myid {
         Some(id) => format!("zookeeper server.{id} on 127.0.0.1:{client}"),
-        None => format!("zookeeper on 127.0.0.1:{client}"),
+        None => format!("zookeeper{secure} on 127.0.0.1:{client}"),
     };
     Ok(Spec {
         kind: Kind::ZooKeeper,
@@ -137,8 +206,14 @@ fn spec(
 
 /// Starts a private standalone ZooKeeper on a free loopback port (admin
 /// server off) and waits until `srvr` prints a `Mode:` line: it answers
-/// `ruok` and accepts connections before it serves requests.
-pub fn start(options: Options) -> io::Result<Store> {
+/// `ruok` and accepts connections before it serves requests. With
+/// [`Options::tls`], that port serves TLS only, and `srvr` is asked over TLS.
+pub fn start(mut options: Options) -> io::Result<Store> {
+    if options.tls.is_none() && env::ZOOKEEPER_TLS.get().is_some_and(|v| v == "1") {
+        let ca = TestCa::new("distlock kit ZooKeeper CA");
+        let Identity { cert, key } = ca.server();
+        options.tls = Some(ClientTls::new(ca.pem(), cert, key));
+    }
     let mut last = None;
     for _ in 0..3 {
         let client = net::free_port()?;
@@ -150,7 +225,15 @@ pub fn start(options: Options) -> io::Result<Store> {
             None,
             Signal::SIGTERM,
         )?;
-        match Store::launch(spec) {
+        let launched = match &options.tls {
+            Some(tls) => {
+                let ca = spec.dir.path().join(CA_FILE);
+                Store::launch_tls(spec, tls.probe(b"srvr", serves)?)
+                    .map(|store| store.with_url_query(&format!("?tls_ca={}", ca.display())))
+            }
+            None => Store::launch(spec),
+        };
+        match launched {
             Err(e) if net::port_clash(&e) => last = Some(e),
             other => return other,
         }
@@ -207,6 +290,7 @@ impl EnsemblePlan {
 
     /// Starts the ensemble and waits until every server serves.
     pub fn start(&self) -> io::Result<Cluster> {
+        // Plaintext: TLS (and `LOCK_TEST_ZOOKEEPER_TLS`) is for standalone servers.
         let options = Options::default();
         let handles: Vec<_> = (0..self.ports.len())
             .map(|i| {
@@ -233,6 +317,11 @@ impl EnsemblePlan {
 /// Whether the server at `addr` is the ensemble leader (`srvr`: `Mode: leader`).
 pub fn is_leader(addr: SocketAddr) -> io::Result<bool> {
     Ok(mode(addr)?.as_deref() == Some("leader"))
+}
+
+/// Whether a `srvr` reply says the server serves (it has a `Mode:` line).
+pub(super) fn serves(reply: &[u8]) -> bool {
+    String::from_utf8_lossy(reply).contains("Mode: ")
 }
 
 /// The server's `Mode:` (`standalone`, `leader`, `follower`), if it serves.

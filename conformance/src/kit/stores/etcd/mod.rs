@@ -2,23 +2,23 @@
 //! cluster on loopback.
 
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 mod ctl;
 
 use ctl::enable_auth;
 pub use ctl::{restore, snapshot};
 
-use super::{Cluster, Kind, Launch, Probe, SharedSlot, Spec, Store, net};
+pub use super::ClientTls;
+use super::client_tls::write_pem;
+use super::{Cluster, Kind, Launch, SharedSlot, Spec, Store, net};
 
 /// Launch options.
 #[derive(Clone)]
@@ -85,126 +85,27 @@ impl fmt::Debug for Options {
     }
 }
 
-/// TLS on the client port: the server certificate (for 127.0.0.1) and key,
-/// and the CA that signed it, all PEM, made by the test (e.g. with rcgen).
-/// The launcher writes them into the member's data dir. Peers stay
-/// plaintext (loopback only).
-#[derive(Clone)]
-pub struct ClientTls {
-    ca_pem: String,
-    cert_pem: String,
-    key_pem: String,
-    client_cert_auth: bool,
-}
-
-impl ClientTls {
-    /// Server certificate, its key and the CA certificate (PEM).
-    pub fn new(
-        ca_pem: impl Into<String>,
-        cert_pem: impl Into<String>,
-        key_pem: impl Into<String>,
-    ) -> Self {
-        ClientTls {
-            ca_pem: ca_pem.into(),
-            cert_pem: cert_pem.into(),
-            key_pem: key_pem.into(),
-            client_cert_auth: false,
-        }
+/// Writes the PEM files etcd reads into `dir` (the key owner-only); the
+/// arguments that name them.
+fn write_tls(tls: &ClientTls, dir: &Path) -> io::Result<Vec<String>> {
+    let file = |name: &str, pem: &str, mode: u32| -> io::Result<String> {
+        let path = write_pem(dir, name, pem, mode)?;
+        Ok(path.to_string_lossy().into_owned())
+    };
+    let mut args = vec![
+        "--cert-file".to_owned(),
+        file("server.pem", &tls.cert_pem, 0o644)?,
+        "--key-file".to_owned(),
+        file("server-key.pem", &tls.key_pem, 0o600)?,
+    ];
+    if tls.client_cert_auth {
+        args.extend([
+            "--client-cert-auth".to_owned(),
+            "--trusted-ca-file".to_owned(),
+            file("ca.pem", &tls.ca_pem, 0o644)?,
+        ]);
     }
-
-    /// `--client-cert-auth`: refuse clients without a certificate signed by
-    /// the CA. The server certificate must then allow client use too (no
-    /// extended key usage, or `clientAuth`): etcd's own HTTP gateway and the
-    /// readiness probe present it.
-    pub fn client_cert_auth(mut self) -> Self {
-        self.client_cert_auth = true;
-        self
-    }
-
-    /// Readiness over TLS: `/health` as with plaintext, trusting only the CA
-    /// (and presenting the server's certificate where etcd demands one).
-    fn probe(&self) -> io::Result<Probe> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
-            roots
-                .add(cert.map_err(|e| invalid("CA PEM", e))?)
-                .map_err(|e| invalid("CA certificate", e))?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(io::Error::other)?
-            .with_root_certificates(roots);
-        let config = if self.client_cert_auth {
-            let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| invalid("server certificate PEM", e))?;
-            let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
-                .map_err(|e| invalid("server key PEM", e))?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| invalid("server certificate and key", e))?
-        } else {
-            builder.with_no_client_auth()
-        };
-        let config = Arc::new(config);
-        Ok(Box::new(move |addr| {
-            let timeout = Duration::from_millis(500);
-            let stream = TcpStream::connect_timeout(&addr, timeout)?;
-            stream.set_read_timeout(Some(timeout))?;
-            stream.set_write_timeout(Some(timeout))?;
-            let name = ServerName::IpAddress(addr.ip().into());
-            let conn =
-                rustls::ClientConnection::new(config.clone(), name).map_err(io::Error::other)?;
-            let mut tls = rustls::StreamOwned::new(conn, stream);
-            tls.write_all(HEALTH)?;
-            let mut reply = Vec::new();
-            // An EOF without close_notify after the reply is still a reply.
-            if let Err(e) = tls.read_to_end(&mut reply)
-                && reply.is_empty()
-            {
-                return Err(e);
-            }
-            Ok(healthy(&reply))
-        }))
-    }
-
-    /// Writes the PEM files etcd reads into `dir` (the key owner-only).
-    fn write(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let file = |name: &str, pem: &str, mode: u32| -> io::Result<String> {
-            let path = dir.join(name);
-            std::fs::write(&path, pem)?;
-            super::set_mode(&path, mode)?;
-            Ok(path.to_string_lossy().into_owned())
-        };
-        let mut args = vec![
-            "--cert-file".to_owned(),
-            file("server.pem", &self.cert_pem, 0o644)?,
-            "--key-file".to_owned(),
-            file("server-key.pem", &self.key_pem, 0o600)?,
-        ];
-        if self.client_cert_auth {
-            args.extend([
-                "--client-cert-auth".to_owned(),
-                "--trusted-ca-file".to_owned(),
-                file("ca.pem", &self.ca_pem, 0o644)?,
-            ]);
-        }
-        Ok(args)
-    }
-}
-
-impl fmt::Debug for ClientTls {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the key.
-        f.debug_struct("ClientTls")
-            .field("client_cert_auth", &self.client_cert_auth)
-            .finish_non_exhaustive()
-    }
-}
-
-fn invalid(what: &str, e: impl fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, format!("{what}: {e}"))
+    Ok(args)
 }
 
 const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
@@ -243,7 +144,7 @@ fn spec(
     let log = dir.path().join("etcd.log");
     let (name, client, peer) = (member.name.clone(), member.client, member.peer);
     let tls_args = match &options.tls {
-        Some(tls) => tls.write(dir.path())?,
+        Some(tls) => write_tls(tls, dir.path())?,
         None => Vec::new(),
     };
     let scheme = if options.tls.is_some() {
@@ -328,7 +229,7 @@ pub fn start(options: Options) -> io::Result<Store> {
             Signal::SIGTERM,
         )?;
         let launched = match &options.tls {
-            Some(tls) => Store::launch_tls(spec, tls.probe()?),
+            Some(tls) => Store::launch_tls(spec, tls.probe(HEALTH, healthy)?),
             None => Store::launch(spec),
         };
         match launched {
