@@ -333,7 +333,7 @@ caught! {
     over_granting_is_caught: OverGrants => [permits_never_exceed_n];
     repeating_fences_are_caught: FenceRepeats => [permits_never_exceed_n, stale_slot_holder_is_refused, one_leader_at_a_time, fence_floor_lifts_every_grant];
     leases_that_never_expire_are_caught: NeverExpires => [crashed_permit_holder_frees_its_slot, stale_slot_holder_is_refused, dead_leader_is_replaced];
-    ignored_permit_counts_are_caught: IgnoresPermitCount => [permit_count_disagreement_is_refused, permits_never_exceed_n];
+    ignored_permit_counts_are_caught: IgnoresPermitCount => [permit_count_disagreement_is_refused, permits_never_exceed_n, zero_permits_are_refused];
     leaked_permit_waiters_are_caught: LeaksPermitWaiters => [cancelled_permit_wait_leaves_nothing];
     stale_inspect_is_caught: StaleInspect => [observers_see_every_change];
     ignored_fence_floor_is_caught: IgnoresFenceFloor => [fence_floor_lifts_every_grant];
