@@ -8,9 +8,10 @@ pub use connect::{SCHEMES, connect};
 // The user API: what applications hold and handle.
 pub use lockcore::{
     Attempt, Backoff, Capabilities, Election, ExpiryClock, Failover, Fairness, FenceDurability,
-    Fenced, FencedResource, FencedSlots, FencingToken, Holder, HolderLabel, IntoLockName,
-    InvalidName, Leader, Leadership, Lease, LeaseKind, LockBackend, LockError, LockGuard, LockName,
-    Locker, LossReason, MemoryBackend, Observer, OwnerToken, ReleaseOutcome, Semaphore, StaleToken,
+    Fenced, FencedResource, FencedSlots, FencingToken, HoldEnd, Holder, HolderLabel, IntoLockName,
+    InvalidName, Job, JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockBackend,
+    LockError, LockGuard, LockName, Locker, LossReason, MemoryBackend, Observer, OwnerToken,
+    ReleaseOutcome, Semaphore, StaleToken,
 };
 // Administrative actions, their audit trail, and the metric names.
 pub use lockcore::{admin, audit, metrics};

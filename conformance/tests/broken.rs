@@ -66,6 +66,11 @@ enum Flaw {
     CloseKeepsServing,
     /// Accepts (and ignores) a fence floor it could not count past.
     AcceptsAnyFloor,
+    /// `set_remaining` renews by the lease's own TTL, whatever time it is
+    /// given (and reports the time given).
+    SetRemainingIgnoresTime,
+    /// `set_remaining` releases the lease instead (and says it kept it).
+    SetRemainingReleases,
 }
 
 /// `d` as a TTL the in-memory store accepts.
@@ -237,6 +242,18 @@ impl LockBackend for Broken {
                 }),
             })
             .collect()
+    }
+
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        let real = self.real(lease);
+        match self.flaw {
+            Flaw::SetRemainingIgnoresTime => Ok(self.store.renew(&real).await?.with_ttl(remaining)),
+            Flaw::SetRemainingReleases => {
+                self.store.release(&real).await?;
+                Ok(lease.clone().with_ttl(remaining))
+            }
+            _ => self.store.set_remaining(&real, remaining).await,
+        }
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -559,6 +576,56 @@ async fn a_floor_beyond_the_counter_accepted_is_caught() {
             "fence_floor_beyond_the_counter_is_refused",
             "expected InvalidConfig",
         )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_remaining_that_ignores_the_time_is_caught() {
+    must_fail_saying(
+        Flaw::SetRemainingIgnoresTime,
+        &[
+            ("job_at_least_holds_on_the_stores_clock", "a second job ran"),
+            (
+                "set_remaining_is_exact_and_owner_checked",
+                "acquisition after a shortened lease ran out",
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_remaining_that_releases_is_caught() {
+    must_fail_saying(
+        Flaw::SetRemainingReleases,
+        &[
+            (
+                "job_at_least_holds_on_the_stores_clock",
+                "right after the first job ended",
+            ),
+            (
+                "set_remaining_is_exact_and_owner_checked",
+                "another owner should be NotHeld",
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_on_an_early_expiring_or_fence_repeating_store_are_caught() {
+    must_fail_saying(
+        Flaw::ExpiresEarly,
+        &[(
+            "crashed_job_frees_at_at_most",
+            "while the crashed one's lease",
+        )],
+    )
+    .await;
+    must_fail_saying(
+        Flaw::FenceRepeats,
+        &[("job_fence_grows_per_run", "round 1: ")],
     )
     .await;
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
-use lockcore::backend::{Kind, LockRequest, Polling, async_trait};
+use lockcore::backend::{Kind, LockRequest, Polling, Ttl, async_trait};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
     LockBackend, LockError, LockName, ReleaseOutcome,
@@ -114,6 +114,7 @@ impl LockBackend for SqliteBackend {
             .eviction_notice(notifies.then_some(EVICTION_NOTICE))
             .semaphores(true)
             .fence_floor(true)
+            .sets_remaining(true)
             // One SQLite INTEGER counter per file.
             .max_fence(i64::MAX as u64)
     }
@@ -134,6 +135,15 @@ impl LockBackend for SqliteBackend {
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.client.release(lease).await
+    }
+
+    /// The row's expiry becomes exactly now + `remaining` on the host's boot
+    /// clock, owner- and fence-checked; its presence file is let go and
+    /// this client forgets it, so from here the lease outlives this process
+    /// and this client's close (only its expiry, a release or an eviction
+    /// frees it).
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        self.client.set_remaining(lease, remaining).await
     }
 
     async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {

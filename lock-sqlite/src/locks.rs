@@ -4,7 +4,8 @@
 //! write fails with `SQLITE_BUSY` instead of waiting, whatever the busy
 //! timeout), each owner- and fence-checked. Renewing a batch is in
 //! `renew.rs`, undoing a grant cut short in `undo.rs`, what this client
-//! granted in `held.rs`, the holders' presence files in `presence.rs`, the
+//! granted in `held.rs`, setting a lease's remaining time in
+//! `remaining.rs`, the holders' presence files in `presence.rs`, the
 //! clock leases expire on in `clock.rs`, the statements in `sql.rs`.
 //!
 //! Every operation here shares the same judgement of a row
@@ -14,6 +15,7 @@
 pub(crate) mod clock;
 pub(crate) mod held;
 pub(crate) mod presence;
+mod remaining;
 mod renew;
 pub(crate) mod sql;
 mod undo;

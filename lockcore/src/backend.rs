@@ -114,6 +114,30 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         })
     }
 
+    /// Sets `lease`'s remaining time to exactly `remaining` from when the
+    /// store handles the call, on the store's clock: shorter or longer than
+    /// what is left, keeping its fencing token. Owner- and fence-checked in
+    /// one atomic step like a renewal: [`LockError::NotHeld`] once the lease
+    /// expired, was released or taken; it is never re-created. From then
+    /// on only that expiry frees the name (or a release, an eviction): on a
+    /// store that frees a dead holder's locks early (SQLite's presence
+    /// files) the lease no longer depends on this process staying alive.
+    ///
+    /// What [`LockGuard::release_no_sooner_than`](crate::LockGuard::release_no_sooner_than)
+    /// and a job's `at_least` ([`Job`](crate::Job)) are made of. Returns the
+    /// lease with `remaining` as its TTL, stamped with the send time like a
+    /// renewal.
+    ///
+    /// The default: [`LockError::Unsupported`]; backends that implement it
+    /// set [`Capabilities::sets_remaining`].
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        let _ = (lease, remaining);
+        Err(LockError::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "set_remaining",
+        })
+    }
+
     /// Starts listening for a change of `name` (as `kind`) and returns a
     /// future that completes when the name, or a slot, may have become free.
     ///
@@ -313,6 +337,9 @@ macro_rules! forward_backend {
             }
             async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
                 (**self).renew(lease).await
+            }
+            async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+                (**self).set_remaining(lease, remaining).await
             }
             async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
                 (**self).watch(name, kind).await

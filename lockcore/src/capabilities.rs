@@ -56,6 +56,11 @@ pub struct Capabilities {
     pub max_fence: u64,
     /// What a failover of the store to a replica keeps.
     pub failover: Failover,
+    /// Whether the backend can set a held lease's remaining time exactly,
+    /// shorter or longer, on the store's clock
+    /// ([`LockBackend::set_remaining`](crate::LockBackend::set_remaining)):
+    /// what a job's `at_least` needs ([`Job`](crate::Job)).
+    pub sets_remaining: bool,
 }
 
 /// The clock a store judges lease expiry on.
@@ -171,7 +176,8 @@ impl Capabilities {
     /// Capabilities with neutral defaults: TTL from 1 ms to 1 year at 1 ms
     /// granularity, per-lock leases, no fairness, volatile fences, no
     /// notifications, no slack, expiry on the store's wall clock (the
-    /// cautious default), no eviction notice. Backends adjust them with the
+    /// cautious default), no eviction notice, no way to set a lease's
+    /// remaining time. Backends adjust them with the
     /// setters.
     pub fn new(backend: &'static str) -> Self {
         Capabilities {
@@ -191,7 +197,14 @@ impl Capabilities {
             fence_floor: false,
             max_fence: i64::MAX as u64,
             failover: Failover::None,
+            sets_remaining: false,
         }
+    }
+
+    /// Declares [`set_remaining`](crate::LockBackend::set_remaining) support.
+    pub fn sets_remaining(mut self, yes: bool) -> Self {
+        self.sets_remaining = yes;
+        self
     }
 
     /// Sets what a failover keeps.

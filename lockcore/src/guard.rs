@@ -1,7 +1,9 @@
 //! `LockGuard`: a held lock that renews itself and says the moment it is lost.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -136,6 +138,113 @@ impl LockGuard {
         }
         .instrument(span)
         .await
+    }
+
+    /// Ends the hold but leaves the name taken until `at_least` has passed
+    /// since the grant, judged by the store: what keeps a job that ended
+    /// early from running again on another node in the same window.
+    ///
+    /// Renewals stop. If `at_least` has passed, the lock is released as by
+    /// [`release`](Self::release). Otherwise the store is told to keep the
+    /// lease for exactly what is left ([`LockBackend::set_remaining`](crate::LockBackend::set_remaining),
+    /// on the store's clock), and nothing is released: the store frees the
+    /// name then, whether or not this process is still alive. What is left
+    /// is counted from when the grant's reply was *received* on this
+    /// client's monotonic clock, plus the drift margin of a lease
+    /// ([`Lease::drift`]) and rounded up to the store's TTL granularity, so
+    /// it is never short: the store may keep the name longer by up to one
+    /// round trip (the grant's reply and this call's request in flight) and
+    /// that margin. No wall clock is read, so a client whose clock is set
+    /// wrong cannot shorten it.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] (before any I/O) when the backend cannot
+    /// set a lease's remaining time ([`Capabilities::sets_remaining`](crate::Capabilities::sets_remaining));
+    /// [`LockError::InvalidTtl`] when what is left is beyond the store's
+    /// largest TTL; a store error (the lease then expires at its own TTL,
+    /// which may be sooner than `at_least`).
+    pub async fn release_no_sooner_than(
+        mut self,
+        at_least: Duration,
+    ) -> Result<HoldEnd, LockError> {
+        let capabilities = self.held.backend.capabilities();
+        if !capabilities.sets_remaining {
+            return Err(LockError::Unsupported {
+                backend: capabilities.backend,
+                operation: "set_remaining",
+            });
+        }
+        let held_for = self.held.held_for();
+        let left = (at_least + Lease::drift(held_for)).saturating_sub(held_for);
+        if left.is_zero() {
+            return self.release().await.map(HoldEnd::from);
+        }
+        let remaining = capabilities.effective_ttl(left.max(capabilities.min_ttl))?;
+        self.released = true;
+        self.held.stop_holding();
+        let lease = self.held.lease();
+        let span = tracing::debug_span!("lock.release_no_sooner_than", name = %lease.name(), fence = %lease.fence(), remaining = ?remaining.get());
+        async {
+            match self.held.backend.set_remaining(&lease, remaining).await {
+                Ok(_) => {
+                    tracing::debug!("left to expire at least {at_least:?} after the grant");
+                    Ok(HoldEnd::Kept {
+                        remaining: remaining.get(),
+                    })
+                }
+                Err(LockError::NotHeld { .. }) => {
+                    tracing::warn!("the store no longer held this lease");
+                    Ok(HoldEnd::NotHeld)
+                }
+                Err(e) => {
+                    crate::metrics::store_error(&self.held.tags, &e);
+                    tracing::warn!(error = %e, "setting the remaining time failed; the lock expires after its TTL");
+                    Err(e)
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Runs `work` while the lease holds: its output, or
+    /// [`LockError::Lost`] (and `work` dropped) the moment the lease is lost.
+    pub(crate) async fn while_held<T>(
+        &self,
+        work: impl Future<Output = T>,
+    ) -> Result<T, LockError> {
+        let fence = self.fencing_token();
+        tokio::select! {
+            biased;
+            reason = self.lost() => Err(LockError::Lost { name: self.name(), fence, reason }),
+            value = work => Ok(value),
+        }
+    }
+}
+
+/// How [`LockGuard::release_no_sooner_than`] ended a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HoldEnd {
+    /// The time asked for had passed: the lock was released.
+    Released,
+    /// The store keeps the name taken for `remaining` more, counted from
+    /// when it handled the call, then frees it.
+    Kept {
+        /// The remaining time the store was given.
+        remaining: Duration,
+    },
+    /// The store no longer held this lease (it expired or was taken):
+    /// nothing was changed.
+    NotHeld,
+}
+
+impl From<ReleaseOutcome> for HoldEnd {
+    fn from(outcome: ReleaseOutcome) -> Self {
+        match outcome {
+            ReleaseOutcome::Released => HoldEnd::Released,
+            ReleaseOutcome::NotHeld => HoldEnd::NotHeld,
+        }
     }
 }
 

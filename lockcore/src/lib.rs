@@ -42,6 +42,9 @@
 //!   [`renew_many`](LockBackend::renew_many)), the
 //!   [`lost`](LockGuard::lost) signal, [`with_lock`](Locker::with_lock),
 //!   hold caps ([`Locker::max_hold`]) and holder labels ([`HolderLabel`]).
+//! - [`Job`] ([`Locker::job`]): a scheduled task that runs on one node
+//!   only, skipped while held, kept taken for `at_least` after its grant on
+//!   the store's clock, fenced with its execution id.
 //! - [`Semaphore`] ([`Locker::semaphore`]): at most N holders, each in a slot
 //!   with its own fences; [`Election`] ([`Locker::election`]): one leader at
 //!   a time, with fenced terms, and [`Observer`]s.
@@ -96,6 +99,7 @@ mod era;
 mod error;
 mod fenced;
 mod guard;
+mod job;
 mod label;
 mod lease;
 mod local_line;
@@ -120,7 +124,8 @@ pub use capabilities::{Capabilities, ExpiryClock, Failover, Fairness, FenceDurab
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{InvalidName, LockError, LossReason};
 pub use fenced::{Fenced, FencedResource, FencedSlots, StaleToken};
-pub use guard::LockGuard;
+pub use guard::{HoldEnd, LockGuard};
+pub use job::{Job, JobOutcome, JobRun};
 pub use label::HolderLabel;
 pub use lease::{Holder, Lease};
 pub use locker::Locker;

@@ -401,6 +401,16 @@ impl Locker {
         crate::Semaphore::new(self.clone(), name.into_lock_name()?, permits)
     }
 
+    /// A run-once job on `name` over this locker's backend: runs on one
+    /// node at a time, skipped (never waited for) while another holds it
+    /// (see [`Job`](crate::Job)).
+    ///
+    /// # Errors
+    /// An invalid name.
+    pub fn job(&self, name: impl IntoLockName) -> Result<crate::Job, LockError> {
+        Ok(crate::Job::new(self.clone(), name.into_lock_name()?))
+    }
+
     /// Leader election on `name` over this locker's backend (see
     /// [`Election`](crate::Election)).
     ///
@@ -562,12 +572,7 @@ impl Locker {
         Fut: Future<Output = T>,
     {
         let guard = self.acquire(name).await?;
-        let fence = guard.fencing_token();
-        let outcome = tokio::select! {
-            biased;
-            reason = guard.lost() => Err(LockError::Lost { name: guard.name(), fence, reason }),
-            value = critical(fence) => Ok(value),
-        };
+        let outcome = guard.while_held(critical(guard.fencing_token())).await;
         if outcome.is_ok()
             && let Err(e) = guard.release().await
         {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::wait::Wakeup;
-use crate::backend::{Kind, LockRequest, Moment};
+use crate::backend::{Kind, LockRequest, Moment, Ttl};
 use crate::{
     Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, HolderLabel, Lease,
     LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
@@ -338,6 +338,7 @@ impl LockBackend for MemoryBackend {
             .eviction_notice(Some(Duration::ZERO))
             .semaphores(true)
             .fence_floor(true)
+            .sets_remaining(true)
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
@@ -382,6 +383,13 @@ impl LockBackend for MemoryBackend {
                 }
             })
             .collect()
+    }
+
+    /// A renewal by `remaining` instead of the lease's TTL: the expiry
+    /// becomes exactly now + `remaining` on the store's clock, owner- and
+    /// fence-checked under the store's one lock.
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        self.renew(&lease.clone().with_ttl(remaining)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

@@ -137,6 +137,12 @@ impl Held {
         Arc::new(held)
     }
 
+    /// How long since the grant's reply was received (the guard was made
+    /// right then), on the lease's clock.
+    pub(crate) fn held_for(&self) -> Duration {
+        self.clock.now().since(self.acquired)
+    }
+
     pub(crate) fn lease(&self) -> Lease {
         self.lease.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -324,7 +330,15 @@ async fn run(backend: Arc<dyn LockBackend>, mut rx: mpsc::UnboundedReceiver<Msg>
             msg = rx.recv(), if open => match msg {
                 None => open = false,
                 Some(Msg::Drain(reply)) => {
-                    let _ = reply.send(entries.drain().map(|(_, entry)| entry.held).collect());
+                    // A guard that stopped holding (released, dropped, or
+                    // left to expire at a time it set) may not have left
+                    // yet: it is no longer the locker's to release.
+                    let kept = entries
+                        .drain()
+                        .map(|(_, entry)| entry.held)
+                        .filter(|held| !held.stop.is_cancelled())
+                        .collect();
+                    let _ = reply.send(kept);
                 }
                 Some(Msg::Keep(held)) => {
                     next_wake = next_wake.min(first_event(&held, Instant::now()));

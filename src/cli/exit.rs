@@ -12,10 +12,13 @@ Exit codes:
   1    the store refused a request (an error retrying will not fix)
   2    usage: bad arguments, lock name, TTL, label or URL
   3    timed out waiting for the lock (--wait)
-  4    the lease was lost (expired, evicted) while the command ran
+  4    the lease was lost (expired, evicted, --at-most passed) while the
+       command ran
   69   the store is unavailable (unreachable, or did not answer in time)
   70   run, elect: the supervisor process died; the command was killed
-  75   busy: the lock is held and --no-wait was given (as `flock -E 75`)
+  75   busy: the lock is held and --no-wait was given (as `flock -E 75`);
+       run --at-most: skipped, another run of the job holds it
+  76   (reserved) run --at-most: skipped, already done in this window
   126  the command cannot be executed; 127: not found
   N    run, elect: the command's own exit code; 128+S if it died of signal S
   128+S  stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT (S) while connecting,

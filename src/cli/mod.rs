@@ -90,6 +90,30 @@ struct Take {
     label: Option<String>,
 }
 
+/// `run` as a run-once job (`--at-most`): on one node at a time, skipped
+/// (exit 75, never waited for) while another run holds the name.
+#[derive(clap::Args, Debug)]
+struct Once {
+    /// Run as a scheduled job: skip at once (exit 75) if another run holds
+    /// NAME, and hold it at most this long (the command is then lost: SIGTERM,
+    /// exit 4). Renewed on --ttl leases up to it, so a dead node frees NAME
+    /// after one TTL (on SQLite, at once).
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration,
+          conflicts_with = "permits")]
+    at_most: Option<Duration>,
+    /// With --at-most: when the command ends sooner, NAME stays taken until
+    /// this long after it was granted, judged by the store's clock (never a
+    /// node's), so no other node runs the job again in that window. Kept
+    /// even after distlock exits.
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration,
+          requires = "at_most")]
+    at_least: Option<Duration>,
+    /// With --at-most: hold one lease of --at-most, never renewed (a dead node
+    /// then holds NAME for --at-most).
+    #[arg(long, requires = "at_most")]
+    no_renew: bool,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command while holding the lock. The command gets DISTLOCK_NAME and
@@ -108,12 +132,19 @@ enum Command {
     /// and the supervisor are killed together, processes the command started may
     /// survive: what makes a late command harmless is the resource refusing its stale
     /// DISTLOCK_FENCE.
+    ///
+    /// With --at-most, a run-once scheduled job: never waits, skipped with exit 75
+    /// while another run holds NAME; DISTLOCK_FENCE is the run's execution id, larger
+    /// than every earlier run's; --at-least keeps NAME taken after a command that
+    /// ended early, on the store's clock, even after distlock exits.
     Run {
         #[command(flatten)]
         take: Take,
         /// Time between SIGTERM and SIGKILL when the command must stop.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         grace: Duration,
+        #[command(flatten)]
+        once: Once,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
@@ -242,8 +273,9 @@ async fn dispatch(
         Command::Run {
             take,
             grace,
+            once,
             command,
-        } => run_locked(locker, take, grace, &command, signals).await,
+        } => run_locked(locker, take, once, grace, &command, signals).await,
         Command::Elect {
             name,
             label,
@@ -318,21 +350,90 @@ fn describe(guard: &distlock::LockGuard) -> String {
     }
 }
 
+/// The hold `run` keeps while its command runs: a lock or permit, or one
+/// run of a job.
+enum Holding {
+    Lock(distlock::LockGuard),
+    Job(distlock::JobRun),
+}
+
+impl Holding {
+    fn guard(&self) -> &distlock::LockGuard {
+        match self {
+            Holding::Lock(guard) => guard,
+            Holding::Job(run) => run.guard(),
+        }
+    }
+
+    /// Frees the name now: the command did not run.
+    async fn release(self) -> Result<ReleaseOutcome, LockError> {
+        match self {
+            Holding::Lock(guard) => guard.release().await,
+            Holding::Job(run) => run.release().await,
+        }
+    }
+
+    /// The command ran: frees the name, or for a job leaves it taken until
+    /// its --at-least. `NotHeld` if the store no longer held it.
+    async fn end(self) -> Result<ReleaseOutcome, LockError> {
+        match self {
+            Holding::Lock(guard) => guard.release().await,
+            Holding::Job(run) => Ok(match run.end().await? {
+                distlock::HoldEnd::NotHeld => ReleaseOutcome::NotHeld,
+                _ => ReleaseOutcome::Released,
+            }),
+        }
+    }
+}
+
+/// The lock `take` asks for, or with `--at-most`, one run of the job:
+/// skipped (exit 75) if held.
+async fn hold_for_run(
+    locker: &Locker,
+    spec: &Take,
+    once: &Once,
+    signals: &mut Signals,
+) -> Result<Holding, Failure> {
+    let Some(at_most) = once.at_most else {
+        return Ok(Holding::Lock(take(locker, spec, signals).await?));
+    };
+    let job = label(locker.clone(), spec.label.clone())?
+        .job(&spec.name)?
+        .at_most(at_most)
+        .at_least(once.at_least.unwrap_or_default())
+        .renew(!once.no_renew);
+    match until(signals, async { Ok(job.begin().await?) }).await? {
+        Some(run) => Ok(Holding::Job(run)),
+        None => {
+            let holder = match locker.inspect(&spec.name).await {
+                Ok(Some(h)) => format!(" (fence {})", h.fence),
+                _ => String::new(),
+            };
+            Err(Failure::Code(
+                exit::BUSY,
+                format!("{} is held{holder}: skipped", spec.name),
+            ))
+        }
+    }
+}
+
 async fn run_locked(
     locker: &Locker,
     spec: Take,
+    once: Once,
     grace: Duration,
     command: &[String],
     signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
-    let guard = take(locker, &spec, signals).await?;
+    let holding = hold_for_run(locker, &spec, &once, signals).await?;
     if let Some(signal) = signals.pending().await {
         // Stopped as the lock came: the command never starts.
-        let _ = guard.release().await;
+        let _ = holding.release().await;
         return Err(Failure::Signal(signal));
     }
+    let guard = holding.guard();
     let fence = guard.fencing_token();
-    eprintln!("distlock: acquired {}", describe(&guard));
+    eprintln!("distlock: acquired {}", describe(guard));
     let mut env = vec![
         ("DISTLOCK_NAME", spec.name.clone()),
         ("DISTLOCK_FENCE", fence.to_string()),
@@ -340,16 +441,16 @@ async fn run_locked(
     if let Some(slot) = guard.slot() {
         env.push(("DISTLOCK_SLOT", slot.to_string()));
     }
-    let (status, lost) = match supervised(command, &env, &guard, grace, signals).await {
+    let (status, lost) = match supervised(command, &env, guard, grace, signals).await {
         Ok(ended) => ended,
         Err(failure) => {
             // Nothing of the job is left: free the lock now, not at its TTL.
-            let _ = guard.release().await;
+            let _ = holding.release().await;
             return Err(failure);
         }
     };
     if let Some(reason) = lost {
-        drop(guard);
+        drop(holding);
         return Err(LockError::Lost {
             name: LockName::new(&spec.name)?,
             fence,
@@ -357,7 +458,7 @@ async fn run_locked(
         }
         .into());
     }
-    match guard.release().await? {
+    match holding.end().await? {
         ReleaseOutcome::Released => Ok(ExitCode::from(exit::of_status(status))),
         ReleaseOutcome::NotHeld => Err(Failure::Code(
             exit::LOST,

@@ -15,6 +15,7 @@ pub mod faults;
 pub mod fence_floor;
 pub mod fencing;
 pub mod hold;
+pub mod jobs;
 pub mod labels;
 pub mod loss;
 pub mod nemesis;
@@ -122,6 +123,10 @@ macro_rules! __for_each_case {
             fence_floor::fence_floor_beyond_the_counter_is_refused,
             close::close_loses_and_frees_what_it_held,
             close::closed_waiter_leaves_nothing,
+            jobs::job_at_least_holds_on_the_stores_clock,
+            jobs::crashed_job_frees_at_at_most,
+            jobs::job_fence_grows_per_run,
+            jobs::set_remaining_is_exact_and_owner_checked,
         }
     };
 }

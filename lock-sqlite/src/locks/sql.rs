@@ -48,3 +48,13 @@ pub(crate) const HOLDS: &str =
 /// The expiry of the row with this fence, if any (for releasing presence files).
 pub(crate) const EXPIRY_OF: &str =
     "SELECT boot_id, expires_at FROM distlock_leases WHERE fence = ?1";
+
+/// Sets the expiry of a lease still held by its owner and fence, in this
+/// boot, unexpired, to exactly `?1`, and unlinks its presence file: from
+/// here only that expiry (or a release, an eviction) frees it, not its
+/// holder's death. Returns the new expiry when it was held.
+pub(crate) const SET_REMAINING: &str = "
+UPDATE distlock_leases SET expires_at = ?1, presence_dev = NULL, presence_ino = NULL
+WHERE kind = ?2 AND name = ?3 AND slot = ?4 AND owner = ?5 AND fence = ?6
+  AND boot_id = ?7 AND expires_at > ?8
+RETURNING expires_at";

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::faults::{BACKEND, Faults, RenewalAction};
 use super::history::{Change, History};
 use crate::backend::wait::Wakeup;
-use crate::backend::{Kind, LockRequest};
+use crate::backend::{Kind, LockRequest, Ttl};
 use crate::clock::{Clock, Moment};
 use crate::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
@@ -144,6 +144,15 @@ impl LockBackend for TestBackend {
             self.history.renewed(lease, at);
         }
         self.reply(renewed).await
+    }
+
+    /// Meets this client's faults like a renewal (a failed or hung
+    /// renewal fails or hangs it too), then the store's.
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        let mut answer = self.renew_many(&[lease.clone().with_ttl(remaining)]).await;
+        answer
+            .pop()
+            .unwrap_or_else(|| Err(LockError::store(BACKEND, "set_remaining answered nothing")))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
