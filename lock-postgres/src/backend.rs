@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
 use lockcore::backend::{
-    CancellationToken, Cleanups, Era, Kind, LockRequest, Polling, async_trait,
+    CancellationToken, Cleanups, Era, Kind, LockRequest, Polling, Ttl, async_trait,
 };
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease, LockBackend,
@@ -182,6 +182,7 @@ impl PostgresBackend {
             .failover(facts.failover(config.failover_lock_delay))
             .notifications(true)
             .semaphores(true)
+            .sets_remaining(true)
             .fence_floor(true)
             // The fence sequence is a bigint (`NO CYCLE`): it ends there.
             .max_fence(i64::MAX.unsigned_abs())
@@ -340,6 +341,14 @@ impl LockBackend for PostgresBackend {
             return leases.iter().map(|_| Err(closed.clone())).collect();
         }
         self.inner.client.renew_many(leases).await
+    }
+
+    /// A renewal by `remaining` instead of the lease's TTL: the renewal
+    /// statement sets `expires_at` to exactly `clock_timestamp()` +
+    /// `remaining` (a slot's expiry alike), owner-, fence- and
+    /// liveness-checked in the same statement.
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        self.renew(&lease.clone().with_ttl(remaining)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

@@ -5,15 +5,7 @@
 //! its own, as the suite is: its timing cases must not share the machine
 //! with the store tests' scale cases.
 
-lock_conformance::suite!(
-    lock_conformance::StoreFactory::postgres_with_settings(
-        &[("default_transaction_isolation", "serializable")],
-        |url| async move { lock_postgres::PostgresBackend::connect(&url).await }
-    ),
-    // No set_remaining yet (the default, Unsupported): the cases of
-    // `at_least` and set_remaining skip.
-    expect_skips = [
-        job_at_least_holds_on_the_stores_clock,
-        set_remaining_is_exact_and_owner_checked,
-    ],
-);
+lock_conformance::suite!(lock_conformance::StoreFactory::postgres_with_settings(
+    &[("default_transaction_isolation", "serializable")],
+    |url| async move { lock_postgres::PostgresBackend::connect(&url).await }
+),);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
-use lockcore::backend::{CancellationToken, Kind, LockRequest, Polling, check_permits, timed};
+use lockcore::backend::{CancellationToken, Kind, LockRequest, Polling, Ttl, check_permits, timed};
 use lockcore::{
     Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken, Holder,
     Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
@@ -196,6 +196,7 @@ fn capabilities(
         // checked, see `wait/notify.rs`).
         .eviction_notice(Some(response_timeout))
         .semaphores(true)
+        .sets_remaining(true)
         .fence_floor(true)
         .max_fence(MAX_FENCE)
 }
@@ -239,6 +240,14 @@ impl LockBackend for RedisBackend {
             return leases.iter().map(|_| Err(e.clone())).collect();
         }
         self.client.renew_many(leases).await
+    }
+
+    /// A renewal by `remaining` instead of the lease's TTL: the renew
+    /// script sets the key's expiry (`PEXPIRE`), or the slot's, to exactly
+    /// `remaining` from the server's clock, owner- and fence-checked in the
+    /// same script (and, with `wait_replicas`, acknowledged by replicas).
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        self.renew(&lease.clone().with_ttl(remaining)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

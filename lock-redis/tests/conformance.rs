@@ -9,11 +9,5 @@ use lock_redis::RedisBackend;
 lock_conformance::suite!(
     lock_conformance::StoreFactory::redis(|url| async move { RedisBackend::connect(&url).await }),
     // redis-server hangs under libfaketime: its clock cannot be stepped here.
-    // No set_remaining yet (the default, Unsupported): the cases of
-    // `at_least` and set_remaining skip.
-    expect_skips = [
-        server_clock_steps_are_judged_on_the_server,
-        job_at_least_holds_on_the_stores_clock,
-        set_remaining_is_exact_and_owner_checked,
-    ],
+    expect_skips = [server_clock_steps_are_judged_on_the_server,],
 );

@@ -19,6 +19,12 @@ lock_conformance::suite!(
         dead_leader_is_replaced,
         stale_slot_holder_is_refused,
         crashed_permit_holder_frees_its_slot,
+        crashed_job_frees_at_at_most,
+        // A lock node lives as long as its session: no remaining time of
+        // its own to set (`set_remaining` is unsupported), so no
+        // `at_least` either.
+        job_at_least_holds_on_the_stores_clock,
+        set_remaining_is_exact_and_owner_checked,
         // Sessions expire on the servers' monotonic timers; no wall clock
         // of theirs is stepped here (ZooKeeper is not run under faketime).
         server_clock_steps_are_judged_on_the_server,
