@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{Clock, LockRequest, Moment};
+use lockcore::backend::LockRequest;
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
@@ -153,7 +153,7 @@ impl Client {
                 }))
             })
             .collect();
-        let sent_at = send_times(leases);
+        let sent_at = Lease::send_times(leases);
         let renewed: Result<HashSet<i64>, LockError> = async {
             if batch.0.is_empty() {
                 return Ok(HashSet::new());
@@ -356,23 +356,6 @@ impl Client {
         })
         .await
     }
-}
-
-/// The clocks now, read on each lease's clock before a batch renewal is
-/// sent (once per clock of the batch: leases of one locker share theirs).
-fn send_times(leases: &[Lease]) -> Vec<Moment> {
-    let mut last: Option<(&Arc<dyn Clock>, Moment)> = None;
-    leases
-        .iter()
-        .map(|lease| match last {
-            Some((clock, now)) if Arc::ptr_eq(clock, lease.clock()) => now,
-            _ => {
-                let now = lease.now();
-                last = Some((lease.clock(), now));
-                now
-            }
-        })
-        .collect()
 }
 
 /// Passes on the turnstile `lease` holds, if any (see `wait.rs`).

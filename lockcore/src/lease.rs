@@ -149,6 +149,25 @@ impl Lease {
         self.clock.now()
     }
 
+    /// When each renewal of `batch` is sent, for backends that renew a
+    /// batch in one request: the clocks read on each lease's own clock
+    /// before the request leaves, once per run of leases on the same clock
+    /// (the leases of one locker share theirs).
+    pub fn send_times(batch: &[Lease]) -> Vec<Moment> {
+        let mut last: Option<(&Arc<dyn Clock>, Moment)> = None;
+        batch
+            .iter()
+            .map(|lease| match last {
+                Some((clock, now)) if Arc::ptr_eq(clock, &lease.clock) => now,
+                _ => {
+                    let now = lease.now();
+                    last = Some((&lease.clock, now));
+                    now
+                }
+            })
+            .collect()
+    }
+
     /// Whether `other` is this same grant (name, owner, fence, slot),
     /// whatever its send time: what a renewal must hand back.
     pub fn same_grant(&self, other: &Lease) -> bool {
@@ -319,6 +338,42 @@ impl Holder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A clock that counts its readings, each one a second of boot time
+    /// past the last.
+    #[derive(Debug, Default)]
+    struct Counting(std::sync::atomic::AtomicU64);
+
+    impl Clock for Counting {
+        fn now(&self) -> Moment {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            Moment::from_parts(Instant::now(), Some(Duration::from_secs(n)))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_reads_each_clock_once_and_each_lease_on_its_own() {
+        let lease = |clock: &Arc<Counting>| {
+            Lease::new(
+                LockName::new("n").unwrap(),
+                OwnerToken::new(),
+                FencingToken::new(1).unwrap(),
+                Ttl::checked(Duration::from_secs(10)),
+                Moment::now(),
+            )
+            .with_clock(clock.clone())
+        };
+        let (a, b) = (Arc::new(Counting::default()), Arc::new(Counting::default()));
+        b.now(); // b is one reading ahead: its next is 2 s
+        let batch = [lease(&a), lease(&a), lease(&b), lease(&b)];
+        let boots: Vec<_> = Lease::send_times(&batch)
+            .iter()
+            .map(|m| m.boot().unwrap().as_secs())
+            .collect();
+        assert_eq!(boots, [1, 1, 2, 2]);
+        assert_eq!(a.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(b.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn deadline_counts_from_the_send_time_minus_drift() {

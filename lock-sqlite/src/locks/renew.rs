@@ -5,9 +5,8 @@
 //! the batch leaves.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use lockcore::backend::{Moment, timed};
+use lockcore::backend::timed;
 use lockcore::{Lease, LockError};
 
 use super::clock;
@@ -68,7 +67,7 @@ impl Client {
                     .map(|p| Renewing::start(p.path(l.fence().get())))
             })
             .collect();
-        let sent = sent_times(leases);
+        let sent = Lease::send_times(leases);
         let mut tx = self.begin().await?;
         let now = self.clock.now()?;
         // Fence (unique per grant) → the row renewed under it.
@@ -131,21 +130,4 @@ impl Client {
         }
         Ok(results)
     }
-}
-
-/// When each renewal is sent: read on each lease's own clock before the
-/// batch leaves (once per clock, not once per lease).
-fn sent_times(leases: &[Lease]) -> Vec<Moment> {
-    let mut last: Option<(&Lease, Moment)> = None;
-    leases
-        .iter()
-        .map(|lease| {
-            let moment = match last {
-                Some((prev, moment)) if Arc::ptr_eq(prev.clock(), lease.clock()) => moment,
-                _ => lease.now(),
-            };
-            last = Some((lease, moment));
-            moment
-        })
-        .collect()
 }
