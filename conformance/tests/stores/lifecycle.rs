@@ -1,13 +1,14 @@
-//! Start-up (timed), durability across `kill -9` + restart, the PostgreSQL
+//! Start-up (times reported, not asserted: each launcher fails loudly when
+//! its store is not ready within its own bound), durability across `kill -9` + restart, the PostgreSQL
 //! user and clock, etcd's short leases.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::*;
 
 #[test]
-fn every_store_starts_fast_and_serves() {
+fn every_store_starts_and_serves() {
     if !launcher_run(ALL) {
         return;
     }
@@ -60,10 +61,6 @@ fn every_store_starts_fast_and_serves() {
     eprintln!(
         "STARTUP redis {t_redis:.2?}, postgres {t_pg:.2?} (initdb included), etcd {t_etcd:.2?}, \
          zookeeper {t_zk:.2?}; all four in parallel {t_all:.2?}; stopping four {t_stop:.2?}"
-    );
-    assert!(
-        t_all < Duration::from_secs(10),
-        "starting all four stores took {t_all:?}"
     );
 }
 

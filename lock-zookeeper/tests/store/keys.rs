@@ -94,15 +94,12 @@ async fn odd_names_are_single_children_of_the_root() {
         &long_slash,
     ]
     .map(|n| LockName::new(n).unwrap());
-    let mut leases = Vec::new();
+    // Held through a Locker: a lease nobody renews lasts a session timeout,
+    // shorter than this test may take on a busy machine.
+    let locker = lockcore::Locker::new(a.clone()).ttl(a.session_timeout());
+    let mut guards = Vec::new();
     for name in &names {
-        leases.push(
-            a.try_acquire_for(name, a.session_timeout())
-                .await
-                .unwrap()
-                .into_lease()
-                .unwrap(),
-        );
+        guards.push(locker.try_acquire(name).await.unwrap().expect("free"));
     }
     let mut segments = children(&observer, &root).await;
     segments.sort();
@@ -133,8 +130,8 @@ async fn odd_names_are_single_children_of_the_root() {
         !outside.iter().any(|c| c == "escape" || c == "b"),
         "{outside:?}"
     );
-    for lease in &leases {
-        a.release(lease).await.unwrap();
+    for guard in guards {
+        guard.release().await.unwrap();
     }
     drop(a);
     for s in segments {

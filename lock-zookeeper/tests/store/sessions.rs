@@ -255,7 +255,9 @@ async fn held_lock_survives_a_server_crash_and_fences_keep_growing() {
         return;
     }
     let store = Arc::new(zookeeper::start(zookeeper::Options::default()).unwrap());
-    let long = |c: lock_zookeeper::ZooKeeperConfig| c.session_timeout(Duration::from_secs(15));
+    // Long enough to ride out a JVM restart on a busy machine: the client
+    // must renew on the restarted server before its own session clock ends.
+    let long = |c: lock_zookeeper::ZooKeeperConfig| c.session_timeout(Duration::from_secs(30));
     let a = connect_with(&store.endpoint(), long).await.unwrap();
     let b = connect_with(&store.endpoint(), long).await.unwrap();
     let name = unique("crash");
