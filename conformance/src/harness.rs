@@ -4,9 +4,16 @@
 //! `lock_conformance::__private`, for the macros only.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use crate::{CASES, Factory, Outcome, TakerCommand, run_case_with};
+
+/// The cases that raise the store's fence floor run alone: a raise is an
+/// operator's action on the whole store (after a restore), and a backend
+/// may send the waiters queued before it to the back of the line rather
+/// than grant them a fence under it; a case about FIFO order running
+/// beside it would see that.
+static FLOOR_RAISES: RwLock<()> = RwLock::new(());
 
 /// The body of every test `suite!` generates. `module` is the
 /// `module_path!()` of the invocation, to name the taker test.
@@ -42,6 +49,11 @@ pub fn run_test<F, Fut>(
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    let _floor = if name.starts_with("fence_floor") {
+        Err(FLOOR_RAISES.write().unwrap_or_else(|p| p.into_inner()))
+    } else {
+        Ok(FLOOR_RAISES.read().unwrap_or_else(|p| p.into_inner()))
+    };
     let taker = std::env::current_exe().ok().map(|exe| TakerCommand {
         exe,
         test: taker_test_name(module),

@@ -336,7 +336,7 @@ caught! {
     ignored_permit_counts_are_caught: IgnoresPermitCount => [permit_count_disagreement_is_refused, permits_never_exceed_n, zero_permits_are_refused];
     leaked_permit_waiters_are_caught: LeaksPermitWaiters => [cancelled_permit_wait_leaves_nothing];
     stale_inspect_is_caught: StaleInspect => [observers_see_every_change];
-    ignored_fence_floor_is_caught: IgnoresFenceFloor => [fence_floor_lifts_every_grant];
+    ignored_fence_floor_is_caught: IgnoresFenceFloor => [fence_floor_lifts_every_grant, fence_floor_lifts_a_waiter_queued_before_it];
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

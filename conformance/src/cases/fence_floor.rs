@@ -1,9 +1,11 @@
 //! The fence floor: after a restore from backup, `raise_fence_floor` lifts
 //! every fence handed out afterwards above the floor, and never lowers one.
 
+use std::time::Duration;
+
 use lockcore::{FencingToken, LockError};
 
-use crate::{CaseResult, Ctx, Outcome, ensure, skip};
+use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
 
 /// After `raise_fence_floor(f)` (from another client) with `f` a million
 /// above the current fence, the next grant of a used name, of a never-used
@@ -100,6 +102,40 @@ pub async fn fence_floor_beyond_the_counter_is_refused(cx: &Ctx) -> CaseResult {
         lease.fence().get() < max / 2,
         "a refused floor moved the next fence to {}",
         lease.fence()
+    );
+    Ok(Outcome::Passed)
+}
+
+/// A waiter already queued when the floor is raised (its place in the line
+/// taken under the old count) is granted above the floor all the same: a
+/// backend whose fence comes from the waiter's queue entry must carry the
+/// new floor to every queue with waiters.
+pub async fn fence_floor_lifts_a_waiter_queued_before_it(cx: &Ctx) -> CaseResult {
+    if !cx.caps().fence_floor {
+        skip!("the backend declares no fence floor (raise_fence_floor)");
+    }
+    let (a, w, admin) = (cx.client().await?, cx.client().await?, cx.client().await?);
+    let name = cx.name("floor-waiter");
+    let held = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
+    let locker = cx.locker(&w, cx.long_ttl());
+    let waiter = tokio::spawn({
+        let name = name.clone();
+        async move { locker.acquire(&name).await }
+    });
+    // Let the waiter take its place in the line.
+    tokio::time::sleep(cx.scaled(Duration::from_millis(300))).await;
+    ensure!(!waiter.is_finished(), "the waiter got a held lock");
+    let floor = FencingToken::new(held.fence().get() + 1_000_000).expect("above zero");
+    admin.raise_fence_floor(floor).await?;
+    a.release(&held).await?;
+    let guard = waiter
+        .await
+        .map_err(|e| Failure::new(format!("waiter task failed: {e}")))??;
+    let fence = guard.fencing_token();
+    guard.release().await?;
+    ensure!(
+        fence > floor,
+        "a waiter queued before the floor was raised to {floor} was granted fence {fence}"
     );
     Ok(Outcome::Passed)
 }

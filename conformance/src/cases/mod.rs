@@ -121,6 +121,7 @@ macro_rules! __for_each_case {
             election::dead_leader_is_replaced,
             fence_floor::fence_floor_lifts_every_grant,
             fence_floor::fence_floor_beyond_the_counter_is_refused,
+            fence_floor::fence_floor_lifts_a_waiter_queued_before_it,
             close::close_loses_and_frees_what_it_held,
             close::closed_waiter_leaves_nothing,
             jobs::job_at_least_holds_on_the_stores_clock,

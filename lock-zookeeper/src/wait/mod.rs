@@ -186,6 +186,27 @@ impl Waiter for LineWaiter<'_> {
         };
         match self.look(&mut queued).await {
             Ok(Found::First { alone }) => {
+                // A fence floor raised while we waited: our node's fence
+                // (its czxid plus the offset it was created with) may be
+                // below it. Queue again behind the raise (the place in line
+                // is lost), never grant under it.
+                let created_with = queued.entry.node.as_ref().map(|n| n.offset);
+                match queued.live.session.floor_offset().await {
+                    Ok(Some(offset)) if Some(offset) == created_with => {}
+                    Ok(_) => {
+                        tracing::debug!(%name, "the fence floor was raised while waiting; queueing again");
+                        let Queued { entry, .. } = queued;
+                        if let Err(e) = entry.remove().await {
+                            tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
+                        }
+                        self.woken.notify_one();
+                        return Ok(Attempt::Held { expires_in: None });
+                    }
+                    Err(e) => {
+                        self.queued = Some(queued);
+                        return Err(e);
+                    }
+                }
                 let Queued { live, entry, .. } = queued;
                 let lease = self.client.grant(&live, name, entry, alone)?;
                 Ok(Attempt::Acquired(lease))
