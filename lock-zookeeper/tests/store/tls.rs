@@ -297,14 +297,25 @@ async fn digest_credentials_over_tls() {
         assert!(!shown.contains(password), "password shown: {shown}");
     }
 
-    let started = Instant::now();
+    // The server closes the connection right after its auth-failure
+    // notice: now and then the close is all the client sees (a retryable
+    // error that names no cause). The refusal must come, said clearly,
+    // within a few tries.
     let mallory = config(&tls.url("mallory:guess@", "")).root(&root);
-    let err = connect(mallory).await.unwrap_err();
-    assert!(
-        started.elapsed() < session_timeout(),
-        "{:?}",
-        started.elapsed()
-    );
+    let mut tries = 0;
+    let err = loop {
+        tries += 1;
+        let started = Instant::now();
+        let err = connect(mallory.clone()).await.unwrap_err();
+        assert!(
+            started.elapsed() < session_timeout(),
+            "{:?}",
+            started.elapsed()
+        );
+        if !err.is_retryable() || tries == 3 {
+            break err;
+        }
+    };
     assert!(matches!(err, LockError::Store { .. }), "{err:?}");
     let said = err.to_string();
     assert!(said.contains("check the digest credentials"), "{said}");
