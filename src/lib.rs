@@ -9,9 +9,9 @@ pub use connect::{SCHEMES, connect};
 pub use lockcore::{
     Attempt, Backoff, Capabilities, Election, ExpiryClock, Failover, Fairness, FenceDurability,
     Fenced, FencedResource, FencedSlots, FencingToken, HoldEnd, Holder, HolderLabel, IntoLockName,
-    InvalidName, Job, JobOutcome, JobRun, Leader, Leadership, Lease, LeaseKind, LockBackend,
-    LockError, LockGuard, LockName, Locker, LossReason, MemoryBackend, Observer, OwnerToken,
-    ReleaseOutcome, Semaphore, StaleToken,
+    InvalidName, Job, JobOutcome, JobRun, LastRun, Leader, Leadership, Lease, LeaseKind,
+    LockBackend, LockError, LockGuard, LockName, Locker, LossReason, MemoryBackend, Observer,
+    OwnerToken, ReleaseOutcome, Semaphore, StaleToken,
 };
 // Administrative actions, their audit trail, and the metric names.
 pub use lockcore::{admin, audit, metrics};

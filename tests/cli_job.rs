@@ -1,7 +1,8 @@
 //! `distlock run --at-most` as a run-once job, end to end on the default
 //! lock file (SQLite): a run that ends early keeps the name taken for
 //! `--at-least` after distlock has exited, other runs are skipped with exit
-//! 75 meanwhile, every run gets a larger `DISTLOCK_FENCE`, and a run past
+//! 75 meanwhile, every run gets a larger `DISTLOCK_FENCE`, a run that
+//! succeeded skips others for `--once-per` with exit 76, and a run past
 //! `--at-most` is lost (exit 4). Bounds come from the durations each test
 //! passes, scaled by `LOCK_TEST_TIME_SCALE`.
 
@@ -77,6 +78,76 @@ fn at_least_outlives_distlock_and_skips_others_with_75() {
         ran_at - asked
     );
     assert!(fence_in(&second) > fence, "the fence must grow per run");
+}
+
+/// `run --at-most 1m --once-per WINDOW hourly -- sh -c SCRIPT`.
+fn once_args<'a>(window: &'a str, script: &'a str) -> Vec<&'a str> {
+    vec![
+        "run",
+        "--at-most",
+        "1m",
+        "--once-per",
+        window,
+        "hourly",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]
+}
+
+#[test]
+fn once_per_skips_with_76_after_a_success_not_after_a_failure() {
+    let shell = Shell::new();
+    let window = scaled(Duration::from_secs(3));
+    let window_arg = format!("{}ms", window.as_millis());
+    let failed = shell.output(&once_args(&window_arg, "exit 3"));
+    assert_eq!(failed.status.code(), Some(3), "{failed:?}");
+    let first = shell.path("first");
+    let asked = Instant::now();
+    let write_first = format!("echo $DISTLOCK_FENCE > {}", first.display());
+    let ran = shell.output(&once_args(&window_arg, &write_first));
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "a failed run was counted: {ran:?}"
+    );
+    let fence = fence_in(&first);
+    let skipped = shell.output(&once_args(&window_arg, "exit 9"));
+    let inspected = shell.output(&["inspect", "hourly"]);
+    let json = shell.output(&["inspect", "--json", "hourly"]);
+    if Instant::now() < asked + window {
+        let stderr = String::from_utf8_lossy(&skipped.stderr);
+        assert_eq!(skipped.status.code(), Some(76), "{skipped:?}");
+        assert!(
+            stderr.contains(&format!("already ran in this window (fence={fence}")),
+            "{stderr}"
+        );
+        let text = String::from_utf8_lossy(&inspected.stdout);
+        assert!(
+            text.contains(&format!("hourly: last run fence={fence}, took ")),
+            "{text}"
+        );
+        let json = String::from_utf8_lossy(&json.stdout);
+        assert!(
+            json.contains(&format!("\"last_run\":{{\"fence\":{fence},")),
+            "{json}"
+        );
+    }
+    let bound = scaled(Duration::from_secs(5));
+    let ran_at = eventually(window + bound, "a run after --once-per", || {
+        let next = shell.output(&once_args(&window_arg, "true"));
+        match next.status.code() {
+            Some(0) => Some(Instant::now()),
+            Some(76) => None,
+            other => panic!("unexpected exit {other:?}: {next:?}"),
+        }
+    });
+    assert!(
+        ran_at >= asked + window,
+        "a second run came {:?} after the first was asked for, within --once-per {window:?}",
+        ran_at - asked
+    );
 }
 
 #[test]

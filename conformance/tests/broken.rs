@@ -148,7 +148,9 @@ impl Broken {
             Flaw::RaisesTtl => asked.get().max(Duration::from_secs(120)),
             _ => asked.get(),
         };
-        Ok(match self.store.try_acquire_for(name, ttl).await? {
+        let ttl = checked(ttl);
+        let flawed = LockRequest::new(name.clone(), ttl).with_label(request.label().clone());
+        Ok(match self.store.try_acquire(&flawed).await? {
             Attempt::Acquired(lease)
                 if matches!(self.flaw, Flaw::ExpiresEarly | Flaw::RaisesTtl) =>
             {
@@ -587,6 +589,10 @@ async fn a_set_remaining_that_ignores_the_time_is_caught() {
         &[
             ("job_at_least_holds_on_the_stores_clock", "a second job ran"),
             (
+                "job_once_per_window_holds_across_nodes",
+                "just before its window ended",
+            ),
+            (
                 "set_remaining_is_exact_and_owner_checked",
                 "acquisition after a shortened lease ran out",
             ),
@@ -603,6 +609,10 @@ async fn a_set_remaining_that_releases_is_caught() {
             (
                 "job_at_least_holds_on_the_stores_clock",
                 "right after the first job ended",
+            ),
+            (
+                "job_once_per_window_holds_across_nodes",
+                "right after the first run",
             ),
             (
                 "set_remaining_is_exact_and_owner_checked",

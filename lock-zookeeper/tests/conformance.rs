@@ -24,6 +24,7 @@ lock_conformance::suite!(
         // its own to set (`set_remaining` is unsupported), so no
         // `at_least` either.
         job_at_least_holds_on_the_stores_clock,
+        job_once_per_window_holds_across_nodes,
         set_remaining_is_exact_and_owner_checked,
         // Sessions expire on the servers' monotonic timers; no wall clock
         // of theirs is stepped here (ZooKeeper is not run under faketime).

@@ -109,6 +109,11 @@ impl LockGuard {
         self.held.loss_reason()
     }
 
+    /// Time since the grant was asked for, on the locker's clocks.
+    pub(crate) fn held_for(&self) -> Duration {
+        self.held.held_for()
+    }
+
     /// Stops renewing and releases the lock on the store.
     ///
     /// Returns [`ReleaseOutcome::NotHeld`] when the store no longer held this

@@ -8,6 +8,10 @@ use crate::{
     ReleaseOutcome,
 };
 
+mod last_run;
+
+pub use last_run::LastRun;
+
 /// A run-once job: on every node the same schedule fires, one node runs it,
 /// the others skip it (they never wait). Made by [`Locker::job`].
 ///
@@ -25,6 +29,10 @@ use crate::{
 ///   so a second node, however wrong its clock, cannot run it again in the
 ///   same window. A run that fails (lost, or the process died) does not
 ///   hold the name for `at_least`.
+/// - **`once_per`** (optional): a run that completes is recorded in the
+///   store, and no other run starts until `once_per` has passed since its
+///   grant, judged by the store, even on a node that starts minutes later
+///   ([`once_per`](Self::once_per)). A run that fails is not recorded.
 /// - **The fence is the execution id**: the job gets its grant's fencing
 ///   token, larger than every earlier run's, to pass to what it writes.
 ///
@@ -69,11 +77,11 @@ pub struct Job {
     name: LockName,
     at_most: Option<Duration>,
     at_least: Duration,
+    once_per: Option<Duration>,
     renew: bool,
 }
 
-/// What [`Job::run`] did. More ways to skip may come (a run already done
-/// in this window), hence `non_exhaustive`.
+/// What [`Job::run`] did (or [`Job::begin`], with the run to drive).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum JobOutcome<T> {
@@ -85,6 +93,13 @@ pub enum JobOutcome<T> {
         /// Who held it, if the store still said so when asked right after.
         holder: Option<Holder>,
     },
+    /// A run completed within the last `once_per` (see
+    /// [`Job::once_per`]): skipped, nothing waited.
+    SkippedDone {
+        /// That run, as its record says (`None` if the record name is held
+        /// by something that is not a record).
+        last: Option<LastRun>,
+    },
 }
 
 impl Job {
@@ -94,6 +109,7 @@ impl Job {
             name,
             at_most: None,
             at_least: Duration::ZERO,
+            once_per: None,
             renew: true,
         }
     }
@@ -109,6 +125,58 @@ impl Job {
     /// early (default zero: released at once). At most `at_most`.
     pub fn at_least(mut self, at_least: Duration) -> Self {
         self.at_least = at_least;
+        self
+    }
+
+    /// Runs the job at most once per `window`: a run that completes
+    /// (its closure returned, [`JobRun::end`]) is recorded in the store,
+    /// and every run that starts less than `window` after that run's grant,
+    /// judged by the store's clock, is skipped
+    /// ([`JobOutcome::SkippedDone`]), however far apart the nodes start and
+    /// however wrong their clocks. A run that fails
+    /// ([`try_run`](Self::try_run)'s `Err`, [`JobRun::failed`]), is lost or
+    /// dies is not recorded: another node may run it in the same window.
+    ///
+    /// The window is counted from the run's grant, not aligned to the
+    /// clock: for a job scheduled every hour, a `once_per` a little under
+    /// the hour (55 minutes, say) lets the next hour's run start even if
+    /// this one started late. The record is a lock on `NAME#last-run` that
+    /// the store frees when the window ends (it lasts as the store's locks
+    /// do, across restarts where they do); [`last_run`](Self::last_run)
+    /// reads it. Needs a backend that can set a lease's remaining time
+    /// ([`Capabilities::sets_remaining`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), lockcore::LockError> {
+    /// use std::time::Duration;
+    /// use lockcore::{JobOutcome, Locker, MemoryBackend};
+    ///
+    /// let store = MemoryBackend::new();
+    /// let (node_a, node_b) = (Locker::new(store.clone()), Locker::new(store));
+    /// let hourly = |node: &Locker| -> Result<_, lockcore::LockError> {
+    ///     Ok(node
+    ///         .job("hourly-export")?
+    ///         .at_most(Duration::from_secs(600))
+    ///         .once_per(Duration::from_secs(55 * 60)))
+    /// };
+    /// let ran = hourly(&node_a)?.run(|fence| async move { fence }).await?;
+    /// let JobOutcome::Ran(fence) = ran else { unreachable!() };
+    ///
+    /// // Node B starts ten minutes late: this window's run is done.
+    /// tokio::time::sleep(Duration::from_secs(600)).await;
+    /// match hourly(&node_b)?.run(|_| async {}).await? {
+    ///     JobOutcome::SkippedDone { last: Some(last) } => assert_eq!(last.fence, fence),
+    ///     other => panic!("{other:?}"),
+    /// }
+    ///
+    /// // The next hour's schedule runs again.
+    /// tokio::time::sleep(Duration::from_secs(50 * 60)).await;
+    /// assert!(matches!(hourly(&node_b)?.run(|_| async {}).await?, JobOutcome::Ran(())));
+    /// # Ok(()) }
+    /// ```
+    pub fn once_per(mut self, window: Duration) -> Self {
+        self.once_per = Some(window);
         self
     }
 
@@ -159,7 +227,13 @@ impl Job {
                 self.name, self.at_least
             )));
         }
-        if !self.at_least.is_zero() && !capabilities.sets_remaining {
+        if self.once_per.is_some_and(|w| w.is_zero()) {
+            return Err(LockError::config(format!(
+                "job \"{}\": once_per must be positive",
+                self.name
+            )));
+        }
+        if (!self.at_least.is_zero() || self.once_per.is_some()) && !capabilities.sets_remaining {
             return Err(LockError::Unsupported {
                 backend: capabilities.backend,
                 operation: "set_remaining",
@@ -189,7 +263,76 @@ impl Job {
         F: FnOnce(FencingToken) -> Fut,
         Fut: Future<Output = T>,
     {
-        let Some(run) = self.begin().await? else {
+        let run = match self.begin().await? {
+            JobOutcome::Ran(run) => run,
+            JobOutcome::SkippedHeld { holder } => return Ok(JobOutcome::SkippedHeld { holder }),
+            JobOutcome::SkippedDone { last } => return Ok(JobOutcome::SkippedDone { last }),
+        };
+        let value = run.guard.while_held(job(run.fencing_token())).await?;
+        run.finish(true).await;
+        Ok(JobOutcome::Ran(value))
+    }
+
+    /// [`run`](Self::run) for a job that can fail: an `Err` is not recorded
+    /// as a completed run (with [`once_per`](Self::once_per), another node
+    /// may run it in the same window); the hold ends as for `Ok`.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run); the job's own error is in
+    /// `JobOutcome::Ran(Err(..))`.
+    pub async fn try_run<F, Fut, T, E>(&self, job: F) -> Result<JobOutcome<Result<T, E>>, LockError>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let run = match self.begin().await? {
+            JobOutcome::Ran(run) => run,
+            JobOutcome::SkippedHeld { holder } => return Ok(JobOutcome::SkippedHeld { holder }),
+            JobOutcome::SkippedDone { last } => return Ok(JobOutcome::SkippedDone { last }),
+        };
+        let value = run.guard.while_held(job(run.fencing_token())).await?;
+        run.finish(value.is_ok()).await;
+        Ok(JobOutcome::Ran(value))
+    }
+
+    /// The record of this job's last completed run while its
+    /// [`once_per`](Self::once_per) window lasts; `None` once it ended (or
+    /// if no run completed).
+    ///
+    /// # Errors
+    /// A store error, or a name too long for its record.
+    pub async fn last_run(&self) -> Result<Option<LastRun>, LockError> {
+        let holder = self
+            .locker
+            .inspect(last_run::record_name(&self.name)?)
+            .await?;
+        Ok(holder.as_ref().and_then(LastRun::from_holder))
+    }
+
+    /// Takes the name for one run, as [`run`](Self::run) does, for a
+    /// caller that drives the run itself (a supervised process, say):
+    /// `Ran(run)` to drive, or why it is skipped (nothing waited). End the
+    /// run with [`JobRun::end`] (or [`JobRun::failed`]).
+    ///
+    /// # Errors
+    /// Before any I/O: [`LockError::InvalidConfig`] without `at_most`, with
+    /// a zero `at_most` or `once_per`, an `at_least` longer than `at_most`,
+    /// or a name too long for its `once_per` record;
+    /// [`LockError::Unsupported`] for an `at_least` or a `once_per` on a
+    /// backend that cannot set a lease's remaining time
+    /// ([`Capabilities::sets_remaining`]); an invalid TTL or renew interval.
+    /// Then a store error.
+    pub async fn begin(&self) -> Result<JobOutcome<JobRun>, LockError> {
+        let locker = self.locker()?;
+        let record = match self.once_per {
+            Some(window) => Some(Box::new(Record {
+                name: last_run::record_name(&self.name)?,
+                window,
+                locker: self.locker.clone(),
+            })),
+            None => None,
+        };
+        let Some(guard) = locker.try_acquire(&self.name).await? else {
             let holder = self.locker.inspect(&self.name).await.unwrap_or_else(|e| {
                 tracing::debug!(name = %self.name, error = %e, "job skipped; its holder could not be read");
                 None
@@ -197,34 +340,45 @@ impl Job {
             tracing::debug!(name = %self.name, fence = ?holder.as_ref().map(|h| h.fence), "job skipped: held");
             return Ok(JobOutcome::SkippedHeld { holder });
         };
-        let value = run.guard.while_held(job(run.fencing_token())).await?;
-        match run.end().await {
-            Ok(end) => tracing::debug!(name = %self.name, ?end, "job ran"),
-            Err(e) => {
-                tracing::warn!(name = %self.name, error = %e, "job ran, but its hold could not be ended as asked; the name is freed at its lease's expiry")
+        if let Some(record) = &record {
+            // Read while holding the name: a run records itself before it
+            // lets the name go, so no completed run can be missed here.
+            let done = match self.locker.inspect(&record.name).await {
+                Ok(done) => done,
+                Err(e) => {
+                    release_unused(guard).await;
+                    return Err(e);
+                }
+            };
+            if let Some(holder) = done {
+                release_unused(guard).await;
+                let last = LastRun::from_holder(&holder);
+                tracing::debug!(name = %self.name, last = ?last.as_ref().map(|l| l.fence), "job skipped: done in this window");
+                return Ok(JobOutcome::SkippedDone { last });
             }
         }
-        Ok(JobOutcome::Ran(value))
-    }
-
-    /// Takes the name for one run, as [`run`](Self::run) does, for a
-    /// caller that drives the run itself (a supervised process, say):
-    /// `None` when it is held (skipped, nothing waited). End the run with
-    /// [`JobRun::end`].
-    ///
-    /// # Errors
-    /// Before any I/O: [`LockError::InvalidConfig`] without `at_most`, with
-    /// a zero `at_most` or an `at_least` longer than it;
-    /// [`LockError::Unsupported`] for an `at_least` on a backend that cannot
-    /// set a lease's remaining time ([`Capabilities::sets_remaining`]); an
-    /// invalid TTL or renew interval. Then a store error.
-    pub async fn begin(&self) -> Result<Option<JobRun>, LockError> {
-        let locker = self.locker()?;
-        Ok(locker.try_acquire(&self.name).await?.map(|guard| JobRun {
+        Ok(JobOutcome::Ran(JobRun {
             guard,
             at_least: self.at_least,
+            record,
         }))
     }
+}
+
+/// Lets a name go that a run took but will not use.
+async fn release_unused(guard: LockGuard) {
+    if let Err(e) = guard.release().await {
+        tracing::debug!(error = %e, "releasing an unused job hold failed; it expires at its TTL");
+    }
+}
+
+/// Where and for how long a completed run is recorded, and the locker
+/// (with its label) that records it.
+#[derive(Debug)]
+struct Record {
+    name: LockName,
+    window: Duration,
+    locker: Locker,
 }
 
 /// One run of a [`Job`], begun with [`Job::begin`]: its hold, renewed (or
@@ -234,6 +388,7 @@ impl Job {
 pub struct JobRun {
     guard: LockGuard,
     at_least: Duration,
+    record: Option<Box<Record>>,
 }
 
 impl JobRun {
@@ -247,14 +402,71 @@ impl JobRun {
         self.guard.fencing_token()
     }
 
-    /// The run is done: ends the hold, leaving the name taken until
-    /// `at_least` after the grant
+    /// The run completed: records it (with [`Job::once_per`]) and ends the
+    /// hold, leaving the name taken until `at_least` after the grant
     /// ([`LockGuard::release_no_sooner_than`]), or releasing it without
     /// `at_least`.
     ///
     /// # Errors
-    /// A store error; the name is then freed at its lease's expiry.
+    /// A store error; the name is then freed at its lease's expiry. If the
+    /// record could not be written, a warning is logged and the hold ends
+    /// all the same (another node may run the job in this window).
     pub async fn end(self) -> Result<HoldEnd, LockError> {
+        if let Some(record) = &self.record
+            && let Err(e) = self.record(record).await
+        {
+            tracing::warn!(name = %self.guard.name(), error = %e, "the run completed but could not be recorded; another node may run it in this window");
+        }
+        self.end_hold().await
+    }
+
+    /// The run ended without completing: ends the hold as
+    /// [`end`](Self::end) does, but records nothing, so with
+    /// [`Job::once_per`] another run may start in the same window.
+    ///
+    /// # Errors
+    /// A store error; the name is then freed at its lease's expiry.
+    pub async fn failed(self) -> Result<HoldEnd, LockError> {
+        self.end_hold().await
+    }
+
+    /// Ends the run as `completed` says, logging instead of failing.
+    async fn finish(self, completed: bool) {
+        let name = self.guard.name();
+        let ended = if completed {
+            self.end().await
+        } else {
+            self.failed().await
+        };
+        match ended {
+            Ok(end) => tracing::debug!(%name, ?end, completed, "job ran"),
+            Err(e) => {
+                tracing::warn!(%name, error = %e, "job ran, but its hold could not be ended as asked; the name is freed at its lease's expiry")
+            }
+        }
+    }
+
+    /// Records this completed run: its record name taken, with the run's
+    /// fence, time and node in its label, and left to the store to free
+    /// `window` after the run's grant.
+    async fn record(&self, record: &Record) -> Result<(), LockError> {
+        let took = self.guard.held_for();
+        let Some(left) = record.window.checked_sub(took).filter(|d| !d.is_zero()) else {
+            return Ok(());
+        };
+        let label = LastRun::label(self.fencing_token(), took, record.locker.get_label());
+        let recorder = record.locker.clone().auto_renew(false).label(label);
+        match recorder.try_acquire(&record.name).await? {
+            Some(kept) => kept.release_no_sooner_than(left).await.map(drop),
+            None => {
+                tracing::warn!(name = %record.name, "a run's record was already there; kept as it is");
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends the hold: kept until `at_least` after the grant, or released.
+    async fn end_hold(self) -> Result<HoldEnd, LockError> {
         if !self.at_least.is_zero() {
             return self.guard.release_no_sooner_than(self.at_least).await;
         }
@@ -291,6 +503,10 @@ mod tests {
                 job(&locker).at_most(secs(1)).at_least(secs(2)),
                 "longer than at_most",
             ),
+            (
+                job(&locker).at_most(secs(1)).once_per(Duration::ZERO),
+                "once_per must be positive",
+            ),
         ] {
             let err = bad.run(|_| async {}).await.unwrap_err();
             assert!(
@@ -322,6 +538,11 @@ mod tests {
         assert_eq!(job.check(&caps).unwrap(), Duration::from_secs(60));
         let plain = job.at_least(Duration::ZERO);
         assert!(plain.check(&Capabilities::new("elsewhere")).is_ok());
+        let once = plain.once_per(Duration::from_secs(60));
+        assert!(matches!(
+            once.check(&Capabilities::new("elsewhere")),
+            Err(LockError::Unsupported { .. })
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -348,6 +569,44 @@ mod tests {
                 "renew {renew}: {next:?}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_per_records_completed_runs_only_until_their_window_ends() {
+        let store = MemoryBackend::new();
+        let (a, b) = (Locker::new(store.clone()), Locker::new(store));
+        let window = Duration::from_secs(600);
+        let hourly = |l: &Locker| job(l).at_most(Duration::from_secs(60)).once_per(window);
+        // A failed run leaves no record: the next one runs at once.
+        let failed = hourly(&a).try_run(|_| async { Err::<(), _>("no") }).await;
+        assert!(
+            matches!(failed, Ok(JobOutcome::Ran(Err("no")))),
+            "{failed:?}"
+        );
+        assert_eq!(hourly(&b).last_run().await.unwrap(), None);
+        let ran = hourly(&a).run(|f| async move { f }).await.unwrap();
+        let JobOutcome::Ran(fence) = ran else {
+            panic!("{ran:?}")
+        };
+        let last = hourly(&b).last_run().await.unwrap().expect("recorded");
+        assert_eq!(
+            (last.fence, last.by.as_str()),
+            (fence, a.get_label().as_str())
+        );
+        assert!(
+            last.window_left
+                .is_some_and(|left| left <= window + crate::Lease::drift(window))
+        );
+        // Skipped on the other node until the window ends, not after.
+        tokio::time::sleep(window - Duration::from_secs(1)).await;
+        let skipped = hourly(&b).run(|_| async {}).await.unwrap();
+        assert!(
+            matches!(&skipped, JobOutcome::SkippedDone { last: Some(l) } if l.fence == fence),
+            "{skipped:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1) + crate::Lease::drift(window)).await;
+        let next = hourly(&b).run(|f| async move { f }).await.unwrap();
+        assert!(matches!(next, JobOutcome::Ran(f) if f > fence), "{next:?}");
     }
 
     #[tokio::test(start_paused = true)]

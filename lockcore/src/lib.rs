@@ -125,7 +125,7 @@ pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{InvalidName, LockError, LossReason};
 pub use fenced::{Fenced, FencedResource, FencedSlots, StaleToken};
 pub use guard::{HoldEnd, LockGuard};
-pub use job::{Job, JobOutcome, JobRun};
+pub use job::{Job, JobOutcome, JobRun, LastRun};
 pub use label::HolderLabel;
 pub use lease::{Holder, Lease};
 pub use locker::Locker;

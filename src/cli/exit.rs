@@ -18,7 +18,7 @@ Exit codes:
   70   run, elect: the supervisor process died; the command was killed
   75   busy: the lock is held and --no-wait was given (as `flock -E 75`);
        run --at-most: skipped, another run of the job holds it
-  76   (reserved) run --at-most: skipped, already done in this window
+  76   run --once-per: skipped, a run already completed in this window
   126  the command cannot be executed; 127: not found
   N    run, elect: the command's own exit code; 128+S if it died of signal S
   128+S  stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT (S) while connecting,
@@ -33,6 +33,8 @@ pub(crate) const UNAVAILABLE: u8 = 69;
 /// Internal: `run`'s supervisor process died (or could not start).
 pub(crate) const SUPERVISOR: u8 = 70;
 pub(crate) const BUSY: u8 = 75;
+/// `run --once-per`: a run already completed in this window.
+pub(crate) const DONE: u8 = 76;
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 pub(crate) const NOT_FOUND: u8 = 127;
 

@@ -1,11 +1,12 @@
-//! `distlock inspect`: who holds a lock or a semaphore's permits, as text
-//! or as one JSON object a script can read.
+//! `distlock inspect`: who holds a lock or a semaphore's permits (and a
+//! run-once job's last completed run, while its window lasts), as text or
+//! as one JSON object a script can read.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use distlock::backend::Kind;
-use distlock::{Holder, LockName, Locker};
+use distlock::{Holder, LastRun, LockName, Locker};
 
 use super::exit::Failure;
 
@@ -21,8 +22,17 @@ pub(super) async fn inspect(
     } else {
         locker.inspect(&name).await?.into_iter().collect()
     };
+    let last = if permits {
+        None
+    } else {
+        // A name too long to have a record has none.
+        match locker.job(&name)?.last_run().await {
+            Err(distlock::LockError::InvalidConfig { .. }) => None,
+            read => read?,
+        }
+    };
     if json {
-        println!("{}", to_json(&name, permits, &holders));
+        println!("{}", to_json(&name, permits, &holders, last.as_ref()));
     } else if holders.is_empty() {
         println!("{name}: free");
     } else {
@@ -41,16 +51,36 @@ pub(super) async fn inspect(
             );
         }
     }
+    if let (Some(last), false) = (&last, json) {
+        println!("{name}: last run {}", describe_run(last));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A job's last completed run in words: `fence=12, took 3s 400ms, by
+/// host:42, window ends in 54m`.
+pub(super) fn describe_run(last: &LastRun) -> String {
+    format!(
+        "fence={}, took {}, by {}{}",
+        last.fence,
+        humantime::format_duration(round_ms(last.took)),
+        last.by,
+        last.window_left.map_or(String::new(), |d| format!(
+            ", window ends in {}",
+            humantime::format_duration(round_ms(d))
+        ))
+    )
 }
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis().try_into().unwrap_or(u64::MAX))
 }
 
-/// `{"name":..,"held":..,"fence":..,"owner":..,"label":..,"expires_in_ms":..}`,
-/// or for a semaphore `{"name":..,"permits":[{"slot":..,...}]}`.
-fn to_json(name: &LockName, permits: bool, holders: &[Holder]) -> String {
+/// `{"name":..,"held":..,"fence":..,"owner":..,"label":..,"expires_in_ms":..}`
+/// (with `"last_run":{"fence":..,"took_ms":..,"by":..,"window_left_ms":..}`
+/// while a job's record lasts), or for a semaphore
+/// `{"name":..,"permits":[{"slot":..,...}]}`.
+fn to_json(name: &LockName, permits: bool, holders: &[Holder], last: Option<&LastRun>) -> String {
     let holder = |h: &Holder| {
         let mut fields = Vec::new();
         if let Some(slot) = h.slot {
@@ -86,13 +116,26 @@ fn to_json(name: &LockName, permits: bool, holders: &[Holder]) -> String {
             list.join(",")
         )
     } else {
+        let last = last.map_or(String::new(), |l| {
+            format!(
+                ",\"last_run\":{{\"fence\":{},\"took_ms\":{},\"by\":{},\"window_left_ms\":{}}}",
+                l.fence,
+                l.took.as_millis(),
+                json_string(&l.by),
+                l.window_left
+                    .map_or("null".into(), |d| d.as_millis().to_string())
+            )
+        });
         match holders.first() {
             Some(h) => format!(
-                "{{\"name\":{},\"held\":true,{}}}",
+                "{{\"name\":{},\"held\":true,{}{last}}}",
                 json_string(name.as_str()),
                 holder(h)
             ),
-            None => format!("{{\"name\":{},\"held\":false}}", json_string(name.as_str())),
+            None => format!(
+                "{{\"name\":{},\"held\":false{last}}}",
+                json_string(name.as_str())
+            ),
         }
     }
 }
@@ -124,7 +167,7 @@ mod tests {
         assert_eq!(json_string("a\"b\\c\u{1}"), "\"a\\\"b\\\\c\\u0001\"");
         let name = LockName::new("n").unwrap();
         assert_eq!(
-            to_json(&name, false, &[]),
+            to_json(&name, false, &[], None),
             "{\"name\":\"n\",\"held\":false}"
         );
         let h = Holder::new(
@@ -133,7 +176,7 @@ mod tests {
             Some(Duration::from_millis(1500)),
         );
         assert_eq!(
-            to_json(&name, false, &[h]),
+            to_json(&name, false, &[h], None),
             "{\"name\":\"n\",\"held\":true,\"fence\":7,\"owner\":null,\"label\":null,\"expires_in_ms\":1500}"
         );
     }

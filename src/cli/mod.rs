@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use distlock::{
-    FencingToken, HolderLabel, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
+    FencingToken, HolderLabel, JobOutcome, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
 };
 
 use exit::Failure;
@@ -112,6 +112,13 @@ struct Once {
     /// then holds NAME for --at-most).
     #[arg(long, requires = "at_most")]
     no_renew: bool,
+    /// With --at-most: once the command exits 0, record the run in the store
+    /// (as the lock NAME#last-run) and skip every run (exit 76) that starts
+    /// less than this long after its grant, judged by the store's clock. A
+    /// failed run is not recorded. For an hourly job, a little under the hour.
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration,
+          requires = "at_most")]
+    once_per: Option<Duration>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -373,15 +380,23 @@ impl Holding {
         }
     }
 
-    /// The command ran: frees the name, or for a job leaves it taken until
-    /// its --at-least. `NotHeld` if the store no longer held it.
-    async fn end(self) -> Result<ReleaseOutcome, LockError> {
+    /// The command ran (and `succeeded`, or not): frees the name, or for a
+    /// job records a run that succeeded (--once-per) and leaves the name
+    /// taken until its --at-least. `NotHeld` if the store no longer held it.
+    async fn end(self, succeeded: bool) -> Result<ReleaseOutcome, LockError> {
         match self {
             Holding::Lock(guard) => guard.release().await,
-            Holding::Job(run) => Ok(match run.end().await? {
-                distlock::HoldEnd::NotHeld => ReleaseOutcome::NotHeld,
-                _ => ReleaseOutcome::Released,
-            }),
+            Holding::Job(run) => {
+                let end = if succeeded {
+                    run.end().await?
+                } else {
+                    run.failed().await?
+                };
+                Ok(match end {
+                    distlock::HoldEnd::NotHeld => ReleaseOutcome::NotHeld,
+                    _ => ReleaseOutcome::Released,
+                })
+            }
         }
     }
 }
@@ -397,23 +412,35 @@ async fn hold_for_run(
     let Some(at_most) = once.at_most else {
         return Ok(Holding::Lock(take(locker, spec, signals).await?));
     };
-    let job = label(locker.clone(), spec.label.clone())?
+    let mut job = label(locker.clone(), spec.label.clone())?
         .job(&spec.name)?
         .at_most(at_most)
         .at_least(once.at_least.unwrap_or_default())
         .renew(!once.no_renew);
+    if let Some(window) = once.once_per {
+        job = job.once_per(window);
+    }
     match until(signals, async { Ok(job.begin().await?) }).await? {
-        Some(run) => Ok(Holding::Job(run)),
-        None => {
-            let holder = match locker.inspect(&spec.name).await {
-                Ok(Some(h)) => format!(" (fence {})", h.fence),
-                _ => String::new(),
-            };
+        JobOutcome::Ran(run) => Ok(Holding::Job(run)),
+        JobOutcome::SkippedHeld { holder } => {
+            let holder = holder.map_or(String::new(), |h| format!(" (fence {})", h.fence));
             Err(Failure::Code(
                 exit::BUSY,
                 format!("{} is held{holder}: skipped", spec.name),
             ))
         }
+        JobOutcome::SkippedDone { last } => Err(Failure::Code(
+            exit::DONE,
+            format!(
+                "{} already ran in this window{}: skipped",
+                spec.name,
+                last.map_or(String::new(), |l| format!(
+                    " ({})",
+                    inspect::describe_run(&l)
+                ))
+            ),
+        )),
+        _ => Err(Failure::Code(exit::BUSY, format!("{}: skipped", spec.name))),
     }
 }
 
@@ -458,7 +485,7 @@ async fn run_locked(
         }
         .into());
     }
-    match holding.end().await? {
+    match holding.end(status.success()).await? {
         ReleaseOutcome::Released => Ok(ExitCode::from(exit::of_status(status))),
         ReleaseOutcome::NotHeld => Err(Failure::Code(
             exit::LOST,

@@ -1,7 +1,8 @@
 //! Run-once jobs (`Locker::job`) and what they stand on,
 //! `LockBackend::set_remaining`: `at_least` keeps the name taken after a
 //! job that ended early, judged by the store (a client whose clock runs
-//! ahead changes nothing); a crashed job frees the name at `at_most`; each
+//! ahead changes nothing); `once_per` skips a run in a completed run's
+//! window, on the same clock; a crashed job frees the name at `at_most`; each
 //! run gets a larger fence; the remaining time is set exactly and only by
 //! its owner.
 
@@ -36,13 +37,18 @@ impl Clock for AnHourAhead {
 }
 
 /// One run of `name` on `locker` (at most `at_most`, not kept after it
-/// ends) that returns its fence: `Some(fence)` if it ran, `None` if skipped.
+/// ends, at most once per `once_per` if given) that returns its fence:
+/// `Some(fence)` if it ran, `None` if skipped.
 async fn run_once(
     locker: &Locker,
     name: &LockName,
     at_most: Duration,
+    once_per: Option<Duration>,
 ) -> Result<Option<FencingToken>, Failure> {
-    let job = locker.job(name)?.at_most(at_most);
+    let mut job = locker.job(name)?.at_most(at_most);
+    if let Some(window) = once_per {
+        job = job.once_per(window);
+    }
     match job.run(|fence| async move { fence }).await? {
         JobOutcome::Ran(fence) => Ok(Some(fence)),
         _ => Ok(None),
@@ -107,18 +113,25 @@ pub async fn job_at_least_holds_on_the_stores_clock(cx: &Ctx) -> CaseResult {
             _ => return Err(Failure::new("an unknown job outcome".to_owned())),
         }
     }
-    let bound = at_least
-        + Lease::drift(at_least)
-        + cx.caps().ttl_granularity
-        + cx.caps().slack_for(at_least)
-        + cx.round_trip();
     let next = Next {
         not_before: asked + at_least,
-        by: returned + bound,
+        by: returned + kept_bound(cx, at_least),
         after: fence,
         what: "the first job's at_least",
+        once_per: None,
     };
     next.runs(cx, &skewed, &name).await
+}
+
+/// How long after the call returned a name kept for `kept` with
+/// `set_remaining` is free at the latest: `kept`, the drift margin added to
+/// it, the TTL granularity it is rounded up to, the store's slack, a round
+/// trip.
+fn kept_bound(cx: &Ctx, kept: Duration) -> Duration {
+    kept + Lease::drift(kept)
+        + cx.caps().ttl_granularity
+        + cx.caps().slack_for(kept)
+        + cx.round_trip()
 }
 
 /// A run of the name that must come after an earlier run ended: not
@@ -128,6 +141,8 @@ struct Next {
     by: Instant,
     after: FencingToken,
     what: &'static str,
+    /// The job's `once_per`, if it has one.
+    once_per: Option<Duration>,
 }
 
 impl Next {
@@ -138,7 +153,7 @@ impl Next {
         let within = self.by.saturating_duration_since(Instant::now());
         let next = cx
             .eventually(within, &what, || async {
-                run_once(locker, name, cx.long_ttl()).await
+                run_once(locker, name, cx.long_ttl(), self.once_per).await
             })
             .await?;
         let ran_at = Instant::now();
@@ -188,7 +203,9 @@ pub async fn crashed_job_frees_at_at_most(cx: &Ctx) -> CaseResult {
     tokio::time::sleep_until(asked + at_most / 2).await;
     if Instant::now() + cx.round_trip() < asked + at_most {
         ensure!(
-            run_once(&other, &name, cx.long_ttl()).await?.is_none(),
+            run_once(&other, &name, cx.long_ttl(), None)
+                .await?
+                .is_none(),
             "a second job ran while the crashed one's lease of at_most {at_most:?} held"
         );
     }
@@ -197,8 +214,81 @@ pub async fn crashed_job_frees_at_at_most(cx: &Ctx) -> CaseResult {
         by: asked + cx.freed_within(at_most) + cx.caps().ttl_granularity,
         after: fence,
         what: "the crashed job's at_most",
+        once_per: None,
     };
     next.runs(cx, &other, &name).await
+}
+
+/// With `once_per`, a run that completed is recorded, on the store's
+/// clock: a run on another client (whose clock runs an hour ahead) that
+/// starts right after it, or just before its window ends, is skipped as
+/// done (its record naming the completed run's fence), never runs before
+/// the window has passed since the completed run asked for its grant, and
+/// runs within the TTL bound of the window after the first returned. The
+/// first client is closed once its run returned, so only the store can
+/// keep the record that long. A run that fails is not recorded: the
+/// completed run starts right after one.
+pub async fn job_once_per_window_holds_across_nodes(cx: &Ctx) -> CaseResult {
+    if let Some(why) = why_skip(cx) {
+        skip!("{why}");
+    }
+    let (a, b) = (cx.client().await?, cx.client().await?);
+    let name = cx.name("once-per");
+    let ttl = cx.short_ttl();
+    let window = ttl * 2 + cx.caps().slack_for(ttl) + cx.round_trip();
+    let at_most = cx.long_ttl();
+    let first = cx.locker(&a, ttl);
+    let skewed = cx.locker(&b, cx.long_ttl()).clock(Arc::new(AnHourAhead));
+    let failed = skewed
+        .job(&name)?
+        .at_most(at_most)
+        .once_per(window)
+        .try_run(|_| async { Err::<(), _>("failed") })
+        .await?;
+    ensure!(
+        matches!(failed, JobOutcome::Ran(Err("failed"))),
+        "a job of free name {name} did not run: {failed:?}"
+    );
+    let asked = Instant::now();
+    let ran = first
+        .job(&name)?
+        .at_most(at_most)
+        .once_per(window)
+        .run(|fence| async move { fence })
+        .await?;
+    let returned = Instant::now();
+    let JobOutcome::Ran(fence) = ran else {
+        return Err(Failure::new(format!(
+            "a run right after a failed one was skipped ({ran:?}): a failed run must not count as done"
+        )));
+    };
+    first.close().await?;
+    for when in ["right after the first run", "just before its window ended"] {
+        if when.starts_with("just") {
+            tokio::time::sleep_until(asked + window - cx.round_trip()).await;
+        }
+        let job = skewed.job(&name)?.at_most(at_most).once_per(window);
+        match job.run(|f| async move { f }).await? {
+            JobOutcome::SkippedDone { last } => ensure!(
+                last.as_ref().is_some_and(|l| l.fence == fence),
+                "skipped {when} as done, but the record named {last:?}, not the run with fence {fence}"
+            ),
+            other => {
+                return Err(Failure::new(format!(
+                    "{when}, {:?} after the first run asked and within its window of {window:?}, another run was not skipped as done: {other:?}",
+                    asked.elapsed()
+                )));
+            }
+        }
+    }
+    let next = Next {
+        not_before: asked + window,
+        by: returned + kept_bound(cx, window),
+        after: fence,
+        what: "the first run's window",
+        once_per: Some(window),
+    };
+    next.runs(cx, &skewed, &name).await
 }
 
 /// Each run of a job, on whichever client, gets a fence larger than every

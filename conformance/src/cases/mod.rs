@@ -126,6 +126,7 @@ macro_rules! __for_each_case {
             close::closed_waiter_leaves_nothing,
             jobs::job_at_least_holds_on_the_stores_clock,
             jobs::crashed_job_frees_at_at_most,
+            jobs::job_once_per_window_holds_across_nodes,
             jobs::job_fence_grows_per_run,
             jobs::set_remaining_is_exact_and_owner_checked,
         }
