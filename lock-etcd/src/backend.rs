@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use etcd_client::{Client, Compare, TxnOp, TxnResponse};
 use lockcore::backend::wait::{WaitPolicy, Wakeup};
-use lockcore::backend::{Kind, LockRequest, Polling, async_trait};
+use lockcore::backend::{Kind, LockRequest, Polling, Ttl, async_trait};
 use lockcore::{
     Attempt, Capabilities, Fenced, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     ReleaseOutcome,
@@ -215,6 +215,14 @@ impl LockBackend for EtcdBackend {
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.inner.open()?;
         self.inner.release(lease).await
+    }
+
+    /// Moves the grant's key off its session onto an etcd lease of its own
+    /// of `remaining`, rounded up to whole seconds (see `locks::remaining`):
+    /// closing this client no longer frees it.
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        self.inner.open()?;
+        self.inner.set_remaining(lease, remaining).await
     }
 
     async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {

@@ -29,6 +29,7 @@
 
 pub(crate) mod record;
 
+use etcd_client::{Compare, CompareOp};
 use lockcore::LockName;
 
 #[derive(Debug, Clone)]
@@ -168,6 +169,16 @@ pub(crate) fn range_end(prefix: &[u8]) -> Vec<u8> {
         }
     }
     vec![0] // every key
+}
+
+/// The compares that hold only while `key` is still the entry created at
+/// `revision` with `value`: a restore from a backup repeats revisions, so
+/// the value (owner token, offset, label: one grant's) is compared too.
+pub(crate) fn unchanged(key: &[u8], revision: i64, value: &[u8]) -> [Compare; 2] {
+    [
+        Compare::create_revision(key.to_vec(), CompareOp::Equal, revision),
+        Compare::value(key.to_vec(), CompareOp::Equal, value.to_vec()),
+    ]
 }
 
 /// 16 hex digits (two's complement bits: injective for every i64).

@@ -2,9 +2,11 @@
 //! force release of a lock's queue entries. A lock is a queue of keys under
 //! `<prefix><name>/`; the key with the smallest create revision holds it
 //! (see `keys`). Waiting in line is the `wait` role's; renewal, shared with
-//! permits, is [`renew`]'s.
+//! permits, is [`renew`]'s, and moving a grant onto a lease of its own for
+//! a set remaining time, [`remaining`]'s.
 
 pub(crate) mod grant;
+mod remaining;
 mod renew;
 
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use lockcore::{
 use crate::connection::client::Inner;
 use crate::error::{BACKEND, timed};
 use crate::keys::record::Record;
-use crate::keys::{Keys, range_end};
+use crate::keys::{Keys, range_end, unchanged};
 use grant::Grant;
 
 impl Inner {
@@ -96,12 +98,9 @@ impl Inner {
     }
 
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let Some(grant) = lease.extension::<Grant>() else {
+        let Some(grant) = Grant::of(lease) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
-        if Record::decode(&grant.value).map(|r| r.owner) != Some(lease.owner()) {
-            return Ok(ReleaseOutcome::NotHeld);
-        }
         let deleted = self
             .delete_entry(&grant.key, grant.revision, &grant.value)
             .await?;
@@ -123,10 +122,7 @@ impl Inner {
         value: &[u8],
     ) -> Result<bool, LockError> {
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.to_vec(), CompareOp::Equal, revision),
-                Compare::value(key.to_vec(), CompareOp::Equal, value.to_vec()),
-            ])
+            .when(unchanged(key, revision, value))
             .and_then([TxnOp::delete(key.to_vec(), None)]);
         Ok(self.txn("release", txn).await?.succeeded())
     }
@@ -182,7 +178,9 @@ impl Inner {
 
     /// Deletes the head if it is still the head read (same create revision),
     /// and, for an entry of a session client, leaves a notice under its
-    /// session in the same transaction; retries if the head changed.
+    /// session in the same transaction (under the lease of its own an entry
+    /// `set_remaining` moved it to, the notice is read by nobody and goes
+    /// with that lease); retries if the head changed.
     /// Waiters keep their place, and every later grant's fence is larger.
     pub(crate) async fn evict(
         &self,

@@ -8,12 +8,5 @@ lock_conformance::suite!(
     lock_conformance::StoreFactory::etcd(|url| async move { EtcdBackend::connect(&url).await }),
     // etcd expires leases on its leader's monotonic lease timer, which no
     // wall-clock step moves (and libfaketime cannot step a Go binary's clock).
-    // No set_remaining yet (the default, Unsupported): the cases of
-    // `at_least` and set_remaining skip.
-    expect_skips = [
-        server_clock_steps_are_judged_on_the_server,
-        job_at_least_holds_on_the_stores_clock,
-        job_once_per_window_holds_across_nodes,
-        set_remaining_is_exact_and_owner_checked,
-    ],
+    expect_skips = [server_clock_steps_are_judged_on_the_server],
 );

@@ -29,7 +29,12 @@
 //! the way of every retired session, and is revoked, keys and all, once
 //! none of the client's own keys is left on it. Since restored revisions
 //! repeat, a key is moved or deleted only if both its create revision and
-//! its value (owner token, offset, label: one grant's) are the book's.
+//! its value (owner token, offset, label: one grant's) are the book's; and
+//! moved only off the session it is on.
+//!
+//! A grant whose remaining time is set (`set_remaining`, see
+//! `locks::remaining`) leaves its session for a lease of its own: from
+//! then on etcd alone expires it, and the book forgets it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -51,9 +56,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// How long a session nothing is attached to is kept for the next lock.
 const IDLE: Duration = Duration::from_secs(5);
 /// Entries moved off a retired session per transaction: each is a nested
-/// transaction of two compares, which etcd counts against what the
+/// transaction of three compares, which etcd counts against what the
 /// parent's branch of one operation per entry leaves.
-const MOVE_BATCH: usize = MAX_TXN_OPS - 2;
+const MOVE_BATCH: usize = MAX_TXN_OPS - 3;
 
 /// How far a session may be from its last refresh and still take a new
 /// entry without one: a new grant then gets at least 3/4 of its TTL.
@@ -108,6 +113,24 @@ pub(crate) enum Kind {
     /// To be deleted (a cancelled wait whose cleanup failed): alive as long
     /// as it is paid for at most.
     Doomed { paid: Paid },
+    /// A grant `set_remaining` is moving onto a lease of its own: neither
+    /// deleted nor renewed nor forgotten here until the move's outcome is
+    /// known (its session is kept meanwhile); held as `paid` again if the
+    /// move failed.
+    Leaving { paid: Paid },
+}
+
+/// What the book says of a grant `set_remaining` is about to move off its
+/// session ([`Sessions::leave`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    /// Held by this client: marked leaving.
+    Marked,
+    /// Not in the book (a grant of another client, or one already on a
+    /// lease of its own): etcd alone decides.
+    Unbooked,
+    /// No longer held here: its time ran out (the keeper deletes it).
+    Over,
 }
 
 /// How long a key is paid for: a TTL from a proof that its session was
@@ -352,13 +375,63 @@ impl Sessions {
     }
 
     /// The key of the grant created at `revision` is gone (released,
-    /// evicted, found missing): forget it. Returns what the book had.
+    /// evicted, found missing): forget it. Returns what the book had. A
+    /// grant on its way to a lease of its own is left to its move (a
+    /// renewal that raced it did not find it on its session).
     pub(crate) fn forget(&self, key: &[u8], revision: i64) -> Option<Entry> {
         let mut book = self.book();
         if book
             .entries
             .get(key)
-            .is_some_and(|e| e.revision == revision)
+            .is_some_and(|e| e.revision == revision && !matches!(e.kind, Kind::Leaving { .. }))
+        {
+            remove(&mut book, key)
+        } else {
+            None
+        }
+    }
+
+    /// `set_remaining` is about to move the grant created at `revision`
+    /// onto a lease of its own: while it does, the keeper must not delete
+    /// the key when its time here runs out, nor may a renewal keep it. A
+    /// grant whose time ran out is not held, even before the keeper's next
+    /// look deletes it.
+    pub(crate) fn leave(&self, key: &[u8], revision: i64) -> Leaving {
+        let now = self.clock.now();
+        let mut book = self.book();
+        let Some(entry) = book.entries.get_mut(key).filter(|e| e.revision == revision) else {
+            return Leaving::Unbooked;
+        };
+        match entry.kind {
+            Kind::Held { paid } if !paid.over(now) => {
+                entry.kind = Kind::Leaving { paid };
+                Leaving::Marked
+            }
+            _ => Leaving::Over,
+        }
+    }
+
+    /// The move [`leave`](Self::leave) announced failed (or may have): the
+    /// grant is held here again, paid as before, so it expires on its own
+    /// TTL.
+    pub(crate) fn stay(&self, key: &[u8], revision: i64) {
+        let mut book = self.book();
+        if let Some(entry) = book.entries.get_mut(key).filter(|e| e.revision == revision)
+            && let Kind::Leaving { paid } = entry.kind
+        {
+            entry.kind = Kind::Held { paid };
+        }
+    }
+
+    /// The move [`leave`](Self::leave) announced is over (the key is on a
+    /// lease of its own, or gone): the book lets go of it. Returns what the
+    /// book had.
+    pub(crate) fn left(&self, key: &[u8], revision: i64) -> Option<Entry> {
+        let mut book = self.book();
+        if book
+            .entries
+            .get(key)
+            .is_some_and(|e| e.revision == revision && matches!(e.kind, Kind::Leaving { .. }))
         {
             remove(&mut book, key)
         } else {

@@ -21,6 +21,18 @@ pub(crate) struct Grant {
     pub(crate) value: Arc<[u8]>,
 }
 
+impl Grant {
+    /// The grant `lease` carries, if the lease's owner and fence are the
+    /// grant's own: a lease rebuilt with another owner or fence is no grant
+    /// of this backend's, and acts on nothing.
+    pub(crate) fn of(lease: &Lease) -> Option<&Grant> {
+        let grant = lease.extension::<Grant>()?;
+        let record = Record::decode(&grant.value)?;
+        let fence = Record::fence(record.offset, grant.revision).ok()?;
+        (record.owner == lease.owner() && fence == lease.fence()).then_some(grant)
+    }
+}
+
 impl Inner {
     /// A grant this client just wrote on `session`: recorded as held (its
     /// session's keeper keeps it, and its loss reaches the lease), then the

@@ -14,7 +14,6 @@ use crate::connection::MAX_TXN_OPS;
 use crate::connection::client::Inner;
 use crate::connection::session::{Attached, Entry, Kind, Status, Use};
 use crate::error::timed;
-use crate::keys::record::Record;
 use crate::locks::grant::Grant;
 
 /// Keys checked per transaction of gets (the fence floor's read is one
@@ -67,10 +66,9 @@ impl Inner {
 
     /// The book's entry of a grant this client holds.
     fn held(&self, lease: &Lease) -> Option<Entry> {
-        let grant = lease.extension::<Grant>()?;
+        let grant = Grant::of(lease)?;
         let entry = self.sessions.entry(&grant.key, grant.revision)?;
-        let owner = Record::decode(&grant.value).map(|r| r.owner);
-        (owner == Some(lease.owner()) && matches!(entry.kind, Kind::Held { .. })).then_some(entry)
+        matches!(entry.kind, Kind::Held { .. }).then_some(entry)
     }
 
     async fn renew_on(&self, session: i64, leases: &[&Lease]) -> Vec<Result<Lease, LockError>> {
@@ -80,7 +78,7 @@ impl Inner {
             .collect();
         let outcome = match self.sessions.status(session) {
             Some((Status::Live, _)) => self.refresh_and_check(session, &grants).await,
-            Some((Status::Retired, ttl)) => self.move_on(ttl, &grants).await,
+            Some((Status::Retired, ttl)) => self.move_on(session, ttl, &grants).await,
             _ => Ok(None),
         };
         match outcome {
@@ -185,11 +183,12 @@ impl Inner {
             .collect())
     }
 
-    /// Renewal of grants on a retired session: they move to a fresh one
-    /// (each key keeps its create revision), which counts from its last
+    /// Renewal of grants on retired session `from`: they move to a fresh
+    /// one (each key keeps its create revision), which counts from its last
     /// refresh.
     async fn move_on(
         &self,
+        from: i64,
         ttl: Duration,
         grants: &[&Grant],
     ) -> Result<Option<Checked>, LockError> {
@@ -203,7 +202,10 @@ impl Inner {
                 value: g.value.clone(),
             })
             .collect();
-        let moved = self.sessions.move_to(target.session.id, &keys).await?;
+        let moved = self
+            .sessions
+            .move_to(from, target.session.id, &keys)
+            .await?;
         let on = target.session.id;
         Ok(Some(Checked {
             sent: refreshed,

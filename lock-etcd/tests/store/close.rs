@@ -1,6 +1,7 @@
 //! Closing a client, and dropping one: nothing it granted reads held
 //! afterwards, nothing it wrote blocks anyone (etcd's own view: the queue's
-//! entries, the leases left), and its connection is gone.
+//! entries, the leases left), and its connection is gone. Except a grant
+//! whose remaining time it set: etcd keeps that one for exactly that long.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -239,5 +240,81 @@ async fn a_dropped_backend_loses_its_grants_and_closes_its_connection() {
         || async { other.try_acquire_for(&lock, ttl).await.ok()?.into_lease() },
     )
     .await;
+    other.release(&next).await.unwrap();
+}
+
+/// A grant whose remaining time was set (`set_remaining`, what a job's
+/// `at_least` is made of) is on an etcd lease of its own, of that time in
+/// whole seconds: closing its client (which revokes the client's sessions)
+/// leaves it taken, and it is freed no sooner than the time set after the
+/// call was sent and within the declared TTL bound of it (granularity,
+/// slack, a round trip) after the call returned. A waiter in line is woken
+/// by its expiry (re-checks alone would come too late), and gets a larger
+/// fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_remaining_time_was_set_outlives_its_closed_client() {
+    let url = etcd::shared().endpoint();
+    let (client, other) = (connect(&url).await, connect(&url).await);
+    let mut raw = raw(&url).await;
+    let lock = name("kept");
+    let lease = acquire(&client, &lock, TTL).await;
+    let key = lock_etcd::testing::key_of(&lease).unwrap();
+    let session = etcd_lease_of(&mut raw, &key).await;
+    let caps = client.capabilities();
+    let remaining = caps
+        .effective_ttl(scaled(Duration::from_secs(3)).max(caps.min_ttl))
+        .unwrap();
+    let sent = Instant::now();
+    let kept = client.set_remaining(&lease, remaining).await.unwrap();
+    let returned = Instant::now();
+    assert!(kept.same_grant(&lease) && kept.ttl() == remaining);
+    let own = etcd_lease_of(&mut raw, &key).await;
+    assert_ne!(own, session, "the key is still on its session");
+    let granted = raw
+        .lease_time_to_live(own, None)
+        .await
+        .unwrap()
+        .granted_ttl();
+    assert_eq!(
+        granted,
+        remaining.as_secs_ceil() as i64,
+        "the key's own lease is not of the time set"
+    );
+    client.close().await.expect("close");
+    let taken = other.try_acquire_for(&lock, TTL).await.unwrap();
+    assert!(
+        matches!(taken, Attempt::Held { .. }),
+        "free once its client closed: {taken:?}"
+    );
+    let holder = other.inspect(&lock).await.unwrap().expect("a holder");
+    assert_eq!(holder.fence, lease.fence());
+    assert!(
+        holder
+            .expires_in
+            .is_some_and(|left| left <= remaining.get() + caps.ttl_granularity)
+    );
+    let bound = remaining.get()
+        + caps.ttl_granularity
+        + caps.slack_for(remaining.get())
+        + round_trip(&other).await;
+    // Longer than the bound: only the expiry's delete wakes it in time.
+    let wait = WaitPolicy::new(returned + bound).recheck(bound * 2);
+    let next = other
+        .acquire_for(&lock, TTL, &wait)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("not free within {bound:?} of the call's return"));
+    let freed = Instant::now();
+    assert!(
+        freed >= sent + remaining.get(),
+        "freed {:?} after the call was sent, before the {remaining} set",
+        freed - sent
+    );
+    assert!(next.fence() > lease.fence());
+    eprintln!(
+        "a grant set to {remaining} was freed {:?} after the call was sent (etcd's minimum TTL: {:?})",
+        freed - sent,
+        caps.min_ttl
+    );
     other.release(&next).await.unwrap();
 }

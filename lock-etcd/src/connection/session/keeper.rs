@@ -6,12 +6,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Txn, TxnOp};
 use lockcore::LockError;
 use lockcore::backend::Moment;
 
 use super::{Attached, Book, IDLE, Kind, Paid, Session, Sessions, Status, TICK, free_number};
 use crate::error::{BACKEND, timed};
+use crate::keys::unchanged;
 
 /// What the keeper does in one tick, decided under the book's lock.
 #[derive(Default)]
@@ -190,7 +191,7 @@ impl Sessions {
                 .map(|(_, ttl)| ttl)
                 .ok_or_else(|| LockError::unavailable(BACKEND, "session gone"))?;
             let target = self.for_entry(ttl).await?;
-            let moved = self.move_to(target.session.id, &keys).await?;
+            let moved = self.move_to(from, target.session.id, &keys).await?;
             let mut book = self.book();
             for key in &moved {
                 if let Some(entry) = book.entries.get_mut(key) {
@@ -227,10 +228,7 @@ impl Sessions {
             value,
         } = entry;
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, revision),
-                Compare::value(key.clone(), CompareOp::Equal, value.to_vec()),
-            ])
+            .when(unchanged(&key, revision, &value))
             .and_then([TxnOp::delete(key.clone(), None)]);
         let deleted = match self.conn.kv() {
             Ok(mut kv) => timed(self.timeout, "delete an expired entry", kv.txn(txn)).await,

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
+};
 use lockcore::LockError;
 use lockcore::backend::{CancellationToken, Moment};
 
@@ -14,6 +17,7 @@ use super::{
     not_before,
 };
 use crate::error::{self, BACKEND, lease_not_found, timed};
+use crate::keys::unchanged;
 
 /// A session's keep-alive stream, lent for whole exchanges only: etcd's
 /// keep-alive replies carry no request id, so the reply of a keep-alive
@@ -76,33 +80,24 @@ impl Sessions {
         // here, and is granted under at least this fence offset.
         let sent = self.clock.now();
         let epoch = self.floor.offset();
-        let granted = timed(
-            self.timeout,
-            "lease grant",
-            self.conn.lease()?.grant(secs, None),
-        )
-        .await?;
-        if !granted.error().is_empty() {
-            return Err(LockError::store(BACKEND, granted.error().to_owned()));
-        }
-        if granted.ttl() != secs {
+        let (id, granted) = self.grant(secs).await?;
+        if granted != secs {
             // The cluster's minimum changed under us: never hand out a lease
             // whose real TTL differs from what we report.
-            self.spawn_revoke(granted.id());
+            self.spawn_revoke(id);
             return Err(LockError::InvalidTtl {
                 ttl,
                 reason: format!(
-                    "etcd granted {} s instead of {secs} s (its minimum lease TTL is larger)",
-                    granted.ttl()
+                    "etcd granted {granted} s instead of {secs} s (its minimum lease TTL is larger)"
                 ),
             });
         }
         // The marker goes with the lease: its delete tells this client at
         // once that the session (and every lock on it) is gone.
         let marker = TxnOp::put(
-            self.keys.alive(granted.id()),
+            self.keys.alive(id),
             Vec::new(),
-            Some(PutOptions::new().with_lease(granted.id())),
+            Some(PutOptions::new().with_lease(id)),
         );
         if let Err(e) = timed(
             self.timeout,
@@ -111,11 +106,11 @@ impl Sessions {
         )
         .await
         {
-            self.spawn_revoke(granted.id());
+            self.spawn_revoke(id);
             return Err(e);
         }
         let session = Arc::new(Session {
-            id: granted.id(),
+            id,
             ttl,
             stream: tokio::sync::Mutex::new(None),
             ended: CancellationToken::new(),
@@ -144,6 +139,21 @@ impl Sessions {
         (self.on_session)(&session);
         self.start_keeper();
         Ok(session)
+    }
+
+    /// Grants an etcd lease of `secs` seconds: its id, and the TTL etcd
+    /// gave it (more than asked under the cluster's minimum).
+    pub(crate) async fn grant(&self, secs: i64) -> Result<(i64, i64), LockError> {
+        let granted = timed(
+            self.timeout,
+            "lease grant",
+            self.conn.lease()?.grant(secs, None),
+        )
+        .await?;
+        if !granted.error().is_empty() {
+            return Err(LockError::store(BACKEND, granted.error().to_owned()));
+        }
+        Ok((granted.id(), granted.ttl()))
     }
 
     /// The current session of `ttl` if it is live and was granted under the
@@ -256,12 +266,16 @@ impl Sessions {
         }
     }
 
-    /// Moves `keys` (with their create revisions and values) onto `target`,
-    /// keeping each key's create revision, each only if it is still that
-    /// grant (create revision and value: after a restore, revisions repeat);
-    /// returns the keys moved (the others are gone).
+    /// Moves `keys` (with their create revisions and values) off session
+    /// `from` onto `target`, keeping each key's create revision, each only
+    /// if it is still that grant (create revision and value: after a
+    /// restore, revisions repeat) and still on `from` (not on a lease of its
+    /// own, where `set_remaining` may have just moved it); returns the keys
+    /// on `target` now (those an earlier move whose reply was lost put
+    /// there too), the others are gone.
     pub(crate) async fn move_to(
         &self,
+        from: i64,
         target: i64,
         keys: &[Attached],
     ) -> Result<Vec<Vec<u8>>, LockError> {
@@ -269,30 +283,20 @@ impl Sessions {
         for batch in keys.chunks(MOVE_BATCH) {
             let ops: Vec<TxnOp> = batch
                 .iter()
-                .map(
-                    |Attached {
-                         key,
-                         revision,
-                         value,
-                     }| {
-                        TxnOp::txn(
-                            Txn::new()
-                                .when([
-                                    Compare::create_revision(
-                                        key.clone(),
-                                        CompareOp::Equal,
-                                        *revision,
-                                    ),
-                                    Compare::value(key.clone(), CompareOp::Equal, value.to_vec()),
-                                ])
-                                .and_then([TxnOp::put(
-                                    key.clone(),
-                                    value.to_vec(),
-                                    Some(PutOptions::new().with_lease(target)),
-                                )]),
-                        )
-                    },
-                )
+                .map(|entry| {
+                    let mut on_from = unchanged(&entry.key, entry.revision, &entry.value).to_vec();
+                    on_from.push(Compare::lease(entry.key.clone(), CompareOp::Equal, from));
+                    TxnOp::txn(
+                        Txn::new()
+                            .when(on_from)
+                            .and_then([TxnOp::put(
+                                entry.key.clone(),
+                                entry.value.to_vec(),
+                                Some(PutOptions::new().with_lease(target)),
+                            )])
+                            .or_else([TxnOp::get(entry.key.clone(), None)]),
+                    )
+                })
                 .collect();
             let reply = timed(
                 self.timeout,
@@ -300,20 +304,20 @@ impl Sessions {
                 self.conn.kv()?.txn(Txn::new().and_then(ops)),
             )
             .await?;
-            for (Attached { key, .. }, op) in batch.iter().zip(reply.op_responses()) {
-                if let etcd_client::TxnOpResponse::Txn(nested) = op
-                    && nested.succeeded()
+            for (entry, op) in batch.iter().zip(reply.op_responses()) {
+                if let TxnOpResponse::Txn(nested) = op
+                    && (nested.succeeded() || entry.is_on(target, &nested))
                 {
-                    moved.push(key.clone());
+                    moved.push(entry.key.clone());
                 }
             }
         }
         Ok(moved)
     }
 
-    /// Revokes session `id` in the background (one of the client's
-    /// clean-ups: closing finishes it).
-    pub(super) fn spawn_revoke(&self, id: i64) {
+    /// Revokes lease `id` (a session, or a lease nothing is left on) in the
+    /// background: one of the client's clean-ups, which closing finishes.
+    pub(crate) fn spawn_revoke(&self, id: i64) {
         let Ok(mut leases) = self.conn.lease() else {
             return; // closed: closing revoked what the book had
         };
@@ -351,5 +355,19 @@ impl Sessions {
         if !*running {
             *running = self.conn.spawn_task(keeper::keep(Arc::downgrade(self)));
         }
+    }
+}
+
+impl Attached {
+    /// Whether a failed move's read shows this entry on `target` already.
+    fn is_on(&self, target: i64, read: &TxnResponse) -> bool {
+        read.op_responses().iter().any(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().is_some_and(|kv| {
+                kv.create_revision() == self.revision
+                    && kv.value() == &*self.value
+                    && kv.lease() == target
+            }),
+            _ => false,
+        })
     }
 }

@@ -127,12 +127,5 @@ impl Factory for ClusterFactory {
 lock_conformance::suite!(
     factory(),
     // The leader's monotonic lease timer: no wall-clock step moves it.
-    // No set_remaining yet (the default, Unsupported): the cases of
-    // `at_least` and set_remaining skip.
-    expect_skips = [
-        server_clock_steps_are_judged_on_the_server,
-        job_at_least_holds_on_the_stores_clock,
-        job_once_per_window_holds_across_nodes,
-        set_remaining_is_exact_and_owner_checked,
-    ],
+    expect_skips = [server_clock_steps_are_judged_on_the_server],
 );
