@@ -287,12 +287,30 @@ mod imp {
                     || async { Ok(fresh.try_acquire_for(name, ttl).await?.into_lease()) },
                 )
                 .await
-                .map_err(|f| {
-                    Failure::new(format!(
-                        "L1: {f} (tasks finished {:?} after healing; {replay}); fault schedule:\n{schedule}",
-                        finished - healed
-                    ))
-                })?;
+                .map_err(|f| f.to_string());
+            let lease = match lease {
+                Ok(lease) => lease,
+                Err(f) => {
+                    // Who still holds it, and which grant of the run that is.
+                    let holder = fresh.inspect(name).await;
+                    let grant = holder.as_ref().ok().and_then(Option::as_ref).and_then(|h| {
+                        grants
+                            .iter()
+                            .find(|g| g.name == *name && g.fence == h.fence)
+                    });
+                    return Err(Failure::new(format!(
+                        "L1: {f} (tasks finished {:?} after healing; holder {holder:?}, granted in the \
+                         run as {:?}; {replay}); fault schedule:\n{schedule}",
+                        finished - healed,
+                        grant.map(|g| (
+                            g.client,
+                            g.invoked - started,
+                            g.granted - started,
+                            g.ended.map(|e| e - started)
+                        ))
+                    )));
+                }
+            };
             ensure!(
                 highest.is_none_or(|h| lease.fence() > h),
                 "F1: {name}: fence {} after healing is not above the run's highest, {highest:?} \

@@ -165,10 +165,7 @@ async fn watch_over(held: Arc<Held>) {
             _ = tokio::time::sleep_until(deadline) => {
                 if held.expire_if_due(Instant::now()) {
                     tracing::debug!(name = %held.name, fence = %held.fence, "lease passed its deadline unrenewed; deleting its node");
-                    if let Err(e) = held.delete().await {
-                        tracing::debug!(path = %held.path, error = %e, "could not delete an expired lock node; its session will");
-                    }
-                    return;
+                    return held.delete_expired().await;
                 }
                 if held.over() != Over::No {
                     return;

@@ -147,7 +147,11 @@ impl Client {
             return Ok(ReleaseOutcome::NotHeld);
         };
         if held.expire_if_due(Instant::now()) {
-            let _ = held.delete().await;
+            // Past its deadline: its node goes in the background, tried
+            // again while the connection is in trouble.
+            let held = held.clone();
+            self.cleanups
+                .spawn(async move { held.delete_expired().await });
             return Ok(ReleaseOutcome::NotHeld);
         }
         if held.over() != Over::No {

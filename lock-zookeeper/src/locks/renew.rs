@@ -60,11 +60,13 @@ impl Client {
         let renewals = sessions
             .iter()
             .map(|(session, group)| self.renew_on(session, leases, group));
-        let (renewed, _) = futures_util::future::join(
-            futures_util::future::join_all(renewals),
-            futures_util::future::join_all(expired.iter().map(|held| held.delete())),
-        )
-        .await;
+        // Past its deadline: deleted in the background, tried again while
+        // the connection is in trouble (the renewal answers "not held" now).
+        for held in expired {
+            self.cleanups
+                .spawn(async move { held.delete_expired().await });
+        }
+        let renewed = futures_util::future::join_all(renewals).await;
         for (i, verdict) in renewed.into_iter().flatten() {
             verdicts[i] = Some(verdict);
         }

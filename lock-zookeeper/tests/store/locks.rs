@@ -259,6 +259,42 @@ async fn abandoned_lease_is_deleted_at_its_deadline() {
     );
 }
 
+/// An abandoned lease whose deletion at its deadline never reaches the
+/// server (a proxy drops it and keeps the connection: the client library
+/// waits for its reply as long as the connection lives) is deleted all the
+/// same, by a later try: the name is free within a session timeout of the
+/// deadline, not held for as long as the session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_lease_whose_deletion_is_lost_is_deleted_again() {
+    let (proxy, a, _) = behind_proxy().await;
+    let b = connect(zookeeper::shared().endpoint()).await.unwrap();
+    let name = unique("abandoned-lost-delete");
+    let ttl = a.session_timeout();
+    let lease = take(&a, &name).await;
+    let deadline = lease.deadline();
+    drop(lease);
+    // Requests sent around the deadline are lost; the drop is shorter than
+    // the client's ping timeout, so the connection lives on.
+    tokio::time::sleep_until(deadline - Duration::from_millis(200)).await;
+    proxy.set(Mode::DropUpstream);
+    tokio::time::sleep_until(deadline + Duration::from_millis(600)).await;
+    proxy.set(Mode::Pass);
+    let bound = deadline + ttl + Duration::from_secs(2);
+    let wait = WaitPolicy::new(bound);
+    let next = b.acquire_for(&name, ttl, &wait).await.unwrap();
+    let next = next.unwrap_or_else(|| {
+        panic!(
+            "the abandoned lease still held {:?} after its deadline",
+            bound - deadline
+        )
+    });
+    assert!(
+        Instant::now() >= deadline,
+        "granted before the abandoned lease's deadline"
+    );
+    b.release(&next).await.unwrap();
+}
+
 async fn cycle(backend: &ZooKeeperBackend, name: &LockName) -> lockcore::FencingToken {
     let lease = backend
         .try_acquire_for(name, backend.session_timeout())
