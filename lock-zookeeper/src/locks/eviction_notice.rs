@@ -170,7 +170,8 @@ async fn watch_over(held: Arc<Held>) {
                     }
                     return;
                 }
-                if held.over() != Over::No {
+                // Ended, or being kept (which deletes it if it fails late).
+                if held.over() != Over::No || held.is_keeping() {
                     return;
                 }
             }
