@@ -34,11 +34,11 @@ fn url(store: &str, ttl: Duration) -> Option<String> {
         "redis" => Some(stores::redis::shared().url()),
         "postgres" => Some(stores::postgres::shared().url()),
         "etcd" => Some(stores::etcd::shared().url()),
-        "zookeeper" => Some(format!(
-            "{}?session_timeout={}ms",
-            stores::zookeeper::shared().url(),
-            ttl.as_millis()
-        )),
+        "zookeeper" => {
+            let url = stores::zookeeper::shared().url();
+            let joint = if url.contains('?') { '&' } else { '?' };
+            Some(format!("{url}{joint}session_timeout={}ms", ttl.as_millis()))
+        }
         _ => None,
     }
 }

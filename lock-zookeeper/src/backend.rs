@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
-use lockcore::backend::{Kind, LockRequest, Polling};
+use lockcore::backend::{Kind, LockRequest, Polling, Ttl};
 use lockcore::{
     Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
     ReleaseOutcome,
@@ -144,6 +144,15 @@ impl LockBackend for ZooKeeperBackend {
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let client = &self.client;
         (client.bounded("releasing", lease.name(), client.release(lease))).await
+    }
+
+    /// Keeps the lease's node as a TTL node of `remaining` (see the crate
+    /// docs): it then outlives this client's session. `Unsupported` where
+    /// the servers keep no TTL nodes (`capabilities().sets_remaining`).
+    async fn set_remaining(&self, lease: &Lease, remaining: Ttl) -> Result<Lease, LockError> {
+        let client = &self.client;
+        let setting = client.set_remaining(lease, remaining);
+        (client.bounded("setting the remaining time of", lease.name(), setting)).await
     }
 
     async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {

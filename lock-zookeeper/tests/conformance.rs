@@ -12,7 +12,9 @@ lock_conformance::suite!(
         // Leases are the session (`LeaseKind::Session`): a lock or permit
         // expires when its holder's session does, which the fault cases
         // cover (kill -9, partitions, a paused holder), not at a TTL of its
-        // own on the server.
+        // own on the server. (Only `set_remaining` gives one a TTL, as a
+        // TTL node: the kit's servers keep them, so the `at_least` and
+        // `set_remaining` cases run.)
         expiry_frees_the_name,
         waiter_wakes_on_expiry,
         renew_after_expiry_fails,
@@ -20,12 +22,6 @@ lock_conformance::suite!(
         stale_slot_holder_is_refused,
         crashed_permit_holder_frees_its_slot,
         crashed_job_frees_at_at_most,
-        // A lock node lives as long as its session: no remaining time of
-        // its own to set (`set_remaining` is unsupported), so no
-        // `at_least` either.
-        job_at_least_holds_on_the_stores_clock,
-        job_once_per_window_holds_across_nodes,
-        set_remaining_is_exact_and_owner_checked,
         // Sessions expire on the servers' monotonic timers; no wall clock
         // of theirs is stepped here (ZooKeeper is not run under faketime).
         server_clock_steps_are_judged_on_the_server,

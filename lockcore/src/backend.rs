@@ -126,7 +126,9 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// What [`LockGuard::release_no_sooner_than`](crate::LockGuard::release_no_sooner_than)
     /// and a job's `at_least` ([`Job`](crate::Job)) are made of. Returns the
     /// lease with `remaining` as its TTL, stamped with the send time like a
-    /// renewal.
+    /// renewal. Callers validate `remaining` with
+    /// [`Capabilities::effective_remaining`] (a per-lock TTL even where
+    /// leases are sessions).
     ///
     /// The default: [`LockError::Unsupported`]; backends that implement it
     /// set [`Capabilities::sets_remaining`].

@@ -370,6 +370,26 @@ impl Capabilities {
     }
 }
 
+impl Capabilities {
+    /// The remaining time [`set_remaining`](crate::LockBackend::set_remaining)
+    /// sets for a request of `requested`: validated and rounded up like a
+    /// per-lock TTL, whatever the [`lease_kind`](Self::lease_kind). A lease
+    /// whose remaining time is set is kept by the store for that long, on
+    /// its own: a session's leases included (ZooKeeper keeps it as a TTL
+    /// node), so it is not the session timeout that
+    /// [`effective_ttl`](Self::effective_ttl) reports for them.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidTtl`] as [`effective_ttl`](Self::effective_ttl).
+    pub fn effective_remaining(&self, requested: Duration) -> Result<Ttl, LockError> {
+        Capabilities {
+            lease_kind: LeaseKind::PerLock,
+            ..self.clone()
+        }
+        .effective_ttl(requested)
+    }
+}
+
 fn round_up(d: Duration, granularity: Duration) -> Duration {
     let g = granularity.as_nanos().max(1);
     let n = d.as_nanos().div_ceil(g) * g;
@@ -424,6 +444,26 @@ mod tests {
                 .expiry_slack(Duration::from_millis(1))
                 .slack_for(Duration::from_secs(3600)),
             Duration::from_millis(1)
+        );
+    }
+
+    #[test]
+    fn remaining_times_are_per_lock_whatever_the_lease_kind() {
+        let caps = Capabilities::new("zk")
+            .lease_kind(LeaseKind::Session {
+                timeout: Duration::from_secs(4),
+            })
+            .ttl_granularity(Duration::from_millis(10));
+        assert_eq!(
+            caps.effective_remaining(Duration::from_millis(12_345))
+                .unwrap()
+                .get(),
+            Duration::from_millis(12_350)
+        );
+        assert!(caps.effective_remaining(Duration::ZERO).is_err());
+        assert!(
+            caps.effective_remaining(Duration::from_secs(366 * 24 * 3600))
+                .is_err()
         );
     }
 

@@ -184,7 +184,7 @@ impl LockGuard {
         if left.is_zero() {
             return self.release().await.map(HoldEnd::from);
         }
-        let remaining = capabilities.effective_ttl(left.max(capabilities.min_ttl))?;
+        let remaining = capabilities.effective_remaining(left.max(capabilities.min_ttl))?;
         self.released = true;
         self.held.stop_holding();
         let lease = self.held.lease();

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 /// A TTL as the store will enforce it: checked against the backend's range
 /// and rounded to its granularity. Only
-/// [`Capabilities::effective_ttl`](crate::Capabilities::effective_ttl) makes
+/// [`Capabilities::effective_ttl`](crate::Capabilities::effective_ttl) (and
+/// [`effective_remaining`](crate::Capabilities::effective_remaining)) makes
 /// one, so a backend that takes a `Ttl` never sees an unchecked duration:
 /// "validated before any I/O" is a fact of the types.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

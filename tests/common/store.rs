@@ -29,11 +29,7 @@ impl Store {
             Store::Redis => Some(stores::redis::shared().url()),
             Store::Postgres => Some(stores::postgres::shared().url()),
             Store::Etcd => Some(stores::etcd::shared().url()),
-            Store::ZooKeeper => Some(format!(
-                "{}?session_timeout={}",
-                stores::zookeeper::shared().url(),
-                ms(ttl)
-            )),
+            Store::ZooKeeper => Some(with_session(stores::zookeeper::shared().url(), ttl)),
         }
     }
 
@@ -53,7 +49,7 @@ impl Store {
     pub fn url_via(self, ttl: Duration, via: std::net::SocketAddr) -> Option<String> {
         let url = self.kit()?.url_via(via);
         Some(match self {
-            Store::ZooKeeper => format!("{url}?session_timeout={}", ms(ttl)),
+            Store::ZooKeeper => with_session(url, ttl),
             _ => url,
         })
     }
@@ -138,4 +134,11 @@ macro_rules! on_every_store {
             fn zookeeper() { super::$case(Store::ZooKeeper) }
         }
     )*};
+}
+
+/// A ZooKeeper URL of the kit (which may carry options already) with a
+/// session of `ttl`: its leases are its sessions.
+fn with_session(url: String, ttl: Duration) -> String {
+    let joint = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joint}session_timeout={}", ms(ttl))
 }

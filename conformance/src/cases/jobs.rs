@@ -340,7 +340,7 @@ pub async fn set_remaining_is_exact_and_owner_checked(cx: &Ctx) -> CaseResult {
         skip!("{why}");
     }
     let (a, b) = (cx.client().await?, cx.client().await?);
-    let short = cx.caps().effective_ttl(cx.short_ttl())?;
+    let short = cx.caps().effective_remaining(cx.short_ttl())?;
     // Shorten a long lease.
     let name = cx.name("shortened");
     let lease = cx.must_acquire(&a, &name, cx.long_ttl()).await?;
@@ -368,7 +368,7 @@ pub async fn set_remaining_is_exact_and_owner_checked(cx: &Ctx) -> CaseResult {
     let name = cx.name("extended");
     let lease = cx.must_acquire(&a, &name, short.get()).await?;
     let old_bound = cx.freed_within(short.get()) + cx.round_trip();
-    let longer = cx.caps().effective_ttl(old_bound * 2)?;
+    let longer = cx.caps().effective_remaining(old_bound * 2)?;
     let sent = Instant::now();
     let extended = a.set_remaining(&lease, longer).await?;
     let returned = Instant::now();

@@ -24,7 +24,7 @@ const SCHEMES: &[&str] = &["zk", "zookeeper", "zks"];
 /// parse a URL with [`from_url`](Self::from_url):
 ///
 /// ```text
-/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&connection_timeout=4s&connect_timeout=10s&password_file=PATH]
+/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&container_check_interval=1m&connection_timeout=4s&connect_timeout=10s&password_file=PATH]
 /// zks://[user:password@]host:port[,host:port...][/root]?tls_ca=PATH[&tls_cert=PATH&tls_key=PATH][&...]
 /// ```
 ///
@@ -45,6 +45,7 @@ pub struct ZooKeeperConfig {
     pub(crate) connection_timeout: Option<Duration>,
     pub(crate) connect_timeout: Duration,
     pub(crate) tick_time: Option<Duration>,
+    pub(crate) container_check_interval: Duration,
     pub(crate) digest: Option<Digest>,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<tls::Tls>,
@@ -71,10 +72,13 @@ impl ZooKeeperConfig {
     /// 30 s, the `Locker`'s default TTL, and inside ZooKeeper's default
     /// `maxSessionTimeout` (20 ticks of 2 s).
     pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The servers' default `znode.container.checkIntervalMs`: 60 s.
+    pub const DEFAULT_CONTAINER_CHECK_INTERVAL: Duration = Duration::from_secs(60);
     /// The options a `zk://` URL takes (see the crate documentation's table).
     pub const URL_OPTIONS: &'static [&'static str] = &[
         "session_timeout",
         "tick_time",
+        "container_check_interval",
         "connection_timeout",
         "connect_timeout",
         "password_file",
@@ -93,6 +97,7 @@ impl ZooKeeperConfig {
             connection_timeout: None,
             connect_timeout: Duration::from_secs(10),
             tick_time: None,
+            container_check_interval: Self::DEFAULT_CONTAINER_CHECK_INTERVAL,
             digest: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -145,6 +150,10 @@ impl ZooKeeperConfig {
         for (name, setting) in [
             ("session_timeout", &mut config.session_timeout),
             ("connect_timeout", &mut config.connect_timeout),
+            (
+                "container_check_interval",
+                &mut config.container_check_interval,
+            ),
         ] {
             if let Some(value) = url::take_duration(&mut parsed, name)? {
                 *setting = value;
@@ -185,6 +194,19 @@ impl ZooKeeperConfig {
     /// than the servers may expire them.
     pub fn tick_time(mut self, tick: Duration) -> Self {
         self.tick_time = Some(tick);
+        self
+    }
+
+    /// Sets the servers' `znode.container.checkIntervalMs` (default 60 s,
+    /// the servers' default): how often the leader deletes expired TTL
+    /// nodes. A lease kept by `set_remaining` is a TTL node, freed at the
+    /// first of these sweeps after its time ran out, so up to this late:
+    /// it is part of the declared expiry slack
+    /// ([`Capabilities::expiry_slack`](lockcore::Capabilities::expiry_slack))
+    /// where the servers keep TTL nodes. Setting it below the real value
+    /// makes the slack too small.
+    pub fn container_check_interval(mut self, interval: Duration) -> Self {
+        self.container_check_interval = interval;
         self
     }
 
@@ -314,6 +336,12 @@ impl ZooKeeperConfig {
                 "ZooKeeper tick time {t:?} must be between 1 ms and {max:?}"
             )));
         }
+        if self.container_check_interval.is_zero() || self.container_check_interval > max {
+            return Err(LockError::config(format!(
+                "ZooKeeper container check interval {:?} must be between 1 ms and {max:?}",
+                self.container_check_interval
+            )));
+        }
         if self.connect_timeout.is_zero() {
             return Err(LockError::config(
                 "ZooKeeper connect timeout must be positive",
@@ -428,6 +456,7 @@ impl fmt::Debug for ZooKeeperConfig {
             .field("connection_timeout", &self.connection_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("tick_time", &self.tick_time)
+            .field("container_check_interval", &self.container_check_interval)
             .field("digest_user", &self.digest.as_ref().map(|d| &d.user))
             .field("tls", &self.uses_tls())
             .finish_non_exhaustive()

@@ -10,7 +10,7 @@ use super::*;
 #[test]
 fn durations_are_read_in_the_one_syntax() {
     let (config, log) = logged(&format!(
-        "zk://{}:1/a?session_timeout=4s&tick_time=250ms&connection_timeout=1.5s&connect_timeout=1m",
+        "zk://{}:1/a?session_timeout=4s&tick_time=250ms&connection_timeout=1.5s&connect_timeout=1m&container_check_interval=100ms",
         host()
     ));
     let config = config.unwrap();
@@ -18,6 +18,7 @@ fn durations_are_read_in_the_one_syntax() {
     assert_eq!(config.tick_time, Some(Duration::from_millis(250)));
     assert_eq!(config.connection_timeout, Some(Duration::from_millis(1500)));
     assert_eq!(config.connect_timeout, Duration::from_secs(60));
+    assert_eq!(config.container_check_interval, Duration::from_millis(100));
     assert!(log.is_empty(), "{log}");
 }
 
@@ -30,6 +31,7 @@ fn old_duration_forms_still_work_and_warn() {
         "tick_time",
         "connection_timeout",
         "connect_timeout",
+        "container_check_interval",
     ] {
         for (old, expected) in [
             ("2sec", Duration::from_secs(2)),
@@ -43,6 +45,7 @@ fn old_duration_forms_still_work_and_warn() {
                 "session_timeout" => Some(config.session_timeout),
                 "tick_time" => config.tick_time,
                 "connection_timeout" => config.connection_timeout,
+                "container_check_interval" => Some(config.container_check_interval),
                 _ => Some(config.connect_timeout),
             };
             assert_eq!(read, Some(expected), "{url}");
@@ -65,6 +68,7 @@ fn bad_durations_name_the_option_but_not_the_value() {
         "tick_time",
         "connection_timeout",
         "connect_timeout",
+        "container_check_interval",
     ] {
         for password in [MARKER.to_owned(), secrets::encoded()] {
             let url = format!(
@@ -93,8 +97,7 @@ fn bad_durations_name_the_option_but_not_the_value() {
 /// name (a secret pasted in the wrong place) is not shown.
 #[test]
 fn unknown_options_name_the_known_ones() {
-    let known =
-        "known: session_timeout, tick_time, connection_timeout, connect_timeout, password_file";
+    let known = "known: session_timeout, tick_time, container_check_interval, connection_timeout, connect_timeout, password_file";
     let e = ZooKeeperConfig::from_url("zk://h:1/a?ttl=3s").unwrap_err();
     assert!(
         e.to_string().contains("unknown zk URL option \"ttl\"") && e.to_string().contains(known),
@@ -192,6 +195,10 @@ fn parses_urls_and_connect_strings() {
     assert_eq!(plain.root, ZooKeeperConfig::DEFAULT_ROOT);
     let bare = ZooKeeperConfig::from_url("zookeeper://h:1").unwrap();
     assert_eq!(bare.root, ZooKeeperConfig::DEFAULT_ROOT);
+    assert_eq!(
+        bare.container_check_interval,
+        ZooKeeperConfig::DEFAULT_CONTAINER_CHECK_INTERVAL
+    );
 }
 
 #[test]
@@ -205,6 +212,10 @@ fn rejects_bad_values_with_a_reason() {
         ("zk://h:1/a?session_timeout=forever", "expected a duration"),
         ("zk://h:1/a?session_timeout=0s", "session timeout"),
         ("zk://h:1/a?tick_time=0s", "tick time"),
+        (
+            "zk://h:1/a?container_check_interval=0s",
+            "container check interval",
+        ),
         ("zk://h:1/a?ttl=3s", "unknown"),
         ("zk://nocolon@h:1/a", "user:password"),
         ("zk://:pw@h:1/a", "user:password"),

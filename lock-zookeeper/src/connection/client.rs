@@ -3,7 +3,7 @@
 //! backend declares (`capabilities`), and the bound on each operation. The
 //! operations themselves live in their roles (`locks`, `permits`, `fence`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -46,6 +46,9 @@ pub(crate) struct Client {
     reconnecting: tokio::sync::Mutex<()>,
     /// The latest negotiated session timeout, for `capabilities()`.
     timeout_ms: AtomicU64,
+    /// Whether the servers keep TTL nodes (probed at connect; cleared if
+    /// they refuse one later): what `set_remaining` needs.
+    ttl_nodes: AtomicBool,
     /// The background clean-ups this client owes the store: removing the
     /// queue nodes of cancelled waiters, closing sessions it gave up or
     /// retired. [`close`](Self::close) finishes them.
@@ -70,9 +73,11 @@ impl Client {
             .await
             .map_err(creating)?;
         crate::connection::probe::may_queue_under(&handle, &config.root).await?;
+        let ttl_nodes = crate::connection::probe::keeps_ttl_nodes(&handle, &config.root).await?;
         drop(handle);
         let client = Arc::new(Client {
             timeout_ms: AtomicU64::new(millis(session.timeout)),
+            ttl_nodes: AtomicBool::new(ttl_nodes),
             live: Mutex::new(Live::new(session)),
             reconnecting: tokio::sync::Mutex::new(()),
             acls,
@@ -158,6 +163,17 @@ impl Client {
         Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
     }
 
+    /// Whether the servers keep TTL nodes, as far as this client knows.
+    pub(crate) fn keeps_ttl_nodes(&self) -> bool {
+        self.ttl_nodes.load(Ordering::Relaxed)
+    }
+
+    /// The servers refused a TTL node after all (set up differently from
+    /// the one probed at connect): `set_remaining` is unsupported from now on.
+    pub(crate) fn refuses_ttl_nodes(&self) {
+        self.ttl_nodes.store(false, Ordering::Relaxed);
+    }
+
     /// The ZooKeeper path of `name`'s queue: one child of the root.
     pub(crate) fn lock_path(&self, name: &LockName) -> String {
         crate::keys::paths::lock(&self.config.root, name)
@@ -166,6 +182,14 @@ impl Client {
     pub(crate) fn capabilities(&self) -> Capabilities {
         let timeout = self.session_timeout();
         let timing = Timing::new(timeout, &self.config);
+        let kept = self.keeps_ttl_nodes();
+        // A kept lease is a TTL node, deleted at the leader's first sweep
+        // after it ran out: up to one interval late, and a tick more for
+        // that delete to be committed.
+        let slack = match kept {
+            true => (timing.slack).max(self.config.container_check_interval + timing.tick),
+            false => timing.slack,
+        };
         // Any TTL from 1 ms to a year is accepted and means the session
         // timeout, which `LeaseKind::Session` declares and every lease reports.
         Capabilities::new(BACKEND)
@@ -179,8 +203,9 @@ impl Client {
             // A forced release deletes the holder's node, which its session
             // watches from a sixteenth of the timeout after the grant on.
             .eviction_notice(Some(Keeper::watched_within(timeout)))
-            // 7/5 of the timeout + 1.5 ticks (see `Timing::new`).
-            .expiry_slack(timing.slack)
+            // 7/5 of the timeout + 1.5 ticks (see `Timing::new`), or the
+            // TTL nodes' sweep if that is longer.
+            .expiry_slack(slack)
             .fence_floor(true)
             // A fence is a `czxid` (at most `i64::MAX`) plus the floor's
             // offset, summed in 64 unsigned bits. Declaring the signed range
@@ -189,6 +214,7 @@ impl Client {
             // accepted here makes later grants overflow.
             .max_fence(i64::MAX as u64)
             .semaphores(true)
+            .sets_remaining(kept)
     }
 
     /// Bounds one operation by the session timeout. A request the server

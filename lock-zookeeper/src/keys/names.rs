@@ -147,6 +147,11 @@ impl Queue {
 /// at the create, which the node's fence adds to its `czxid` (see
 /// [`crate::fence::floor`]). Written in the create itself, so a node never exists
 /// without it.
+///
+/// A node kept by `set_remaining` (see [`crate::locks::remaining`]) is
+/// created again, so its `czxid` is not its grant's: it carries its fence
+/// itself instead, as a line `fence=<n>`, which every reader takes over
+/// `czxid + offset`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct NodeData {
     /// Who holds (or waits), in words; `None` for a node written without one
@@ -155,9 +160,12 @@ pub(crate) struct NodeData {
     pub(crate) label: Option<HolderLabel>,
     /// Added to the node's `czxid` to make its fence (0: none).
     pub(crate) offset: u64,
+    /// The fence of a kept node: its grant's.
+    pub(crate) fence: Option<FencingToken>,
 }
 
 const OFFSET: &str = "fence-offset=";
+const FENCE: &str = "fence=";
 
 impl NodeData {
     /// The data of a node for a holder labelled `label`, created while the
@@ -166,6 +174,17 @@ impl NodeData {
         NodeData {
             label: label.cloned(),
             offset,
+            fence: None,
+        }
+    }
+
+    /// The data of the node that keeps the grant of `fence`, labelled
+    /// `label`, once its remaining time was set.
+    pub(crate) fn kept(label: Option<&HolderLabel>, fence: FencingToken) -> NodeData {
+        NodeData {
+            label: label.cloned(),
+            offset: 0,
+            fence: Some(fence),
         }
     }
 
@@ -181,25 +200,42 @@ impl NodeData {
             data.push_str(OFFSET);
             data.push_str(&self.offset.to_string());
         }
+        if let Some(fence) = self.fence {
+            data.push('\n');
+            data.push_str(FENCE);
+            data.push_str(&fence.get().to_string());
+        }
         data.into_bytes()
     }
 
     /// Reads a node's data. The label is the first line, if it is a valid
-    /// label; an offset line that does not parse counts as none, and other
-    /// lines are left for later versions.
+    /// label; an offset or fence line that does not parse counts as none,
+    /// and other lines are left for later versions.
     pub(crate) fn decode(data: &[u8]) -> NodeData {
         let mut lines = data.split(|&b| b == b'\n');
         let label = (lines.next())
             .and_then(|l| std::str::from_utf8(l).ok())
             .and_then(|l| HolderLabel::new(l).ok());
-        let offset = (lines.filter_map(|l| std::str::from_utf8(l).ok()))
+        let rest: Vec<&str> = (lines.filter_map(|l| std::str::from_utf8(l).ok())).collect();
+        let offset = (rest.iter())
             .find_map(|l| l.strip_prefix(OFFSET)?.parse().ok())
             .unwrap_or(0);
-        NodeData { label, offset }
+        let fence = (rest.iter())
+            .find_map(|l| l.strip_prefix(FENCE)?.parse().ok())
+            .and_then(FencingToken::new);
+        NodeData {
+            label,
+            offset,
+            fence,
+        }
     }
 
-    /// The fence of a node with this data and `czxid`.
+    /// The fence of a node with this data and `czxid`: the one it carries
+    /// (a kept node), else `czxid` plus its offset.
     pub(crate) fn fence(&self, czxid: i64) -> Result<FencingToken, LockError> {
+        if let Some(fence) = self.fence {
+            return Ok(fence);
+        }
         let base = FencingToken::from_store(BACKEND, czxid)?;
         base.get()
             .checked_add(self.offset)
@@ -280,6 +316,24 @@ mod tests {
         assert_eq!(NodeData::decode(b"\nfence-offset=3").offset, 3);
         assert_eq!(NodeData::decode(b"w\nfence-offset=x").offset, 0);
         assert!(NodeData::new(None, u64::MAX).fence(5).is_err());
+        // A kept node's fence is its grant's, whatever its own czxid.
+        let fence = FencingToken::new(1_000_012).unwrap();
+        let kept = NodeData::kept(Some(&label), fence);
+        assert_eq!(NodeData::decode(&kept.encode()), kept);
+        assert_eq!(
+            kept.encode(),
+            format!("{label}\nfence=1000012").into_bytes()
+        );
+        assert_eq!(kept.fence(7_000_000).unwrap(), fence);
+        assert_eq!(NodeData::decode(b"w\nfence=x").fence, None);
+        assert_eq!(NodeData::decode(b"w\nfence=0").fence, None);
+        assert_eq!(
+            NodeData::decode(b"w\nfence-offset=3\nfence=9")
+                .fence(5)
+                .unwrap()
+                .get(),
+            9
+        );
         assert!(NodeData::default().fence(0).is_err());
         // An older version wrote nothing; other recipes write what they like.
         assert_eq!(NodeData::decode(b""), NodeData::default());

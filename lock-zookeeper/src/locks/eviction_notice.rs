@@ -167,7 +167,8 @@ async fn watch_over(held: Arc<Held>) {
                     tracing::debug!(name = %held.name, fence = %held.fence, "lease passed its deadline unrenewed; deleting its node");
                     return held.delete_expired().await;
                 }
-                if held.over() != Over::No {
+                // Ended, or being kept (which deletes it if it fails late).
+                if held.over() != Over::No || held.is_keeping() {
                     return;
                 }
             }

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use lockcore::backend::CancellationToken;
-use lockcore::{Backoff, FencingToken, LockName};
+use lockcore::{Backoff, FencingToken, HolderLabel, LockName};
 use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
@@ -29,6 +29,11 @@ pub(crate) enum Over {
     Expired,
     /// Deleted by someone else (forced release) or its session ended.
     Gone,
+    /// Kept by `set_remaining` as a TTL node (see [`crate::locks::remaining`]):
+    /// the store frees it at its TTL, whatever becomes of this client's
+    /// session; this client no longer watches, expires or deletes it on
+    /// its own, but still releases it or sets its remaining time again.
+    Kept,
 }
 
 struct State {
@@ -36,6 +41,12 @@ struct State {
     over: Over,
     /// Its owner is deleting it: the deletion is no loss.
     releasing: bool,
+    /// Its owner is turning it into a TTL node, which deletes it and creates
+    /// it again: the deletion is no loss, and the local deadline does not
+    /// delete it meanwhile.
+    keeping: bool,
+    /// The `czxid` of the TTL node it became (once [`Over::Kept`]).
+    kept: Option<i64>,
     /// The keeper's watch on the node, once set.
     watch: Option<Watch>,
 }
@@ -78,6 +89,8 @@ pub(crate) struct Held {
     pub(crate) sequence: Option<u32>,
     pub(crate) guid: Uuid,
     pub(crate) fence: FencingToken,
+    /// The holder's label, written again into the node it is kept as.
+    pub(crate) label: Option<HolderLabel>,
     /// The node's `czxid`, what renewals compare.
     pub(crate) czxid: i64,
     /// A create of this owner had its reply lost, so a second node with the
@@ -119,11 +132,12 @@ impl Held {
         alone: bool,
         deadline: Instant,
     ) -> Option<Arc<Held>> {
-        let (session, parent, guid, strays) = (
+        let (session, parent, guid, strays, label) = (
             entry.session.clone(),
             entry.parent.clone(),
             entry.guid,
             entry.strays,
+            entry.label.clone(),
         );
         let watched = entry.watched;
         let node = entry.granted()?;
@@ -138,6 +152,7 @@ impl Held {
             sequence: node.sequence,
             guid,
             fence,
+            label,
             czxid,
             strays,
             vouch,
@@ -146,6 +161,8 @@ impl Held {
                 deadline,
                 over: Over::No,
                 releasing: false,
+                keeping: false,
+                kept: None,
                 watch: None,
             }),
         }))
@@ -193,10 +210,11 @@ impl Held {
         true
     }
 
-    /// Marks the grant expired if its deadline has passed `now`.
+    /// Marks the grant expired if its deadline has passed `now` (unless it
+    /// is being kept: see [`keeping`](Self::keeping)).
     pub(crate) fn expire_if_due(&self, now: Instant) -> bool {
         let mut state = self.lock();
-        if state.over == Over::No && now >= state.deadline {
+        if state.over == Over::No && !state.keeping && now >= state.deadline {
             state.over = Over::Expired;
             return true;
         }
@@ -208,6 +226,43 @@ impl Held {
     /// and that event must not fire the loss signal.
     pub(crate) fn releasing(&self) {
         self.lock().releasing = true;
+    }
+
+    /// Marks the node as being turned into a TTL node (`true`, before the
+    /// transaction is sent), or no longer (`false`: it is kept, or the
+    /// call ended without keeping it): meanwhile its deletion is no loss
+    /// and its deadline deletes nothing.
+    pub(crate) fn keeping(&self, keeping: bool) {
+        self.lock().keeping = keeping;
+    }
+
+    /// Whether the node is being turned into a TTL node.
+    pub(crate) fn is_keeping(&self) -> bool {
+        self.lock().keeping
+    }
+
+    /// The node is the TTL node `czxid` now, kept until about `deadline`:
+    /// the grant is [`Over::Kept`] and this client stops watching it.
+    pub(crate) fn keep(&self, czxid: i64, deadline: Instant) {
+        let mut state = self.lock();
+        (state.over, state.kept, state.keeping) = (Over::Kept, Some(czxid), false);
+        state.deadline = deadline;
+        drop(state);
+        self.done.cancel();
+    }
+
+    /// The `czxid` of the TTL node the grant is kept as, once it is.
+    pub(crate) fn kept(&self) -> Option<i64> {
+        let state = self.lock();
+        state.kept.filter(|_| state.over == Over::Kept)
+    }
+
+    /// Marks a kept grant released (by its owner) or gone.
+    pub(crate) fn unkeep(&self, how: Over) {
+        let mut state = self.lock();
+        if state.over == Over::Kept {
+            state.over = how;
+        }
     }
 
     /// Deletes this node (and, after a lost create reply, any stray node of
@@ -306,7 +361,8 @@ impl Held {
     }
 }
 
-/// The watched node was deleted: released by its owner, or gone.
+/// The watched node was deleted: released by its owner, or gone (or kept:
+/// created again at once, see [`Held::keeping`]).
 pub(crate) fn deleted(held: &Held) {
     if held.lock().releasing {
         held.finish(Over::Released);
@@ -316,7 +372,12 @@ pub(crate) fn deleted(held: &Held) {
 }
 
 /// The node is gone (forced release, session end) and not by our own hand.
+/// Not while it is being kept: that deletes it too, and whoever keeps it
+/// learns whether it was there.
 pub(crate) fn gone(held: &Held) {
+    if held.lock().keeping {
+        return;
+    }
     if held.finish(Over::Gone) {
         tracing::debug!(name = %held.name, fence = %held.fence, "lock node deleted by someone else or its session ended");
         held.lost.cancel();

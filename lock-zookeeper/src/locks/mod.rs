@@ -1,13 +1,15 @@
 //! Locks: taking one (enqueue, and keep the node only if it is first),
-//! granting it as a lease, renewing and releasing it, and looking at it
-//! from outside (inspect, evict, watch). The queue node itself, the grant's
-//! node watch and the sequence proof live in the files of this folder.
+//! granting it as a lease, renewing and releasing it, keeping it past its
+//! session (`set_remaining`), and looking at it from outside (inspect,
+//! evict, watch). The queue node itself, the grant's node watch and the
+//! sequence proof live in the files of this folder.
 
 pub(crate) mod eviction_notice;
 pub(crate) mod held;
 mod holders;
 pub(crate) mod queue;
 pub(crate) mod quiet;
+pub(crate) mod remaining;
 mod renew;
 
 use std::sync::Arc;
@@ -146,6 +148,9 @@ impl Client {
         let Some(held) = self.held(lease) else {
             return Ok(ReleaseOutcome::NotHeld);
         };
+        if held.kept().is_some() {
+            return self.release_kept(held).await;
+        }
         if held.expire_if_due(Instant::now()) {
             // Past its deadline: its node goes in the background, tried
             // again while the connection is in trouble.

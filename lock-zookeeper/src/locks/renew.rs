@@ -31,6 +31,10 @@ impl Client {
     /// A session whose fence floor was raised while it was disconnected
     /// (a restore) is retired instead (see [`crate::fence::floor`]): its leases
     /// are lost.
+    ///
+    /// A kept lease (`set_remaining`) is a TTL node, no longer its
+    /// session's: renewing it sets its remaining time to its TTL again, as
+    /// stores with a TTL per lock renew.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if self.is_closed() {
             return leases.iter().map(|_| Err(closed())).collect();
@@ -38,10 +42,16 @@ impl Client {
         let now = Instant::now();
         let mut verdicts: Vec<Option<Result<Lease, LockError>>> = Vec::with_capacity(leases.len());
         let mut expired = Vec::new();
+        let mut kept = Vec::new();
         let mut sessions: Vec<(Arc<Session>, Vec<Indexed>)> = Vec::new();
         for (i, lease) in leases.iter().enumerate() {
             let held = self.held(lease);
             match held {
+                Some(held) if held.kept().is_some() => {
+                    kept.push(i);
+                    verdicts.push(None);
+                    continue;
+                }
                 // Past its deadline unrenewed: its client deletes the node.
                 Some(held) if held.expire_if_due(now) => expired.push(held.clone()),
                 Some(held) if held.over() == Over::No && !held.session.is_ended() => {
@@ -66,8 +76,16 @@ impl Client {
             self.cleanups
                 .spawn(async move { held.delete_expired().await });
         }
-        let renewed = futures_util::future::join_all(renewals).await;
-        for (i, verdict) in renewed.into_iter().flatten() {
+        let kept = kept.into_iter().map(|i| async move {
+            let lease = &leases[i];
+            (i, self.set_remaining(lease, lease.ttl()).await)
+        });
+        let (renewed, kept) = futures_util::future::join(
+            futures_util::future::join_all(renewals),
+            futures_util::future::join_all(kept),
+        )
+        .await;
+        for (i, verdict) in renewed.into_iter().flatten().chain(kept) {
             verdicts[i] = Some(verdict);
         }
         (verdicts.into_iter().zip(leases))

@@ -1,7 +1,6 @@
 //! Every integration test of lock-zookeeper against real ZooKeeper servers
 //! but the conformance suite, the secrets test (it installs a global tracing
-//! capture), the container test (it sets the environment of the servers it
-//! launches) and the scale tests (they measure the process): one binary, so
+//! capture) and the scale tests (they measure the process): one binary, so
 //! the test command links one instead of one per file. The tests share the
 //! kit's ZooKeeper; those that kill, pause, restore or cut off a server
 //! start one of their own.
@@ -11,11 +10,13 @@ mod clocks;
 mod close;
 mod cluster;
 mod connect;
+mod containers;
 mod eviction;
 mod fencing;
 mod keys;
 mod locks;
 mod permits;
+mod remaining;
 mod restore;
 mod sessions;
 mod support;

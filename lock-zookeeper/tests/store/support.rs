@@ -23,13 +23,24 @@ pub(crate) fn tick() -> Duration {
     Duration::from_millis(stores::zookeeper::Options::default().tick_ms.into())
 }
 
+/// The servers' sweep of expired TTL nodes (`znode.container.checkIntervalMs`):
+/// the launcher's (`ci/docker-compose.yml` uses the same).
+pub(crate) fn container_check_interval() -> Duration {
+    Duration::from_millis(
+        stores::zookeeper::Options::default()
+            .container_check_ms
+            .into(),
+    )
+}
+
 /// The configuration of a test client of `connect`: the tests' session
-/// timeout and the servers' tick.
+/// timeout, the servers' tick and their sweep of TTL nodes.
 pub(crate) fn config(connect: impl Into<String>) -> ZooKeeperConfig {
     ZooKeeperConfig::from_url(&connect.into())
         .expect("a zk:// URL or a connect string")
         .session_timeout(session_timeout())
         .tick_time(tick())
+        .container_check_interval(container_check_interval())
 }
 
 /// Connects a test client to `connect` with the tests' session timeout.

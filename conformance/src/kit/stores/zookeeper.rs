@@ -40,6 +40,15 @@ pub struct Options {
     pub min_session_ms: u32,
     /// `maxSessionTimeout` in ms (default 60000).
     pub max_session_ms: u32,
+    /// TTL nodes (`-Dzookeeper.extendedTypesEnabled=true`, default on):
+    /// what the backend keeps a lock with once `set_remaining` outlives
+    /// its session (`at_least` of jobs).
+    pub extended_types: bool,
+    /// `-Dznode.container.checkIntervalMs` (default 200; the server's own
+    /// is a minute): how often the server deletes expired TTL nodes (and
+    /// empty containers), so how late a kept lock is freed. The store's
+    /// URL tells the backend (`container_check_interval`).
+    pub container_check_ms: u32,
     /// Refuse clients that do not authenticate with the digest scheme
     /// (`enforce.auth.enabled`, ZooKeeper 3.7+; default off). Digest
     /// credentials themselves are never refused: a wrong password is another
@@ -84,6 +93,8 @@ impl Default for Options {
             tick_ms: 250,
             min_session_ms: 1000,
             max_session_ms: 60_000,
+            extended_types: true,
+            container_check_ms: 200,
             require_digest: false,
             tls: None,
         }
@@ -170,6 +181,18 @@ fn spec(
     let cfg = dir.path().join("zoo.cfg");
     fs::write(&cfg, config(options, &data, client, servers, tls))?;
     let log = dir.path().join("zookeeper.log");
+    // System properties, not `zoo.cfg` lines: the server reads these two
+    // from the JVM only.
+    let properties = [
+        format!(
+            "-Dzookeeper.extendedTypesEnabled={}",
+            options.extended_types
+        ),
+        format!(
+            "-Dznode.container.checkIntervalMs={}",
+            options.container_check_ms
+        ),
+    ];
     let command = move || {
         let mut cmd = Command::new(&java);
         cmd.args(["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC"])
@@ -177,6 +200,7 @@ fn spec(
                 "-Dzookeeper.admin.enableServer=false",
                 "-Djava.net.preferIPv4Stack=true",
             ])
+            .args(&properties)
             .args(["-cp", &classpath, main_class])
             .arg(&cfg);
         cmd
@@ -225,14 +249,17 @@ pub fn start(mut options: Options) -> io::Result<Store> {
             None,
             Signal::SIGTERM,
         )?;
+        // The backend learns how late the server deletes expired TTL nodes.
+        let mut query = format!("?container_check_interval={}ms", options.container_check_ms);
         let launched = match &options.tls {
             Some(tls) => {
                 let ca = spec.dir.path().join(CA_FILE);
+                query.push_str(&format!("&tls_ca={}", ca.display()));
                 Store::launch_tls(spec, tls.probe(b"srvr", serves)?)
-                    .map(|store| store.with_url_query(&format!("?tls_ca={}", ca.display())))
             }
             None => Store::launch(spec),
         };
+        let launched = launched.map(|store| store.with_url_query(&query));
         match launched {
             Err(e) if net::port_clash(&e) => last = Some(e),
             other => return other,

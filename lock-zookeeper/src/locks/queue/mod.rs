@@ -55,7 +55,7 @@ pub(crate) struct Entry {
     acls: Arc<Acls>,
     cleanups: Cleanups,
     /// The label the node is created with.
-    label: Option<HolderLabel>,
+    pub(crate) label: Option<HolderLabel>,
     pub(crate) node: Option<Node>,
     /// A create's reply was lost: a second node of ours may show up.
     pub(crate) strays: bool,

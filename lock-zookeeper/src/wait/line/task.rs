@@ -124,9 +124,10 @@ pub(super) async fn run(line: Weak<Line>, poke: Arc<Notify>, mut link: Link, par
                         tokio::select! {
                             biased;
                             event = &mut fired => match event.event_type {
+                                // Gone, or kept (see `Line::deletion_seen`).
                                 zk::EventType::NodeDeleted => {
                                     if let Some(live) = line.upgrade() {
-                                        live.passed(sequence);
+                                        live.deletion_seen(sequence);
                                     }
                                     Ok(())
                                 }

@@ -1,0 +1,292 @@
+//! `set_remaining`: a lock node kept as a TTL node outlives its client's
+//! session, keeps its place and fence, wakes its waiters only when the
+//! servers delete it, and is released, evicted or kept again only as its
+//! grant; servers without TTL nodes refuse it, saying which setting is
+//! missing.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_conformance::kit::poll::until;
+use lock_conformance::kit::scaled;
+use lock_conformance::kit::stores::zookeeper;
+use lockcore::backend::LockBackendExt;
+use lockcore::backend::wait::WaitPolicy;
+use lockcore::{LockBackend, LockError, Locker, ReleaseOutcome};
+use tokio::time::Instant;
+
+use crate::support::{
+    children, connect, container_check_interval, may_launch_servers, raw, round_trip, take, tick,
+    unique,
+};
+
+/// A name kept by `set_remaining` stays taken after its holder's session
+/// is closed (its ephemeral nodes gone): by the same node, with the same
+/// fence and label, and a waiter queued before the call is not let through
+/// by the transaction that replaced the node. The waiter is granted, with a
+/// larger fence, no sooner than the remaining time after the call was sent,
+/// and within the servers' sweep of TTL nodes (plus a tick, what the
+/// capabilities declare for kept leases) and a round trip after it returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_name_outlives_its_clients_session() {
+    let store = zookeeper::shared();
+    let (holder, waiter, other) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let observer = raw(&store.endpoint()).await;
+    let caps = holder.capabilities();
+    assert!(caps.sets_remaining, "the kit's servers keep TTL nodes");
+    assert!(
+        caps.expiry_slack >= container_check_interval() + tick(),
+        "{caps:?}"
+    );
+    let name = unique("kept");
+    let parent = holder.lock_path(&name);
+    let lease = take(&holder, &name).await;
+    let before = other.inspect(&name).await.unwrap().unwrap();
+    let queued = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move {
+            let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(60));
+            let granted = waiter.acquire_for(&name, waiter.session_timeout(), &wait);
+            (granted.await, Instant::now())
+        }
+    });
+    until(Duration::from_secs(10), "the waiter in line", || async {
+        children(&observer, &parent).await.len() == 2
+    })
+    .await;
+    let sorted = |mut nodes: Vec<String>| {
+        nodes.sort();
+        nodes
+    };
+    let line = sorted(children(&observer, &parent).await);
+    let remaining = caps
+        .effective_remaining(scaled(Duration::from_secs(3)))
+        .unwrap();
+    let sent = Instant::now();
+    let kept = holder.set_remaining(&lease, remaining).await.unwrap();
+    let returned = Instant::now();
+    assert!(kept.same_grant(&lease) && kept.ttl() == remaining);
+    assert_eq!(
+        sorted(children(&observer, &parent).await),
+        line,
+        "the node kept its place"
+    );
+    holder.close().await.unwrap();
+    let node = line
+        .iter()
+        .find(|n| n.contains(&lease.owner().as_uuid().hyphenated().to_string()))
+        .expect("the holder's node");
+    let (_, stat) = observer
+        .get_data(&format!("{parent}/{node}"))
+        .await
+        .expect("the kept node outlives its session");
+    assert_eq!(stat.ephemeral_owner, 0, "a TTL node, no session's");
+    assert!(stat.czxid > lease.fence().get() as i64);
+    // Taken all along, by the same grant.
+    let held = other.inspect(&name).await.unwrap().expect("still held");
+    assert_eq!(
+        (held.fence, held.owner, &held.label),
+        (lease.fence(), before.owner, &before.label)
+    );
+    assert!(
+        other
+            .try_acquire_for(&name, other.session_timeout())
+            .await
+            .unwrap()
+            .into_lease()
+            .is_none(),
+        "another client took a kept name"
+    );
+    assert!(!queued.is_finished(), "the waiter went through a kept name");
+    let (granted, at) = queued.await.unwrap();
+    let granted = granted.unwrap().expect("the waiter is granted");
+    let bound = remaining.get() + container_check_interval() + tick() + round_trip(&other).await;
+    eprintln!(
+        "kept for {remaining}: granted {:?} after the call was sent (bound {bound:?} after it returned)",
+        at - sent
+    );
+    assert!(
+        at >= sent + remaining.get(),
+        "granted {:?} after the call was sent, before {remaining}",
+        at - sent
+    );
+    assert!(
+        at <= returned + bound,
+        "granted {:?} after the call returned, past {bound:?}",
+        at - returned
+    );
+    assert!(granted.fence() > lease.fence());
+    assert_eq!(
+        waiter.release(&granted).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A kept lease is released, renewed (its remaining time set to its TTL
+/// again) and evicted as its grant: by its owner, or by an admin naming its
+/// fence; once gone it is never kept again, and the next grant's fence is
+/// larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_is_released_renewed_and_evicted_as_its_grant() {
+    let store = zookeeper::shared();
+    let (holder, other) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let caps = holder.capabilities();
+    let long = caps.effective_remaining(Duration::from_secs(600)).unwrap();
+
+    // Released by its owner.
+    let name = unique("kept-released");
+    let lease = take(&holder, &name).await;
+    let kept = holder.set_remaining(&lease, long).await.unwrap();
+    let renewed = holder.renew(&kept).await.unwrap();
+    assert!(renewed.same_grant(&lease) && renewed.ttl() == long);
+    assert_eq!(
+        other.inspect(&name).await.unwrap().map(|h| h.fence),
+        Some(lease.fence())
+    );
+    assert_eq!(
+        holder.release(&kept).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        holder.release(&kept).await.unwrap(),
+        ReleaseOutcome::NotHeld
+    );
+    let next = take(&other, &name).await;
+    assert!(next.fence() > lease.fence());
+    let stale = holder.set_remaining(&kept, long).await;
+    assert!(matches!(stale, Err(LockError::NotHeld { .. })), "{stale:?}");
+    other.release(&next).await.unwrap();
+
+    // Evicted by its fence, its client closed.
+    let name = unique("kept-evicted");
+    let lease = take(&holder, &name).await;
+    let kept = holder.set_remaining(&lease, long).await.unwrap();
+    let wrong = lockcore::FencingToken::new(lease.fence().get() + 1).unwrap();
+    assert!(other.evict(&name, Some(wrong)).await.unwrap().is_none());
+    let evicted = other.evict(&name, Some(lease.fence())).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
+    assert!(other.inspect(&name).await.unwrap().is_none());
+    for again in [
+        holder.set_remaining(&kept, long).await,
+        holder.renew(&kept).await,
+    ] {
+        assert!(matches!(again, Err(LockError::NotHeld { .. })), "{again:?}");
+    }
+    assert!(
+        other.inspect(&name).await.unwrap().is_none(),
+        "never kept again"
+    );
+    let next = take(&other, &name).await;
+    assert!(next.fence() > lease.fence());
+    other.release(&next).await.unwrap();
+}
+
+/// Servers without TTL nodes (`zookeeper.extendedTypesEnabled` unset): the
+/// capabilities say so, `set_remaining` is `Unsupported` with a log line
+/// naming the setting, the lease is left as it was, and a job with
+/// `at_least` is refused before it takes anything.
+#[tokio::test]
+async fn servers_without_ttl_nodes_refuse_set_remaining_clearly() {
+    if !may_launch_servers("servers_without_ttl_nodes_refuse_set_remaining_clearly") {
+        return;
+    }
+    let log = Capture::default();
+    let _capturing = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(log.clone())
+            .finish(),
+    );
+    let mut options = zookeeper::Options::default();
+    options.extended_types = false;
+    let store = tokio::task::spawn_blocking(move || zookeeper::start(options))
+        .await
+        .unwrap()
+        .unwrap();
+    let client = connect(store.endpoint()).await.unwrap();
+    let caps = client.capabilities();
+    assert!(!caps.sets_remaining, "{caps:?}");
+    let said = log.text();
+    assert!(
+        said.contains("zookeeper.extendedTypesEnabled=true") && said.contains("INFO"),
+        "connect says why set_remaining is unsupported: {said}"
+    );
+    let name = unique("no-ttl");
+    let lease = take(&client, &name).await;
+    let remaining = caps.effective_remaining(Duration::from_secs(5)).unwrap();
+    let refused = client.set_remaining(&lease, remaining).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::Unsupported {
+                backend: "zookeeper",
+                operation: "set_remaining"
+            })
+        ),
+        "{refused:?}"
+    );
+    let said = log.text();
+    let warning = said
+        .lines()
+        .find(|l| l.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning: {said}"));
+    assert!(
+        warning.contains("-Dzookeeper.extendedTypesEnabled=true")
+            && warning.contains("set_remaining is unsupported")
+            && warning.contains(name.as_str()),
+        "{warning}"
+    );
+    // Nothing changed: still held, by its session.
+    assert!(!lease.is_expired());
+    client.renew(&lease).await.unwrap();
+    assert_eq!(
+        client.inspect(&name).await.unwrap().map(|h| h.fence),
+        Some(lease.fence())
+    );
+    client.release(&lease).await.unwrap();
+    let job = Locker::new(client.clone()).job(&name).unwrap();
+    let ran = (job.at_most(Duration::from_secs(10)))
+        .at_least(Duration::from_secs(1))
+        .run(|_| async {})
+        .await;
+    assert!(matches!(ran, Err(LockError::Unsupported { .. })), "{ran:?}");
+    assert!(client.inspect(&name).await.unwrap().is_none());
+    client.close().await.unwrap();
+}
+
+/// What this thread logs, for one test.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Capture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Capture {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
+    type Writer = Capture;
+
+    fn make_writer(&'a self) -> Capture {
+        self.clone()
+    }
+}
