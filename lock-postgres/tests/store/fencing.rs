@@ -371,3 +371,93 @@ async fn slots_are_fenced_apart() {
         "the plain resource is a mark of its own"
     );
 }
+
+/// One failover moves the fences once. A client whose new connection finds
+/// another timeline recorded than its server's, but whose locked look (it
+/// waited for grants to pause) finds the server's timeline recorded
+/// meanwhile, by a client that handled the failover first, neither raises
+/// the fence floor again nor starts another lock delay: its grant follows
+/// at once, with a fence that did not jump to the server's clock.
+#[tokio::test]
+async fn a_failover_another_client_recorded_first_is_not_handled_again() {
+    let (table, app) = (unique("tl"), unique("tlapp"));
+    let delay = scaled(Duration::from_secs(20));
+    let url = with_params(
+        &shared_url(),
+        &format!(
+            "table={table}&application_name={app}&failover_lock_delay={}ms",
+            delay.as_millis()
+        ),
+    );
+    let first = connect(&url).await;
+    let lock = name("one-failover");
+    let lease = acquired(&first, &lock, Duration::from_secs(5)).await;
+    first.release(&lease).await.unwrap();
+    // A failover, as the table sees it: another timeline recorded than
+    // the server's.
+    let mut admin = sql_conn(&shared_url()).await;
+    let timeline: String =
+        sqlx::query_scalar("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    let epoch = format!("public.{table}_epoch");
+    sqlx::query(&format!(
+        "UPDATE {epoch} SET timeline = 'FFFFFFFF' WHERE id"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    // Grants paused, as the client handling it first pauses them.
+    let mut other = sql_conn(&shared_url()).await;
+    let mut first_handler = sqlx::Connection::begin(&mut other).await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE public.{table}, public.{table}_permits IN EXCLUSIVE MODE"
+    ))
+    .execute(&mut *first_handler)
+    .await
+    .unwrap();
+    let second = tokio::spawn({
+        let (url, lock) = (url.clone(), lock.clone());
+        async move {
+            let client = connect(&url).await;
+            let lease = acquired(&client, &lock, Duration::from_secs(5)).await;
+            (Instant::now(), lease)
+        }
+    });
+    eventually(
+        scaled(Duration::from_secs(10)),
+        "the second client's check waiting for grants to pause",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            )
+            .bind(&app)
+            .fetch_one(&mut sql_conn(&shared_url()).await)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    // The first handler records the server's timeline and lets grants go.
+    sqlx::query(&format!("UPDATE {epoch} SET timeline = $1 WHERE id"))
+        .bind(&timeline)
+        .execute(&mut *first_handler)
+        .await
+        .unwrap();
+    first_handler.commit().await.unwrap();
+    let let_go = Instant::now();
+    let (granted, lease) = second.await.unwrap();
+    assert!(
+        granted - let_go < delay / 2,
+        "granted {:?} after grants resumed: a second lock delay ({delay:?}) was started",
+        granted - let_go
+    );
+    assert!(
+        lease.fence().get() < 1_000_000_000,
+        "fence {} after one failover handled by another client: the floor was raised again",
+        lease.fence()
+    );
+}
