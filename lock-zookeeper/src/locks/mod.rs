@@ -142,6 +142,15 @@ impl Client {
         })
     }
 
+    /// Deletes the node of a grant whose deadline passed unrenewed, in the
+    /// background: tried again while the connection is in trouble
+    /// ([`Held::delete_expired`]).
+    pub(crate) fn delete_expired_later(&self, held: &Arc<Held>) {
+        let held = held.clone();
+        self.cleanups
+            .spawn(async move { held.delete_expired().await });
+    }
+
     /// Deletes the grant's node if it is still this lease's.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.refuse_closed()?;
@@ -152,11 +161,7 @@ impl Client {
             return self.release_kept(held).await;
         }
         if held.expire_if_due(Instant::now()) {
-            // Past its deadline: its node goes in the background, tried
-            // again while the connection is in trouble.
-            let held = held.clone();
-            self.cleanups
-                .spawn(async move { held.delete_expired().await });
+            self.delete_expired_later(held);
             return Ok(ReleaseOutcome::NotHeld);
         }
         if held.over() != Over::No {

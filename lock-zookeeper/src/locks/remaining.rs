@@ -4,8 +4,9 @@
 //! its place at the head of the queue, outlives the session, and the
 //! servers delete it once its time has run out.
 //!
-//! **One transaction.** A `multi` deletes the node and creates it again as
-//! a persistent node with a TTL of the remaining time. The delete fails if
+//! **One transaction.** A `multi` writes the node's data, deletes it and
+//! creates it again as a persistent node with a TTL of the remaining time.
+//! The write and the delete fail if
 //! the node is gone (released, evicted, its session ended, its TTL ran
 //! out), and then nothing is created: the path names one grant (its owner's
 //! uuid and sequence number) and nothing else ever creates it, so its
@@ -19,9 +20,12 @@
 //! which is above the grant's, and its offset no smaller: fences still only
 //! grow.
 //!
-//! **Waiters.** A waiter watching the node sees it deleted by the
-//! transaction: it looks again, and watches the node it finds there (see
-//! [`crate::wait::line`]). The deletion by the servers wakes it for good.
+//! **Waiters.** A waiter watching the node (an `exists` watch, one-shot)
+//! is told of the transaction's first change, the write
+//! (`NodeDataChanged`), never of its delete: it watches again and finds the
+//! kept node. So a deletion event always means the node is gone, and a
+//! hand-off costs no look to tell the two apart. The deletion by the
+//! servers wakes it for good.
 //!
 //! **Expiry.** The leader deletes a TTL node that has no children at its
 //! first sweep after the node's `mtime` (the transaction's time) is more
@@ -90,7 +94,7 @@ impl Client {
             }
             None => {
                 if held.expire_if_due(now) {
-                    let _ = held.delete().await;
+                    self.delete_expired_later(held);
                     return Err(not_held(lease));
                 }
                 if held.over() != Over::No {
@@ -129,7 +133,7 @@ impl Client {
                 drop(keeping);
                 // Its deadline may have passed meanwhile, unwatched.
                 if held.expire_if_due(Instant::now()) {
-                    let _ = held.delete().await;
+                    self.delete_expired_later(held);
                 }
                 Err(e)
             }
@@ -153,16 +157,18 @@ impl Client {
         let mut last = zk::Error::ConnectionLoss;
         for _ in 0..ATTEMPTS {
             let mut multi = client.new_multi_writer();
+            // First a write, so watchers hear of a change, not a delete.
+            (multi.add_set_data(&held.path, &data, None)).map_err(|e| keeping(held, e))?;
             (multi.add_delete(&held.path, None)).map_err(|e| keeping(held, e))?;
             (multi.add_create(&held.path, &data, &mode)).map_err(|e| keeping(held, e))?;
             match multi.commit().await {
                 Ok(results) => return created(client, held, &results).await.map(Kept::As),
                 Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
+                    index: 0 | 1,
                     source: zk::Error::NoNode,
                 }) => return Ok(Kept::Gone),
                 Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
+                    index: CREATE,
                     source: zk::Error::Unimplemented | zk::Error::BadArguments(_),
                 }) => {
                     self.refuses_ttl_nodes();
@@ -252,7 +258,7 @@ async fn created(
     held: &Held,
     results: &[zk::MultiWriteResult],
 ) -> Result<i64, LockError> {
-    if let Some(zk::MultiWriteResult::Create { stat, .. }) = results.get(1)
+    if let Some(zk::MultiWriteResult::Create { stat, .. }) = results.get(CREATE)
         && !stat.is_invalid()
     {
         return Ok(stat.czxid);
@@ -266,6 +272,10 @@ async fn created(
         Err(e) => Err(keeping(held, e)),
     }
 }
+
+/// The place of the create in the keep transaction (after the write and
+/// the delete).
+const CREATE: usize = 2;
 
 /// An error while keeping `held`'s node.
 fn keeping(held: &Held, e: zk::Error) -> LockError {

@@ -72,9 +72,8 @@ impl Client {
             .map(|(session, group)| self.renew_on(session, leases, group));
         // Past its deadline: deleted in the background, tried again while
         // the connection is in trouble (the renewal answers "not held" now).
-        for held in expired {
-            self.cleanups
-                .spawn(async move { held.delete_expired().await });
+        for held in &expired {
+            self.delete_expired_later(held);
         }
         let kept = kept.into_iter().map(|i| async move {
             let lease = &leases[i];

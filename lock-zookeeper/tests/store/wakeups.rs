@@ -182,13 +182,10 @@ async fn nodes_that_left_unseen_cost_one_listing_not_one_request_each() {
     held.release().await.unwrap();
     let guard = waiting.await.unwrap().unwrap();
     let requests = answered(store.addr(), sid) - before;
-    // A listing (2), a watch on the holder's node (1), a look at it again
-    // after its deletion event (1: it was first in the view, and
-    // `set_remaining` deletes a holder's node and creates it again at
-    // once), and at most one look at our own node behind a `sync` (2)
-    // before the grant.
+    // A listing (2), a watch on the holder's node (1), and at most one
+    // look at our own node behind a `sync` (2) before the grant.
     assert!(
-        requests <= 6,
+        requests <= 5,
         "{requests} requests from the watched node's departure to the grant, with {} nodes gone unseen",
         AHEAD - 1
     );

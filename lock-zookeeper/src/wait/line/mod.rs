@@ -11,11 +11,10 @@
 //! alone is told it is first; when others were ahead of it, they may have
 //! gone unseen, so the queue is listed again (one round trip, not one per
 //! node). A release by this session is known at once, without an event.
-//! A deletion event of the first node in the view proves nothing alone:
-//! `set_remaining` deletes a holder's node and creates it again at the same
-//! path in one transaction ([`crate::locks::remaining`]), so that node
-//! counts as gone only once an `exists` sent after the event finds nothing.
-//! (With nodes left ahead of it, the listing that follows shows it anyway.)
+//! A deletion event proves the node gone: `set_remaining`, which deletes a
+//! holder's node and creates it again at the same path in one transaction
+//! ([`crate::locks::remaining`]), writes it first, so a watcher hears of
+//! that write instead and watches again.
 //!
 //! **Why a decision on this view is sound.** Sequence numbers only grow, so
 //! the nodes ahead of a node are older than it, and only ever leave. A
@@ -295,20 +294,8 @@ impl Line {
         }
     }
 
-    /// The node watched, `sequence`, was deleted (an event): gone at once
-    /// if nodes are left ahead of it in the view, since the listing that
-    /// follows shows it again if it was kept. Else the task looks again (an
-    /// `exists`): it may be a holder's node that `set_remaining` deleted
-    /// and created again in one transaction.
-    fn deletion_seen(&self, sequence: u32) {
-        let ahead = self.lock().nodes.range(..sequence).next().is_some();
-        if ahead {
-            self.passed(sequence);
-        }
-    }
-
-    /// The node watched, `sequence`, is gone (an `exists` found nothing, or
-    /// its deletion with nodes left ahead of it). The view is stale if nodes are left ahead of the
+    /// The node watched, `sequence`, is gone (an event, or an `exists` that
+    /// found nothing). The view is stale if nodes are left ahead of the
     /// first local waiter: they were not watched.
     fn passed(&self, sequence: u32) {
         let mut state = self.lock();

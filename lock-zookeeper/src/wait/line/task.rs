@@ -124,10 +124,11 @@ pub(super) async fn run(line: Weak<Line>, poke: Arc<Notify>, mut link: Link, par
                         tokio::select! {
                             biased;
                             event = &mut fired => match event.event_type {
-                                // Gone, or kept (see `Line::deletion_seen`).
+                                // Gone (a node kept by `set_remaining` is
+                                // written to first: `NodeDataChanged`).
                                 zk::EventType::NodeDeleted => {
                                     if let Some(live) = line.upgrade() {
-                                        live.deletion_seen(sequence);
+                                        live.passed(sequence);
                                     }
                                     Ok(())
                                 }
