@@ -36,8 +36,9 @@ pub use last_run::LastRun;
 /// - **The fence is the execution id**: the job gets its grant's fencing
 ///   token, larger than every earlier run's, to pass to what it writes.
 ///
-/// No wall clock is read anywhere: elapsed time is measured on the
-/// monotonic clock (and the boot clock, so a suspend counts) and expiry is
+/// No wall clock decides anything (a `once_per` record notes its run's end
+/// on the node's wall clock, for people to read): elapsed time is measured
+/// on the monotonic clock (and the boot clock, so a suspend counts) and expiry is
 /// kept by the store, on its clock ([`Capabilities::expiry_clock`](crate::Capabilities::expiry_clock)).
 ///
 /// ```
@@ -454,7 +455,9 @@ impl JobRun {
         let Some(left) = record.window.checked_sub(took).filter(|d| !d.is_zero()) else {
             return Ok(());
         };
-        let label = LastRun::label(self.fencing_token(), took, record.locker.get_label());
+        // The node's wall clock, for people to read in the record only.
+        let ended = std::time::SystemTime::now();
+        let label = LastRun::label(self.fencing_token(), took, ended, record.locker.get_label());
         let recorder = record.locker.clone().auto_renew(false).label(label);
         match recorder.try_acquire(&record.name).await? {
             Some(kept) => kept.release_no_sooner_than(left).await.map(drop),

@@ -57,13 +57,14 @@ pub(super) async fn inspect(
     Ok(ExitCode::SUCCESS)
 }
 
-/// A job's last completed run in words: `fence=12, took 3s 400ms, by
-/// host:42, window ends in 54m`.
+/// A job's last completed run in words: `fence=12, took 3s 400ms, ended
+/// 2026-12-06T09:13:07Z (its node's clock), by host:42, window ends in 54m`.
 pub(super) fn describe_run(last: &LastRun) -> String {
     format!(
-        "fence={}, took {}, by {}{}",
+        "fence={}, took {}, ended {} (its node's clock), by {}{}",
         last.fence,
         humantime::format_duration(round_ms(last.took)),
+        humantime::format_rfc3339_seconds(last.ended_at),
         last.by,
         last.window_left.map_or(String::new(), |d| format!(
             ", window ends in {}",
@@ -77,7 +78,7 @@ fn round_ms(d: Duration) -> Duration {
 }
 
 /// `{"name":..,"held":..,"fence":..,"owner":..,"label":..,"expires_in_ms":..}`
-/// (with `"last_run":{"fence":..,"took_ms":..,"by":..,"window_left_ms":..}`
+/// (with `"last_run":{"fence":..,"took_ms":..,"ended_ms":..,"by":..,"window_left_ms":..}`
 /// while a job's record lasts), or for a semaphore
 /// `{"name":..,"permits":[{"slot":..,...}]}`.
 fn to_json(name: &LockName, permits: bool, holders: &[Holder], last: Option<&LastRun>) -> String {
@@ -118,9 +119,13 @@ fn to_json(name: &LockName, permits: bool, holders: &[Holder], last: Option<&Las
     } else {
         let last = last.map_or(String::new(), |l| {
             format!(
-                ",\"last_run\":{{\"fence\":{},\"took_ms\":{},\"by\":{},\"window_left_ms\":{}}}",
+                ",\"last_run\":{{\"fence\":{},\"took_ms\":{},\"ended_ms\":{},\"by\":{},\"window_left_ms\":{}}}",
                 l.fence,
                 l.took.as_millis(),
+                l.ended_at
+                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis(),
                 json_string(&l.by),
                 l.window_left
                     .map_or("null".into(), |d| d.as_millis().to_string())

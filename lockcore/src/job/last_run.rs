@@ -2,7 +2,7 @@
 //! on the job's record name, left to the store to expire when the run's
 //! window ends, whose holder label says which run it was.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::{FencingToken, Holder, HolderLabel, LockError, LockName};
 
@@ -36,6 +36,9 @@ pub struct LastRun {
     pub fence: FencingToken,
     /// How long it held the name, from asking for it to its end.
     pub took: Duration,
+    /// When it ended, on the clock of the node that ran it: for people to
+    /// read; nothing is decided on it (the window is the store's).
+    pub ended_at: SystemTime,
     /// The label of the node that ran it (its locker's label).
     pub by: String,
     /// Time left in its window, as the store counts it: no run starts
@@ -44,10 +47,24 @@ pub struct LastRun {
 }
 
 impl LastRun {
-    /// The record of a run by `by` with fence `fence` that took `took`, as
-    /// a holder label: `fence=12 took_ms=3400 by=host:42` (`by` cut to fit).
-    pub(crate) fn label(fence: FencingToken, took: Duration, by: &HolderLabel) -> HolderLabel {
-        let head = format!("fence={fence} took_ms={} by=", took.as_millis());
+    /// The record of a run by `by` with fence `fence` that took `took` and
+    /// ended at `ended_at`, as a holder label:
+    /// `fence=12 took_ms=3400 ended_ms=1765012345678 by=host:42` (`by` cut
+    /// to fit; `ended_ms` in milliseconds since the Unix epoch).
+    pub(crate) fn label(
+        fence: FencingToken,
+        took: Duration,
+        ended_at: SystemTime,
+        by: &HolderLabel,
+    ) -> HolderLabel {
+        let ended = ended_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let head = format!(
+            "fence={fence} took_ms={} ended_ms={} by=",
+            took.as_millis(),
+            ended.as_millis()
+        );
         let room = HolderLabel::MAX_BYTES - head.len();
         let by = by.as_str();
         let mut cut = by.len().min(room);
@@ -64,10 +81,12 @@ impl LastRun {
         let label = holder.label.as_ref()?.as_str();
         let rest = label.strip_prefix("fence=")?;
         let (fence, rest) = rest.split_once(" took_ms=")?;
-        let (took, by) = rest.split_once(" by=")?;
+        let (took, rest) = rest.split_once(" ended_ms=")?;
+        let (ended, by) = rest.split_once(" by=")?;
         Some(LastRun {
             fence: FencingToken::new(fence.parse().ok()?)?,
             took: Duration::from_millis(took.parse().ok()?),
+            ended_at: SystemTime::UNIX_EPOCH + Duration::from_millis(ended.parse().ok()?),
             by: by.to_owned(),
             window_left: holder.expires_in,
         })
@@ -94,11 +113,13 @@ mod tests {
         let fence = FencingToken::new(u64::MAX).unwrap();
         let long = HolderLabel::new("é".repeat(64)).unwrap();
         for by in [HolderLabel::new("node-a:42").unwrap(), long] {
-            let label = LastRun::label(fence, Duration::from_millis(3400), &by);
+            let ended = SystemTime::UNIX_EPOCH + Duration::from_millis(1_765_012_345_678);
+            let label = LastRun::label(fence, Duration::from_millis(3400), ended, &by);
             assert!(label.as_str().len() <= HolderLabel::MAX_BYTES);
             let read = LastRun::from_holder(&holder(label.as_str())).unwrap();
             assert_eq!(read.fence, fence);
             assert_eq!(read.took, Duration::from_millis(3400));
+            assert_eq!(read.ended_at, ended);
             assert!(by.as_str().starts_with(&read.by) && !read.by.is_empty());
             assert_eq!(read.window_left, Some(Duration::from_secs(7)));
         }
@@ -106,7 +127,12 @@ mod tests {
 
     #[test]
     fn a_label_that_is_not_a_record_is_none() {
-        for label in ["host:1", "fence=x took_ms=1 by=a", "fence=1 took_ms=1"] {
+        for label in [
+            "host:1",
+            "fence=x took_ms=1 ended_ms=1 by=a",
+            "fence=1 took_ms=1 by=a",
+            "fence=1 took_ms=1 ended_ms=1",
+        ] {
             assert_eq!(LastRun::from_holder(&holder(label)), None, "{label}");
         }
     }
