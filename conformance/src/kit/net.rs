@@ -74,7 +74,7 @@ pub(crate) fn exchange(
 }
 
 /// Whether a failed start looks like a port clash (retry on another port).
-pub(crate) fn port_clash(e: &io::Error) -> bool {
+pub fn port_clash(e: &io::Error) -> bool {
     let text = e.to_string().to_ascii_lowercase();
     text.contains("address already in use")
         || text.contains("addrinuse")

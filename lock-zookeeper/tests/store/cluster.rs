@@ -51,20 +51,29 @@ struct Split {
 }
 
 impl Split {
+    /// Starts the ensemble behind its links; on a port another process
+    /// took between its choice and the bind, again on other ports.
     async fn start() -> Split {
-        let mut plan = zookeeper::EnsemblePlan::new(3).unwrap();
-        let mut links = HashMap::new();
-        for from in 0..3 {
-            for to in (0..3).filter(|&to| to != from) {
-                let link = FaultProxy::start(plan.quorum_addr(to)).await.unwrap();
-                plan.route(from, to, link.addr());
-                links.insert((from, to), link);
+        let mut tries = 0;
+        let (cluster, links) = loop {
+            let mut plan = zookeeper::EnsemblePlan::new(3).unwrap();
+            let mut links = HashMap::new();
+            for from in 0..3 {
+                for to in (0..3).filter(|&to| to != from) {
+                    let link = FaultProxy::start(plan.quorum_addr(to)).await.unwrap();
+                    plan.route(from, to, link.addr());
+                    links.insert((from, to), link);
+                }
             }
-        }
-        let cluster = tokio::task::spawn_blocking(move || plan.start())
-            .await
-            .unwrap()
-            .unwrap();
+            match tokio::task::spawn_blocking(move || plan.start())
+                .await
+                .unwrap()
+            {
+                Ok(cluster) => break (cluster, links),
+                Err(e) if lock_conformance::kit::port_clash(&e) && tries < 4 => tries += 1,
+                Err(e) => panic!("{e}"),
+            }
+        };
         let leader = cluster.wait_leader(Duration::from_secs(30)).unwrap();
         Split {
             cluster,

@@ -269,9 +269,17 @@ pub fn start(mut options: Options) -> io::Result<Store> {
 }
 
 /// Starts a `size`-server ensemble on loopback and waits until every server
-/// serves (one leader, the others followers).
+/// serves (one leader, the others followers). A port another process took
+/// between its choice and the bind: again, on other ports (five tries).
 pub fn start_ensemble(size: usize) -> io::Result<Cluster> {
-    EnsemblePlan::new(size)?.start()
+    let mut last = None;
+    for _ in 0..5 {
+        match EnsemblePlan::new(size)?.start() {
+            Err(e) if net::port_clash(&e) => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("zookeeper ensemble did not start")))
 }
 
 /// The ports of an ensemble, chosen before it starts, so that a test can put
