@@ -86,7 +86,11 @@ fn workflow_runs_the_suite_against_the_containers() {
             "postgres://postgres@127.0.0.1:5432/postgres",
         ),
         (env::ETCD_URL, "etcd://127.0.0.1:2379"),
-        (env::ZOOKEEPER_URL, "zk://127.0.0.1:2181"),
+        // The container starts ZooKeeper with TTL nodes swept every 200 ms.
+        (
+            env::ZOOKEEPER_URL,
+            "zk://127.0.0.1:2181?container_check_interval=200ms",
+        ),
     ] {
         assert_eq!(words(&env[var.name()]), want, "{var}");
     }
