@@ -115,14 +115,49 @@ impl Client {
 
     /// Renews `leases`, locks and permits alike, one script per chunk of
     /// [`RENEW_CHUNK`], each lease owner- and fence-checked on its own.
+    /// On a Redis Cluster a script may only touch one slot: the leases are
+    /// grouped by their name's slot, one script per group (all sent at
+    /// once, so each node's share goes out together on its connection),
+    /// and the results put back in the leases' order.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
-        let chunks = leases
-            .chunks(RENEW_CHUNK)
-            .map(|chunk| self.renew_chunk(chunk));
-        futures::future::join_all(chunks)
-            .await
+        if !self.commands.is_cluster() {
+            let chunks = leases
+                .chunks(RENEW_CHUNK)
+                .map(|chunk| self.renew_chunk(chunk));
+            return futures::future::join_all(chunks)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+        }
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, lease) in leases.iter().enumerate() {
+            let slot = keys::key_slot(&self.keys(lease.name()).lock);
+            by_slot.entry(slot).or_default().push(i);
+        }
+        let groups: Vec<Vec<usize>> = by_slot
+            .into_values()
+            .flat_map(|group| {
+                group
+                    .chunks(RENEW_CHUNK)
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let renewed = futures::future::join_all(groups.iter().map(|group| async move {
+            let chunk: Vec<Lease> = group.iter().map(|&i| leases[i].clone()).collect();
+            self.renew_chunk(&chunk).await
+        }))
+        .await;
+        let mut results: Vec<Option<Result<Lease, LockError>>> = vec![None; leases.len()];
+        for (group, outcomes) in groups.iter().zip(renewed) {
+            for (&i, outcome) in group.iter().zip(outcomes) {
+                results[i] = Some(outcome);
+            }
+        }
+        results
             .into_iter()
-            .flatten()
+            .map(|r| r.unwrap_or_else(|| Err(error::unexpected("a lease was not renewed"))))
             .collect()
     }
 

@@ -21,6 +21,7 @@ const SCHEMES: &[&str] = &[
     "valkeys",
     "valkey+unix",
     "redis+sentinel",
+    "redis+cluster",
 ];
 
 /// The options a Redis URL may carry, named in the error for any other.
@@ -67,10 +68,22 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
         (None, None)
     };
     let sentinel = url.scheme() == "redis+sentinel";
+    let cluster = url.scheme() == "redis+cluster";
+    if cluster && !cfg!(feature = "cluster") {
+        return Err(bad(
+            "names a Redis Cluster, but lock-redis was built without its `cluster` feature".into(),
+        ));
+    }
+    let mut nodes = None;
     let (addr, db, sentinels) = if sentinel {
         let (sentinels, db) = sentinels(&mut url).map_err(bad)?;
         let (host, port) = sentinels.addrs[0].clone();
         (ConnectionAddr::Tcp(host, port), db, Some(sentinels))
+    } else if cluster {
+        let seeds = cluster_nodes(&mut url).map_err(bad)?;
+        let (host, port) = seeds[0].clone();
+        nodes = Some(seeds);
+        (ConnectionAddr::Tcp(host, port), 0, None)
     } else {
         let addr = address(&url, tls, unix).map_err(bad)?;
         (addr, database(&mut url, unix).map_err(bad)?, None)
@@ -96,6 +109,7 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     let client = redis::Client::open(info).map_err(|e| bad(format!("cannot be used: {e}")))?;
     let mut config = RedisConfig::from_client(client);
     config.sentinel = sentinels;
+    config.cluster = nodes;
     if let Some(prefix) = url.take("prefix") {
         config.key_prefix = prefix;
     }
@@ -188,6 +202,27 @@ fn sentinels(url: &mut StoreUrl) -> Result<(Sentinels, i64), String> {
     };
     let service = service.to_owned();
     Ok((Sentinels { addrs, service }, db))
+}
+
+/// The nodes a `redis+cluster://h1:p1,h2:p2[/]` URL names to learn the
+/// Cluster's layout from. A Cluster has database 0 only.
+fn cluster_nodes(url: &mut StoreUrl) -> Result<Vec<(String, u16)>, String> {
+    let nodes: Vec<(String, u16)> = url
+        .hosts()
+        .iter()
+        .map(|h| (h.name.clone(), h.port.unwrap_or(DEFAULT_PORT)))
+        .collect();
+    if nodes.is_empty() {
+        return Err(
+            "a Cluster URL names one or more of its nodes: redis+cluster://host1:6379,host2:6379"
+                .into(),
+        );
+    }
+    let db = url.take("db");
+    if !url.path().trim_matches('/').is_empty() || db.is_some_and(|db| db != "0") {
+        return Err("a Redis Cluster has database 0 only: give no database".into());
+    }
+    Ok(nodes)
 }
 
 /// The database: the path (`/2`) of a TCP URL, or option `db`.

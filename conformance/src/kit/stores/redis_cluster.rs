@@ -1,0 +1,245 @@
+//! A Redis Cluster on loopback: three primaries, no replicas, each a
+//! durable `redis-server --cluster-enabled yes` (AOF, `appendfsync
+//! always`) in its own data dir, joined with `redis-cli --cluster create`;
+//! ready once every node says `cluster_state:ok` and knows all three. Or
+//! the Cluster `LOCK_TEST_REDIS_CLUSTER_URL` names
+//! (`redis+cluster://host:port[,host:port...]`). Its URL is
+//! `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+//!
+//! [`factory`] runs the conformance suite against it. The suite's fault
+//! cases work on one store process and its one address (kill, pause,
+//! restart it, or cut it off through a proxy): a Cluster has three, and
+//! its clients reach each node at the address the Cluster announces, not
+//! through a proxy, so the factory offers neither and those cases skip.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use lockcore::{LockBackend, LockError};
+
+use super::{Kind, Store, redis};
+use crate::Factory;
+use crate::kit::env::{self, partial_run_allowed};
+use crate::kit::poll;
+
+/// Primaries of the launched Cluster.
+const PRIMARIES: usize = 3;
+
+/// A running Redis Cluster (or the external one the variable names).
+pub struct RedisCluster {
+    /// The launched nodes (none for an external Cluster).
+    pub nodes: Vec<Store>,
+    url: String,
+}
+
+impl fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field("url", &self.url)
+            .field("nodes", &self.nodes.len())
+            .finish()
+    }
+}
+
+impl RedisCluster {
+    /// `redis+cluster://` with every node.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Whether the Cluster was launched elsewhere
+    /// (`LOCK_TEST_REDIS_CLUSTER_URL`).
+    pub fn is_external(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Runs `redis-cli -h 127.0.0.1 -p <node's port> args...`; its output,
+    /// or an error with it when it fails.
+    pub fn cli(&self, node: usize, args: &[&str]) -> io::Result<String> {
+        cli(self.nodes[node].addr().port(), args)
+    }
+}
+
+/// Starts a private three-primary Cluster, waiting until it is formed.
+pub fn start() -> io::Result<RedisCluster> {
+    if super::which("redis-cli").is_none() {
+        return Err(super::missing(Kind::Redis, "redis-cli"));
+    }
+    let nodes = (0..PRIMARIES)
+        .map(|_| {
+            redis::start(redis::Options::durable().server_args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+            ]))
+        })
+        .collect::<io::Result<Vec<Store>>>()?;
+    let addrs: Vec<String> = nodes.iter().map(|n| n.addr().to_string()).collect();
+    let mut create = vec!["--cluster", "create"];
+    create.extend(addrs.iter().map(String::as_str));
+    create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+    cli(nodes[0].addr().port(), &create)?;
+    let within = env::scaled(Duration::from_secs(30));
+    for node in &nodes {
+        let port = node.addr().port();
+        poll::blocking(within, "every Cluster node says cluster_state:ok", || {
+            let info = cli(port, &["cluster", "info"])?;
+            let formed = info.contains("cluster_state:ok")
+                && info.contains(&format!("cluster_known_nodes:{PRIMARIES}"))
+                && info.contains("cluster_slots_ok:16384");
+            Ok::<_, io::Error>(formed.then_some(()))
+        })?;
+    }
+    Ok(RedisCluster {
+        url: format!("redis+cluster://{}", addrs.join(",")),
+        nodes,
+    })
+}
+
+/// Runs `redis-cli` against `127.0.0.1:port`.
+fn cli(port: u16, args: &[&str]) -> io::Result<String> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() || text.starts_with("ERR") || text.contains("[ERR]") {
+        return Err(io::Error::other(format!(
+            "redis-cli -p {port} {}: {text}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(text)
+}
+
+static SHARED: OnceLock<Result<Arc<RedisCluster>, (io::ErrorKind, String)>> = OnceLock::new();
+
+/// The Cluster of this test binary, or the one `LOCK_TEST_REDIS_CLUSTER_URL`
+/// names.
+///
+/// # Panics
+/// When it cannot be started, with what to install.
+pub fn shared() -> Arc<RedisCluster> {
+    try_shared().unwrap_or_else(|e| panic!("redis cluster unavailable: {e}"))
+}
+
+/// [`shared`] without the panic.
+pub fn try_shared() -> io::Result<Arc<RedisCluster>> {
+    let result = SHARED.get_or_init(|| {
+        let cluster = match env::REDIS_CLUSTER_URL.get() {
+            Some(url) => Ok(RedisCluster {
+                nodes: Vec::new(),
+                url,
+            }),
+            None => start(),
+        };
+        match cluster {
+            Ok(cluster) => {
+                for node in &cluster.nodes {
+                    if let (Some(pid), Some(dir)) = (node.pid(), node.data_dir()) {
+                        super::shared::register_cleanup(pid, dir.to_owned());
+                    }
+                }
+                Ok(Arc::new(cluster))
+            }
+            Err(e) => Err((e.kind(), e.to_string())),
+        }
+    });
+    match result {
+        Ok(cluster) => Ok(cluster.clone()),
+        Err((kind, message)) => Err(io::Error::new(*kind, message.clone())),
+    }
+}
+
+type Connect = Arc<
+    dyn Fn(String) -> BoxFuture<'static, Result<Arc<dyn LockBackend>, LockError>> + Send + Sync,
+>;
+
+/// The conformance [`Factory`] over the shared Cluster: clients connect
+/// with the Cluster's URL; helper processes get it as
+/// `LOCK_TEST_REDIS_CLUSTER_URL`.
+pub struct ClusterFactory {
+    cluster: Result<Arc<RedisCluster>, String>,
+    connect: Connect,
+}
+
+impl fmt::Debug for ClusterFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterFactory")
+            .field("cluster", &self.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`ClusterFactory`] connecting with `connect`. A missing `redis-server`
+/// or `redis-cli` fails loudly, unless the run is explicitly partial
+/// (`LOCK_TEST_PARTIAL=1`, never in CI): then every case skips, with a
+/// SKIP line.
+///
+/// # Panics
+/// When the Cluster cannot be started.
+pub fn factory<F, Fut, B>(connect: F) -> ClusterFactory
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<B, LockError>> + Send + 'static,
+    B: LockBackend,
+{
+    let cluster = match try_shared() {
+        Ok(cluster) => Ok(cluster),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && partial_run_allowed() => {
+            eprintln!("SKIP: redis cluster conformance cases skipped (LOCK_TEST_PARTIAL=1): {e}");
+            Err(format!(
+                "redis is not installed and this is a partial run (LOCK_TEST_PARTIAL=1): {e}"
+            ))
+        }
+        Err(e) => panic!("redis cluster unavailable: {e}"),
+    };
+    ClusterFactory {
+        cluster,
+        connect: Arc::new(move |url| {
+            let fut = connect(url);
+            Box::pin(async move { Ok(Arc::new(fut.await?) as Arc<dyn LockBackend>) })
+        }),
+    }
+}
+
+#[async_trait]
+impl Factory for ClusterFactory {
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        let cluster = self
+            .cluster
+            .as_ref()
+            .map_err(|why| LockError::config(format!("no redis cluster: {why}")))?;
+        (self.connect)(cluster.url()).await
+    }
+
+    fn no_proxy_reason(&self) -> Option<String> {
+        Some(
+            "a Redis Cluster's clients reach each node at the address the Cluster announces, \
+             not through one proxy"
+                .into(),
+        )
+    }
+
+    fn skip_all(&self) -> Option<String> {
+        self.cluster.as_ref().err().cloned()
+    }
+
+    fn helper_env(&self) -> Vec<(String, String)> {
+        match &self.cluster {
+            Ok(cluster) => vec![(env::REDIS_CLUSTER_URL.name().to_owned(), cluster.url())],
+            Err(_) => Vec::new(),
+        }
+    }
+}
