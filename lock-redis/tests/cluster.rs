@@ -20,12 +20,6 @@ lock_conformance::suite!(
         reset_mid_hold_keeps_or_reports,
         slow_renewal_counts_as_lost,
         nemesis_history_is_clean,
-        // These kill, pause or restart the store, or reach it from a
-        // separate process through it: not yet offered for a Cluster.
-        fences_survive_store_crash,
-        store_pause_keeps_invariants,
-        killed_holder_frees_the_name,
-        paused_client_is_fenced_out,
         // redis-server hangs under libfaketime: its clock cannot be stepped here.
         server_clock_steps_are_judged_on_the_server,
     ],

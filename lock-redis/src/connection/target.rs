@@ -110,6 +110,11 @@ impl Target {
             .clone()
     }
 
+    /// Whether this is a Redis Cluster's.
+    pub(crate) fn is_cluster(&self) -> bool {
+        !self.nodes.is_empty()
+    }
+
     /// Whether the primary is found through Sentinel.
     pub(crate) fn moves(&self) -> bool {
         self.sentinel.is_some()

@@ -6,15 +6,18 @@
 //! (`redis+cluster://host:port[,host:port...]`). Its URL is
 //! `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
 //!
-//! [`factory`] runs the conformance suite against it. The suite's fault
-//! cases work on one store process and its one address (kill, pause,
-//! restart it, or cut it off through a proxy): a Cluster has three, and
-//! its clients reach each node at the address the Cluster announces, not
-//! through a proxy, so the factory offers neither and those cases skip.
+//! [`factory`] runs the conformance suite against it. The Cluster is the
+//! store the fault cases kill, pause and restart (every node at once; a
+//! restart waits until the Cluster is formed again), and crash cases get a
+//! private Cluster of their own. The cases that cut one client's link
+//! through the suite's fault proxy cannot apply: a Cluster client learns
+//! every node's address from the Cluster and connects there, around any
+//! proxy.
 
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -24,9 +27,9 @@ use futures::future::BoxFuture;
 use lockcore::{LockBackend, LockError};
 
 use super::{Kind, Store, redis};
-use crate::Factory;
 use crate::kit::env::{self, partial_run_allowed};
 use crate::kit::poll;
+use crate::{Factory, StoreControl};
 
 /// Primaries of the launched Cluster.
 const PRIMARIES: usize = 3;
@@ -59,6 +62,23 @@ impl RedisCluster {
         self.nodes.is_empty()
     }
 
+    /// Waits until every node says `cluster_state:ok`, knows every
+    /// primary and sees every slot served.
+    pub fn wait_formed(&self) -> io::Result<()> {
+        let within = env::scaled(Duration::from_secs(30));
+        for node in &self.nodes {
+            let port = node.addr().port();
+            poll::blocking(within, "every Cluster node says cluster_state:ok", || {
+                let info = cli(port, &["cluster", "info"])?;
+                let formed = info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && info.contains("cluster_slots_ok:16384");
+                Ok::<_, io::Error>(formed.then_some(()))
+            })?;
+        }
+        Ok(())
+    }
+
     /// Runs `redis-cli -h 127.0.0.1 -p <node's port> args...`; its output,
     /// or an error with it when it fails.
     pub fn cli(&self, node: usize, args: &[&str]) -> io::Result<String> {
@@ -88,21 +108,12 @@ pub fn start() -> io::Result<RedisCluster> {
     create.extend(addrs.iter().map(String::as_str));
     create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
     cli(nodes[0].addr().port(), &create)?;
-    let within = env::scaled(Duration::from_secs(30));
-    for node in &nodes {
-        let port = node.addr().port();
-        poll::blocking(within, "every Cluster node says cluster_state:ok", || {
-            let info = cli(port, &["cluster", "info"])?;
-            let formed = info.contains("cluster_state:ok")
-                && info.contains(&format!("cluster_known_nodes:{PRIMARIES}"))
-                && info.contains("cluster_slots_ok:16384");
-            Ok::<_, io::Error>(formed.then_some(()))
-        })?;
-    }
-    Ok(RedisCluster {
+    let cluster = RedisCluster {
         url: format!("redis+cluster://{}", addrs.join(",")),
         nodes,
-    })
+    };
+    cluster.wait_formed()?;
+    Ok(cluster)
 }
 
 /// Runs `redis-cli` against `127.0.0.1:port`.
@@ -224,6 +235,32 @@ impl Factory for ClusterFactory {
         (self.connect)(cluster.url()).await
     }
 
+    fn store(&self) -> Option<Arc<dyn StoreControl>> {
+        let cluster = self.cluster.as_ref().ok()?;
+        Some(cluster.clone())
+    }
+
+    async fn private(&self) -> Option<Result<Arc<dyn Factory>, LockError>> {
+        let cluster = self.cluster.as_ref().ok()?;
+        if cluster.is_external() {
+            return None;
+        }
+        let launched = tokio::task::spawn_blocking(start)
+            .await
+            .map_err(|e| io::Error::other(format!("launcher panicked: {e}")))
+            .and_then(|r| r);
+        Some(match launched {
+            Ok(cluster) => Ok(Arc::new(ClusterFactory {
+                cluster: Ok(Arc::new(cluster)),
+                connect: self.connect.clone(),
+            }) as Arc<dyn Factory>),
+            Err(e) => Err(LockError::config_caused_by(
+                "could not launch a private redis cluster",
+                e,
+            )),
+        })
+    }
+
     fn no_proxy_reason(&self) -> Option<String> {
         Some(
             "a Redis Cluster's clients reach each node at the address the Cluster announces, \
@@ -241,5 +278,52 @@ impl Factory for ClusterFactory {
             Ok(cluster) => vec![(env::REDIS_CLUSTER_URL.name().to_owned(), cluster.url())],
             Err(_) => Vec::new(),
         }
+    }
+}
+
+/// Runs blocking `work` off the runtime's worker where the runtime allows.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
+/// The whole Cluster as the one store of the fault cases: every node is
+/// killed, paused, resumed or restarted together.
+#[async_trait]
+impl StoreControl for RedisCluster {
+    fn addr(&self) -> SocketAddr {
+        self.nodes
+            .first()
+            .map_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)), Store::addr)
+    }
+
+    fn durable(&self) -> bool {
+        self.nodes.iter().all(Store::durable)
+    }
+
+    fn external(&self) -> Option<String> {
+        self.is_external()
+            .then(|| format!("the Redis Cluster {} was launched elsewhere", self.url))
+    }
+
+    async fn kill(&self) -> io::Result<()> {
+        self.nodes.iter().try_for_each(Store::kill_now)
+    }
+
+    async fn restart(&self) -> io::Result<()> {
+        blocking(|| {
+            self.nodes.iter().try_for_each(Store::restart_now)?;
+            self.wait_formed()
+        })
+    }
+
+    async fn pause(&self) -> io::Result<()> {
+        self.nodes.iter().try_for_each(Store::pause_now)
+    }
+
+    async fn resume(&self) -> io::Result<()> {
+        self.nodes.iter().try_for_each(Store::resume_now)
     }
 }
