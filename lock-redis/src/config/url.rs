@@ -333,6 +333,30 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls_name_the_nodes_and_no_database() {
+        if !cfg!(feature = "cluster") {
+            assert!(refused("redis+cluster://a:7000").contains("`cluster` feature"));
+            return;
+        }
+        let read = config("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2?prefix=app:");
+        assert_eq!(
+            read.cluster,
+            Some(vec![
+                ("10.0.0.1".to_owned(), 7000),
+                ("10.0.0.2".to_owned(), DEFAULT_PORT)
+            ])
+        );
+        assert_eq!(read.key_prefix, "app:");
+        let settings = read.client.get_connection_info().redis_settings();
+        assert_eq!(settings.username(), Some("u"));
+        assert_eq!(read.endpoint(), "redis://10.0.0.1:7000");
+        assert!(config("redis+cluster://h/?db=0").cluster.is_some());
+        for bad in ["redis+cluster://h/2", "redis+cluster://h?db=1"] {
+            assert!(refused(bad).contains("database 0 only"), "{bad}");
+        }
+    }
+
+    #[test]
     fn sentinel_urls_name_the_sentinels_the_service_and_the_database() {
         let read = config("redis+sentinel://u:pw@10.0.0.1:26380,10.0.0.2/locks/3?prefix=app:");
         let sentinel = read.sentinel.as_ref().expect("a sentinel config");
