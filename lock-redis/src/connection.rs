@@ -149,6 +149,7 @@ pub(crate) async fn connect(mut config: RedisConfig) -> Result<Connected, LockEr
     let client = Arc::new(Client {
         cleanups: Cleanups::new(),
         commands,
+        slot_owners: Default::default(),
         prefix: config.key_prefix,
         endpoint,
         op_timeout,

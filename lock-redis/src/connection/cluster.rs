@@ -44,6 +44,93 @@ pub(crate) async fn refuse_cluster_node(con: &mut Con, endpoint: &str) -> Result
     Ok(())
 }
 
+/// Which primary serves each slot, as `CLUSTER SLOTS` said when last
+/// read: for sending one renewal script per primary. Read again once
+/// older than [`SlotOwners::MAX_AGE`], or forgotten when a renewal found a
+/// key its primary no longer serves.
+#[derive(Default)]
+pub(crate) struct SlotOwners {
+    read: std::sync::Mutex<Option<(tokio::time::Instant, std::sync::Arc<Vec<u16>>)>>,
+}
+
+impl SlotOwners {
+    /// How long a reading is used.
+    const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// An owner no primary has: the slot is not served.
+    pub(crate) const NONE: u16 = u16::MAX;
+
+    /// Forgets the reading: the next one asks the Cluster.
+    pub(crate) fn forget(&self) {
+        *self.read.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Per slot, a number for the primary serving it (the same number for
+    /// the same primary), or [`NONE`](Self::NONE); `None` when the Cluster
+    /// could not be asked.
+    pub(crate) async fn get(
+        &self,
+        commands: &super::commands::Commands,
+    ) -> Option<std::sync::Arc<Vec<u16>>> {
+        let now = tokio::time::Instant::now();
+        if let Some((at, owners)) = &*self.read.lock().unwrap_or_else(|p| p.into_inner())
+            && now.duration_since(*at) < Self::MAX_AGE
+        {
+            return Some(owners.clone());
+        }
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let slots: redis::Value = commands.query("CLUSTER SLOTS", &cmd).await.ok()?;
+        let owners = std::sync::Arc::new(owners_of(slots)?);
+        *self.read.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, owners.clone()));
+        Some(owners)
+    }
+}
+
+/// The owner of each slot in a `CLUSTER SLOTS` reply (see [`SlotOwners::get`]).
+fn owners_of(reply: redis::Value) -> Option<Vec<u16>> {
+    use redis::Value;
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut owners = vec![SlotOwners::NONE; usize::from(crate::keys::SLOTS)];
+    let mut primaries: Vec<Vec<u8>> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        // The primary by host and port (its id is not always sent).
+        let who: Vec<u8> = primary
+            .iter()
+            .take(2)
+            .flat_map(|v| match v {
+                Value::BulkString(b) => b.clone(),
+                Value::SimpleString(s) => s.clone().into_bytes(),
+                Value::Int(n) => n.to_string().into_bytes(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let owner = match primaries.iter().position(|p| *p == who) {
+            Some(i) => i,
+            None => {
+                primaries.push(who);
+                primaries.len() - 1
+            }
+        };
+        let owner = u16::try_from(owner).ok()?;
+        let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
+        for slot in owners.get_mut(start..=end)? {
+            *slot = owner;
+        }
+    }
+    Some(owners)
+}
+
 #[cfg(feature = "cluster")]
 pub(crate) use enabled::*;
 
@@ -201,6 +288,37 @@ mod enabled {
                 Some((host.to_owned(), port.parse().ok()?))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use redis::Value;
+
+    use super::{SlotOwners, owners_of};
+
+    #[test]
+    fn slot_owners_are_read_from_cluster_slots() {
+        let primary = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |start: i64, end: i64, port: i64| {
+            Value::Array(vec![Value::Int(start), Value::Int(end), primary(port)])
+        };
+        let owners = owners_of(Value::Array(vec![
+            range(0, 5460, 7000),
+            range(5461, 10921, 7001),
+            range(10923, 16383, 7000),
+        ]))
+        .unwrap();
+        assert_eq!((owners[0], owners[5460], owners[5461]), (0, 0, 1));
+        assert_eq!(owners[10922], SlotOwners::NONE);
+        assert_eq!(owners[16383], 0);
+        assert!(owners_of(Value::Array(vec![range(0, 16384, 7000)])).is_none());
     }
 }
 

@@ -204,6 +204,22 @@ impl Commands {
         }
     }
 
+    /// Runs a plain command (one without a nonce: a read of the server's
+    /// state, never of lock data) within the operation timeout.
+    pub(crate) async fn query<T: FromRedisValue>(
+        &self,
+        what: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, LockError> {
+        let Some((_, mut con)) = self.get() else {
+            return Err(closed());
+        };
+        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut con)).await {
+            Err(_) => Err(error::timed_out(what, self.timeout)),
+            Ok(reply) => reply.map_err(error::map),
+        }
+    }
+
     /// Runs `invocation`, whose first argument is `nonce`, within the
     /// operation timeout, and checks the reply echoes the nonce before
     /// decoding the rest of it as `T`.

@@ -14,7 +14,9 @@ use lockcore::{LockError, Locker};
 
 use lock_redis::redis;
 
-use super::support::{raw, scaled, unique};
+use lockcore::LockBackend;
+
+use super::support::{command_calls, raw, scaled, take, unique};
 
 /// A private three-primary Cluster of this test.
 async fn private_cluster() -> RedisCluster {
@@ -284,4 +286,118 @@ async fn a_slot_moving_to_another_primary_keeps_every_lock() {
     let again = holder.acquire(&name).await.unwrap();
     assert!(again.fencing_token() > last);
     again.release().await.unwrap();
+}
+
+/// Scripts run on all of `cluster`'s nodes (EVALSHA, plus EVAL after a
+/// NOSCRIPT).
+async fn scripts_run(cluster: &RedisCluster) -> u64 {
+    let mut total = 0;
+    for node in &cluster.nodes {
+        let con = raw(&node.url()).await;
+        total += command_calls(&con, "evalsha").await + command_calls(&con, "eval").await;
+    }
+    total
+}
+
+/// `renew_many` of 300 locks and permits of as many names (spread over
+/// every primary's slots) runs one script per primary, not one per slot;
+/// after a slot moved, its leases are renewed by their slot and the rest
+/// still by primary, every lease judged on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renew_many_runs_one_script_per_primary() {
+    const LEASES: usize = 300;
+    let cluster = Arc::new(private_cluster().await);
+    let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
+    let base = unique("renew-many");
+    let ttl = scaled(Duration::from_secs(30));
+    let mut leases = Vec::new();
+    for i in 0..LEASES {
+        let name = lockcore::LockName::new(format!("{base}/{i}")).unwrap();
+        leases.push(take(&backend, &name, ttl).await);
+    }
+    // One more whose lock is gone: judged on its own, not held.
+    let gone = take(&backend, &unique("renew-many-gone"), ttl).await;
+    backend.release(&gone).await.unwrap();
+    leases.push(gone);
+    // The first call reads the slot owners and may load the script.
+    backend.renew_many(&leases).await;
+    let before = scripts_run(&cluster).await;
+    let renewed = backend.renew_many(&leases).await;
+    let scripts = scripts_run(&cluster).await - before;
+    assert!(renewed[..LEASES].iter().all(Result::is_ok), "{renewed:?}");
+    assert!(matches!(renewed[LEASES], Err(LockError::NotHeld { .. })));
+    assert!(
+        scripts <= cluster.nodes.len() as u64,
+        "{scripts} scripts renewed {} leases on {} primaries",
+        leases.len(),
+        cluster.nodes.len()
+    );
+
+    // Move the slot of the first lease to another primary.
+    let lock_key = format!("distlock:{{{}}}", leases[0].name());
+    let slot: u16 = cli(&cluster, 0, &["cluster", "keyslot", &lock_key])
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    let from = owner(&cluster, slot).await;
+    let to = (from + 1) % cluster.nodes.len();
+    let to_id = cli(&cluster, to, &["cluster", "myid"])
+        .await
+        .trim()
+        .to_owned();
+    let from_id = cli(&cluster, from, &["cluster", "myid"])
+        .await
+        .trim()
+        .to_owned();
+    let slot_text = slot.to_string();
+    let to_port = cluster.nodes[to].addr().port().to_string();
+    cli(
+        &cluster,
+        to,
+        &["cluster", "setslot", &slot_text, "importing", &from_id],
+    )
+    .await;
+    cli(
+        &cluster,
+        from,
+        &["cluster", "setslot", &slot_text, "migrating", &to_id],
+    )
+    .await;
+    loop {
+        let keys = cli(
+            &cluster,
+            from,
+            &["cluster", "getkeysinslot", &slot_text, "100"],
+        )
+        .await;
+        let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+        if keys.is_empty() {
+            break;
+        }
+        for key in keys {
+            cli(
+                &cluster,
+                from,
+                &["migrate", "127.0.0.1", &to_port, key, "0", "5000"],
+            )
+            .await;
+        }
+    }
+    for node in 0..cluster.nodes.len() {
+        cli(
+            &cluster,
+            node,
+            &["cluster", "setslot", &slot_text, "node", &to_id],
+        )
+        .await;
+    }
+    let renewed = backend.renew_many(&leases).await;
+    assert!(renewed[..LEASES].iter().all(Result::is_ok), "{renewed:?}");
+    assert!(matches!(renewed[LEASES], Err(LockError::NotHeld { .. })));
+    let held = cli(&cluster, to, &["pttl", &lock_key]).await;
+    assert!(
+        held.trim().parse::<i64>().unwrap() > 0,
+        "the moved lock is held on its new primary"
+    );
 }
