@@ -16,12 +16,9 @@ use super::value::lease_value;
 use super::{IS_LEASE, RENEW_CHUNK, RENEW_ONE};
 use crate::connection::client::Client;
 use crate::connection::cluster::SlotOwners;
-use crate::connection::script::{prepare, script};
+use crate::connection::script::{CROSS_SLOT, prepare, script};
 use crate::keys;
 use crate::permits::SLOTS;
-
-/// Lets a script reach keys of every slot its primary serves.
-const CROSS_SLOT: &str = "#!lua flags=allow-cross-slot-keys";
 
 script!(RENEW_ON_NODE = [CROSS_SLOT, IS_LEASE, SLOTS, RENEW_ONE] include_str!("scripts/renew_on_node.lua"));
 

@@ -401,3 +401,35 @@ async fn renew_many_runs_one_script_per_primary() {
         "the moved lock is held on its new primary"
     );
 }
+
+/// `raise_fence_floor` raises the floor keys of all 16,384 slots with a
+/// few scripts per primary (4,096 keys each), and every later grant, of
+/// names on every primary, is above the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fence_floor_is_raised_with_a_few_scripts_per_primary() {
+    let cluster = Arc::new(private_cluster().await);
+    let backend = RedisBackend::connect(&cluster.url()).await.unwrap();
+    let floor = lockcore::FencingToken::new(1 << 52).unwrap();
+    backend.raise_fence_floor(floor).await.unwrap(); // may load the script
+    let before = scripts_run(&cluster).await;
+    let higher = lockcore::FencingToken::new((1 << 52) + 1000).unwrap();
+    backend.raise_fence_floor(higher).await.unwrap();
+    let scripts = scripts_run(&cluster).await - before;
+    let per_primary = 16_384_u64
+        .div_ceil(cluster.nodes.len() as u64)
+        .div_ceil(4096);
+    assert!(
+        scripts <= per_primary * cluster.nodes.len() as u64,
+        "{scripts} scripts raised the floor"
+    );
+    let base = unique("floor");
+    for i in 0..30 {
+        let name = lockcore::LockName::new(format!("{base}/{i}")).unwrap();
+        let lease = take(&backend, &name, scaled(Duration::from_secs(30))).await;
+        assert!(
+            lease.fence() > higher,
+            "{name}: {} <= {higher}",
+            lease.fence()
+        );
+    }
+}
