@@ -15,6 +15,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis+unix", "redis"),
     ("redis+sentinel", "redis"),
     ("redis+cluster", "redis-cluster"),
+    ("rediss+cluster", "redis-cluster"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
     ("etcd", "etcd"),
@@ -31,7 +32,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | `memory://` | [`MemoryBackend`] (this process only) | always |
 /// | `sqlite://PATH` (`sqlite:///abs.db`, `sqlite://rel.db`) | a SQLite lock file shared by the processes of one host (`lock_sqlite::SqliteBackend`) | `sqlite` |
 /// | `redis://`, `rediss://` (TLS), `redis+unix://`, `redis+sentinel://` | Redis (`lock_redis::RedisBackend`) | `redis` |
-/// | `redis+cluster://host:port[,host:port...]` | Redis Cluster (`lock_redis::RedisBackend`) | `redis-cluster` |
+/// | `redis+cluster://host:port[,host:port...]`, `rediss+cluster://` (TLS) | Redis Cluster (`lock_redis::RedisBackend`) | `redis-cluster` |
 /// | `postgres://`, `postgresql://` (TLS from `sslmode`) | PostgreSQL (`lock_postgres::PostgresBackend`) | `postgres` |
 /// | `etcd://`, `etcds://` (TLS) | etcd v3 (`lock_etcd::EtcdBackend`) | `etcd` |
 /// | `zk://`, `zookeeper://`, `zks://` (TLS) | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` (`zookeeper-tls` for `zks://`) |
@@ -65,7 +66,9 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
             Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?))
         }
         #[cfg(feature = "redis-cluster")]
-        "redis+cluster" => Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?)),
+        "redis+cluster" | "rediss+cluster" => {
+            Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?))
+        }
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(
             lock_postgres::PostgresBackend::connect(url).await?,

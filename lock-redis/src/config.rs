@@ -23,7 +23,7 @@ mod url;
 /// given, default port 26379, monitoring it as `service`; the user and
 /// password are the primary's), and
 /// `redis+cluster://[user[:password]@]host:port[,host:port...][?options]`
-/// for a Redis Cluster (feature `cluster`; any of its nodes, default port
+/// (`rediss+cluster://` for TLS) for a Redis Cluster (feature `cluster`; any of its nodes, default port
 /// 6379: the client learns the rest, and follows `MOVED`/`ASK`). The options are the crate README's
 /// table: `timeout`, `connect_timeout` (durations: `500ms`, `2s`), `prefix`,
 /// `db`, `protocol`, `password_file`, `tls_ca` / `tls_cert` / `tls_key`
@@ -279,6 +279,12 @@ impl RedisConfig {
             }
         }
         Ok(())
+    }
+
+    /// The certificates given for TLS (beyond the system roots).
+    #[cfg(feature = "tls")]
+    pub(crate) fn tls_certificates(&self) -> &crate::connection::tls::Certificates {
+        &self.tls
     }
 
     pub(crate) fn uses_tls(&self) -> bool {

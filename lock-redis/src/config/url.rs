@@ -22,6 +22,7 @@ const SCHEMES: &[&str] = &[
     "valkey+unix",
     "redis+sentinel",
     "redis+cluster",
+    "rediss+cluster",
 ];
 
 /// The options a Redis URL may carry, named in the error for any other.
@@ -52,7 +53,7 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     let mut url = StoreUrl::parse(text, SCHEMES)?;
     let shown = without_query(&url);
     let bad = |why: String| LockError::config(format!("{shown}: {why}"));
-    let tls = matches!(url.scheme(), "rediss" | "valkeys");
+    let tls = matches!(url.scheme(), "rediss" | "valkeys" | "rediss+cluster");
     if tls && !cfg!(feature = "tls") {
         return Err(bad(
             "needs TLS, but lock-redis was built without its `tls` feature".into(),
@@ -68,7 +69,7 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
         (None, None)
     };
     let sentinel = url.scheme() == "redis+sentinel";
-    let cluster = url.scheme() == "redis+cluster";
+    let cluster = matches!(url.scheme(), "redis+cluster" | "rediss+cluster");
     if cluster && !cfg!(feature = "cluster") {
         return Err(bad(
             "names a Redis Cluster, but lock-redis was built without its `cluster` feature".into(),
@@ -83,7 +84,17 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
         let seeds = cluster_nodes(&mut url).map_err(bad)?;
         let (host, port) = seeds[0].clone();
         nodes = Some(seeds);
-        (ConnectionAddr::Tcp(host, port), 0, None)
+        let addr = if tls {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        };
+        (addr, 0, None)
     } else {
         let addr = address(&url, tls, unix).map_err(bad)?;
         (addr, database(&mut url, unix).map_err(bad)?, None)
@@ -351,6 +362,10 @@ mod tests {
         assert_eq!(settings.username(), Some("u"));
         assert_eq!(read.endpoint(), "redis://10.0.0.1:7000");
         assert!(config("redis+cluster://h/?db=0").cluster.is_some());
+        if cfg!(feature = "tls") {
+            let tls = config("rediss+cluster://a:7000,b:7001");
+            assert!(tls.uses_tls() && tls.cluster.as_ref().is_some_and(|n| n.len() == 2));
+        }
         for bad in ["redis+cluster://h/2", "redis+cluster://h?db=1"] {
             assert!(refused(bad).contains("database 0 only"), "{bad}");
         }

@@ -141,7 +141,6 @@ mod enabled {
     use lockcore::LockError;
     use redis::aio::ConnectionManagerConfig;
     use redis::cluster::ClusterClientBuilder;
-    use redis::{ConnectionAddr, IntoConnectionInfo};
 
     use super::super::con::{Con, Opener};
     use super::super::probe::{self, Eviction, Persistence};
@@ -199,15 +198,14 @@ mod enabled {
             unreachable!("the seed connection is a single server's")
         };
         let settings = config.client.get_connection_info().redis_settings().clone();
-        let infos = nodes
+        // Each node as the config reaches the first: credentials, TLS.
+        let infos: Vec<redis::ConnectionInfo> = nodes
             .iter()
             .map(|(host, port)| {
-                ConnectionAddr::Tcp(host.clone(), *port)
-                    .into_connection_info()
-                    .map(|info| info.set_redis_settings(settings.clone()))
+                let node = config.clone().address(host.clone(), *port);
+                node.client.get_connection_info().clone()
             })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| LockError::config(format!("a Cluster node address: {e}")))?;
+            .collect();
         let mut builder = ClusterClientBuilder::new(infos)
             .connection_timeout(config.connect_timeout)
             .response_timeout(config.response_timeout)
@@ -220,6 +218,10 @@ mod enabled {
         }
         if let Some(password) = settings.password() {
             builder = builder.password(password);
+        }
+        #[cfg(feature = "tls")]
+        if config.uses_tls() {
+            builder = builder.certs(config.tls_certificates().for_cluster());
         }
         let client = builder
             .build()

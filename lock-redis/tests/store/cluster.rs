@@ -433,3 +433,49 @@ async fn the_fence_floor_is_raised_with_a_few_scripts_per_primary() {
         );
     }
 }
+
+/// `rediss+cluster://`: a Cluster serving TLS only (its bus too), trusted
+/// through `tls_ca`; locks, waits and per-primary renewals work across its
+/// nodes, and a client that does not trust its CA is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tls_cluster_locks_with_a_private_ca() {
+    let ca = lock_conformance::kit::pki::TestCa::new("cluster-ca");
+    let server = ca.server();
+    let tls = lock_conformance::kit::stores::redis::Tls::new(server.cert, server.key, ca.pem());
+    let options = lock_conformance::kit::stores::redis::Options::durable().tls(tls);
+    let cluster = tokio::task::spawn_blocking(move || redis_cluster::start_with(options))
+        .await
+        .expect("launcher thread")
+        .expect("a TLS Redis Cluster");
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let a = RedisBackend::connect(&url).await.unwrap();
+    let b = RedisBackend::connect(&url).await.unwrap();
+    let base = unique("tls-cluster");
+    let ttl = scaled(Duration::from_secs(30));
+    let mut leases = Vec::new();
+    for i in 0..20 {
+        let name = lockcore::LockName::new(format!("{base}/{i}")).unwrap();
+        leases.push(take(&a, &name, ttl).await);
+    }
+    assert!(a.renew_many(&leases).await.iter().all(Result::is_ok));
+    let name = leases[0].name().clone();
+    let waiting = tokio::spawn(async move {
+        Locker::new(b)
+            .ttl(ttl)
+            .max_wait(scaled(Duration::from_secs(20)))
+            .acquire(&name)
+            .await
+    });
+    a.release(&leases[0]).await.unwrap();
+    let guard = waiting
+        .await
+        .unwrap()
+        .expect("the waiter is handed the lock");
+    assert!(guard.fencing_token() > leases[0].fence());
+    let untrusted = url.split('?').next().unwrap().to_owned();
+    assert!(
+        RedisBackend::connect(&untrusted).await.is_err(),
+        "a client without the CA must be refused"
+    );
+}

@@ -18,6 +18,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -39,6 +40,8 @@ pub struct RedisCluster {
     /// The launched nodes (none for an external Cluster).
     pub nodes: Vec<Store>,
     url: String,
+    /// With TLS: the CA file the nodes' certificates come from.
+    tls_ca: Option<PathBuf>,
 }
 
 impl fmt::Debug for RedisCluster {
@@ -46,6 +49,7 @@ impl fmt::Debug for RedisCluster {
         f.debug_struct("RedisCluster")
             .field("url", &self.url)
             .field("nodes", &self.nodes.len())
+            .field("tls", &self.tls_ca.is_some())
             .finish()
     }
 }
@@ -69,7 +73,7 @@ impl RedisCluster {
         for node in &self.nodes {
             let port = node.addr().port();
             poll::blocking(within, "every Cluster node says cluster_state:ok", || {
-                let info = cli(port, &["cluster", "info"])?;
+                let info = cli(port, self.tls_ca.as_deref(), &["cluster", "info"])?;
                 let formed = info.contains("cluster_state:ok")
                     && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
                     && info.contains("cluster_slots_ok:16384");
@@ -82,47 +86,67 @@ impl RedisCluster {
     /// Runs `redis-cli -h 127.0.0.1 -p <node's port> args...`; its output,
     /// or an error with it when it fails.
     pub fn cli(&self, node: usize, args: &[&str]) -> io::Result<String> {
-        cli(self.nodes[node].addr().port(), args)
+        cli(self.nodes[node].addr().port(), self.tls_ca.as_deref(), args)
     }
 }
 
-/// Starts a private three-primary Cluster, waiting until it is formed.
+/// Starts a private three-primary Cluster of durable nodes, waiting until
+/// it is formed.
 pub fn start() -> io::Result<RedisCluster> {
+    start_with(redis::Options::durable())
+}
+
+/// [`start`] with each node launched with `options`. With TLS
+/// ([`redis::Options::tls`]) the Cluster bus is TLS too, and the URL is
+/// `rediss+cluster://...?tls_ca=PATH`.
+pub fn start_with(options: redis::Options) -> io::Result<RedisCluster> {
     if super::which("redis-cli").is_none() {
         return Err(super::missing(Kind::Redis, "redis-cli"));
     }
+    let tls = options.tls.is_some();
+    let mut args = vec![
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "5000",
+    ];
+    if tls {
+        args.extend(["--tls-cluster", "yes"]);
+    }
     let nodes = (0..PRIMARIES)
-        .map(|_| {
-            redis::start(redis::Options::durable().server_args([
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "5000",
-            ]))
-        })
+        .map(|_| redis::start(options.clone().server_args(args.clone())))
         .collect::<io::Result<Vec<Store>>>()?;
+    let tls_ca = tls
+        .then(|| nodes[0].data_dir().map(|dir| dir.join("tls-ca.crt")))
+        .flatten();
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr().to_string()).collect();
     let mut create = vec!["--cluster", "create"];
     create.extend(addrs.iter().map(String::as_str));
     create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-    cli(nodes[0].addr().port(), &create)?;
-    let cluster = RedisCluster {
-        url: format!("redis+cluster://{}", addrs.join(",")),
-        nodes,
+    cli(nodes[0].addr().port(), tls_ca.as_deref(), &create)?;
+    let url = match &tls_ca {
+        Some(ca) => format!(
+            "rediss+cluster://{}?tls_ca={}",
+            addrs.join(","),
+            ca.display()
+        ),
+        None => format!("redis+cluster://{}", addrs.join(",")),
     };
+    let cluster = RedisCluster { url, nodes, tls_ca };
     cluster.wait_formed()?;
     Ok(cluster)
 }
 
-/// Runs `redis-cli` against `127.0.0.1:port`.
-fn cli(port: u16, args: &[&str]) -> io::Result<String> {
-    let output = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()?;
+/// Runs `redis-cli` against `127.0.0.1:port` (over TLS trusting `tls_ca`).
+fn cli(port: u16, tls_ca: Option<&Path>, args: &[&str]) -> io::Result<String> {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(ca) = tls_ca {
+        cmd.arg("--tls").arg("--cacert").arg(ca);
+    }
+    let output = cmd.args(args).stdin(std::process::Stdio::null()).output()?;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     if !output.status.success() || text.starts_with("ERR") || text.contains("[ERR]") {
         return Err(io::Error::other(format!(
@@ -152,6 +176,7 @@ pub fn try_shared() -> io::Result<Arc<RedisCluster>> {
             Some(url) => Ok(RedisCluster {
                 nodes: Vec::new(),
                 url,
+                tls_ca: None,
             }),
             None => start(),
         };
