@@ -109,7 +109,9 @@ impl RedisBackend {
     /// the escape hatch to the Redis client, named `client()` in every
     /// adapter. [`close`](LockBackend::close) ends it (a clone you hold
     /// reconnects on its next command); after close this is a new
-    /// connection, yours alone, opened on first use.
+    /// connection, yours alone, opened on first use. On a Redis Cluster, a
+    /// connection to the first node that answered at connect (see
+    /// `cluster_client`, feature `cluster`, for one routed by key).
     pub fn client(&self) -> ConnectionManager {
         self.client.commands.for_caller()
     }

@@ -104,7 +104,8 @@ impl RedisConfig {
 
     /// Sends lock commands over this existing connection manager instead of
     /// opening one. The client still opens the one pub/sub connection that
-    /// wakes waiters.
+    /// wakes waiters. One server's only: a Redis Cluster client refuses it
+    /// at connect.
     pub fn connection(mut self, manager: ConnectionManager) -> Self {
         self.connection = Some(manager);
         self
