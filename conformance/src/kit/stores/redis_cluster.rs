@@ -100,6 +100,23 @@ pub fn start() -> io::Result<RedisCluster> {
 /// ([`redis::Options::tls`]) the Cluster bus is TLS too, and the URL is
 /// `rediss+cluster://...?tls_ca=PATH`.
 pub fn start_with(options: redis::Options) -> io::Result<RedisCluster> {
+    launch(options, 0, "5000")
+}
+
+/// Three primaries with `replicas` replicas each (durable nodes), whose
+/// Cluster takes a node that does not answer for 1 s for failed: killing
+/// a primary promotes one of its replicas within a few seconds. The nodes
+/// are in `redis-cli --cluster create` order: the primaries first.
+pub fn start_with_replicas(replicas: usize) -> io::Result<RedisCluster> {
+    launch(redis::Options::durable(), replicas, "1000")
+}
+
+/// Launches `3 * (1 + replicas)` nodes with `options` and joins them.
+fn launch(
+    options: redis::Options,
+    replicas: usize,
+    node_timeout: &str,
+) -> io::Result<RedisCluster> {
     if super::which("redis-cli").is_none() {
         return Err(super::missing(Kind::Redis, "redis-cli"));
     }
@@ -110,12 +127,12 @@ pub fn start_with(options: redis::Options) -> io::Result<RedisCluster> {
         "--cluster-config-file",
         "nodes.conf",
         "--cluster-node-timeout",
-        "5000",
+        node_timeout,
     ];
     if tls {
         args.extend(["--tls-cluster", "yes"]);
     }
-    let nodes = (0..PRIMARIES)
+    let nodes = (0..PRIMARIES * (1 + replicas))
         .map(|_| redis::start(options.clone().server_args(args.clone())))
         .collect::<io::Result<Vec<Store>>>()?;
     let tls_ca = tls
@@ -124,7 +141,8 @@ pub fn start_with(options: redis::Options) -> io::Result<RedisCluster> {
     let addrs: Vec<String> = nodes.iter().map(|n| n.addr().to_string()).collect();
     let mut create = vec!["--cluster", "create"];
     create.extend(addrs.iter().map(String::as_str));
-    create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+    let replicas = replicas.to_string();
+    create.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
     cli(nodes[0].addr().port(), tls_ca.as_deref(), &create)?;
     let url = match &tls_ca {
         Some(ca) => format!(
