@@ -2,8 +2,10 @@
 //! at connect (`probe.rs`: persistence, eviction policy; the replication id,
 //! `fence/failover.rs`), the instance's
 //! `Client` and its subscription; then the rules every request follows
-//! (`commands.rs`), the scripts (`script.rs`), TLS (`tls.rs`), background
-//! clean-ups (`background.rs`) and closing (`closing.rs`).
+//! (`commands.rs`), the command connection to one server or a Redis
+//! Cluster (`con.rs`), what a Cluster adds (`cluster.rs`), the scripts
+//! (`script.rs`), TLS (`tls.rs`), background clean-ups (`background.rs`)
+//! and closing (`closing.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,8 +14,6 @@ use std::time::Duration;
 use lockcore::LockError;
 use lockcore::backend::{CancellationToken, Cleanups, timed};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-
-use con::{Con, Opener};
 use redis::{AsyncConnectionConfig, ConnectionAddr};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -38,6 +38,7 @@ pub(crate) mod tls;
 
 use client::Client;
 use commands::Commands;
+use con::{Con, Opener};
 use probe::{Eviction, Persistence};
 use target::Target;
 

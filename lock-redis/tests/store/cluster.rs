@@ -259,7 +259,13 @@ async fn a_slot_moving_to_another_primary_keeps_every_lock() {
         held.contains(&format!(":{first_fence}")),
         "the lock key on the new primary holds the holder's grant: {held}"
     );
-    tokio::time::sleep(ttl).await; // renewals keep going after the move
+    // Renewals keep going after the move, on the new primary.
+    let after_move = pttl(lock_key.clone()).await;
+    until(ttl, "the holder renews after the move", || {
+        let checking = pttl(lock_key.clone());
+        async move { checking.await > after_move }
+    })
+    .await;
     assert!(
         guard.is_held(),
         "the holder lost the lock after the move: {:?}",
