@@ -14,6 +14,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("rediss", "redis"),
     ("redis+unix", "redis"),
     ("redis+sentinel", "redis"),
+    ("redis+cluster", "redis-cluster"),
+    ("rediss+cluster", "redis-cluster"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
     ("etcd", "etcd"),
@@ -30,6 +32,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | `memory://` | [`MemoryBackend`] (this process only) | always |
 /// | `sqlite://PATH` (`sqlite:///abs.db`, `sqlite://rel.db`) | a SQLite lock file shared by the processes of one host (`lock_sqlite::SqliteBackend`) | `sqlite` |
 /// | `redis://`, `rediss://` (TLS), `redis+unix://`, `redis+sentinel://` | Redis (`lock_redis::RedisBackend`) | `redis` |
+/// | `redis+cluster://host:port[,host:port...]`, `rediss+cluster://` (TLS) | Redis Cluster (`lock_redis::RedisBackend`) | `redis-cluster` |
 /// | `postgres://`, `postgresql://` (TLS from `sslmode`) | PostgreSQL (`lock_postgres::PostgresBackend`) | `postgres` |
 /// | `etcd://`, `etcds://` (TLS) | etcd v3 (`lock_etcd::EtcdBackend`) | `etcd` |
 /// | `zk://`, `zookeeper://`, `zks://` (TLS) | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` (`zookeeper-tls` for `zks://`) |
@@ -60,6 +63,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
         "sqlite" => Ok(Arc::new(lock_sqlite::SqliteBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+unix" | "redis+sentinel" => {
+            Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?))
+        }
+        #[cfg(feature = "redis-cluster")]
+        "redis+cluster" | "rediss+cluster" => {
             Ok(Arc::new(lock_redis::RedisBackend::connect(url).await?))
         }
         #[cfg(feature = "postgres")]

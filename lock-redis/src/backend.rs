@@ -109,9 +109,20 @@ impl RedisBackend {
     /// the escape hatch to the Redis client, named `client()` in every
     /// adapter. [`close`](LockBackend::close) ends it (a clone you hold
     /// reconnects on its next command); after close this is a new
-    /// connection, yours alone, opened on first use.
+    /// connection, yours alone, opened on first use. On a Redis Cluster, a
+    /// connection to the first node that answered at connect (see
+    /// `cluster_client`, feature `cluster`, for one routed by key).
     pub fn client(&self) -> ConnectionManager {
         self.client.commands.for_caller()
+    }
+
+    /// On a Redis Cluster (`redis+cluster://`), the Cluster connection lock
+    /// commands use, routed by key, for your own commands (e.g.
+    /// [`fenced_write`](Self::fenced_write)); `None` for one server. There,
+    /// [`client`](Self::client) reaches only the first node that answered.
+    #[cfg(feature = "cluster")]
+    pub fn cluster_client(&self) -> Option<redis::cluster_async::ClusterConnection> {
+        self.client.commands.for_caller_cluster()
     }
 
     /// The old name of [`client`](Self::client).
@@ -148,6 +159,13 @@ impl RedisBackend {
         command: &redis::Cmd,
     ) -> Result<Fenced<T>, LockError> {
         self.client.open()?;
+        // On a Cluster, routed by the fence key (the data's keys must
+        // share its slot: one hash tag).
+        #[cfg(feature = "cluster")]
+        if let Some(mut con) = self.cluster_client() {
+            let write = fence::fenced_write(&mut con, fence_key, token, command);
+            return timed(BACKEND, "fenced write", self.client.op_timeout, write).await;
+        }
         let mut con = self.client();
         let write = fence::fenced_write(&mut con, fence_key, token, command);
         timed(BACKEND, "fenced write", self.client.op_timeout, write).await

@@ -21,7 +21,10 @@ mod url;
 /// `redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db][?options]`
 /// to find the primary through Redis Sentinel (the sentinels at the hosts
 /// given, default port 26379, monitoring it as `service`; the user and
-/// password are the primary's). The options are the crate README's
+/// password are the primary's), and
+/// `redis+cluster://[user[:password]@]host:port[,host:port...][?options]`
+/// (`rediss+cluster://` for TLS) for a Redis Cluster (feature `cluster`; any of its nodes, default port
+/// 6379: the client learns the rest, and follows `MOVED`/`ASK`). The options are the crate README's
 /// table: `timeout`, `connect_timeout` (durations: `500ms`, `2s`), `prefix`,
 /// `db`, `protocol`, `password_file`, `tls_ca` / `tls_cert` / `tls_key`
 /// (PEM files), `allow_maxmemory_eviction`, `require_durable_fences`; each
@@ -54,6 +57,9 @@ pub struct RedisConfig {
     /// Found through Sentinel (`redis+sentinel://`): `client` then carries
     /// the credentials and database, and the primary's address is asked.
     pub(crate) sentinel: Option<crate::connection::target::Sentinels>,
+    /// A Redis Cluster (`redis+cluster://`): the nodes to learn its layout
+    /// from; `client` then carries the credentials and reaches the first.
+    pub(crate) cluster: Option<Vec<(String, u16)>>,
     #[cfg(feature = "tls")]
     tls: crate::connection::tls::Certificates,
 }
@@ -90,6 +96,7 @@ impl RedisConfig {
             failover_lock_delay: None,
             wait_replicas: None,
             sentinel: None,
+            cluster: None,
             #[cfg(feature = "tls")]
             tls: Default::default(),
         }
@@ -97,7 +104,8 @@ impl RedisConfig {
 
     /// Sends lock commands over this existing connection manager instead of
     /// opening one. The client still opens the one pub/sub connection that
-    /// wakes waiters.
+    /// wakes waiters. One server's only: a Redis Cluster client refuses it
+    /// at connect.
     pub fn connection(mut self, manager: ConnectionManager) -> Self {
         self.connection = Some(manager);
         self
@@ -274,6 +282,12 @@ impl RedisConfig {
         Ok(())
     }
 
+    /// The certificates given for TLS (beyond the system roots).
+    #[cfg(feature = "tls")]
+    pub(crate) fn tls_certificates(&self) -> &crate::connection::tls::Certificates {
+        &self.tls
+    }
+
     pub(crate) fn uses_tls(&self) -> bool {
         matches!(
             self.client.get_connection_info().addr(),
@@ -316,7 +330,8 @@ impl fmt::Debug for RedisConfig {
             .field("allow_maxmemory_eviction", &self.allow_maxmemory_eviction)
             .field("failover_lock_delay", &self.failover_lock_delay)
             .field("wait_replicas", &self.wait_replicas)
-            .field("sentinel", &self.sentinel);
+            .field("sentinel", &self.sentinel)
+            .field("cluster", &self.cluster);
         #[cfg(feature = "tls")]
         shown.field("tls_custom_root", &self.tls.has_root()).field(
             "tls_client_identity",

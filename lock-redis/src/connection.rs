@@ -2,8 +2,10 @@
 //! at connect (`probe.rs`: persistence, eviction policy; the replication id,
 //! `fence/failover.rs`), the instance's
 //! `Client` and its subscription; then the rules every request follows
-//! (`commands.rs`), the scripts (`script.rs`), TLS (`tls.rs`), background
-//! clean-ups (`background.rs`) and closing (`closing.rs`).
+//! (`commands.rs`), the command connection to one server or a Redis
+//! Cluster (`con.rs`), what a Cluster adds (`cluster.rs`), the scripts
+//! (`script.rs`), TLS (`tls.rs`), background clean-ups (`background.rs`)
+//! and closing (`closing.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,7 +27,9 @@ use crate::wait::notify::Notifier;
 pub(crate) mod background;
 pub(crate) mod client;
 mod closing;
+pub(crate) mod cluster;
 pub(crate) mod commands;
+pub(crate) mod con;
 pub(crate) mod probe;
 pub(crate) mod script;
 pub(crate) mod target;
@@ -34,6 +38,7 @@ pub(crate) mod tls;
 
 use client::Client;
 use commands::Commands;
+use con::{Con, Opener};
 use probe::{Eviction, Persistence};
 use target::Target;
 
@@ -62,9 +67,10 @@ pub(crate) async fn connect(mut config: RedisConfig) -> Result<Connected, LockEr
         tls::install_provider();
     }
     let op_timeout = config.connect_timeout + config.response_timeout;
-    let target = match &config.sentinel {
-        None => Target::fixed(config.client.clone()),
-        Some(sentinels) => {
+    let target = match (&config.sentinel, &config.cluster) {
+        (None, Some(nodes)) => Target::nodes(&config, nodes),
+        (None, None) => Target::fixed(config.client.clone()),
+        (Some(sentinels), _) => {
             let asking = Target::sentinel(sentinels, &config.client);
             let target = timed(BACKEND, "asking the sentinels", op_timeout, asking).await?;
             config.client = target.client();
@@ -79,23 +85,60 @@ pub(crate) async fn connect(mut config: RedisConfig) -> Result<Connected, LockEr
         .set_number_of_retries(2)
         .set_min_delay(Duration::from_millis(50))
         .set_max_delay(Duration::from_secs(1));
-    let ours = config.connection.is_none();
-    let mut con = match config.connection.clone() {
-        Some(con) => con,
-        None => open(&config, &endpoint, manager.clone()).await?,
-    };
-    // A first command proves the credentials and the link.
-    let ping = async {
-        let ping = redis::cmd("PING");
-        ping.query_async::<String>(&mut con)
-            .await
-            .map_err(|e| error::at_connect(&endpoint, e))
-    };
-    timed(BACKEND, &format!("PING {endpoint}"), op_timeout, ping).await?;
-    let (persistence, eviction) = probe::check(&config, &endpoint, &mut con, op_timeout).await?;
     let (closing, tasks) = (CancellationToken::new(), TaskTracker::new());
-    let failover = Failover::probe(&mut con, &endpoint, &config, closing.clone());
-    let failover = timed(BACKEND, "INFO replication", op_timeout, failover).await?;
+    let (commands, persistence, eviction, failover) = match config.cluster.clone() {
+        None => {
+            let ours = config.connection.is_none();
+            let con = match config.connection.clone() {
+                Some(con) => con,
+                None => open(&config, &endpoint, manager.clone()).await?,
+            };
+            let mut con = Con::Single(con);
+            // A first command proves the credentials and the link.
+            let ping = async {
+                let ping = redis::cmd("PING");
+                ping.query_async::<String>(&mut con)
+                    .await
+                    .map_err(|e| error::at_connect(&endpoint, e))
+            };
+            timed(BACKEND, &format!("PING {endpoint}"), op_timeout, ping).await?;
+            let refusing = cluster::refuse_cluster_node(&mut con, &endpoint);
+            timed(BACKEND, "INFO cluster", op_timeout, refusing).await?;
+            let (persistence, eviction) =
+                probe::check(&config, &endpoint, &mut con, op_timeout).await?;
+            let failover = Failover::probe(&mut con, &endpoint, &config, closing.clone());
+            let failover = timed(BACKEND, "INFO replication", op_timeout, failover).await?;
+            let opener = Opener::Single(manager);
+            let commands = Commands::new(target.clone(), opener, op_timeout, (con, ours), None);
+            (commands, persistence, eviction, failover)
+        }
+        #[cfg(feature = "cluster")]
+        Some(nodes) => {
+            if config.connection.is_some() {
+                return Err(LockError::config(
+                    "a Redis Cluster client opens its own connections: RedisConfig::connection \
+                     takes one server's",
+                ));
+            }
+            let failover = Failover::unseen(&config, closing.clone())?;
+            let opened = cluster::open_cluster(&config, &nodes, manager, op_timeout).await?;
+            let con = (opened.con, true);
+            let commands = Commands::new(
+                target.clone(),
+                opened.opener,
+                op_timeout,
+                con,
+                Some(opened.caller),
+            );
+            (commands, opened.persistence, opened.eviction, failover)
+        }
+        #[cfg(not(feature = "cluster"))]
+        Some(_) => {
+            return Err(LockError::config(
+                "a Redis Cluster URL needs lock-redis's `cluster` feature",
+            ));
+        }
+    };
     let (notifier, events) = Notifier::new(
         target.clone(),
         (op_timeout, config.response_timeout),
@@ -106,7 +149,8 @@ pub(crate) async fn connect(mut config: RedisConfig) -> Result<Connected, LockEr
     );
     let client = Arc::new(Client {
         cleanups: Cleanups::new(),
-        commands: Commands::new(target, manager, op_timeout, con, ours),
+        commands,
+        slot_owners: Default::default(),
         prefix: config.key_prefix,
         endpoint,
         op_timeout,

@@ -214,21 +214,26 @@ pub(crate) fn wake_channel(prefix: &str) -> String {
     format!("{prefix}wake:{}", lockcore::OwnerToken::new().encode())
 }
 
+/// Redis Cluster's hash-tag rule: the part between the first `{` and the
+/// next `}`, if non-empty; otherwise the whole key.
+fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(len) = key[open + 1..].find('}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+/// The Cluster slot of store key `key`.
+pub(crate) fn key_slot(key: &str) -> u16 {
+    slot_of(hash_tag(key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Redis Cluster's hash-tag rule: the part between the first `{` and the
-    /// next `}`, if non-empty; otherwise the whole key.
-    fn hash_tag(key: &str) -> &str {
-        if let Some(open) = key.find('{')
-            && let Some(len) = key[open + 1..].find('}')
-            && len > 0
-        {
-            return &key[open + 1..open + 1 + len];
-        }
-        key
-    }
 
     fn keys(name: &str) -> Keys {
         Keys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap())

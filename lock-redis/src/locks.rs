@@ -21,6 +21,7 @@ use crate::keys::{self, Keys};
 use crate::permits::SLOTS;
 use crate::wait::LINE;
 
+mod renew_on_nodes;
 pub(crate) mod value;
 
 use value::{lease_value, parse_value, remaining};
@@ -29,7 +30,10 @@ use value::{lease_value, parse_value, remaining};
 pub(crate) const IS_LEASE: &str = include_str!("locks/scripts/lease.lua");
 
 script!(ACQUIRE = [NEXT_FENCE, ERA_CHECK, LINE] include_str!("locks/scripts/acquire.lua"));
-script!(RENEW = [IS_LEASE, SLOTS] include_str!("locks/scripts/renew.lua"));
+/// `renew_one`: renews one lease, a lock or a permit.
+const RENEW_ONE: &str = include_str!("locks/scripts/renew_one.lua");
+
+script!(RENEW = [IS_LEASE, SLOTS, RENEW_ONE] include_str!("locks/scripts/renew.lua"));
 script!(RELEASE = [IS_LEASE, LINE] include_str!("locks/scripts/release.lua"));
 script!(INSPECT = [] include_str!("locks/scripts/inspect.lua"));
 script!(FORCE_RELEASE = [NEXT_FENCE, LINE] include_str!("locks/scripts/force_release.lua"));
@@ -115,7 +119,11 @@ impl Client {
 
     /// Renews `leases`, locks and permits alike, one script per chunk of
     /// [`RENEW_CHUNK`], each lease owner- and fence-checked on its own.
+    /// On a Redis Cluster, one script per primary (see `renew_on_nodes.rs`).
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if self.commands.is_cluster() {
+            return self.renew_on_nodes(leases).await;
+        }
         let chunks = leases
             .chunks(RENEW_CHUNK)
             .map(|chunk| self.renew_chunk(chunk));
@@ -123,6 +131,41 @@ impl Client {
             .await
             .into_iter()
             .flatten()
+            .collect()
+    }
+
+    /// Renews `leases` on a Redis Cluster with one script per slot they
+    /// fall in (each routed by its key, following `MOVED` and `ASK`), all
+    /// sent at once; results in the leases' order.
+    pub(crate) async fn renew_by_slot(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, lease) in leases.iter().enumerate() {
+            let slot = keys::key_slot(&self.keys(lease.name()).lock);
+            by_slot.entry(slot).or_default().push(i);
+        }
+        let groups: Vec<Vec<usize>> = by_slot
+            .into_values()
+            .flat_map(|group| {
+                group
+                    .chunks(RENEW_CHUNK)
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let renewed = futures::future::join_all(groups.iter().map(|group| async move {
+            let chunk: Vec<Lease> = group.iter().map(|&i| leases[i].clone()).collect();
+            self.renew_chunk(&chunk).await
+        }))
+        .await;
+        let mut results: Vec<Option<Result<Lease, LockError>>> = vec![None; leases.len()];
+        for (group, outcomes) in groups.iter().zip(renewed) {
+            for (&i, outcome) in group.iter().zip(outcomes) {
+                results[i] = Some(outcome);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(error::unexpected("a lease was not renewed"))))
             .collect()
     }
 

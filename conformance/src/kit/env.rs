@@ -5,6 +5,7 @@
 //! | variable | meaning | was |
 //! |---|---|---|
 //! | `LOCK_TEST_REDIS_URL` | `redis://host:port[/db]`: use this Redis | |
+//! | `LOCK_TEST_REDIS_CLUSTER_URL` | `redis+cluster://host:port[,host:port...]`: use this Redis Cluster | |
 //! | `LOCK_TEST_POSTGRES_URL` | `postgres://user@host:port/db`: use this PostgreSQL | |
 //! | `LOCK_TEST_ETCD_URL` | `etcd://host:port[,host:port]` (`etcds://` for TLS): use this etcd | `LOCK_TEST_ETCD_ENDPOINTS` (`http://host:port,...`) |
 //! | `LOCK_TEST_ZOOKEEPER_URL` | `zk://host:port[,host:port][/root]` (`zks://...?tls_ca=PATH` for TLS): use this ZooKeeper | `LOCK_TEST_ZOOKEEPER` (`host:port,...`) |
@@ -180,6 +181,8 @@ fn sqlite_url_from_path(path: &str) -> String {
 
 /// The Redis to use instead of launching one.
 pub const REDIS_URL: Var = Var::new("LOCK_TEST_REDIS_URL");
+/// The Redis Cluster to use instead of launching one.
+pub const REDIS_CLUSTER_URL: Var = Var::new("LOCK_TEST_REDIS_CLUSTER_URL");
 /// The PostgreSQL to use instead of launching one.
 pub const POSTGRES_URL: Var = Var::new("LOCK_TEST_POSTGRES_URL");
 /// The etcd to use instead of launching one.
@@ -233,6 +236,7 @@ pub const PG_BIN: Var = Var::new("LOCK_TEST_PG_BIN");
 /// Every variable, in the order of the table above.
 pub const ALL: &[Var] = &[
     REDIS_URL,
+    REDIS_CLUSTER_URL,
     POSTGRES_URL,
     ETCD_URL,
     ZOOKEEPER_URL,
@@ -328,7 +332,14 @@ mod tests {
                 assert!(seen.insert(old), "{old} listed twice");
             }
         }
-        for store in [REDIS_URL, POSTGRES_URL, ETCD_URL, ZOOKEEPER_URL, SQLITE_URL] {
+        for store in [
+            REDIS_URL,
+            REDIS_CLUSTER_URL,
+            POSTGRES_URL,
+            ETCD_URL,
+            ZOOKEEPER_URL,
+            SQLITE_URL,
+        ] {
             assert!(store.name().ends_with("_URL"), "{store}");
         }
     }

@@ -21,6 +21,8 @@ const SCHEMES: &[&str] = &[
     "valkeys",
     "valkey+unix",
     "redis+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
 ];
 
 /// The options a Redis URL may carry, named in the error for any other.
@@ -51,7 +53,7 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     let mut url = StoreUrl::parse(text, SCHEMES)?;
     let shown = without_query(&url);
     let bad = |why: String| LockError::config(format!("{shown}: {why}"));
-    let tls = matches!(url.scheme(), "rediss" | "valkeys");
+    let tls = matches!(url.scheme(), "rediss" | "valkeys" | "rediss+cluster");
     if tls && !cfg!(feature = "tls") {
         return Err(bad(
             "needs TLS, but lock-redis was built without its `tls` feature".into(),
@@ -67,10 +69,32 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
         (None, None)
     };
     let sentinel = url.scheme() == "redis+sentinel";
+    let cluster = matches!(url.scheme(), "redis+cluster" | "rediss+cluster");
+    if cluster && !cfg!(feature = "cluster") {
+        return Err(bad(
+            "names a Redis Cluster, but lock-redis was built without its `cluster` feature".into(),
+        ));
+    }
+    let mut nodes = None;
     let (addr, db, sentinels) = if sentinel {
         let (sentinels, db) = sentinels(&mut url).map_err(bad)?;
         let (host, port) = sentinels.addrs[0].clone();
         (ConnectionAddr::Tcp(host, port), db, Some(sentinels))
+    } else if cluster {
+        let seeds = cluster_nodes(&mut url).map_err(bad)?;
+        let (host, port) = seeds[0].clone();
+        nodes = Some(seeds);
+        let addr = if tls {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        };
+        (addr, 0, None)
     } else {
         let addr = address(&url, tls, unix).map_err(bad)?;
         (addr, database(&mut url, unix).map_err(bad)?, None)
@@ -96,6 +120,7 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     let client = redis::Client::open(info).map_err(|e| bad(format!("cannot be used: {e}")))?;
     let mut config = RedisConfig::from_client(client);
     config.sentinel = sentinels;
+    config.cluster = nodes;
     if let Some(prefix) = url.take("prefix") {
         config.key_prefix = prefix;
     }
@@ -188,6 +213,27 @@ fn sentinels(url: &mut StoreUrl) -> Result<(Sentinels, i64), String> {
     };
     let service = service.to_owned();
     Ok((Sentinels { addrs, service }, db))
+}
+
+/// The nodes a `redis+cluster://h1:p1,h2:p2[/]` URL names to learn the
+/// Cluster's layout from. A Cluster has database 0 only.
+fn cluster_nodes(url: &mut StoreUrl) -> Result<Vec<(String, u16)>, String> {
+    let nodes: Vec<(String, u16)> = url
+        .hosts()
+        .iter()
+        .map(|h| (h.name.clone(), h.port.unwrap_or(DEFAULT_PORT)))
+        .collect();
+    if nodes.is_empty() {
+        return Err(
+            "a Cluster URL names one or more of its nodes: redis+cluster://host1:6379,host2:6379"
+                .into(),
+        );
+    }
+    let db = url.take("db");
+    if !url.path().trim_matches('/').is_empty() || db.is_some_and(|db| db != "0") {
+        return Err("a Redis Cluster has database 0 only: give no database".into());
+    }
+    Ok(nodes)
 }
 
 /// The database: the path (`/2`) of a TCP URL, or option `db`.
@@ -294,6 +340,34 @@ mod tests {
         match RedisConfig::from_url(url) {
             Err(LockError::InvalidConfig { message, .. }) => message,
             other => panic!("{url}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cluster_urls_name_the_nodes_and_no_database() {
+        if !cfg!(feature = "cluster") {
+            assert!(refused("redis+cluster://a:7000").contains("`cluster` feature"));
+            return;
+        }
+        let read = config("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2?prefix=app:");
+        assert_eq!(
+            read.cluster,
+            Some(vec![
+                ("10.0.0.1".to_owned(), 7000),
+                ("10.0.0.2".to_owned(), DEFAULT_PORT)
+            ])
+        );
+        assert_eq!(read.key_prefix, "app:");
+        let settings = read.client.get_connection_info().redis_settings();
+        assert_eq!(settings.username(), Some("u"));
+        assert_eq!(read.endpoint(), "redis://10.0.0.1:7000");
+        assert!(config("redis+cluster://h/?db=0").cluster.is_some());
+        if cfg!(feature = "tls") {
+            let tls = config("rediss+cluster://a:7000,b:7001");
+            assert!(tls.uses_tls() && tls.cluster.as_ref().is_some_and(|n| n.len() == 2));
+        }
+        for bad in ["redis+cluster://h/2", "redis+cluster://h?db=1"] {
+            assert!(refused(bad).contains("database 0 only"), "{bad}");
         }
     }
 

@@ -20,6 +20,8 @@ use crate::wait::notify::Notifier;
 /// One backend instance's link to the server.
 pub(crate) struct Client {
     pub(crate) commands: Commands,
+    /// On a Redis Cluster, which primary serves each slot (for `renew_many`).
+    pub(crate) slot_owners: super::cluster::SlotOwners,
     pub(crate) prefix: String,
     pub(crate) endpoint: String,
     /// Connect + response timeout: the longest one request may take.

@@ -12,9 +12,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use lockcore::LockError;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::{ErrorKind, FromRedisValue, ScriptInvocation, ServerErrorKind, Value};
 
+use super::con::{Con, Opener};
 use super::target::{self, Target};
 use crate::error::{self, BACKEND};
 
@@ -31,9 +32,12 @@ pub(crate) fn nonce() -> String {
 /// mismatched reply, and gone once the client is closed.
 pub(crate) struct Commands {
     target: Arc<Target>,
-    config: ConnectionManagerConfig,
+    opener: Opener,
     timeout: Duration,
     current: RwLock<Current>,
+    /// For a Cluster, the connection [`for_caller`](Self::for_caller)
+    /// hands out: to the first node given.
+    caller: Option<ConnectionManager>,
 }
 
 /// The connection in use, its generation, whether this client opened it (a
@@ -41,7 +45,7 @@ pub(crate) struct Commands {
 /// close, never ended for the caller), and whether the client is closed.
 struct Current {
     generation: u64,
-    con: ConnectionManager,
+    con: Con,
     /// The server `con` connects to (it moves with Sentinel).
     to: redis::ConnectionAddr,
     ours: bool,
@@ -49,16 +53,19 @@ struct Current {
 }
 
 impl Commands {
-    /// Commands over `con`, which this client opened if `ours`.
+    /// Commands over `con`, which this client opened if `ours`; `opener`
+    /// opens its replacements. For a Cluster, `caller` is what
+    /// [`for_caller`](Self::for_caller) hands out.
     pub(crate) fn new(
         target: Arc<Target>,
-        config: ConnectionManagerConfig,
+        opener: Opener,
         timeout: Duration,
-        con: ConnectionManager,
-        ours: bool,
+        (con, ours): (Con, bool),
+        caller: Option<ConnectionManager>,
     ) -> Self {
         Commands {
-            config,
+            opener,
+            caller,
             timeout,
             current: RwLock::new(Current {
                 generation: 0,
@@ -77,31 +84,61 @@ impl Commands {
     }
 
     /// The current connection and its generation; `None` once closed.
-    pub(crate) fn get(&self) -> Option<(u64, ConnectionManager)> {
+    pub(crate) fn get(&self) -> Option<(u64, Con)> {
         let current = self.current.read().unwrap_or_else(|p| p.into_inner());
         (!current.closed).then(|| (current.generation, current.con.clone()))
     }
 
     /// The connection for the caller's own commands: the current one, or
     /// once the client is closed, a new one that is the caller's alone,
-    /// connected on first use.
+    /// connected on first use. For a Cluster, a connection to the first
+    /// node given (see [`for_caller_cluster`](Self::for_caller_cluster)).
     pub(crate) fn for_caller(&self) -> ConnectionManager {
-        self.current
+        if let Some(caller) = &self.caller {
+            return caller.clone();
+        }
+        match self
+            .current
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .con
             .clone()
+        {
+            Con::Single(con) => con,
+            #[cfg(feature = "cluster")]
+            Con::Cluster(_) => unreachable!("a Cluster client has a caller connection"),
+        }
     }
 
-    /// A new connection manager to the primary, connected on first use,
-    /// and the server it connects to.
-    fn lazy(&self) -> Option<(ConnectionManager, redis::ConnectionAddr)> {
-        let client = self.target.client();
-        let to = client.get_connection_info().addr().clone();
-        ConnectionManager::new_lazy_with_config(client, self.config.clone())
-            .map_err(|e| tracing::warn!(error = %e, "could not set up a redis connection"))
-            .ok()
-            .map(|con| (con, to))
+    /// For a Cluster, the Cluster connection for the caller's own commands
+    /// (routed by key like the client's).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn for_caller_cluster(&self) -> Option<redis::cluster_async::ClusterConnection> {
+        match self
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .con
+            .clone()
+        {
+            Con::Cluster(con) => Some(con),
+            Con::Single(_) => None,
+        }
+    }
+
+    /// Whether requests go to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .con
+            .is_cluster()
+    }
+
+    /// A new connection, connected on first use, and the server it
+    /// connects to.
+    fn lazy(&self) -> Option<(Con, redis::ConnectionAddr)> {
+        self.opener.lazy(&self.target)
     }
 
     /// After a failed request (Sentinel): asks the sentinels, and replaces
@@ -155,7 +192,8 @@ impl Commands {
                 .map_or_else(|| current.con.clone(), |(con, _)| con);
             (std::mem::replace(&mut current.con, spare), current.ours)
         };
-        if ours {
+        // A Cluster connection closes its node connections once dropped.
+        if ours && !con.is_cluster() {
             let quit = redis::cmd("QUIT");
             let quit = quit.query_async::<Value>(&mut con);
             if let Ok(Err(e)) = tokio::time::timeout(self.timeout, quit).await
@@ -163,6 +201,22 @@ impl Commands {
             {
                 tracing::debug!(error = %e, "QUIT at close failed; the connection is dropped");
             }
+        }
+    }
+
+    /// Runs a plain command (one without a nonce: a read of the server's
+    /// state, never of lock data) within the operation timeout.
+    pub(crate) async fn query<T: FromRedisValue>(
+        &self,
+        what: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, LockError> {
+        let Some((_, mut con)) = self.get() else {
+            return Err(closed());
+        };
+        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut con)).await {
+            Err(_) => Err(error::timed_out(what, self.timeout)),
+            Ok(reply) => reply.map_err(error::map),
         }
     }
 
@@ -234,7 +288,7 @@ impl Commands {
         &self,
         what: &str,
         nonce: &str,
-        request: impl AsyncFnOnce(&mut ConnectionManager) -> redis::RedisResult<Value>,
+        request: impl AsyncFnOnce(&mut Con) -> redis::RedisResult<Value>,
     ) -> Result<T, (LockError, bool)> {
         let Some((generation, mut con)) = self.get() else {
             return Err((closed(), false));

@@ -4,8 +4,8 @@
 
 use std::fmt;
 
+use super::con::Con;
 use lockcore::LockError;
-use redis::aio::ConnectionManager;
 
 use crate::RedisConfig;
 use crate::error;
@@ -19,7 +19,7 @@ use crate::error;
 pub(crate) async fn check(
     config: &RedisConfig,
     endpoint: &str,
-    con: &mut ConnectionManager,
+    con: &mut Con,
     limit: std::time::Duration,
 ) -> Result<(Persistence, Eviction), LockError> {
     let persistence = tokio::time::timeout(limit, Persistence::probe(con))
@@ -147,7 +147,7 @@ impl Persistence {
         matches!(self, Persistence::AofAlways)
     }
 
-    pub(crate) async fn probe(con: &mut ConnectionManager) -> Persistence {
+    pub(crate) async fn probe(con: &mut Con) -> Persistence {
         let reply: Result<(Vec<String>, Vec<String>, Vec<String>), _> = redis::pipe()
             .cmd("CONFIG")
             .arg("GET")
@@ -232,7 +232,7 @@ impl Eviction {
     }
 
     /// `CONFIG GET`, or where that is denied, `INFO memory`.
-    pub(crate) async fn probe(con: &mut ConnectionManager) -> Eviction {
+    pub(crate) async fn probe(con: &mut Con) -> Eviction {
         let config = match Self::config_get(con).await {
             Ok(eviction) => return eviction,
             Err(why) => why,
@@ -243,7 +243,7 @@ impl Eviction {
         }
     }
 
-    async fn config_get(con: &mut ConnectionManager) -> Result<Eviction, String> {
+    async fn config_get(con: &mut Con) -> Result<Eviction, String> {
         let reply: Result<(Vec<String>, Vec<String>), _> = redis::pipe()
             .cmd("CONFIG")
             .arg("GET")
@@ -258,7 +258,7 @@ impl Eviction {
         Self::read(&value(&limit), value(&policy))
     }
 
-    async fn info_memory(con: &mut ConnectionManager) -> Result<Eviction, String> {
+    async fn info_memory(con: &mut Con) -> Result<Eviction, String> {
         let info: String = redis::cmd("INFO")
             .arg("memory")
             .query_async(con)

@@ -9,6 +9,11 @@ use redis::{Script, ScriptInvocation};
 
 use super::commands;
 
+/// The first line of a script that reaches keys of every slot its Redis
+/// Cluster primary serves (Redis 7): its keys are passed as arguments,
+/// since declared keys must share one slot; one declared key routes it.
+pub(crate) const CROSS_SLOT: &str = "#!lua flags=allow-cross-slot-keys";
+
 /// `body` with the helper `parts` before it.
 pub(crate) fn with(parts: &[&str], body: &str) -> Script {
     Script::new(&format!("{}\n{body}", parts.join("\n")))

@@ -1,4 +1,5 @@
-//! Where the primary is: one address, or whatever Redis Sentinel names.
+//! Where the primary is: one address, or whatever Redis Sentinel names;
+//! for a Redis Cluster, the node the subscription listens on.
 //!
 //! With Sentinel (`redis+sentinel://`), the primary moves at each failover.
 //! The command connection and the subscription ask the sentinels again
@@ -8,6 +9,7 @@
 //! fail retryably, as they would with any moving address.
 
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lockcore::LockError;
 use redis::IntoConnectionInfo;
@@ -26,6 +28,11 @@ pub(crate) struct Sentinels {
 pub(crate) struct Target {
     current: RwLock<redis::Client>,
     sentinel: Option<tokio::sync::Mutex<SentinelClient>>,
+    /// A Redis Cluster's nodes given: the subscription, which any node
+    /// serves (a Cluster forwards `PUBLISH` to all), moves to the next
+    /// after a failure.
+    nodes: Vec<redis::Client>,
+    next: AtomicUsize,
 }
 
 impl Target {
@@ -34,6 +41,23 @@ impl Target {
         Target {
             current: RwLock::new(client),
             sentinel: None,
+            nodes: Vec::new(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The nodes of a Redis Cluster (`nodes`, reached with `config`'s
+    /// credentials and TLS settings), the first one current.
+    pub(crate) fn nodes(config: &crate::RedisConfig, nodes: &[(String, u16)]) -> Target {
+        let nodes: Vec<redis::Client> = nodes
+            .iter()
+            .map(|(host, port)| config.clone().address(host.clone(), *port).client)
+            .collect();
+        Target {
+            current: RwLock::new(config.client.clone()),
+            sentinel: None,
+            nodes,
+            next: AtomicUsize::new(1),
         }
     }
 
@@ -73,6 +97,8 @@ impl Target {
         Ok(Target {
             current: RwLock::new(primary),
             sentinel: Some(tokio::sync::Mutex::new(client)),
+            nodes: Vec::new(),
+            next: AtomicUsize::new(0),
         })
     }
 
@@ -84,6 +110,11 @@ impl Target {
             .clone()
     }
 
+    /// Whether this is a Redis Cluster's.
+    pub(crate) fn is_cluster(&self) -> bool {
+        !self.nodes.is_empty()
+    }
+
     /// Whether the primary is found through Sentinel.
     pub(crate) fn moves(&self) -> bool {
         self.sentinel.is_some()
@@ -93,6 +124,11 @@ impl Target {
     /// on a replica), and takes the primary they name. Each user compares
     /// its own connection's server with [`client`](Self::client) after.
     pub(crate) async fn refresh(&self) {
+        if !self.nodes.is_empty() {
+            let next = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
+            *self.current.write().unwrap_or_else(|p| p.into_inner()) = self.nodes[next].clone();
+            return;
+        }
         let Some(sentinel) = &self.sentinel else {
             return;
         };

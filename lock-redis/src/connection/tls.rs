@@ -62,6 +62,14 @@ impl Certificates {
         Ok(())
     }
 
+    /// These certificates, for a Redis Cluster client.
+    pub(crate) fn for_cluster(&self) -> TlsCertificates {
+        TlsCertificates {
+            client_tls: self.identity.clone(),
+            root_cert: self.root.clone(),
+        }
+    }
+
     /// `client` with these certificates, for a `rediss://` address only.
     pub(crate) fn apply(&self, client: &redis::Client) -> Result<redis::Client, LockError> {
         let info = client.get_connection_info().clone();

@@ -33,7 +33,6 @@ use std::time::Duration;
 
 use lockcore::LockError;
 use lockcore::backend::{CancellationToken, Era};
-use redis::aio::ConnectionManager;
 
 use redis::FromRedisValue;
 
@@ -64,7 +63,7 @@ impl Failover {
     /// `INFO` is denied, failovers go unseen (a warning), and a lock delay,
     /// which could not work, is refused.
     pub(crate) async fn probe(
-        con: &mut ConnectionManager,
+        con: &mut crate::connection::con::Con,
         endpoint: &str,
         config: &crate::RedisConfig,
         closing: CancellationToken,
@@ -120,6 +119,28 @@ impl Failover {
             detects,
             lock_delay,
             wait_replicas,
+        })
+    }
+
+    /// For a Redis Cluster: failovers of its primaries go unseen (each has
+    /// its own replication id; telling them apart per node is not done
+    /// yet), so a lock delay and the lossless mode, which rest on them,
+    /// are refused.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn unseen(
+        config: &crate::RedisConfig,
+        closing: CancellationToken,
+    ) -> Result<Failover, LockError> {
+        if config.failover_lock_delay.is_some() || config.wait_replicas.is_some() {
+            return Err(LockError::config(
+                "failover_lock_delay and wait_replicas are not supported on a Redis Cluster yet",
+            ));
+        }
+        Ok(Failover {
+            era: Arc::new(Era::new(closing)),
+            detects: false,
+            lock_delay: None,
+            wait_replicas: None,
         })
     }
 

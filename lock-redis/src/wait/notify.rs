@@ -181,10 +181,18 @@ pub(crate) struct Wait {
 
 impl Wait {
     /// This wait's member in a line: `<wait id>:<claim window ms>:<channel>`.
-    /// A lock handed to it stays reserved for it for `window`.
+    /// A lock handed to it stays reserved for it for `window`. On a Redis
+    /// Cluster the window ends in `c`: the instance may listen on another
+    /// node than the one that hands the lock over, where `PUBLISH` counts
+    /// only its own subscribers, so a count of 0 does not mean it is gone.
     pub(crate) fn member(&self, window: Duration) -> String {
         let ms = window.as_millis().clamp(1, u128::from(u32::MAX));
-        format!("{}:{ms}:{}", self.id, self.notifier.channel)
+        let elsewhere = if self.notifier.target.is_cluster() {
+            "c"
+        } else {
+            ""
+        };
+        format!("{}:{ms}{elsewhere}:{}", self.id, self.notifier.channel)
     }
 
     /// Completes when this wait is woken; a wake-up that came while nobody

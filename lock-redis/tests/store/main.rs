@@ -6,6 +6,8 @@
 mod access;
 mod clocks;
 mod close;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod connect;
 mod durability;
 mod eviction;

@@ -42,6 +42,7 @@ pub mod etcd;
 mod kind;
 pub mod postgres;
 pub mod redis;
+pub mod redis_cluster;
 mod shared;
 mod store;
 mod url;

@@ -68,7 +68,7 @@ static CLEANUP: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
 /// Shared stores live in statics, which are never dropped: at process exit,
 /// kill their process groups and delete their data dirs.
-fn register_cleanup(pid: u32, dir: PathBuf) {
+pub(crate) fn register_cleanup(pid: u32, dir: PathBuf) {
     static HOOK: OnceLock<()> = OnceLock::new();
     HOOK.get_or_init(|| {
         extern "C" fn at_exit() {

@@ -1,7 +1,7 @@
 -- The wait line and the watchers, shared by the scripts that grant or free
 -- (prepended to each). All keys share the name's hash tag:
 --   lock  "<owner>:<fence> <label>", PX = TTL
---   queue zset of waiters; member "<wait id>:<claim window ms>:<channel>",
+--   queue zset of waiters; member "<wait id>:<claim window ms>[c]:<channel>",
 --         score = arrival order (tail + 1)
 --   next  the member a free lock is reserved for, PX = its claim window
 --   watchers  set of instance channels that asked for one "changed" message
@@ -44,10 +44,15 @@ local function wake_next(lock_key, queue_key, next_key, me)
     if member == me then
       return 'me'
     end
-    local window, channel = string.match(member, '^%d+:(%d+):(%S+)$')
+    -- A window ending in 'c': the waiter's instance listens on a Redis
+    -- Cluster node, maybe another one, and PUBLISH counts only this node's
+    -- subscribers. Such a waiter is trusted to hear; if it is gone, the
+    -- reservation lapses after its window and the next attempt carries on.
+    local window, elsewhere, channel = string.match(member, '^%d+:(%d+)(c?):(%S+)$')
     window = tonumber(window)
     if window and window > 0
-        and redis.call('PUBLISH', channel, member .. ' ' .. lock_key) > 0 then
+        and (redis.call('PUBLISH', channel, member .. ' ' .. lock_key) > 0
+             or elsewhere == 'c') then
       line_call('SET', next_key, member, 'PX', window)
       return 'reserved'
     end
