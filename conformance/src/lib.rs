@@ -88,6 +88,8 @@
 pub mod broken;
 mod case;
 pub mod cases;
+#[cfg(feature = "stores")]
+mod cluster_factory;
 mod control;
 mod ctx;
 mod factory;
@@ -111,6 +113,8 @@ pub use outcome::{CaseResult, Failure, Outcome};
 pub use report::{CaseReport, Report};
 pub use runner::{CASES, run_all, run_case, run_case_with, run_cases};
 
+#[cfg(feature = "stores")]
+pub use cluster_factory::{ClusterFactory, redis_cluster};
 #[cfg(feature = "stores")]
 pub use store_factory::StoreFactory;
 

@@ -4,11 +4,10 @@
 //! feature.
 #![cfg(feature = "cluster")]
 
-use lock_conformance::kit::stores::redis_cluster;
 use lock_redis::RedisBackend;
 
 lock_conformance::suite!(
-    redis_cluster::factory(|url| async move { RedisBackend::connect(&url).await }),
+    lock_conformance::redis_cluster(|url| async move { RedisBackend::connect(&url).await }),
     expect_skips = [
         // These cut or slow the link between one client and the store
         // through the suite's fault proxy in front of one address. A

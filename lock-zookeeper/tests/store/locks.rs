@@ -17,7 +17,8 @@ use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
 use crate::support::{
-    answered, behind_proxy, children, connect, locker, raw, session_id, take, unique,
+    answered, behind_proxy, children, connect, lasting_parent, locker, raw, session_id, take,
+    unique,
 };
 
 /// Waiters that time out, are cancelled, or whose acquire future is simply
@@ -172,7 +173,9 @@ async fn a_node_found_after_replies_were_lost_long_starts_a_full_lease() {
     for waiting in [false, true] {
         let name = unique("long-lost-create-reply");
         let parent = a.lock_path(&name);
-        // The parent exists already, so the create is the only write in flight.
+        // The parent exists already (and stays), so the create is the only
+        // write in flight.
+        lasting_parent(&observer, &parent).await;
         let warm = take(&a, &name).await;
         a.release(&warm).await.unwrap();
 
@@ -328,6 +331,7 @@ async fn uncontended_cycles_send_only_create_and_delete() {
     let a = connect(store.endpoint()).await.unwrap();
     let name = unique("only-create-delete");
     let sid = session_id(&a);
+    lasting_parent(&raw(&store.endpoint()).await, &a.lock_path(&name)).await;
 
     let before = answered(store.addr(), sid);
     let mut last = cycle(&a, &name).await;

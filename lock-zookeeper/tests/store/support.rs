@@ -107,6 +107,24 @@ pub(crate) async fn children(client: &lock_zookeeper::zk::Client, path: &str) ->
     }
 }
 
+/// Creates the lock parent `path` (and what is missing above it) as plain
+/// persistent nodes, not containers: the kit's servers sweep empty
+/// containers every few hundred milliseconds (for TTL nodes), and a test
+/// whose request count or lost replies depend on the parent staying while
+/// the queue is empty must not race that sweep.
+pub(crate) async fn lasting_parent(client: &lock_zookeeper::zk::Client, path: &str) {
+    let mode = lock_zookeeper::zk::CreateMode::Persistent
+        .with_acls(lock_zookeeper::zk::Acls::anyone_all());
+    let mut at = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        at = format!("{at}/{part}");
+        match client.create(&at, &[], &mode).await {
+            Ok(_) | Err(lock_zookeeper::zk::Error::NodeExists) => {}
+            Err(e) => panic!("creating {at}: {e}"),
+        }
+    }
+}
+
 /// Whether this test may launch ZooKeeper servers of its own. Not when
 /// `LOCK_TEST_ZOOKEEPER_URL` names an external server (as in the container CI
 /// job, where no ZooKeeper is installed): like the suite's crash cases, the
