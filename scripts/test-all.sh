@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test-all.sh: install the store servers that are missing (Debian, as root),
 # then run the whole test suite against real Redis, PostgreSQL, etcd and
-# ZooKeeper, which the tests launch themselves as child processes.
+# ZooKeeper, which the tests launch themselves as child processes; then
+# lock-zookeeper's conformance suite again, over TLS.
 #
 # Usage: scripts/test-all.sh [extra `cargo test` arguments...]
 #   e.g. scripts/test-all.sh -p lock-redis
@@ -69,4 +70,41 @@ log "scripts/run-tests.sh $* (LOCK_TEST_JOBS=${LOCK_TEST_JOBS:-3} binaries at a 
 status=0
 scripts/run-tests.sh "$@" || status=$?
 log "tests finished in $(since "$t") s (total $(since "$T0") s), exit $status"
+
+# ---- ZooKeeper over TLS ---------------------------------------------------------------
+# lock-zookeeper's conformance suite once more, every server the kit launches
+# serving TLS only (LOCK_TEST_ZOOKEEPER_TLS=1, a CA of its own each): the
+# binary the run above built (same flags, so nothing is rebuilt), run alone.
+# Not when the arguments pick other packages, nor against an external
+# server (LOCK_TEST_ZOOKEEPER_URL: the kit launches nothing then).
+if [ $# -gt 0 ] && [[ " $* " != *lock-zookeeper* ]]; then
+  log "ZooKeeper over TLS: skipped (the arguments pick other packages)"
+elif [ -n "${LOCK_TEST_ZOOKEEPER_URL:-}" ]; then
+  log "ZooKeeper over TLS: skipped (LOCK_TEST_ZOOKEEPER_URL names an external server)"
+else
+  t=$(now)
+  exe=$(cargo test --workspace --all-features --no-run --message-format=json "$@" 2>/dev/null \
+    | grep '"reason":"compiler-artifact"' | grep '/lock-zookeeper/Cargo.toml"' \
+    | grep '"kind":\["test"\],[^}]*"name":"conformance"' | grep -v '"executable":null' \
+    | sed -E 's/.*"executable":"([^"]*)".*/\1/' | head -1)
+  if [ -z "$exe" ]; then
+    log "ZooKeeper over TLS: no lock-zookeeper conformance binary was built"
+    status=1
+  else
+    tls_log=$(mktemp "${TMPDIR:-/tmp}/distlock-zk-tls.XXXXXX")
+    tls_status=0
+    (cd lock-zookeeper && CARGO_MANIFEST_DIR="$PWD" LOCK_TEST_ZOOKEEPER_TLS=1 \
+      "$exe" --test-threads "${LOCK_TEST_THREADS:-4}") >"$tls_log" 2>&1 || tls_status=$?
+    printf '\n=== lock-zookeeper/conformance over TLS (%s s, exit %s)\n' "$(since "$t")" "$tls_status"
+    cat "$tls_log"
+    if [ "$tls_status" != 0 ]; then
+      printf '\n=== FAILED: lock-zookeeper/conformance over TLS\n' >&2
+      grep -E '^(test .* FAILED|failures:|---- )|panicked at' "$tls_log" >&2 || tail -20 "$tls_log" >&2
+      status=1
+    fi
+    rm -f "$tls_log"
+    log "ZooKeeper conformance over TLS finished in $(since "$t") s, exit $tls_status"
+  fi
+fi
+log "all done in $(since "$T0") s, exit $status"
 exit $status

@@ -35,7 +35,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// | `redis+cluster://host:port[,host:port...]`, `rediss+cluster://` (TLS) | Redis Cluster (`lock_redis::RedisBackend`) | `redis-cluster` |
 /// | `postgres://`, `postgresql://` (TLS from `sslmode`) | PostgreSQL (`lock_postgres::PostgresBackend`) | `postgres` |
 /// | `etcd://`, `etcds://` (TLS) | etcd v3 (`lock_etcd::EtcdBackend`) | `etcd` |
-/// | `zk://`, `zookeeper://`, `zks://` (TLS) | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` (`zookeeper-tls` for `zks://`) |
+/// | `zk://`, `zookeeper://`, `zks://` (TLS) | ZooKeeper (`lock_zookeeper::ZooKeeperBackend`) | `zookeeper` (`zookeeper-tls` for `zks://`, `zookeeper-sasl` for `?auth=sasl`) |
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] for a URL without a scheme, an unknown
@@ -135,6 +135,20 @@ mod tests {
         let shown = format!("{e} {e:?}");
         assert!(matches!(e, LockError::InvalidConfig { .. }), "{shown}");
         assert!(shown.contains("zookeeper-tls"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    /// `?auth=sasl` names the feature it needs when built without it, and
+    /// shows no password.
+    #[cfg(all(feature = "zookeeper", not(feature = "zookeeper-sasl")))]
+    #[tokio::test]
+    async fn zk_sasl_without_its_feature_names_it() {
+        let Err(e) = connect("zk://u:secret@127.0.0.1:2181?auth=sasl").await else {
+            panic!("connected without SASL support");
+        };
+        let shown = format!("{e} {e:?}");
+        assert!(matches!(e, LockError::InvalidConfig { .. }), "{shown}");
+        assert!(shown.contains("zookeeper-sasl"), "{shown}");
         assert!(!shown.contains("secret"), "{shown}");
     }
 

@@ -22,6 +22,13 @@ impl fmt::Display for ZkError {
                 " (the node's ACL belongs to another identity: check the digest credentials)",
             )?;
         }
+        if self.source == zk::Error::AuthFailed {
+            f.write_str(
+                " (the servers refused this client's authentication: check the user and \
+                 password, and that auth= names the scheme the servers expect: sasl for \
+                 servers that require SASL, digest otherwise)",
+            )?;
+        }
         Ok(())
     }
 }

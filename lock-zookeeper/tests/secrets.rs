@@ -218,3 +218,50 @@ async fn the_real_store_refuses_wrong_credentials_without_showing_them() {
     owner.close().await.unwrap();
     assert_hidden("the tracing output", &secrets::captured());
 }
+
+/// SASL (`auth=sasl`) with the marker as the password: a server that
+/// requires SASL and knows it lets the client in, and its `Debug`, its
+/// work and the log show nothing of it; a server that knows another
+/// password refuses it, and the error shows nothing of it either.
+#[cfg(feature = "sasl")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_credentials_are_never_shown() {
+    secrets::capture_tracing();
+    if !support::may_launch_servers("sasl_credentials_are_never_shown") {
+        return;
+    }
+    let launch = |password: &'static str| {
+        tokio::task::spawn_blocking(move || {
+            zookeeper::start(zookeeper::Options::default().require_sasl("alice", password))
+        })
+    };
+    let knows = launch(MARKER).await.unwrap().unwrap();
+    let other = launch("another-password").await.unwrap().unwrap();
+    for password in passwords() {
+        let url = format!(
+            "zk://alice:{password}@{}/sasl?auth=sasl&{OPTIONS}",
+            other.addr()
+        );
+        let e = refused("another password", &url).await;
+        assert!(e.to_string().contains("authentication failed"), "{e}");
+
+        let url = format!(
+            "zk://alice:{password}@{}/sasl?auth=sasl&{OPTIONS}",
+            knows.addr()
+        );
+        let backend = ZooKeeperBackend::connect(&url).await.unwrap();
+        assert_hidden("Debug of the backend", &format!("{backend:?}"));
+        assert_hidden("Debug of its config", &format!("{:?}", backend.config()));
+        let name = unique("sasl-secret-holder");
+        let lease = backend
+            .try_acquire_for(&name, Duration::from_secs(4))
+            .await
+            .unwrap()
+            .into_lease()
+            .unwrap();
+        assert_hidden("Debug of a lease", &format!("{lease:?}"));
+        backend.release(&lease).await.unwrap();
+        backend.close().await.unwrap();
+    }
+    assert_hidden("the tracing output", &secrets::captured());
+}

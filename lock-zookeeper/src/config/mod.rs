@@ -24,7 +24,7 @@ const SCHEMES: &[&str] = &["zk", "zookeeper", "zks"];
 /// parse a URL with [`from_url`](Self::from_url):
 ///
 /// ```text
-/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&container_check_interval=1m&connection_timeout=4s&connect_timeout=10s&password_file=PATH]
+/// zk://[user:password@]host:port[,host:port...][/root][?session_timeout=30s&tick_time=2s&container_check_interval=1m&connection_timeout=4s&connect_timeout=10s&password_file=PATH&auth=digest|sasl]
 /// zks://[user:password@]host:port[,host:port...][/root]?tls_ca=PATH[&tls_cert=PATH&tls_key=PATH][&...]
 /// ```
 ///
@@ -32,7 +32,11 @@ const SCHEMES: &[&str] = &["zk", "zookeeper", "zks"];
 /// is accepted as well.) `zks://` (the `tls` feature) speaks TLS to every
 /// server, each server's certificate checked against the CA in `tls_ca` and
 /// for the host the URL names; `tls_cert` and `tls_key` name a client
-/// certificate and its key, for servers with `ssl.clientAuth=need`. The password may hold any character, even
+/// certificate and its key, for servers with `ssl.clientAuth=need`.
+///
+/// Credentials authenticate with ZooKeeper's digest scheme (`addauth
+/// digest`), or with `auth=sasl` (the `sasl` feature) by SASL DIGEST-MD5
+/// against a server's JAAS `Server` section. The password may hold any character, even
 /// unescaped `#/?@:` (the user info ends at the last `@`, as
 /// [`redact_url`](lockcore::backend::redact_url) reads it); percent-escapes
 /// are decoded. `Debug` and errors never show it.
@@ -46,19 +50,43 @@ pub struct ZooKeeperConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) tick_time: Option<Duration>,
     pub(crate) container_check_interval: Duration,
-    pub(crate) digest: Option<Digest>,
+    pub(crate) credentials: Option<Credentials>,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<tls::Tls>,
 }
 
-/// Digest credentials (`addauth digest user:password`).
+/// A user and password, and how they authenticate.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Digest {
+pub(crate) struct Credentials {
     pub(crate) user: String,
     pub(crate) password: String,
+    pub(crate) scheme: Scheme,
 }
 
-impl Digest {
+/// How credentials authenticate (the URL's `auth=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    /// `addauth digest user:password`: every server takes it; a wrong
+    /// password is another identity, which ACLs keep out.
+    Digest,
+    /// SASL DIGEST-MD5 (`SASLAuthenticationProvider`, users in the
+    /// servers' JAAS file): a wrong password is refused at connect.
+    #[cfg(feature = "sasl")]
+    Sasl,
+}
+
+impl Scheme {
+    /// The word of the URL's `auth=` option.
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            Scheme::Digest => "digest",
+            #[cfg(feature = "sasl")]
+            Scheme::Sasl => "sasl",
+        }
+    }
+}
+
+impl Credentials {
     /// What ZooKeeper's digest scheme takes.
     pub(crate) fn auth(&self) -> Vec<u8> {
         format!("{}:{}", self.user, self.password).into_bytes()
@@ -82,6 +110,7 @@ impl ZooKeeperConfig {
         "connection_timeout",
         "connect_timeout",
         "password_file",
+        "auth",
         "tls_ca",
         "tls_cert",
         "tls_key",
@@ -98,7 +127,7 @@ impl ZooKeeperConfig {
             connect_timeout: Duration::from_secs(10),
             tick_time: None,
             container_check_interval: Self::DEFAULT_CONTAINER_CHECK_INTERVAL,
-            digest: None,
+            credentials: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -138,15 +167,25 @@ impl ZooKeeperConfig {
             config.root = parsed.path().to_owned();
         }
         let user = parsed.user().map(str::to_owned);
-        config.digest = match (user, parsed.take_password()?) {
+        let scheme = url::auth_scheme(&mut parsed)?;
+        config.credentials = match (user, parsed.take_password()?) {
             (None, None) => None,
-            (Some(user), Some(password)) => Some(Digest { user, password }),
+            (Some(user), Some(password)) => Some(Credentials {
+                user,
+                password,
+                scheme: scheme.unwrap_or(Scheme::Digest),
+            }),
             _ => {
                 return Err(LockError::config(
-                    "ZooKeeper credentials must be user:password (digest scheme), or a user and password_file",
+                    "ZooKeeper credentials must be user:password, or a user and password_file",
                 ));
             }
         };
+        if config.credentials.is_none() && scheme.is_some() {
+            return Err(LockError::config(
+                "URL option auth= needs credentials: zk://user:password@host (or a user and password_file)",
+            ));
+        }
         for (name, setting) in [
             ("session_timeout", &mut config.session_timeout),
             ("connect_timeout", &mut config.connect_timeout),
@@ -233,11 +272,33 @@ impl ZooKeeperConfig {
     /// Authenticates with the digest scheme and creates lock nodes readable
     /// and deletable only by this identity (`auth` ACL).
     pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.digest = Some(Digest {
+        self.credentials = Some(Credentials {
             user: user.into(),
             password: password.into(),
+            scheme: Scheme::Digest,
         });
         self
+    }
+
+    /// Authenticates with SASL DIGEST-MD5 (a user of the servers' JAAS
+    /// `Server` section, `SASLAuthenticationProvider`), and creates lock
+    /// nodes readable and deletable only by this identity (`auth` ACL). A
+    /// wrong password is refused at connect. The URL form is
+    /// `zk://user:password@host:port?auth=sasl`.
+    #[cfg(feature = "sasl")]
+    pub fn sasl(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+            scheme: Scheme::Sasl,
+        });
+        self
+    }
+
+    /// How the credentials authenticate: `Some("digest")` or
+    /// `Some("sasl")`; `None` without credentials.
+    pub fn auth_scheme(&self) -> Option<&'static str> {
+        self.credentials.as_ref().map(|c| c.scheme.word())
     }
 
     /// Speaks TLS to every server and trusts only the CA certificates in
@@ -347,12 +408,19 @@ impl ZooKeeperConfig {
                 "ZooKeeper connect timeout must be positive",
             ));
         }
-        if let Some(d) = &self.digest
-            && (d.user.is_empty() || d.user.contains(':'))
-        {
-            return Err(LockError::config(
-                "ZooKeeper digest user must be non-empty and contain no ':'",
-            ));
+        if let Some(c) = &self.credentials {
+            match c.scheme {
+                Scheme::Digest if c.user.is_empty() || c.user.contains(':') => {
+                    return Err(LockError::config(
+                        "ZooKeeper digest user must be non-empty and contain no ':'",
+                    ));
+                }
+                #[cfg(feature = "sasl")]
+                Scheme::Sasl if c.user.is_empty() => {
+                    return Err(LockError::config("ZooKeeper SASL user must be non-empty"));
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -457,7 +525,8 @@ impl fmt::Debug for ZooKeeperConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("tick_time", &self.tick_time)
             .field("container_check_interval", &self.container_check_interval)
-            .field("digest_user", &self.digest.as_ref().map(|d| &d.user))
+            .field("user", &self.credentials.as_ref().map(|c| &c.user))
+            .field("auth", &self.auth_scheme())
             .field("tls", &self.uses_tls())
             .finish_non_exhaustive()
     }

@@ -97,7 +97,7 @@ fn bad_durations_name_the_option_but_not_the_value() {
 /// name (a secret pasted in the wrong place) is not shown.
 #[test]
 fn unknown_options_name_the_known_ones() {
-    let known = "known: session_timeout, tick_time, container_check_interval, connection_timeout, connect_timeout, password_file";
+    let known = "known: session_timeout, tick_time, container_check_interval, connection_timeout, connect_timeout, password_file, auth";
     let e = ZooKeeperConfig::from_url("zk://h:1/a?ttl=3s").unwrap_err();
     assert!(
         e.to_string().contains("unknown zk URL option \"ttl\"") && e.to_string().contains(known),
@@ -120,7 +120,7 @@ fn password_file_gives_the_digest_password() {
     let path = file.display();
     let config =
         ZooKeeperConfig::from_url(&format!("zk://alice@h:1/a?password_file={path}")).unwrap();
-    let digest = config.digest.as_ref().unwrap();
+    let digest = config.credentials.as_ref().unwrap();
     assert_eq!(
         (digest.user.as_str(), digest.password.as_str()),
         ("alice", MARKER)
@@ -172,12 +172,12 @@ fn parses_urls_and_connect_strings() {
     assert_eq!(c.root, "/apps/locks");
     assert_eq!(c.session_timeout, Duration::from_secs(10));
     assert_eq!(c.connection_timeout, Some(Duration::from_secs(2)));
-    let d = c.digest.as_ref().unwrap();
+    let d = c.credentials.as_ref().unwrap();
     assert_eq!((d.user.as_str(), d.password.as_str()), ("alice", "s@cret"));
 
     let awkward =
         ZooKeeperConfig::from_url("zk://u:a#b/c?d@e:f%@h:1,[::1]:2/r?tick_time=1s").unwrap();
-    let d = awkward.digest.as_ref().unwrap();
+    let d = awkward.credentials.as_ref().unwrap();
     assert_eq!(
         (d.user.as_str(), d.password.as_str()),
         ("u", "a#b/c?d@e:f%")
@@ -253,4 +253,43 @@ fn debug_hides_the_password() {
         shown.contains("alice") && !shown.contains("hunter2"),
         "{shown}"
     );
+}
+
+/// `auth=` picks how credentials authenticate: digest (the default) or
+/// sasl, which a build without the `sasl` feature refuses, typed and
+/// naming the feature; a bad value or `auth=` without credentials is
+/// refused without showing the URL's password.
+#[test]
+fn auth_picks_the_scheme_of_the_credentials() {
+    let url = |auth: &str| format!("zk://alice:{}@h:1/a?auth={auth}", secrets::encoded());
+    let digest = ZooKeeperConfig::from_url(&url("digest")).unwrap();
+    assert_eq!(digest.auth_scheme(), Some("digest"));
+    assert_eq!(digest.credentials.as_ref().unwrap().password, MARKER);
+    assert_hidden("Debug", &format!("{digest:?}"));
+    let sasl = ZooKeeperConfig::from_url(&url("sasl"));
+    #[cfg(feature = "sasl")]
+    {
+        let sasl = sasl.unwrap();
+        assert_eq!(sasl.auth_scheme(), Some("sasl"));
+        assert_eq!(sasl.credentials.as_ref().unwrap().password, MARKER);
+        assert!(format!("{sasl:?}").contains("auth: Some(\"sasl\")"));
+        assert_hidden("Debug", &format!("{sasl:?}"));
+    }
+    #[cfg(not(feature = "sasl"))]
+    {
+        let e = sasl.unwrap_err();
+        assert!(matches!(e, LockError::InvalidConfig { .. }), "{e:?}");
+        assert!(e.to_string().contains("`sasl` feature"), "{e}");
+        assert_hidden("the error", &e.to_string());
+    }
+    for (url, says) in [
+        (url("kerberos"), "digest or sasl"),
+        (url(&secrets::encoded()), "digest or sasl"),
+        ("zk://h:1/a?auth=digest".to_owned(), "needs credentials"),
+    ] {
+        let e = ZooKeeperConfig::from_url(&url).unwrap_err();
+        assert!(matches!(e, LockError::InvalidConfig { .. }), "{e:?}");
+        assert!(e.to_string().contains(says), "{e}");
+        assert_hidden("the error", &e.to_string());
+    }
 }

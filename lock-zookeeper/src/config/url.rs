@@ -123,6 +123,30 @@ pub(super) fn take_duration(url: &mut StoreUrl, name: &str) -> Result<Option<Dur
     Ok(Some(old))
 }
 
+/// `auth=digest` or `auth=sasl` (the `sasl` feature): how the URL's
+/// credentials authenticate; `None` when not given (digest).
+///
+/// # Errors
+/// Another value (not shown: it may be a misplaced secret), or `sasl`
+/// without the feature.
+pub(super) fn auth_scheme(url: &mut StoreUrl) -> Result<Option<super::Scheme>, LockError> {
+    let Some(value) = url.take("auth") else {
+        return Ok(None);
+    };
+    match value.to_ascii_lowercase().as_str() {
+        "digest" => Ok(Some(super::Scheme::Digest)),
+        #[cfg(feature = "sasl")]
+        "sasl" => Ok(Some(super::Scheme::Sasl)),
+        #[cfg(not(feature = "sasl"))]
+        "sasl" => Err(LockError::config(
+            "auth=sasl needs lock-zookeeper's `sasl` feature (distlock's `zookeeper-sasl`)",
+        )),
+        _ => Err(LockError::config(
+            "URL option auth must be digest or sasl (the value given is not shown)",
+        )),
+    }
+}
+
 /// TLS from the URL: `zks://` turns it on and needs `tls_ca`, the PEM file
 /// of the CA the servers' certificates chain to; `tls_cert` and `tls_key`
 /// (together) name a client certificate and its key. They are handed to

@@ -64,7 +64,7 @@ impl Client {
     /// this client may queue under it.
     pub(crate) async fn open(config: ZooKeeperConfig) -> Result<Arc<Client>, LockError> {
         config.validate()?;
-        let acls = Arc::new(Acls::new(config.digest.is_some()));
+        let acls = Arc::new(Acls::new(config.credentials.is_some()));
         let session = Session::open(&config).await?;
         let root = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&acls.dirs));
         let creating = |e| map(format!("creating the lock root {}", config.root), e);
@@ -72,7 +72,8 @@ impl Client {
         retry(|| handle.mkdir(&config.root, &root))
             .await
             .map_err(creating)?;
-        crate::connection::probe::may_queue_under(&handle, &config.root).await?;
+        let sasl = config.auth_scheme() == Some("sasl");
+        crate::connection::probe::may_queue_under(&handle, &config.root, sasl).await?;
         let ttl_nodes = crate::connection::probe::keeps_ttl_nodes(&handle, &config.root).await?;
         drop(handle);
         let client = Arc::new(Client {

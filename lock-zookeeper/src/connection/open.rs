@@ -8,7 +8,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::config::ZooKeeperConfig;
+use crate::config::{Scheme, ZooKeeperConfig};
 use crate::error::{BACKEND, map};
 
 /// A connector with `config`'s timeouts and credentials.
@@ -19,8 +19,15 @@ fn connector(config: &ZooKeeperConfig) -> zk::Connector {
     if let Some(timeout) = config.connection_timeout {
         connector = connector.with_connection_timeout(timeout);
     }
-    if let Some(digest) = &config.digest {
-        connector = connector.with_auth("digest", &digest.auth());
+    if let Some(c) = &config.credentials {
+        connector = match c.scheme {
+            Scheme::Digest => connector.with_auth("digest", &c.auth()),
+            #[cfg(feature = "sasl")]
+            Scheme::Sasl => connector.with_sasl(zk::SaslOptions::digest_md5(
+                c.user.clone(),
+                c.password.clone(),
+            )),
+        };
     }
     connector
 }

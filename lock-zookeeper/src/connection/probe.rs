@@ -14,7 +14,12 @@ use crate::error::{BACKEND, connection_lost, map};
 /// root (another identity's root: wrong or missing digest credentials),
 /// which would fail every acquire with `NoAuth`: better said at connect.
 /// The server judges: an ephemeral probe node is created and deleted.
-pub(crate) async fn may_queue_under(client: &zk::Client, root: &str) -> Result<(), LockError> {
+/// `sasl`: whether the credentials are SASL's (the advice differs).
+pub(crate) async fn may_queue_under(
+    client: &zk::Client,
+    root: &str,
+    sasl: bool,
+) -> Result<(), LockError> {
     let probe = crate::keys::paths::probe(root);
     let mode = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
     let checking = |e| map(format!("checking access to the lock root {root}"), e);
@@ -53,14 +58,19 @@ pub(crate) async fn may_queue_under(client: &zk::Client, root: &str) -> Result<(
         BACKEND,
         format!(
             "ZooKeeper does not let this client ({}) {refused} nodes under the lock root {root}, \
-             whose ACL lets only {} create and delete there: check the digest credentials \
-             (user:password; a wrong password is another identity with the same user name)",
+             whose ACL lets only {} create and delete there: {}",
             if me.is_empty() {
                 "identity unknown"
             } else {
                 &me
             },
             if owners.is_empty() { "nobody" } else { &owners },
+            match sasl {
+                true => "check the SASL credentials (user and password)",
+                false =>
+                    "check the digest credentials \
+                          (user:password; a wrong password is another identity with the same user name)",
+            },
         ),
     ))
 }

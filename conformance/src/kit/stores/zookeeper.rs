@@ -54,6 +54,11 @@ pub struct Options {
     /// credentials themselves are never refused: a wrong password is another
     /// identity, which ACLs keep out.
     pub require_digest: bool,
+    /// Require SASL of every client (`zookeeper.sessionRequireClientSASLAuth`),
+    /// DIGEST-MD5 with these users and passwords (a JAAS `Server` section,
+    /// `SASLAuthenticationProvider`); default none: SASL off. A wrong
+    /// password, or none, is refused at connect.
+    pub sasl_users: Vec<(String, String)>,
     /// Serve clients over TLS only (default: plaintext, or with
     /// `LOCK_TEST_ZOOKEEPER_TLS=1` TLS from a CA of the server's own).
     /// Standalone only; the store's URL names the CA's PEM file (`tls_ca`).
@@ -67,6 +72,32 @@ impl Options {
         self.tls = Some(tls);
         self
     }
+
+    /// Requires SASL DIGEST-MD5 of every client, and lets `user` in with
+    /// `password` (call again for more users); see [`sasl_users`](Self::sasl_users).
+    pub fn require_sasl(mut self, user: &str, password: &str) -> Self {
+        self.sasl_users.push((user.to_owned(), password.to_owned()));
+        self
+    }
+}
+
+/// Writes the JAAS file of a server that knows `users` (SASL DIGEST-MD5)
+/// into `dir`; the JVM properties that require SASL of every client.
+fn write_jaas(users: &[(String, String)], dir: &Path) -> io::Result<Vec<String>> {
+    let quoted = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    let users: String = (users.iter())
+        .map(|(user, password)| format!("\n    user_{user}=\"{}\"", quoted(password)))
+        .collect();
+    let jaas = format!(
+        "Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required{users};\n}};\n"
+    );
+    let file = write_pem(dir, "jaas.conf", &jaas, 0o600)?;
+    Ok(vec![
+        format!("-Djava.security.auth.login.config={}", file.display()),
+        "-Dzookeeper.authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider"
+            .to_owned(),
+        "-Dzookeeper.sessionRequireClientSASLAuth=true".to_owned(),
+    ])
 }
 
 /// Writes the key store (key and certificate in one PEM file, as
@@ -96,6 +127,7 @@ impl Default for Options {
             extended_types: true,
             container_check_ms: 200,
             require_digest: false,
+            sasl_users: Vec::new(),
             tls: None,
         }
     }
@@ -183,7 +215,7 @@ fn spec(
     let log = dir.path().join("zookeeper.log");
     // System properties, not `zoo.cfg` lines: the server reads these two
     // from the JVM only.
-    let properties = [
+    let mut properties = vec![
         format!(
             "-Dzookeeper.extendedTypesEnabled={}",
             options.extended_types
@@ -193,6 +225,9 @@ fn spec(
             options.container_check_ms
         ),
     ];
+    if !options.sasl_users.is_empty() {
+        properties.extend(write_jaas(&options.sasl_users, dir.path())?);
+    }
     let command = move || {
         let mut cmd = Command::new(&java);
         cmd.args(["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC"])
@@ -205,7 +240,12 @@ fn spec(
             .arg(&cfg);
         cmd
     };
-    let secure = if options.tls.is_some() { " (TLS)" } else { "" };
+    let secure = match (options.tls.is_some(), options.sasl_users.is_empty()) {
+        (true, true) => " (TLS)",
+        (true, false) => " (TLS, SASL)",
+        (false, false) => " (SASL)",
+        (false, true) => "",
+    };
     let label = match myid {
         Some(id) => format!("zookeeper server.{id} on 127.0.0.1:{client}"),
         None => format!("zookeeper{secure} on 127.0.0.1:{client}"),
