@@ -38,5 +38,6 @@ pub mod usage;
 pub use env::{scaled, time_scale};
 /// Whether a store's failed start was a port clash: another process took a
 /// port between its choice and the bind (start again on other ports).
+#[cfg(feature = "stores")]
 pub use net::port_clash;
 pub use poll::{eventually, until};
