@@ -87,6 +87,7 @@ pub(crate) fn reset_peak_rss() -> bool {
 
 /// How many descriptors of this process have `path` open (a SQLite
 /// connection keeps its database file open).
+#[cfg(feature = "sqlite")]
 pub(crate) fn open_fds_to(path: &Path) -> Option<u64> {
     // The file may not exist yet: resolve its directory.
     let path = path.parent()?.canonicalize().ok()?.join(path.file_name()?);

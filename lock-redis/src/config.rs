@@ -282,8 +282,9 @@ impl RedisConfig {
         Ok(())
     }
 
-    /// The certificates given for TLS (beyond the system roots).
-    #[cfg(feature = "tls")]
+    /// The certificates given for TLS (beyond the system roots), for a
+    /// Cluster client.
+    #[cfg(all(feature = "tls", feature = "cluster"))]
     pub(crate) fn tls_certificates(&self) -> &crate::connection::tls::Certificates {
         &self.tls
     }

@@ -63,6 +63,7 @@ impl Certificates {
     }
 
     /// These certificates, for a Redis Cluster client.
+    #[cfg(feature = "cluster")]
     pub(crate) fn for_cluster(&self) -> TlsCertificates {
         TlsCertificates {
             client_tls: self.identity.clone(),
