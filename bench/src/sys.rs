@@ -1,7 +1,6 @@
 //! What the kernel says about this process, the store's and the machine
 //! (Linux `/proc`; elsewhere these report nothing rather than guess).
 
-use std::path::Path;
 use std::time::Duration;
 
 /// CPU time (user + system) this process has used.
@@ -88,7 +87,7 @@ pub(crate) fn reset_peak_rss() -> bool {
 /// How many descriptors of this process have `path` open (a SQLite
 /// connection keeps its database file open).
 #[cfg(feature = "sqlite")]
-pub(crate) fn open_fds_to(path: &Path) -> Option<u64> {
+pub(crate) fn open_fds_to(path: &std::path::Path) -> Option<u64> {
     // The file may not exist yet: resolve its directory.
     let path = path.parent()?.canonicalize().ok()?.join(path.file_name()?);
     let n = std::fs::read_dir("/proc/self/fd")
