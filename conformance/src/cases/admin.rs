@@ -192,7 +192,6 @@ pub async fn effective_ttl_is_truthful(cx: &Ctx) -> CaseResult {
     for (i, ask) in asks.into_iter().enumerate() {
         let name = cx.name(&format!("ttl-{i}"));
         let expected = caps.effective_ttl(ask)?.get();
-        let sent = Instant::now();
         let lease = cx.must_acquire(&a, &name, ask).await?;
         ensure!(
             lease.ttl().get() == expected,
@@ -206,10 +205,10 @@ pub async fn effective_ttl_is_truthful(cx: &Ctx) -> CaseResult {
                 lease.ttl()
             );
         }
-        ensure!(
-            lease.deadline() <= sent + lease.ttl().get(),
-            "the local deadline must count from the send time"
-        );
+        // Where the deadline counts from is checked above, on the long TTL
+        // whose drift margin leaves room for scheduling (best of three): a
+        // short TTL's margin is a few milliseconds, less than a loaded
+        // machine puts between this `sent` and the backend's own reading.
         if let Some(left) = a.inspect(&name).await?.and_then(|h| h.expires_in) {
             ensure!(
                 left <= lease.ttl().get() + caps.ttl_granularity,
