@@ -355,7 +355,7 @@ async fn must_fail(flaw: Flaw, cases: &[&str]) {
 
 /// Runs the cases of `expected` against the flawed backend and checks each
 /// one fails, for the reason given: its failure message contains the text
-/// paired with it.
+/// paired with it (or one of its alternatives, ` || ` between them).
 async fn must_fail_saying(flaw: Flaw, expected: &[(&str, &str)]) {
     let report = run_cases(shared(Broken::new(flaw)), |c| {
         expected.iter().any(|(name, _)| *name == c.name)
@@ -371,8 +371,10 @@ async fn must_fail_saying(flaw: Flaw, expected: &[(&str, &str)]) {
             .iter()
             .find(|(name, _)| *name == case.name)
             .unwrap();
+        // `why` may name alternatives, " || " between them: a case may
+        // catch a flaw at one check or, on a loaded machine, at the next.
         assert!(
-            matches!(&case.result, Err(failure) if failure.0.contains(why)),
+            matches!(&case.result, Err(failure) if why.split(" || ").any(|w| failure.0.contains(w))),
             "{flaw:?}: case {} should fail saying `{why}`, but {:?}",
             case.name,
             case.result
@@ -629,7 +631,9 @@ async fn jobs_on_an_early_expiring_or_fence_repeating_store_are_caught() {
         Flaw::ExpiresEarly,
         &[(
             "crashed_job_frees_at_at_most",
-            "while the crashed one's lease",
+            // Checked while the lease should hold, if enough of it is left
+            // by then; else when the next run comes too early.
+            "while the crashed one's lease || before the end of the crashed job's at_most",
         )],
     )
     .await;
