@@ -143,15 +143,7 @@ impl Client {
             let slot = keys::key_slot(&self.keys(lease.name()).lock);
             by_slot.entry(slot).or_default().push(i);
         }
-        let groups: Vec<Vec<usize>> = by_slot
-            .into_values()
-            .flat_map(|group| {
-                group
-                    .chunks(RENEW_CHUNK)
-                    .map(<[usize]>::to_vec)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let groups = chunked(by_slot.into_values());
         let renewed = futures::future::join_all(groups.iter().map(|group| async move {
             let chunk: Vec<Lease> = group.iter().map(|&i| leases[i].clone()).collect();
             self.renew_chunk(&chunk).await
@@ -293,4 +285,18 @@ impl Client {
             None => None,
         })
     }
+}
+
+/// Groups of lease indexes (one slot's, one node's) cut into renewal
+/// chunks of at most [`RENEW_CHUNK`], one script each.
+pub(crate) fn chunked(groups: impl IntoIterator<Item = Vec<usize>>) -> Vec<Vec<usize>> {
+    groups
+        .into_iter()
+        .flat_map(|group| {
+            group
+                .chunks(RENEW_CHUNK)
+                .map(<[usize]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }

@@ -13,7 +13,7 @@ use lockcore::backend::Moment;
 use lockcore::{Lease, LockError};
 
 use super::value::lease_value;
-use super::{IS_LEASE, RENEW_CHUNK, RENEW_ONE};
+use super::{IS_LEASE, RENEW_ONE};
 use crate::connection::client::Client;
 use crate::connection::cluster::SlotOwners;
 use crate::connection::script::{CROSS_SLOT, prepare, script};
@@ -45,15 +45,7 @@ impl Client {
                         owner => by_owner.entry(owner).or_default().push(i),
                     }
                 }
-                let groups: Vec<Vec<usize>> = by_owner
-                    .into_values()
-                    .flat_map(|group| {
-                        group
-                            .chunks(RENEW_CHUNK)
-                            .map(<[usize]>::to_vec)
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
+                let groups = super::chunked(by_owner.into_values());
                 let renewed = futures::future::join_all(
                     groups.iter().map(|group| self.renew_on_node(leases, group)),
                 )
