@@ -22,8 +22,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::{Kind, Store, redis};
-use crate::kit::env;
 use crate::kit::poll;
+use crate::kit::{env, net};
 
 /// Primaries of the launched Cluster.
 const PRIMARIES: usize = 3;
@@ -125,8 +125,15 @@ fn launch(
     if tls {
         args.extend(["--tls-cluster", "yes"]);
     }
+    // Each node's bus port chosen as its client port is (by default it is
+    // the client port + 10000, in Linux's ephemeral range, where an
+    // outgoing connection of the busy test run may hold it).
     let nodes = (0..PRIMARIES * (1 + replicas))
-        .map(|_| redis::start(options.clone().server_args(args.clone())))
+        .map(|_| {
+            let bus = net::free_port()?.to_string();
+            let node_args = args.iter().copied().chain(["--cluster-port", &bus]);
+            redis::start(options.clone().server_args(node_args))
+        })
         .collect::<io::Result<Vec<Store>>>()?;
     let tls_ca = tls
         .then(|| nodes[0].data_dir().map(|dir| dir.join("tls-ca.crt")))
