@@ -106,7 +106,7 @@ pub(crate) async fn connect(mut config: RedisConfig) -> Result<Connected, LockEr
             timed(BACKEND, "INFO cluster", op_timeout, refusing).await?;
             let (persistence, eviction) =
                 probe::check(&config, &endpoint, &mut con, op_timeout).await?;
-            let failover = Failover::probe(&mut con, &endpoint, &config, closing.clone());
+            let failover = Failover::probe(&mut con, &endpoint, &config, closing.clone(), false);
             let failover = timed(BACKEND, "INFO replication", op_timeout, failover).await?;
             let opener = Opener::Single(manager);
             let commands = Commands::new(target.clone(), opener, op_timeout, (con, ours), None);
@@ -120,8 +120,10 @@ pub(crate) async fn connect(mut config: RedisConfig) -> Result<Connected, LockEr
                      takes one server's",
                 ));
             }
-            let failover = Failover::unseen(&config, closing.clone())?;
             let opened = cluster::open_cluster(&config, &nodes, manager, op_timeout).await?;
+            let mut seed = Con::Single(opened.caller.clone());
+            let failover = Failover::probe(&mut seed, &endpoint, &config, closing.clone(), true);
+            let failover = timed(BACKEND, "INFO replication", op_timeout, failover).await?;
             let con = (opened.con, true);
             let commands = Commands::new(
                 target.clone(),

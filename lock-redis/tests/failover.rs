@@ -20,13 +20,12 @@ use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_redis::redis;
 use lock_redis::{RedisBackend, RedisConfig};
-use lockcore::backend::wait::WaitPolicy;
 use lockcore::backend::{LockBackendExt, LockRequest};
 use std::sync::Arc;
 
 use lock_conformance::cases::failover::{Expect, FailoverRun, run_with_failovers};
 use lockcore::{Failover, Lease, LockBackend, LockName};
-use support::{raw, scaled, take, unique};
+use support::{granted_after_the_lock_delay, raw, scaled, take, unique};
 use tokio::time::Instant;
 
 /// The TTL of the lease the failover loses.
@@ -305,26 +304,7 @@ async fn a_lock_delay_outlasts_the_leases_the_failover_lost() {
             "{who} was granted the name during the lock delay"
         );
     }
-    let wait = WaitPolicy::new(Instant::now() + delay * 4);
-    let lease = plain
-        .acquire_for(&name, TTL, &wait)
-        .await
-        .unwrap()
-        .expect("granted once the lock delay is over");
-    let granted = Instant::now();
-    // The server counts the delay in whole milliseconds of its clock.
-    let slack = plain.capabilities().expiry_slack;
-    assert!(
-        granted + slack >= seen + delay,
-        "granted {:?} after the failover was seen, within the {delay:?} lock delay",
-        granted - seen
-    );
-    assert!(
-        granted > held.deadline(),
-        "granted while the lost lease was still valid for its holder"
-    );
-    assert!(lease.fence() > held.fence());
-    plain.release(&lease).await.unwrap();
+    granted_after_the_lock_delay(&plain, &name, (delay, seen), &held).await;
 }
 
 /// With `wait_replicas`, a grant is handed out only once the replica has

@@ -23,6 +23,15 @@
 //! failover (its holders hear, a lock delay applies), which costs
 //! availability, never safety.
 //!
+//! On a Redis Cluster every primary has its own id, so the client keeps
+//! none: the slot's record in the store alone decides, per slot, whether
+//! its grants wait out a lock delay, and a holder hears at its next
+//! renewal, which finds its key gone (a key the promoted replica has is
+//! still its lease, and is renewed there). With a lock delay of at least
+//! the longest TTL nobody is granted a name its lost holder still works
+//! under: the holder stops by its deadline at the latest, which the delay
+//! outlasts.
+//!
 //! The lossless mode (`wait_replicas`) sends each grant and renewal script
 //! with `WAIT n` in one request: a grant is handed out, and a renewal
 //! adopted, only once `n` replicas have it, so a promoted replica among
@@ -56,17 +65,25 @@ pub(crate) struct Failover {
     /// The lossless mode: replicas that must have each grant and renewal,
     /// and how long one `WAIT` may take.
     wait_replicas: Option<(u32, Duration)>,
+    /// A Redis Cluster: each primary has its own replication id, so ids
+    /// are not compared here (see the module docs).
+    per_slot: bool,
 }
 
 impl Failover {
     /// Reads the server's replication id through `con` at connect. Where
     /// `INFO` is denied, failovers go unseen (a warning), and a lock delay,
     /// which could not work, is refused.
+    ///
+    /// For a Redis Cluster (`per_slot`), `con` reaches one of its nodes:
+    /// the check is of what the user may run, which is the same on every
+    /// node; that node's id and replicas say nothing of the others'.
     pub(crate) async fn probe(
         con: &mut crate::connection::con::Con,
         endpoint: &str,
         config: &crate::RedisConfig,
         closing: CancellationToken,
+        per_slot: bool,
     ) -> Result<Failover, LockError> {
         let lock_delay = config.failover_lock_delay;
         // Half the response timeout: the client's own timeout of the whole
@@ -80,6 +97,7 @@ impl Failover {
             .query_async::<String>(con)
             .await;
         let detects = match info {
+            Ok(_) if per_slot => true,
             Ok(info) => {
                 if let Some(id) = replication_id(&info) {
                     era.saw(id);
@@ -119,28 +137,7 @@ impl Failover {
             detects,
             lock_delay,
             wait_replicas,
-        })
-    }
-
-    /// For a Redis Cluster: failovers of its primaries go unseen (each has
-    /// its own replication id; telling them apart per node is not done
-    /// yet), so a lock delay and the lossless mode, which rest on them,
-    /// are refused.
-    #[cfg(feature = "cluster")]
-    pub(crate) fn unseen(
-        config: &crate::RedisConfig,
-        closing: CancellationToken,
-    ) -> Result<Failover, LockError> {
-        if config.failover_lock_delay.is_some() || config.wait_replicas.is_some() {
-            return Err(LockError::config(
-                "failover_lock_delay and wait_replicas are not supported on a Redis Cluster yet",
-            ));
-        }
-        Ok(Failover {
-            era: Arc::new(Era::new(closing)),
-            detects: false,
-            lock_delay: None,
-            wait_replicas: None,
+            per_slot,
         })
     }
 
@@ -172,7 +169,7 @@ impl Failover {
     /// not read): on another id than before, every lease this backend
     /// holds is lost and its own grants wait out the lock delay.
     pub(crate) fn saw(&self, id: &str, endpoint: &str) {
-        if id.is_empty() || !self.era.saw(id) {
+        if id.is_empty() || self.per_slot || !self.era.saw(id) {
             return;
         }
         if let Some(delay) = self.lock_delay {
@@ -219,9 +216,10 @@ impl Client {
     }
 
     /// Reads the server's replication id and tells the era (after a
-    /// resubscription: the link may have moved to a promoted replica).
+    /// resubscription: the link may have moved to a promoted replica). Not
+    /// on a Cluster, whose ids are per primary.
     pub(crate) async fn check_era(&self) -> Result<(), LockError> {
-        if self.failover.script_arg() < 0 {
+        if self.failover.script_arg() < 0 || self.failover.per_slot {
             return Ok(());
         }
         let call = prepare(&ERA_READ);

@@ -15,7 +15,6 @@ use lockcore::{LockError, Locker};
 use lock_redis::redis;
 
 use lockcore::LockBackend;
-use lockcore::backend::LockBackendExt;
 
 use super::support::{command_calls, raw, scaled, take, unique};
 
@@ -28,7 +27,7 @@ async fn private_cluster() -> RedisCluster {
 }
 
 /// `redis-cli` on node `node` of `cluster`, off the runtime's worker.
-async fn cli(cluster: &Arc<RedisCluster>, node: usize, args: &[&str]) -> String {
+pub(super) async fn cli(cluster: &Arc<RedisCluster>, node: usize, args: &[&str]) -> String {
     let (cluster, args) = (
         cluster.clone(),
         args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>(),
@@ -43,12 +42,12 @@ async fn cli(cluster: &Arc<RedisCluster>, node: usize, args: &[&str]) -> String 
 }
 
 /// The index of the node that owns `slot` now, as node 0 sees it.
-async fn owner(cluster: &Arc<RedisCluster>, slot: u16) -> usize {
+pub(super) async fn owner(cluster: &Arc<RedisCluster>, slot: u16) -> usize {
     owner_seen_by(cluster, slot, 0).await
 }
 
 /// The index of the node that owns `slot` now, as node `by` sees it.
-async fn owner_seen_by(cluster: &Arc<RedisCluster>, slot: u16, by: usize) -> usize {
+pub(super) async fn owner_seen_by(cluster: &Arc<RedisCluster>, slot: u16, by: usize) -> usize {
     let nodes = cli(cluster, by, &["cluster", "nodes"]).await;
     for line in nodes.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
@@ -490,107 +489,4 @@ async fn a_tls_cluster_locks_with_a_private_ca() {
         RedisBackend::connect(&untrusted).await.is_err(),
         "a client without the CA must be refused"
     );
-}
-
-/// Failover inside the Cluster: the primary serving a held lock's slot is
-/// killed (`kill -9`) and its replica promoted. The client follows the new
-/// layout: the lock, replicated before the kill, is still held and renewed
-/// on the promoted replica, a contender is refused, and the next grant's
-/// fence is above the holder's. (A grant the replica had not received
-/// would be lost: replication is asynchronous, and failovers inside a
-/// Cluster go unseen; see the README.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_primary_failover_inside_the_cluster_keeps_replicated_locks() {
-    let cluster = tokio::task::spawn_blocking(|| redis_cluster::start_with_replicas(1))
-        .await
-        .expect("launcher thread")
-        .expect("a Redis Cluster with replicas");
-    let cluster = Arc::new(cluster);
-    let url = cluster.url();
-    let holder = RedisBackend::connect(&url).await.unwrap();
-    let contender = RedisBackend::connect(&url).await.unwrap();
-    let name = unique("failover");
-    let lock_key = format!("distlock:{{{name}}}");
-    let ttl = scaled(Duration::from_secs(30));
-    let lease = take(&holder, &name, ttl).await;
-    let slot: u16 = cli(&cluster, 0, &["cluster", "keyslot", &lock_key])
-        .await
-        .trim()
-        .parse()
-        .unwrap();
-    let primary = owner(&cluster, slot).await;
-    let primary_id = cli(&cluster, primary, &["cluster", "myid"])
-        .await
-        .trim()
-        .to_owned();
-    // Its replica: the node whose CLUSTER NODES line names it as master.
-    let nodes = cli(&cluster, primary, &["cluster", "nodes"]).await;
-    let replica_port: u16 = nodes
-        .lines()
-        .find(|l| l.split(' ').nth(3) == Some(primary_id.as_str()))
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|a| a.split('@').next())
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .expect("the primary has a replica");
-    let replica = cluster
-        .nodes
-        .iter()
-        .position(|n| n.addr().port() == replica_port)
-        .unwrap();
-    // The replica has the grant before the primary dies.
-    let replica_con = raw(&cluster.nodes[replica].url()).await;
-    until(
-        scaled(Duration::from_secs(10)),
-        "the replica has the lock key",
-        || {
-            let mut con = replica_con.clone();
-            let lock_key = lock_key.clone();
-            async move {
-                let held: redis::RedisResult<(Option<String>,)> = redis::pipe()
-                    .cmd("READONLY")
-                    .ignore()
-                    .cmd("GET")
-                    .arg(&lock_key)
-                    .query_async(&mut con)
-                    .await;
-                matches!(held, Ok((Some(_),)))
-            }
-        },
-    )
-    .await;
-    cluster.nodes[primary].kill_now().unwrap();
-    until(
-        scaled(Duration::from_secs(30)),
-        "the replica is promoted",
-        || {
-            let cluster = cluster.clone();
-            async move { owner_seen_by(&cluster, slot, replica).await == replica }
-        },
-    )
-    .await;
-    // Renewals reach the promoted replica once the client relearns the
-    // layout (requests in between fail retryably).
-    let renewed = lock_conformance::kit::eventually(
-        scaled(Duration::from_secs(20)),
-        "the holder renews on the promoted replica",
-        || {
-            let (holder, lease) = (holder.clone(), lease.clone());
-            async move {
-                match holder.renew(&lease).await {
-                    Ok(renewed) => Some(renewed),
-                    Err(LockError::NotHeld { .. }) => panic!("the replicated lock was lost"),
-                    Err(_) => None,
-                }
-            }
-        },
-    )
-    .await;
-    match contender.try_acquire_for(&name, ttl).await.unwrap() {
-        lockcore::Attempt::Held { .. } => {}
-        lockcore::Attempt::Acquired(_) => panic!("granted twice across the failover"),
-    }
-    holder.release(&renewed).await.unwrap();
-    let next = take(&contender, &name, ttl).await;
-    assert!(next.fence() > lease.fence(), "fences keep growing");
 }

@@ -8,6 +8,8 @@ mod clocks;
 mod close;
 #[cfg(feature = "cluster")]
 mod cluster;
+#[cfg(feature = "cluster")]
+mod cluster_failover;
 mod connect;
 mod durability;
 mod eviction;

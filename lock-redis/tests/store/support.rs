@@ -194,3 +194,37 @@ pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
 }
+
+/// The grant `client` waits for once a failover's lock delay (`delay`,
+/// seen at `seen`) is over, checked: none sooner than the delay (the
+/// server counts it in whole milliseconds of its clock: the backend's
+/// slack), none while `lost`, the lease the failover lost, was still valid
+/// for its holder, and a larger fence. Released before it returns.
+pub(crate) async fn granted_after_the_lock_delay(
+    client: &RedisBackend,
+    name: &LockName,
+    (delay, seen): (Duration, Instant),
+    lost: &Lease,
+) {
+    let wait = lockcore::backend::wait::WaitPolicy::new(Instant::now() + delay * 4);
+    let lease = client
+        .acquire_for(name, lost.ttl().get(), &wait)
+        .await
+        .unwrap()
+        .expect("granted once the lock delay is over");
+    let granted = Instant::now();
+    let slack = lockcore::LockBackend::capabilities(client).expiry_slack;
+    assert!(
+        granted + slack >= seen + delay,
+        "granted {:?} after the failover was seen, within the {delay:?} lock delay",
+        granted - seen
+    );
+    assert!(
+        granted > lost.deadline(),
+        "granted while the lost lease was still valid for its holder"
+    );
+    assert!(lease.fence() > lost.fence(), "fences keep growing");
+    lockcore::LockBackend::release(client, &lease)
+        .await
+        .unwrap();
+}
