@@ -5,17 +5,20 @@
 # primary is killed and a replica promoted, LOCK_TEST_FAILOVERS times per
 # run) N times, each run with fresh seeds, and prints one line per test run
 # (backend, test, PASS/FAIL, seed, grants) and a summary. Not run in CI: a
-# run takes about 15 s a test. Exits 1 if any run failed.
+# run takes about 15 s a test. `redis-cluster` runs lock-redis's
+# failovers inside a Redis Cluster instead (tests/store/cluster_failover.rs,
+# about 6 s a test). Exits 1 if any run failed.
 #
 #   scripts/soak-failover.sh                 # 20 runs on Redis and PostgreSQL
 #   scripts/soak-failover.sh -n 5 redis      # 5 runs on Redis only
+#   scripts/soak-failover.sh redis-cluster   # 20 runs inside a Redis Cluster
 #   LOCK_TEST_FAILOVERS=6 scripts/soak-failover.sh   # 6 failovers per run
 #
 # LOCK_TEST_TIME_SCALE and the other LOCK_TEST_* variables apply as usual.
 set -uo pipefail
 
 usage() {
-    echo "usage: $0 [-n RUNS] [redis|postgres ...]" >&2
+    echo "usage: $0 [-n RUNS] [redis|postgres|redis-cluster ...]" >&2
     exit 2
 }
 
@@ -32,16 +35,24 @@ backends=("$@")
 [ ${#backends[@]} -gt 0 ] || backends=(redis postgres)
 for backend in "${backends[@]}"; do
     case $backend in
-        redis | postgres) ;;
+        redis | postgres | redis-cluster) ;;
         *) usage ;;
     esac
 done
 
 cd "$(dirname "$0")/.." || exit 2
 logs=$(mktemp -d /tmp/soak-failover.XXXXXX)
+# The package, test binary and test name filter of each backend's failovers.
+tests_of() {
+    case $1 in
+        redis-cluster) echo "lock-redis store cluster_failover" ;;
+        *) echo "lock-$1 failover repeated_failovers" ;;
+    esac
+}
 for backend in "${backends[@]}"; do
-    echo "building lock-$backend's failover tests..." >&2
-    cargo test -q -p "lock-$backend" --all-features --test failover --no-run 2>"$logs/build-$backend.log" ||
+    read -r package binary _ <<<"$(tests_of "$backend")"
+    echo "building $package's $binary tests..." >&2
+    cargo test -q -p "$package" --all-features --test "$binary" --no-run 2>"$logs/build-$backend.log" ||
         { cat "$logs/build-$backend.log" >&2; exit 2; }
 done
 
@@ -52,8 +63,9 @@ for backend in "${backends[@]}"; do
     total=0
     for ((i = 1; i <= runs; i++)); do
         log="$logs/$backend-$i.log"
-        cargo test -q -p "lock-$backend" --all-features --test failover \
-            -- repeated_failovers --nocapture --test-threads 1 >"$log" 2>&1
+        read -r package binary filter <<<"$(tests_of "$backend")"
+        cargo test -q -p "$package" --all-features --test "$binary" \
+            -- "$filter" --nocapture --test-threads 1 >"$log" 2>&1
         # One FAILOVER line per test that got to its checks (seed, grants).
         grep -o 'FAILOVER .*' "$log" | sed "s/^/run $i: /"
         ok=$(sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' "$log")

@@ -105,12 +105,22 @@ impl Factory for ClusterFactory {
         })
     }
 
-    fn no_proxy_reason(&self) -> Option<String> {
-        Some(
-            "a Redis Cluster's clients reach each node at the address the Cluster announces, \
-             not through one proxy"
-                .into(),
-        )
+    /// A client whose link to each node goes through that node's proxy:
+    /// the URL's `node_map` sends every connection to a node, however it
+    /// learnt the node's address, to the proxy in front of it.
+    async fn client_via_each(
+        &self,
+        routes: &[(SocketAddr, SocketAddr)],
+    ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
+        let cluster = self.cluster.as_ref().ok()?;
+        let map = routes
+            .iter()
+            .map(|(node, proxy)| format!("{node}={proxy}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let url = cluster.url();
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        Some((self.connect)(format!("{url}{joiner}node_map={map}")).await)
     }
 
     fn skip_all(&self) -> Option<String> {
@@ -141,6 +151,10 @@ impl StoreControl for RedisCluster {
         self.nodes
             .first()
             .map_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)), Store::addr)
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(Store::addr).collect()
     }
 
     fn durable(&self) -> bool {

@@ -11,6 +11,13 @@ pub trait StoreControl: Send + Sync {
     /// Where clients reach it.
     fn addr(&self) -> SocketAddr;
 
+    /// Every server a client reaches, [`addr`](Self::addr) first: more than
+    /// one for a store whose clients talk to each of its servers (a Redis
+    /// Cluster's nodes). The fault cases put a proxy in front of each.
+    fn addrs(&self) -> Vec<SocketAddr> {
+        vec![self.addr()]
+    }
+
     /// Whether a `kill -9` + restart keeps the store's data (its durability
     /// settings are the ones the backend's docs recommend).
     fn durable(&self) -> bool;

@@ -38,6 +38,21 @@ pub trait Factory: Send + Sync + 'static {
         None
     }
 
+    /// A new client that reaches each of the store's servers through its
+    /// proxy: `routes` pairs each of [`StoreControl::addrs`] with the proxy
+    /// address in front of it, the first one first. By default: through
+    /// [`client_via`](Self::client_via) for a store of one server, `None`
+    /// for more.
+    async fn client_via_each(
+        &self,
+        routes: &[(SocketAddr, SocketAddr)],
+    ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
+        match routes {
+            [(_, proxy)] => self.client_via(*proxy).await,
+            _ => None,
+        }
+    }
+
     /// Why [`client_via`](Self::client_via) cannot work for this store by
     /// its nature (a file on a local disk has no network link to cut), for
     /// the skip message of the cases that need a fault proxy.
@@ -134,6 +149,12 @@ impl<T: Factory + ?Sized> Factory for Arc<T> {
         addr: SocketAddr,
     ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
         (**self).client_via(addr).await
+    }
+    async fn client_via_each(
+        &self,
+        routes: &[(SocketAddr, SocketAddr)],
+    ) -> Option<Result<Arc<dyn LockBackend>, LockError>> {
+        (**self).client_via_each(routes).await
     }
     fn no_proxy_reason(&self) -> Option<String> {
         (**self).no_proxy_reason()

@@ -60,6 +60,9 @@ pub struct RedisConfig {
     /// A Redis Cluster (`redis+cluster://`): the nodes to learn its layout
     /// from; `client` then carries the credentials and reaches the first.
     pub(crate) cluster: Option<Vec<(String, u16)>>,
+    /// Where to reach Cluster nodes that announce an address the client
+    /// cannot reach: announced `(host, port)` to reached `(host, port)`.
+    pub(crate) node_map: Vec<NodeMapping>,
     #[cfg(feature = "tls")]
     tls: crate::connection::tls::Certificates,
 }
@@ -97,6 +100,7 @@ impl RedisConfig {
             wait_replicas: None,
             sentinel: None,
             cluster: None,
+            node_map: Vec::new(),
             #[cfg(feature = "tls")]
             tls: Default::default(),
         }
@@ -167,6 +171,34 @@ impl RedisConfig {
     pub fn wait_replicas(mut self, replicas: u32) -> Self {
         self.wait_replicas = (replicas > 0).then_some(replicas);
         self
+    }
+
+    /// Reaches the Redis Cluster node that announces itself as `announced`
+    /// (in `CLUSTER SLOTS`, `MOVED` and `ASK`, and as a node of the URL) at
+    /// `at` instead: for nodes behind NAT, container port mappings or
+    /// proxies. The URL form is
+    /// `?node_map=10.0.0.1:6379=redis-a:7001,10.0.0.2:6379=redis-b:7002`.
+    pub fn map_node(
+        mut self,
+        announced: (impl Into<String>, u16),
+        at: (impl Into<String>, u16),
+    ) -> Self {
+        let announced = (announced.0.into(), announced.1);
+        self.node_map.retain(|(from, _)| *from != announced);
+        self.node_map.push((announced, (at.0.into(), at.1)));
+        self
+    }
+
+    /// This configuration for the Cluster node announced as `host:port`,
+    /// reached where [`map_node`](Self::map_node) says.
+    pub(crate) fn node(&self, host: &str, port: u16) -> RedisConfig {
+        let mapped = self
+            .node_map
+            .iter()
+            .find(|((h, p), _)| h == host && *p == port)
+            .map(|(_, at)| at.clone());
+        let (host, port) = mapped.unwrap_or_else(|| (host.to_owned(), port));
+        self.clone().address(host, port)
     }
 
     /// Refuses to connect unless the server runs `appendonly yes` with
@@ -332,7 +364,8 @@ impl fmt::Debug for RedisConfig {
             .field("failover_lock_delay", &self.failover_lock_delay)
             .field("wait_replicas", &self.wait_replicas)
             .field("sentinel", &self.sentinel)
-            .field("cluster", &self.cluster);
+            .field("cluster", &self.cluster)
+            .field("node_map", &self.node_map);
         #[cfg(feature = "tls")]
         shown.field("tls_custom_root", &self.tls.has_root()).field(
             "tls_client_identity",
@@ -341,6 +374,9 @@ impl fmt::Debug for RedisConfig {
         shown.finish()
     }
 }
+
+/// A Cluster node's announced `(host, port)` and where it is reached.
+pub(crate) type NodeMapping = ((String, u16), (String, u16));
 
 #[cfg(test)]
 mod tests {

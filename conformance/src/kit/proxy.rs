@@ -105,10 +105,14 @@ struct Stats {
     active: AtomicUsize,
 }
 
-/// A fault-injecting TCP proxy on a loopback port in front of `upstream`.
-/// Dropping it closes the listener and every connection.
+/// A fault-injecting TCP proxy on a loopback port in front of `upstream`
+/// (or one port per upstream, all in one mode: [`start_each`](Self::start_each)).
+/// Dropping it closes the listeners and every connection.
 pub struct FaultProxy {
     addr: SocketAddr,
+    /// The other routes, `(upstream, listener)`, for a store of several
+    /// servers.
+    more: Vec<(SocketAddr, SocketAddr)>,
     state: watch::Sender<State>,
     stop: CancellationToken,
     stats: Arc<Stats>,
@@ -137,36 +141,64 @@ impl FaultProxy {
     /// ephemeral range, so it can be re-bound after [`Mode::Refuse`]). Must be
     /// called inside a tokio runtime.
     pub async fn start(upstream: SocketAddr) -> io::Result<FaultProxy> {
-        let mut last = None;
-        for _ in 0..10 {
-            let port = net::free_port()?;
-            match bind(port) {
-                Ok(listener) => {
-                    let addr = listener.local_addr()?;
-                    let (state, rx) = watch::channel(State {
-                        mode: Mode::Pass,
-                        reset_epoch: 0,
-                        upstream,
-                    });
-                    let stop = CancellationToken::new();
-                    let stats = Arc::new(Stats::default());
-                    tokio::spawn(accept_loop(listener, addr, rx, stop.clone(), stats.clone()));
-                    return Ok(FaultProxy {
-                        addr,
-                        state,
-                        stop,
-                        stats,
-                    });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| io::Error::other("no port for the proxy")))
+        let listener = bind_free()?;
+        let addr = listener.local_addr()?;
+        let (state, rx) = watch::channel(State {
+            mode: Mode::Pass,
+            reset_epoch: 0,
+            upstream,
+        });
+        let stop = CancellationToken::new();
+        let stats = Arc::new(Stats::default());
+        tokio::spawn(accept_loop(
+            (listener, addr, None),
+            rx,
+            stop.clone(),
+            stats.clone(),
+        ));
+        Ok(FaultProxy {
+            addr,
+            more: Vec::new(),
+            state,
+            stop,
+            stats,
+        })
     }
 
-    /// Where clients connect.
+    /// One port in front of each of `upstreams` (the servers of a store
+    /// that clients reach one by one, as a Redis Cluster's nodes), all in
+    /// one mode: a fault hits the client's link to every server at once.
+    /// [`repoint`](Self::repoint) moves the first route only.
+    pub async fn start_each(upstreams: &[SocketAddr]) -> io::Result<FaultProxy> {
+        let Some((first, rest)) = upstreams.split_first() else {
+            return Err(io::Error::other("a proxy needs an upstream"));
+        };
+        let mut proxy = FaultProxy::start(*first).await?;
+        for upstream in rest {
+            let listener = bind_free()?;
+            let addr = listener.local_addr()?;
+            tokio::spawn(accept_loop(
+                (listener, addr, Some(*upstream)),
+                proxy.state.subscribe(),
+                proxy.stop.clone(),
+                proxy.stats.clone(),
+            ));
+            proxy.more.push((*upstream, addr));
+        }
+        Ok(proxy)
+    }
+
+    /// Where clients connect (to the first upstream).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Every route, `(upstream, where clients connect to reach it)`, the
+    /// first one first.
+    pub fn routes(&self) -> Vec<(SocketAddr, SocketAddr)> {
+        std::iter::once((self.upstream(), self.addr))
+            .chain(self.more.iter().copied())
+            .collect()
     }
 
     /// Where it forwards to.
@@ -217,9 +249,22 @@ impl Drop for FaultProxy {
     }
 }
 
+/// A listener on a free loopback port (below the ephemeral range).
+fn bind_free() -> io::Result<TcpListener> {
+    let mut last = None;
+    for _ in 0..10 {
+        match bind(net::free_port()?) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no port for the proxy")))
+}
+
+/// Accepts on `listener` (at `addr`) and forwards to `fixed`, or where the
+/// state says when `None`.
 async fn accept_loop(
-    listener: TcpListener,
-    addr: SocketAddr,
+    (listener, addr, fixed): (TcpListener, SocketAddr, Option<SocketAddr>),
     mut rx: watch::Receiver<State>,
     stop: CancellationToken,
     stats: Arc<Stats>,
@@ -252,7 +297,7 @@ async fn accept_loop(
                 listener = Some(current);
                 if let Ok((client, _)) = accepted {
                     stats.accepted.fetch_add(1, Ordering::SeqCst);
-                    let upstream = rx.borrow().upstream;
+                    let upstream = fixed.unwrap_or(rx.borrow().upstream);
                     tokio::spawn(connection(client, upstream, rx.clone(), stop.clone(), stats.clone()));
                 }
             }

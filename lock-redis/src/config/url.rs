@@ -40,6 +40,7 @@ const KNOWN: &[&str] = &[
     "require_durable_fences",
     "failover_lock_delay",
     "wait_replicas",
+    "node_map",
 ];
 
 /// The Redis port when the URL names none.
@@ -142,6 +143,16 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     if let Some(replicas) = url.take_u32("wait_replicas")? {
         config = config.wait_replicas(replicas);
     }
+    if let Some(map) = url.take("node_map") {
+        if !cluster {
+            return Err(bad(
+                "URL option node_map maps Redis Cluster nodes: use it with redis+cluster://".into(),
+            ));
+        }
+        for (announced, at) in node_map(&map).map_err(bad)? {
+            config = config.map_node(announced, at);
+        }
+    }
     if url.take("tls_domain").is_some() {
         return Err(bad(
             "URL option tls_domain is not supported by lock-redis: the Redis \
@@ -153,6 +164,26 @@ pub(super) fn read(text: &str) -> Result<RedisConfig, LockError> {
     let config = certificates(&mut url, config)?;
     url.finish(KNOWN)?;
     Ok(config)
+}
+
+/// The pairs of a `node_map` option: `announced=reached` `host:port`
+/// pairs, comma-separated.
+fn node_map(text: &str) -> Result<Vec<super::NodeMapping>, String> {
+    let node = |text: &str| {
+        let (host, port) = text.rsplit_once(':')?;
+        let port = port.parse::<u16>().ok()?;
+        (!host.is_empty()).then(|| (host.to_owned(), port))
+    };
+    text.split(',')
+        .map(|pair| {
+            let (announced, at) = pair.split_once('=').unwrap_or((pair, ""));
+            node(announced).zip(node(at)).ok_or_else(|| {
+                format!(
+                    "URL option node_map: {pair:?} is not announced-host:port=reached-host:port"
+                )
+            })
+        })
+        .collect()
 }
 
 /// Where the server is: one `host[:port]`, or for a socket the path.
@@ -368,6 +399,35 @@ mod tests {
         }
         for bad in ["redis+cluster://h/2", "redis+cluster://h?db=1"] {
             assert!(refused(bad).contains("database 0 only"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_node_map_says_where_announced_cluster_nodes_are_reached() {
+        assert!(refused("redis://h?node_map=a:1=b:2").contains("redis+cluster://"));
+        if !cfg!(feature = "cluster") {
+            return;
+        }
+        let read = config("redis+cluster://a:7000?node_map=10.0.0.1:7000=lb:9001,a:7000=lb:9000");
+        assert_eq!(
+            read.node_map,
+            vec![
+                (("10.0.0.1".to_owned(), 7000), ("lb".to_owned(), 9001)),
+                (("a".to_owned(), 7000), ("lb".to_owned(), 9000)),
+            ]
+        );
+        let seed = read.node("a", 7000);
+        let reached = seed.client.get_connection_info().addr();
+        assert_eq!(reached, &ConnectionAddr::Tcp("lb".into(), 9000));
+        let unmapped = read.node("b", 7002);
+        let reached = unmapped.client.get_connection_info().addr();
+        assert_eq!(reached, &ConnectionAddr::Tcp("b".into(), 7002));
+        for bad in ["a:1", "a:1=b", "a=b:2", ":1=b:2", "a:1=b:2,"] {
+            let url = format!("redis+cluster://h?node_map={bad}");
+            assert!(
+                refused(&url).contains("announced-host:port=reached-host:port"),
+                "{bad}"
+            );
         }
     }
 

@@ -174,7 +174,7 @@ mod enabled {
         let mut first = None;
         let mut failed = Vec::new();
         for (host, port) in nodes {
-            let node = config.clone().address(host.clone(), *port);
+            let node = config.node(host, *port);
             let endpoint = node.endpoint();
             match open(&node, &endpoint, manager.clone()).await {
                 Ok(con) => {
@@ -202,7 +202,7 @@ mod enabled {
         let infos: Vec<redis::ConnectionInfo> = nodes
             .iter()
             .map(|(host, port)| {
-                let node = config.clone().address(host.clone(), *port);
+                let node = config.node(host, *port);
                 node.client.get_connection_info().clone()
             })
             .collect();
@@ -218,6 +218,14 @@ mod enabled {
         }
         if let Some(password) = settings.password() {
             builder = builder.password(password);
+        }
+        if !config.node_map.is_empty() {
+            let map = config.node_map.iter().map(|((h, p), (to, tp))| {
+                let node =
+                    |host: &str, port| redis::cluster::NodeAddress::new(host.to_owned(), port);
+                (node(h, *p), node(to, *tp))
+            });
+            builder = builder.node_address_map(map.collect());
         }
         #[cfg(feature = "tls")]
         if config.uses_tls() {
@@ -253,7 +261,7 @@ mod enabled {
             .map_err(error::map)?;
         let mut found: Option<(Persistence, Eviction)> = None;
         for (host, port) in primaries(&nodes) {
-            let node = config.clone().address(host, port);
+            let node = config.node(&host, port);
             let endpoint = node.endpoint();
             let mut con = Con::Single(open(&node, &endpoint, manager.clone()).await?);
             let (persistence, eviction) = probe::check(&node, &endpoint, &mut con, limit).await?;

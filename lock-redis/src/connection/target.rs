@@ -51,10 +51,10 @@ impl Target {
     pub(crate) fn nodes(config: &crate::RedisConfig, nodes: &[(String, u16)]) -> Target {
         let nodes: Vec<redis::Client> = nodes
             .iter()
-            .map(|(host, port)| config.clone().address(host.clone(), *port).client)
+            .map(|(host, port)| config.node(host, *port).client)
             .collect();
         Target {
-            current: RwLock::new(config.client.clone()),
+            current: RwLock::new(nodes.first().unwrap_or(&config.client).clone()),
             sentinel: None,
             nodes,
             next: AtomicUsize::new(1),

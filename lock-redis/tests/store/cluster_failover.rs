@@ -63,16 +63,26 @@ async fn placement(cluster: &Arc<RedisCluster>, name: &LockName) -> Placement {
         .await
         .trim()
         .to_owned();
-    // Its replica: the node whose CLUSTER NODES line names it as master.
-    let nodes = cli(cluster, primary, &["cluster", "nodes"]).await;
-    let replica_port: u16 = nodes
-        .lines()
-        .find(|l| l.split(' ').nth(3) == Some(primary_id.as_str()))
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|a| a.split('@').next())
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .expect("the primary has a replica");
+    // Its replica: the node whose CLUSTER NODES line names it as master
+    // (once the primary has heard of it: a new Cluster's gossip may lag).
+    let replica_port: u16 = eventually(
+        scaled(Duration::from_secs(10)),
+        "the primary knows its replica",
+        || {
+            let (cluster, primary_id) = (cluster.clone(), primary_id.clone());
+            async move {
+                let nodes = cli(&cluster, primary, &["cluster", "nodes"]).await;
+                nodes
+                    .lines()
+                    .find(|l| l.split(' ').nth(3) == Some(primary_id.as_str()))
+                    .and_then(|l| l.split(' ').nth(1))
+                    .and_then(|a| a.split('@').next())
+                    .and_then(|a| a.rsplit_once(':'))
+                    .and_then(|(_, p)| p.parse().ok())
+            }
+        },
+    )
+    .await;
     let replica = cluster
         .nodes
         .iter()

@@ -47,10 +47,10 @@ pub(crate) async fn proxied(
             "no store process to put a proxy in front of (Factory::store)".into(),
         ));
     };
-    let proxy = FaultProxy::start(store.addr())
+    let proxy = FaultProxy::start_each(&store.addrs())
         .await
         .map_err(|e| Failure::new(format!("cannot start a fault proxy: {e}")))?;
-    match cx.factory().client_via(proxy.addr()).await {
+    match cx.factory().client_via_each(&proxy.routes()).await {
         None => Ok(Err(
             "the factory cannot connect through a proxy (Factory::client_via)".into(),
         )),
