@@ -420,6 +420,8 @@ async fn missing_exclusion_is_caught() {
         "independent_names",
         "fenced_counter_is_exact",
         "odd_names_are_distinct_locks",
+        "multi_lock_is_all_or_nothing",
+        "multi_lock_opposite_orders_never_overlap",
     ];
     let report = run_cases(factory, |c| cases.contains(&c.name)).await;
     assert_eq!(report.cases.len(), cases.len());
@@ -468,7 +470,14 @@ async fn fence_blind_eviction_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_eviction_is_caught() {
-    must_fail(Flaw::SilentEviction, &["lost_fires_on_force_release"]).await;
+    must_fail(
+        Flaw::SilentEviction,
+        &[
+            "lost_fires_on_force_release",
+            "multi_lock_is_lost_with_any_member",
+        ],
+    )
+    .await;
 }
 
 /// The critical section of a holder that never hears of its eviction runs
@@ -499,6 +508,16 @@ async fn leaked_waiters_are_caught() {
             "cancelled_acquire_leaves_nothing",
             "closed_waiter_leaves_nothing",
         ],
+    )
+    .await;
+    must_fail_saying(
+        Flaw::LeaksCancelledWaiters,
+        &[(
+            "multi_lock_leaves_nothing_behind",
+            // The leaked waiter takes the last name once it is free, or
+            // (when a poll takes it first) the next wait overstays.
+            "was not free within || had not returned after",
+        )],
     )
     .await;
 }

@@ -45,6 +45,9 @@
 //! - [`Job`] ([`Locker::job`]): a scheduled task that runs on one node
 //!   only, skipped while held, kept taken for `at_least` after its grant on
 //!   the store's clock, fenced with its execution id.
+//! - [`MultiGuard`] ([`Locker::acquire_all`]): several names held together,
+//!   all or none, one fence per name, taken in sorted order so callers
+//!   never deadlock, lost with any member.
 //! - [`Semaphore`] ([`Locker::semaphore`]): at most N holders, each in a slot
 //!   with its own fences; [`Election`] ([`Locker::election`]): one leader at
 //!   a time, with fenced terms, and [`Observer`]s.
@@ -106,6 +109,7 @@ mod local_line;
 mod locker;
 mod memory;
 pub mod metrics;
+mod multi;
 mod name;
 mod outcome;
 mod renewer;
@@ -130,6 +134,7 @@ pub use label::HolderLabel;
 pub use lease::{Holder, Lease};
 pub use locker::Locker;
 pub use memory::MemoryBackend;
+pub use multi::MultiGuard;
 pub use name::{IntoLockName, LockName};
 pub use outcome::{Attempt, ReleaseOutcome};
 pub use semaphore::Semaphore;

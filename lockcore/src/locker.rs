@@ -17,7 +17,7 @@ use crate::renewer::{Held, HoldPolicy, Renewer};
 use crate::request::Kind;
 use crate::{
     Attempt, Backoff, Capabilities, FencingToken, Holder, HolderLabel, IntoLockName, Lease,
-    LockBackend, LockError, LockGuard, LockName,
+    LockBackend, LockError, LockGuard, LockName, MultiGuard,
 };
 
 /// Acquires locks on one backend with shared defaults.
@@ -318,15 +318,7 @@ impl Locker {
     ) -> Result<LockGuard, LockError> {
         let request = self.request(name, permits)?;
         let policy = self.hold_policy(request.name(), request.ttl())?;
-        if wait > Self::MAX_WAIT {
-            return Err(LockError::InvalidTimeout {
-                timeout: wait,
-                reason: format!(
-                    "waits are limited to {:?}; retry in a loop to wait longer",
-                    Self::MAX_WAIT
-                ),
-            });
-        }
+        Self::check_wait(wait)?;
         let started = Instant::now();
         let waiting = WaitPolicy::new(started + wait)
             .backoff(self.backoff)
@@ -385,6 +377,123 @@ impl Locker {
             _ = cancel.cancelled() => Err(LockError::Cancelled { name }),
             guard = self.acquire(&name) => guard,
         }
+    }
+
+    /// Refuses a wait above [`MAX_WAIT`](Self::MAX_WAIT).
+    fn check_wait(wait: Duration) -> Result<(), LockError> {
+        if wait > Self::MAX_WAIT {
+            return Err(LockError::InvalidTimeout {
+                timeout: wait,
+                reason: format!(
+                    "waits are limited to {:?}; retry in a loop to wait longer",
+                    Self::MAX_WAIT
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits up to the configured max wait for every lock of `names`: all
+    /// of them or none, under one deadline (see [`MultiGuard`]). The names
+    /// are taken one by one in sorted order, whatever order they are given
+    /// in, so callers asking for the same names never deadlock.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] naming the lock still held when the wait ran
+    /// out; [`LockError::InvalidConfig`] for no names or a name given
+    /// twice, and an invalid name, TTL or configuration, before any I/O; a
+    /// store error. Whatever was taken is released before it returns.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the guards it took, which release in the
+    /// background (or expire after one TTL); an attempt in flight is as in
+    /// [`acquire`](Self::acquire).
+    pub async fn acquire_all<N: IntoLockName>(
+        &self,
+        names: impl IntoIterator<Item = N>,
+    ) -> Result<MultiGuard, LockError> {
+        self.acquire_all_timeout(names, self.max_wait).await
+    }
+
+    /// Like [`acquire_all`](Self::acquire_all) with an explicit wait.
+    ///
+    /// # Errors
+    /// As [`acquire_all`](Self::acquire_all); [`LockError::InvalidTimeout`]
+    /// for a wait above [`MAX_WAIT`](Self::MAX_WAIT).
+    pub async fn acquire_all_timeout<N: IntoLockName>(
+        &self,
+        names: impl IntoIterator<Item = N>,
+        wait: Duration,
+    ) -> Result<MultiGuard, LockError> {
+        let names = self.multi_names(names)?;
+        Self::check_wait(wait)?;
+        let started = Instant::now();
+        let mut taken = Vec::with_capacity(names.len());
+        for name in names {
+            let left = (started + wait).saturating_duration_since(Instant::now());
+            match self.take(name, left, None).await {
+                Ok(guard) => taken.push(guard),
+                Err(e) => {
+                    give_back(taken).await;
+                    return Err(match e {
+                        LockError::Timeout { name, .. } => LockError::Timeout {
+                            name,
+                            waited: started.elapsed(),
+                        },
+                        e => e,
+                    });
+                }
+            }
+        }
+        Ok(MultiGuard::new(taken))
+    }
+
+    /// One attempt at every lock of `names`: all of them, or `Ok(None)` and
+    /// none (what was taken before a held name is released first).
+    ///
+    /// # Errors
+    /// As [`acquire_all`](Self::acquire_all), without the timeout.
+    pub async fn try_acquire_all<N: IntoLockName>(
+        &self,
+        names: impl IntoIterator<Item = N>,
+    ) -> Result<Option<MultiGuard>, LockError> {
+        let names = self.multi_names(names)?;
+        let mut taken = Vec::with_capacity(names.len());
+        for name in names {
+            match self.try_take(name, None).await {
+                Ok(Some(guard)) => taken.push(guard),
+                outcome => {
+                    give_back(taken).await;
+                    return outcome.map(|_| None);
+                }
+            }
+        }
+        Ok(Some(MultiGuard::new(taken)))
+    }
+
+    /// The names of a multi-lock in the order they are taken (sorted),
+    /// with the request and hold settings checked before any I/O.
+    fn multi_names<N: IntoLockName>(
+        &self,
+        names: impl IntoIterator<Item = N>,
+    ) -> Result<Vec<LockName>, LockError> {
+        let mut names = names
+            .into_iter()
+            .map(IntoLockName::into_lock_name)
+            .collect::<Result<Vec<_>, _>>()?;
+        names.sort();
+        if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(LockError::config(format!(
+                "lock \"{}\" is named twice: a multi-lock takes each name once",
+                twice[0]
+            )));
+        }
+        let Some(first) = names.first() else {
+            return Err(LockError::config("a multi-lock needs at least one name"));
+        };
+        let request = self.request(first.clone(), None)?;
+        self.hold_policy(first, request.ttl())?;
+        Ok(names)
     }
 
     /// A counting semaphore over this locker's backend: at most `permits`
@@ -593,5 +702,13 @@ impl fmt::Debug for Locker {
             .field("auto_renew", &self.auto_renew)
             .field("max_hold", &self.max_hold)
             .finish_non_exhaustive()
+    }
+}
+
+/// Releases what a multi-lock took before it failed (each release's
+/// failure is logged by the guard; the lease then expires after its TTL).
+async fn give_back(taken: Vec<LockGuard>) {
+    for guard in taken {
+        let _ = guard.release().await;
     }
 }

@@ -134,3 +134,67 @@ fn getters_answer_what_their_setters_set() {
     assert_eq!(locker.recheck_interval(), locker.get_recheck());
     assert_eq!(locker.holder_label(), &label);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_refuses_no_names_a_name_twice_and_a_wait_too_long_before_any_io() {
+    let store = MemoryBackend::new();
+    let locker = Locker::new(store.clone()).ttl(TTL);
+    let none: [&str; 0] = [];
+    for err in [
+        locker.acquire_all(none).await.unwrap_err(),
+        locker.try_acquire_all(["a", "b", "a"]).await.unwrap_err(),
+        locker.acquire_all(["a", ""]).await.unwrap_err(),
+        locker
+            .acquire_all_timeout(["a", "b"], YEAR + Duration::from_secs(1))
+            .await
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                err,
+                LockError::InvalidConfig { .. }
+                    | LockError::InvalidName { .. }
+                    | LockError::InvalidTimeout { .. }
+            ),
+            "{err}"
+        );
+    }
+    assert!(
+        Locker::new(store).inspect("a").await.unwrap().is_none(),
+        "a refused multi-lock took a name"
+    );
+}
+
+/// One deadline for the whole: a multi-lock whose second name is held for
+/// longer gives up when its wait runs out, counted from its start (not
+/// again for each name), and its `Timeout` names the held one.
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_waits_once_for_all_its_names() {
+    let store = MemoryBackend::new();
+    let holder = Locker::new(store.clone()).ttl(TTL);
+    let held = holder.acquire("b").await.unwrap();
+    let wait = Duration::from_secs(2);
+    let started = Instant::now();
+    let err = Locker::new(store.clone())
+        .ttl(TTL)
+        .acquire_all_timeout(["b", "a"], wait)
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    match err {
+        LockError::Timeout { name, waited: told } => {
+            assert_eq!(name.as_str(), "b");
+            assert!(
+                told >= wait && told == waited,
+                "told {told:?}, waited {waited:?}"
+            );
+        }
+        other => panic!("expected Timeout, got {other}"),
+    }
+    assert!(
+        waited < wait + Duration::from_millis(500),
+        "waited {waited:?}"
+    );
+    assert!(holder.inspect("a").await.unwrap().is_none(), "a was kept");
+    held.release().await.unwrap();
+}

@@ -22,16 +22,7 @@ pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
     let every = ttl / 4;
     let guard = cx.locker(&a, ttl).renew_every(every).acquire(&name).await?;
     ensure!(guard.is_held(), "a fresh guard must be held");
-    let (bound, promise) = match cx.caps().eviction_notice {
-        Some(notice) => (
-            notice + cx.round_trip(),
-            format!("the declared eviction notice {notice:?} + a round trip"),
-        ),
-        None => (
-            every + cx.slack(ttl),
-            "one renew interval + slack".to_owned(),
-        ),
-    };
+    let (bound, promise) = heard_within(cx, ttl, every);
     Locker::from_arc(admin)
         .force_release(&name, "conformance: evict holder")
         .await?;
@@ -66,6 +57,22 @@ pub async fn lost_fires_on_force_release(cx: &Ctx) -> CaseResult {
         "releasing a lost lease must report NotHeld, got {outcome:?}"
     );
     Ok(Outcome::Passed)
+}
+
+/// How soon a holder of a `ttl` lease renewed `every` hears of a forced
+/// release: the declared eviction notice and a round trip, or without one,
+/// its next renewal (and slack); with the promise in words.
+pub(crate) fn heard_within(cx: &Ctx, ttl: Duration, every: Duration) -> (Duration, String) {
+    match cx.caps().eviction_notice {
+        Some(notice) => (
+            notice + cx.round_trip(),
+            format!("the declared eviction notice {notice:?} + a round trip"),
+        ),
+        None => (
+            every + cx.slack(ttl),
+            "one renew interval + slack".to_owned(),
+        ),
+    }
 }
 
 /// Without renewal, the guard counts the lock lost exactly at its local

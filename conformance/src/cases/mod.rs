@@ -18,6 +18,7 @@ pub mod hold;
 pub mod jobs;
 pub mod labels;
 pub mod loss;
+pub mod multi;
 pub mod nemesis;
 pub mod notify;
 pub mod permit_expiry;
@@ -114,6 +115,10 @@ macro_rules! __for_each_case {
             semaphores::cancelled_permit_wait_leaves_nothing,
             semaphores::permit_count_disagreement_is_refused,
             semaphores::zero_permits_are_refused,
+            multi::multi_lock_is_all_or_nothing,
+            multi::multi_lock_opposite_orders_never_overlap,
+            multi::multi_lock_leaves_nothing_behind,
+            multi::multi_lock_is_lost_with_any_member,
             permit_expiry::stale_slot_holder_is_refused,
             permit_expiry::crashed_permit_holder_frees_its_slot,
             election::one_leader_at_a_time,
