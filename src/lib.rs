@@ -10,8 +10,8 @@ pub use lockcore::{
     Attempt, Backoff, Capabilities, Election, ExpiryClock, Failover, Fairness, FenceDurability,
     Fenced, FencedResource, FencedSlots, FencingToken, HoldEnd, Holder, HolderLabel, IntoLockName,
     InvalidName, Job, JobOutcome, JobRun, LastRun, Leader, Leadership, Lease, LeaseKind,
-    LockBackend, LockError, LockGuard, LockName, Locker, LossReason, MemoryBackend, Observer,
-    OwnerToken, ReleaseOutcome, Semaphore, StaleToken,
+    LockBackend, LockError, LockGuard, LockName, Locker, LossReason, MemoryBackend, MultiGuard,
+    Observer, OwnerToken, ReleaseOutcome, Semaphore, StaleToken,
 };
 // Administrative actions, their audit trail, and the metric names.
 pub use lockcore::{admin, audit, metrics};
