@@ -13,7 +13,8 @@ use futures::future::BoxFuture;
 use lockcore::backend::wait::WaitPolicy;
 use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{
-    Election, HolderLabel, Lease, LockBackend, LockError, LockGuard, LockName, Locker, Semaphore,
+    Election, HolderLabel, Lease, LockBackend, LockError, LockGuard, LockName, Locker, MultiGuard,
+    Semaphore,
 };
 use tokio::time::Instant;
 
@@ -271,6 +272,53 @@ impl Client for Permits {
     async fn release(&self, held: Held) {
         let guard = held.downcast::<LockGuard>().expect("a guard");
         guard.release().await.expect("LockGuard::release");
+    }
+}
+
+/// Several names at once through `Locker::acquire_all` / `try_acquire_all`,
+/// then `MultiGuard::release`, like the lock rows.
+pub(crate) struct Multi {
+    locker: Locker,
+    names: Vec<LockName>,
+    ask: Ask,
+}
+
+impl Multi {
+    pub(crate) fn shared(locker: Locker, names: &[String], ask: Ask) -> Shared {
+        let names = names
+            .iter()
+            .map(|n| LockName::new(n).expect("a valid name"))
+            .collect();
+        Arc::new(Multi { locker, names, ask })
+    }
+}
+
+#[async_trait]
+impl Client for Multi {
+    async fn acquire(&self, deadline: Instant) -> Option<Held> {
+        let guard = match self.ask {
+            Ask::Try => Some(
+                self.locker
+                    .try_acquire_all(&self.names)
+                    .await
+                    .expect("Locker::try_acquire_all")
+                    .expect("uncontended locks must be free"),
+            ),
+            Ask::Wait => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                match self.locker.acquire_all_timeout(&self.names, wait).await {
+                    Ok(guard) => Some(guard),
+                    Err(LockError::Timeout { .. }) => None,
+                    Err(e) => panic!("Locker::acquire_all: {e}"),
+                }
+            }
+        };
+        guard.map(|g| Box::new(g) as Held)
+    }
+
+    async fn release(&self, held: Held) {
+        let guard = held.downcast::<MultiGuard>().expect("a multi-guard");
+        guard.release().await.expect("MultiGuard::release");
     }
 }
 

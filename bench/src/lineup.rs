@@ -10,7 +10,7 @@ use std::time::Duration;
 use lockcore::LockBackend;
 
 use crate::Settings;
-use crate::harness::{self, Ask, Op, Permits, Raw, Shared, Stats, User, cycle, ms};
+use crate::harness::{self, Ask, Multi, Op, Permits, Raw, Shared, Stats, User, cycle, ms};
 use crate::report::{Kind, Report, Row, Verdict, duration};
 
 /// What one backend brings to the common measurements.
@@ -37,6 +37,9 @@ pub(crate) struct Lineup {
 
 /// Permits of the semaphore in the permit rows.
 const PERMITS: u32 = 4;
+
+/// Names of the multi-lock in the multi-lock row.
+const MULTI_NAMES: usize = 4;
 
 /// Measures the lineup; rows and verdicts go into the report.
 pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
@@ -89,6 +92,19 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
             Ask::Wait,
         )));
     }
+    let multi_at = ops.len();
+    labels.push((
+        Kind::Locker,
+        format!("uncontended acquire_all of {MULTI_NAMES} names + release"),
+    ));
+    let multi_names: Vec<String> = (0..MULTI_NAMES)
+        .map(|i| format!("{name}-multi-{i}"))
+        .collect();
+    ops.push(cycle(Multi::shared(
+        harness::locker(backend.clone(), ttl),
+        &multi_names,
+        Ask::Wait,
+    )));
     for (label, op) in lineup.peers {
         labels.push((Kind::Peer, format!("uncontended {label}")));
         ops.push(op);
@@ -103,7 +119,7 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         } else if i == 0 && has_floor {
             row = row.note("interleaved with the rows below");
         }
-        if semaphores && i == first_own + 3 {
+        if (semaphores && i == first_own + 3) || i == multi_at {
             let ratio = s.per_sec() / stats[first_own + 2].per_sec();
             row = row.note(format!("{ratio:.2}x the Locker lock cycle"));
         }
