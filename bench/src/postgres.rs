@@ -3,10 +3,11 @@
 //! WAL flush, on one connection) and session advisory locks
 //! (`pg_advisory_lock` + unlock: no lease, no fence, gone with the
 //! connection), uncontended and contended (blocking in the server's own
-//! queue). Scale scenarios run on a server of their own with
-//! `pg_stat_statements`, which counts every statement a client sends; on
-//! that server, before them, a profile of the uncontended cycle gives each
-//! statement's server time and WAL next to the floor's `UPDATE`.
+//! queue). Scale scenarios run on a server of their own and count what it
+//! counts: the database's transactions (`pg_stat_database`), whatever sent
+//! them. On that server, before them, a profile of the uncontended cycle
+//! (`pg_stat_statements`) gives each statement's server time and WAL next
+//! to the floor's `UPDATE`.
 
 use std::sync::Arc;
 
@@ -194,7 +195,8 @@ async fn server(label: &str, url: &str, settings: &Settings) -> Report {
 }
 
 /// A server of the bench's own with `pg_stat_statements` (none when the
-/// shared one is external, or this one cannot start).
+/// shared one is external, or this one cannot start): nobody else's
+/// transactions in its count.
 fn counted_server(
     shared: &lock_conformance::kit::stores::Store,
 ) -> Option<lock_conformance::kit::stores::Store> {
@@ -204,7 +206,7 @@ fn counted_server(
     }
     stores::start(Options::default().setting("shared_preload_libraries", "pg_stat_statements"))
         .map_err(|e| {
-            eprintln!("postgres: no server with pg_stat_statements ({e}); counting commits")
+            eprintln!("postgres: no server of the bench's own ({e}); counting on the shared one")
         })
         .ok()
 }
@@ -270,8 +272,8 @@ async fn statement_profile(url: &str, settings: &Settings) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-/// The scale scenarios, on a server of their own that counts statements
-/// (or on the shared one, counting commits, where that cannot start).
+/// The scale scenarios, on a server of their own (or on the shared one,
+/// where that cannot start).
 async fn scenarios(
     settings: &Settings,
     shared: Arc<lock_conformance::kit::stores::Store>,
@@ -280,14 +282,13 @@ async fn scenarios(
     let store = counted.as_ref().unwrap_or(&*shared);
     let url = store.url();
     let mut conn = PgConnection::connect(&url).await.expect("probe connection");
-    let statements = counted.is_some()
-        && sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            .execute(&mut conn)
-            .await
-            .is_ok();
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or(0);
     let probe = Server {
         conn: Mutex::new(conn),
-        statements,
+        flushes_own: version >= FORCE_NEXT_FLUSH_SINCE,
         pid: (!store.is_external()).then(|| store.pid()).flatten(),
     };
     let pool_size = u64::from(PostgresConfig::DEFAULT_POOL_SIZE);
@@ -326,26 +327,40 @@ fn statements(conn: &Arc<Mutex<PgConnection>>, sql: &'static str, n: usize) -> h
     })
 }
 
-/// A PostgreSQL server's own counters.
+/// The first PostgreSQL version with `pg_stat_force_next_flush()`.
+const FORCE_NEXT_FLUSH_SINCE: i32 = 150_000;
+
+/// How late PostgreSQL (15 and later) may count a transaction: a
+/// connection reports its counters at most once a second while busy, and
+/// 10 s after its last transaction once idle (`PGSTAT_IDLE_INTERVAL`); a
+/// second more for scheduling.
+const COUNT_LAG: std::time::Duration = std::time::Duration::from_secs(11);
+
+/// A PostgreSQL server's own counters: the database's transactions,
+/// committed or rolled back, as `pg_stat_database` counts them. Every
+/// request a client makes is one (a statement outside a transaction block,
+/// a pool's ping, a `LISTEN`), and so is the server's own upkeep of the
+/// database (autovacuum).
 struct Server {
     conn: Mutex<PgConnection>,
-    /// `pg_stat_statements` is there; otherwise count commits.
-    statements: bool,
+    /// Each reading reports its own transaction at once (PostgreSQL 15 and
+    /// later), so the next reading counts it.
+    flushes_own: bool,
     pid: Option<u32>,
 }
 
 #[async_trait]
 impl Probe for Server {
     fn unit(&self) -> &'static str {
-        if self.statements {
-            "statements (pg_stat_statements)"
-        } else {
-            "transactions (pg_stat_database, flushed lazily)"
-        }
+        "transactions (pg_stat_database)"
+    }
+    fn lag(&self) -> std::time::Duration {
+        COUNT_LAG
     }
     async fn requests(&self) -> Option<u64> {
-        let sql = if self.statements {
-            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query NOT ILIKE '%pg_stat%'"
+        let sql = if self.flushes_own {
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database, pg_stat_force_next_flush() \
+             WHERE datname = current_database()"
         } else {
             "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()"
         };

@@ -62,8 +62,14 @@ pub(super) async fn held_locks(
         .await;
     let took = taking.elapsed();
 
-    // Let the renewer converge on one batch per interval.
-    tokio::time::sleep(every * 2).await;
+    // Let the renewer converge on one batch per interval, and the store's
+    // count take in the acquisitions and what follows them once per grant
+    // (a watch set on each node): the window holds renewals only.
+    let settle = match settings.smoke {
+        true => every * 2,
+        false => (every * 2).max(probe.lag() + every),
+    };
+    tokio::time::sleep(settle).await;
     let own = own_requests(probe).await;
     // At least two renew intervals, so the window holds whole ticks.
     let window = settings.renew_window.max(every * 2);

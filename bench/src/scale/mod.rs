@@ -33,6 +33,12 @@ pub(crate) trait Probe: Send + Sync {
     async fn requests(&self) -> Option<u64> {
         None
     }
+    /// How long after a request the server's count may still leave it out
+    /// (a store that reports its counters lazily): readings that follow
+    /// client work wait this long first.
+    fn lag(&self) -> Duration {
+        Duration::ZERO
+    }
     /// Client connections the server has open now.
     async fn connections(&self) -> Option<u64> {
         None
@@ -113,6 +119,16 @@ async fn settled_connections(probe: &dyn Probe, settings: &Settings) -> Option<u
     }
 }
 
+/// The server's count once it includes every request sent so far: read
+/// after the probe's [`lag`](Probe::lag) (not waited in a smoke run, whose
+/// numbers mean nothing).
+async fn settled_requests(probe: &dyn Probe, settings: &Settings) -> Option<u64> {
+    if !settings.smoke {
+        tokio::time::sleep(probe.lag()).await;
+    }
+    probe.requests().await
+}
+
 /// The probe's own requests per reading (its reads may count themselves).
 async fn own_requests(probe: &dyn Probe) -> u64 {
     match (probe.requests().await, probe.requests().await) {
@@ -151,18 +167,24 @@ async fn requests_per_cycle(
             User::shared(harness::locker(backend, ttl), name, Ask::Wait),
         ),
     ];
-    let mut counts = Vec::new();
+    let mut cycles = Vec::new();
     for (label, client) in kinds {
         let cycle = harness::cycle(client);
         cycle().await; // a first use may set things up (a subscription)
-        let before = probe.requests().await;
+        cycles.push((label, cycle));
+    }
+    let mut counts = Vec::new();
+    let mut before = settled_requests(probe, settings).await;
+    for (label, cycle) in cycles {
         for _ in 0..n {
             cycle().await;
         }
-        if let (Some(a), Some(b)) = (before, probe.requests().await) {
+        let after = settled_requests(probe, settings).await;
+        if let (Some(a), Some(b)) = (before, after) {
             let per = b.saturating_sub(a).saturating_sub(own) as f64 / f64::from(n);
             counts.push(format!("{label} {per:.1}"));
         }
+        before = after;
     }
     report.scale.push(ScaleRow {
         backend: backend_name.to_string(),

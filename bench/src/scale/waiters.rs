@@ -22,7 +22,8 @@ pub(super) async fn waiters(
     let conns_before = settled_connections(probe, settings).await;
     let locker = harness::locker(connect.await, settings.ttl);
     let own = own_requests(probe).await;
-    let requests0 = probe.requests().await;
+    // The previous scenario's releases in the count first.
+    let requests0 = settled_requests(probe, settings).await;
     sys::trim_heap();
     let rss_before = sys::rss();
     let peak_reset = sys::reset_peak_rss();
@@ -89,7 +90,7 @@ pub(super) async fn waiters(
     let elapsed = started.elapsed();
     let cpu = sys::own_cpu().saturating_sub(cpu0);
     let store_share = store_share(store0, probe, elapsed);
-    let requests1 = probe.requests().await;
+    let requests1 = settled_requests(probe, settings).await;
     let served = served.load(Ordering::Relaxed);
     let errors = errors.load(Ordering::Relaxed);
     let acquire_errors = acquire_errors.load(Ordering::Relaxed);
