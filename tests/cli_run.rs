@@ -11,7 +11,7 @@ mod common;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{Shell, alive, eventually, exit_within, read_pid, signal};
+use common::{Shell, alive, children, eventually, exit_within, read_pid, signal};
 use lock_conformance::kit::scaled;
 
 #[test]
@@ -280,4 +280,85 @@ fn a_state_dir_with_url_characters_holds_the_default_file() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(home.join(".local/state/distlock/locks.db").is_file());
+}
+
+/// `run NAME --also NAME2`: the command runs holding both, with each
+/// name's fence in its environment; `--no-wait` on a set one of whose
+/// names is held exits 75 having taken none; two runs naming the same pair
+/// in opposite orders both finish; the supervisor holds both names'
+/// presence files, and when distlock is killed (`kill -9`) it kills the job
+/// and both names are free again at once.
+#[test]
+fn also_holds_every_name_for_the_command() {
+    let shell = Shell::new();
+    let (env, pid) = (shell.path("env"), shell.path("pid"));
+    let script = format!(
+        "echo \"$DISTLOCK_NAME=$DISTLOCK_FENCE $DISTLOCK_NAME_1=$DISTLOCK_FENCE_1\" > {}; \
+         echo $$ > {}; exec sleep 1000",
+        env.display(),
+        pid.display()
+    );
+    let mut distlock = shell.spawn(&["run", "a", "--also", "b", "--", "sh", "-c", &script]);
+    let (exported, job) = eventually(scaled(Duration::from_secs(10)), "the job started", || {
+        let text = std::fs::read_to_string(&env).ok()?;
+        Some((text.trim().to_owned(), read_pid(&pid)?))
+    });
+    let fences: Vec<&str> = exported.split(' ').collect();
+    for (name, pair) in ["a", "b"].iter().zip(&fences) {
+        let (exported_name, fence) = pair.split_once('=').unwrap();
+        assert_eq!(exported_name, *name, "{exported}");
+        let inspect = shell.output(&["inspect", "--json", name]);
+        let json = String::from_utf8_lossy(&inspect.stdout);
+        assert!(
+            json.contains(&format!("\"held\":true,\"fence\":{fence},")),
+            "{name}: {json} (exported {exported})"
+        );
+    }
+    let busy = shell.output(&["run", "--no-wait", "c", "--also", "b", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    let free_c = shell.output(&["inspect", "--json", "c"]);
+    assert_eq!(
+        String::from_utf8_lossy(&free_c.stdout).trim(),
+        "{\"name\":\"c\",\"held\":false}",
+        "the refused run kept c"
+    );
+
+    // The supervisor holds both names' presence files (SQLite: what keeps a
+    // name taken while any process of the job is left, distlock dead or not).
+    let supervisor = children(distlock.id() as i32)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "distlock-sup")
+        })
+        .expect("distlock's supervisor");
+    let presence_files = std::fs::read_dir(format!("/proc/{supervisor}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains(".db-distlock/"))
+        .count();
+    assert_eq!(presence_files, 2, "the supervisor's presence files");
+    signal(distlock.id() as i32, libc::SIGKILL);
+    let _ = exit_within(&mut distlock, scaled(Duration::from_secs(5)), "kill -9");
+    eventually(scaled(Duration::from_secs(10)), "the job killed", || {
+        (!alive(job)).then_some(())
+    });
+    // Free long before their 30 s TTL: the supervisor held the presence
+    // files until no process of the job was left.
+    eventually(scaled(Duration::from_secs(5)), "a and b free", || {
+        let run = shell.output(&["run", "--no-wait", "a", "--also", "b", "--", "true"]);
+        (run.status.code() == Some(0)).then_some(())
+    });
+    let runs: Vec<Child> = [["x", "y"], ["y", "x"], ["x", "y"]]
+        .iter()
+        .map(|[first, also]| {
+            shell.spawn(&[
+                "--wait", "60s", "run", first, "--also", also, "--", "sleep", "0.2",
+            ])
+        })
+        .collect();
+    for mut run in runs {
+        let status = exit_within(&mut run, scaled(Duration::from_secs(60)), "the runs");
+        assert!(status.success(), "{status:?}");
+    }
 }

@@ -5,6 +5,7 @@
 
 mod closing;
 mod exit;
+mod hold;
 mod inspect;
 #[cfg(target_os = "linux")]
 mod run;
@@ -23,10 +24,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use distlock::{
-    FencingToken, HolderLabel, JobOutcome, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
+    FencingToken, HolderLabel, JobOutcome, LockBackend, LockError, LockName, Locker, MultiGuard,
+    ReleaseOutcome,
 };
 
 use exit::Failure;
+use hold::Hold;
 use signals::Signals;
 use store::{default_backend, default_path};
 
@@ -152,6 +155,13 @@ enum Command {
         grace: Duration,
         #[command(flatten)]
         once: Once,
+        /// Also hold this lock (repeat for more): every name or none, taken in
+        /// sorted order (two runs naming the same locks in other orders never
+        /// deadlock), under one --wait. The command gets DISTLOCK_NAME_1 and
+        /// DISTLOCK_FENCE_1 for the first, and so on; it is stopped as soon as
+        /// any of them is lost.
+        #[arg(long = "also", value_name = "NAME", conflicts_with_all = ["permits", "at_most"])]
+        also: Vec<String>,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
@@ -281,8 +291,9 @@ async fn dispatch(
             take,
             grace,
             once,
+            also,
             command,
-        } => run_locked(locker, take, once, grace, &command, signals).await,
+        } => run_locked(locker, (take, also), once, grace, &command, signals).await,
         Command::Elect {
             name,
             label,
@@ -346,6 +357,32 @@ async fn take(
         .ok_or_else(|| Failure::Code(exit::BUSY, format!("{} is held (--no-wait)", take.name)))
 }
 
+/// The locks `take` and `also` name, all or none. A signal while waiting
+/// drops the wait (and what it took).
+async fn take_all(
+    locker: &Locker,
+    take: &Take,
+    also: &[String],
+    signals: &mut Signals,
+) -> Result<MultiGuard, Failure> {
+    let locker = label(locker.clone(), take.label.clone())?;
+    let names: Vec<&String> = std::iter::once(&take.name).chain(also).collect();
+    let taking = async {
+        Ok::<_, Failure>(if take.no_wait {
+            locker.try_acquire_all(names.iter().copied()).await?
+        } else {
+            Some(locker.acquire_all(names.iter().copied()).await?)
+        })
+    };
+    until(signals, taking).await?.ok_or_else(|| {
+        let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+        Failure::Code(
+            exit::BUSY,
+            format!("one of {} is held (--no-wait)", names.join(", ")),
+        )
+    })
+}
+
 fn describe(guard: &distlock::LockGuard) -> String {
     match guard.slot() {
         Some(slot) => format!(
@@ -357,19 +394,59 @@ fn describe(guard: &distlock::LockGuard) -> String {
     }
 }
 
-/// The hold `run` keeps while its command runs: a lock or permit, or one
-/// run of a job.
+/// The hold `run` keeps while its command runs: a lock or permit, one run
+/// of a job, or several locks (`--also`).
 enum Holding {
     Lock(distlock::LockGuard),
     Job(distlock::JobRun),
+    Locks(MultiGuard),
 }
 
 impl Holding {
-    fn guard(&self) -> &distlock::LockGuard {
+    fn hold(&self) -> &dyn Hold {
         match self {
             Holding::Lock(guard) => guard,
             Holding::Job(run) => run.guard(),
+            Holding::Locks(locks) => locks,
         }
+    }
+
+    /// The fence of `name`'s grant (`name`: one the hold was taken for).
+    fn fence_of(&self, name: &str) -> FencingToken {
+        match self {
+            Holding::Lock(guard) => guard.fencing_token(),
+            Holding::Job(run) => run.guard().fencing_token(),
+            Holding::Locks(locks) => locks
+                .fencing_token(name)
+                .expect("every name given to take_all is a member"),
+        }
+    }
+
+    /// What was acquired, for people.
+    fn describe(&self) -> String {
+        match self {
+            Holding::Lock(guard) => describe(guard),
+            Holding::Job(run) => describe(run.guard()),
+            Holding::Locks(locks) => {
+                let each: Vec<String> = locks
+                    .fencing_tokens()
+                    .iter()
+                    .map(|(name, fence)| format!("{name} fence={fence}"))
+                    .collect();
+                each.join(", ")
+            }
+        }
+    }
+
+    /// The lock that was lost (for several, the first lost), with its fence.
+    fn lost_lock(&self, name: &str) -> Result<(LockName, FencingToken), LockError> {
+        if let Holding::Locks(locks) = self
+            && let Some((lost, _)) = locks.loss()
+            && let Some(fence) = locks.fencing_token(lost.as_str())
+        {
+            return Ok((lost, fence));
+        }
+        Ok((LockName::new(name)?, self.fence_of(name)))
     }
 
     /// Frees the name now: the command did not run.
@@ -377,6 +454,7 @@ impl Holding {
         match self {
             Holding::Lock(guard) => guard.release().await,
             Holding::Job(run) => run.release().await,
+            Holding::Locks(locks) => release_all(locks).await,
         }
     }
 
@@ -386,6 +464,7 @@ impl Holding {
     async fn end(self, succeeded: bool) -> Result<ReleaseOutcome, LockError> {
         match self {
             Holding::Lock(guard) => guard.release().await,
+            Holding::Locks(locks) => release_all(locks).await,
             Holding::Job(run) => {
                 let end = if succeeded {
                     run.end().await?
@@ -401,14 +480,30 @@ impl Holding {
     }
 }
 
+/// Releases every lock of `locks`: `NotHeld` if the store no longer held
+/// any one of them.
+async fn release_all(locks: MultiGuard) -> Result<ReleaseOutcome, LockError> {
+    let outcomes = locks.release().await?;
+    Ok(
+        if outcomes.iter().all(|(_, o)| *o == ReleaseOutcome::Released) {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        },
+    )
+}
+
 /// The lock `take` asks for, or with `--at-most`, one run of the job:
 /// skipped (exit 75) if held.
 async fn hold_for_run(
     locker: &Locker,
-    spec: &Take,
+    (spec, also): (&Take, &[String]),
     once: &Once,
     signals: &mut Signals,
 ) -> Result<Holding, Failure> {
+    if !also.is_empty() {
+        return Ok(Holding::Locks(take_all(locker, spec, also, signals).await?));
+    }
     let Some(at_most) = once.at_most else {
         return Ok(Holding::Lock(take(locker, spec, signals).await?));
     };
@@ -446,29 +541,35 @@ async fn hold_for_run(
 
 async fn run_locked(
     locker: &Locker,
-    spec: Take,
+    (spec, also): (Take, Vec<String>),
     once: Once,
     grace: Duration,
     command: &[String],
     signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
-    let holding = hold_for_run(locker, &spec, &once, signals).await?;
+    let holding = hold_for_run(locker, (&spec, &also), &once, signals).await?;
     if let Some(signal) = signals.pending().await {
         // Stopped as the lock came: the command never starts.
         let _ = holding.release().await;
         return Err(Failure::Signal(signal));
     }
-    let guard = holding.guard();
-    let fence = guard.fencing_token();
-    eprintln!("distlock: acquired {}", describe(guard));
+    let fence = holding.fence_of(&spec.name);
+    eprintln!("distlock: acquired {}", holding.describe());
     let mut env = vec![
-        ("DISTLOCK_NAME", spec.name.clone()),
-        ("DISTLOCK_FENCE", fence.to_string()),
+        ("DISTLOCK_NAME".to_owned(), spec.name.clone()),
+        ("DISTLOCK_FENCE".to_owned(), fence.to_string()),
     ];
-    if let Some(slot) = guard.slot() {
-        env.push(("DISTLOCK_SLOT", slot.to_string()));
+    if let Holding::Lock(guard) = &holding
+        && let Some(slot) = guard.slot()
+    {
+        env.push(("DISTLOCK_SLOT".to_owned(), slot.to_string()));
     }
-    let (status, lost) = match supervised(command, &env, guard, grace, signals).await {
+    for (i, name) in also.iter().enumerate() {
+        let fence = holding.fence_of(name);
+        env.push((format!("DISTLOCK_NAME_{}", i + 1), name.clone()));
+        env.push((format!("DISTLOCK_FENCE_{}", i + 1), fence.to_string()));
+    }
+    let (status, lost) = match supervised(command, &env, holding.hold(), grace, signals).await {
         Ok(ended) => ended,
         Err(failure) => {
             // Nothing of the job is left: free the lock now, not at its TTL.
@@ -477,9 +578,10 @@ async fn run_locked(
         }
     };
     if let Some(reason) = lost {
+        let (name, fence) = holding.lost_lock(&spec.name)?;
         drop(holding);
         return Err(LockError::Lost {
-            name: LockName::new(&spec.name)?,
+            name,
             fence,
             reason,
         }
@@ -503,8 +605,8 @@ async fn run_locked(
 #[cfg(target_os = "linux")]
 async fn supervised(
     command: &[String],
-    env: &[(&str, String)],
-    guard: &distlock::LockGuard,
+    env: &[(String, String)],
+    guard: &dyn Hold,
     grace: Duration,
     signals: &mut Signals,
 ) -> Result<(std::process::ExitStatus, Option<distlock::LossReason>), Failure> {
@@ -517,8 +619,8 @@ async fn supervised(
 #[cfg(not(target_os = "linux"))]
 async fn supervised(
     _command: &[String],
-    _env: &[(&str, String)],
-    _guard: &distlock::LockGuard,
+    _env: &[(String, String)],
+    _guard: &dyn Hold,
     _grace: Duration,
     _signals: &mut Signals,
 ) -> Result<(std::process::ExitStatus, Option<distlock::LossReason>), Failure> {
@@ -554,7 +656,8 @@ async fn elect(
         ("DISTLOCK_NAME", name.to_owned()),
         ("DISTLOCK_TERM", term.to_string()),
         ("DISTLOCK_FENCE", term.to_string()),
-    ];
+    ]
+    .map(|(k, v)| (k.to_owned(), v));
     let (status, lost) = match supervised(command, &env, leadership.guard(), grace, signals).await {
         Ok(ended) => ended,
         Err(failure) => {

@@ -10,6 +10,9 @@
 //! after the supervisor reports that no process of the job is left. If the
 //! supervisor dies, distlock (a subreaper too, so the job's processes come
 //! back to it) kills them itself and fails the run.
+//!
+//! What the run holds is one lease, or several (`--also`): the job lasts
+//! while every one holds, and the earliest deadline is the supervisor's.
 
 use std::ffi::OsString;
 use std::io;
@@ -18,13 +21,14 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use distlock::{LockGuard, LossReason};
+use distlock::{Lease, LossReason};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::exit::{self, Failure};
+use super::hold::Hold;
 use super::signals::Signals;
 use super::tree;
 use super::wire::{Order, Report, SUPERVISOR_ARG};
@@ -55,8 +59,8 @@ pub(crate) struct Ended {
 /// bounds how long what the command leaves behind may take to stop.
 pub(crate) fn spawn(
     command: &[String],
-    env: &[(&str, String)],
-    guard: &LockGuard,
+    env: &[(String, String)],
+    guard: &dyn Hold,
     grace: Duration,
 ) -> Result<Job, Failure> {
     let program = command
@@ -78,15 +82,21 @@ pub(crate) fn spawn(
     tree::become_subreaper().map_err(|e| internal("subreaper", e))?;
     let (ours, theirs) =
         std::os::unix::net::UnixStream::pair().map_err(|e| internal("socket", e))?;
-    let presence = presence_fd(guard).map_err(|e| internal("the lock file's presence file", e))?;
+    let presence = presence_fds(guard).map_err(|e| internal("the lock file's presence file", e))?;
     let control = theirs.as_raw_fd();
-    let kept = presence.as_ref().map(AsRawFd::as_raw_fd);
+    let kept: Vec<RawFd> = presence.iter().map(AsRawFd::as_raw_fd).collect();
+    let kept_arg = if kept.is_empty() {
+        "-".to_owned()
+    } else {
+        let fds: Vec<String> = kept.iter().map(ToString::to_string).collect();
+        fds.join(",")
+    };
     // /proc/self/exe: this very binary, even if its file was replaced since.
     let mut cmd = std::process::Command::new("/proc/self/exe");
     cmd.arg0("distlock")
         .arg(SUPERVISOR_ARG)
         .arg(control.to_string())
-        .arg(kept.map_or("-".into(), |fd| fd.to_string()))
+        .arg(kept_arg)
         .arg(grace.as_millis().to_string())
         .arg(deadline_of(guard).to_string())
         .arg("--")
@@ -98,7 +108,7 @@ pub(crate) fn spawn(
     unsafe {
         cmd.pre_exec(move || {
             inherit(control)?;
-            if let Some(fd) = kept {
+            for &fd in &kept {
                 inherit(fd)?;
             }
             Ok(())
@@ -129,11 +139,15 @@ impl Job {
     /// same way. Returns when no process of the job is left.
     pub(crate) async fn supervise(
         mut self,
-        guard: &LockGuard,
+        guard: &dyn Hold,
         grace: Duration,
         signals: &mut Signals,
     ) -> Result<Ended, Failure> {
-        let lost = guard.lost();
+        let lost_token = guard.lost_token();
+        let lost = async {
+            lost_token.cancelled().await;
+            guard.loss_reason().unwrap_or(LossReason::DeadlinePassed)
+        };
         tokio::pin!(lost);
         let mut heartbeat = tokio::time::interval(heartbeat_period(guard));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -195,7 +209,7 @@ impl Job {
     /// Ctrl-Z: stops the job, then distlock itself. On SIGCONT the job
     /// continues if the lease still holds; if it was lost meanwhile the job
     /// is killed instead, and the reason returned.
-    async fn stop_with_job(&mut self, guard: &LockGuard, ending: bool) -> Option<LossReason> {
+    async fn stop_with_job(&mut self, guard: &dyn Hold, ending: bool) -> Option<LossReason> {
         self.order(Order::Stop).await;
         // A SIGCONT from before this stop must not end it.
         while tokio::time::timeout(Duration::ZERO, self.cont.recv())
@@ -269,30 +283,37 @@ impl Job {
     }
 }
 
-/// The lease's local deadline on the boot clock, in ns. The clock is read
-/// before the time left, so the result is never later than the deadline.
-fn deadline_of(guard: &LockGuard) -> u64 {
+/// The earliest local deadline of `guard`'s leases on the boot clock, in
+/// ns. The clock is read before the time left, so the result is never
+/// later than the deadline.
+fn deadline_of(guard: &dyn Hold) -> u64 {
     let now = tree::boot_now();
-    let left = u64::try_from(guard.lease().remaining().as_nanos()).unwrap_or(u64::MAX);
+    let remaining = guard.leases().iter().map(Lease::remaining).min();
+    let left = u64::try_from(remaining.unwrap_or_default().as_nanos()).unwrap_or(u64::MAX);
     now.saturating_add(left)
 }
 
-/// How often the supervisor hears the deadline: a twelfth of the TTL (a
-/// quarter of the default renew interval), between 10 ms and 1 s, so a
-/// renewal's new deadline reaches it long before the old one passes.
-fn heartbeat_period(guard: &LockGuard) -> Duration {
-    (guard.lease().ttl().get() / 12).clamp(Duration::from_millis(10), Duration::from_secs(1))
+/// How often the supervisor hears the deadline: a twelfth of the shortest
+/// TTL (a quarter of the default renew interval), between 10 ms and 1 s,
+/// so a renewal's new deadline reaches it long before the old one passes.
+fn heartbeat_period(guard: &dyn Hold) -> Duration {
+    let ttl = guard.leases().iter().map(|l| l.ttl().get()).min();
+    (ttl.unwrap_or_default() / 12).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
-/// The presence-file descriptor of a SQLite grant, for the supervisor.
+/// The presence-file descriptors of SQLite grants, for the supervisor.
 #[cfg(feature = "sqlite")]
-fn presence_fd(guard: &LockGuard) -> io::Result<Option<OwnedFd>> {
-    lock_sqlite::presence_fd(&guard.lease())
+fn presence_fds(guard: &dyn Hold) -> io::Result<Vec<OwnedFd>> {
+    let mut fds = Vec::new();
+    for lease in guard.leases() {
+        fds.extend(lock_sqlite::presence_fd(&lease)?);
+    }
+    Ok(fds)
 }
 
 #[cfg(not(feature = "sqlite"))]
-fn presence_fd(_guard: &LockGuard) -> io::Result<Option<OwnedFd>> {
-    Ok(None)
+fn presence_fds(_guard: &dyn Hold) -> io::Result<Vec<OwnedFd>> {
+    Ok(Vec::new())
 }
 
 /// Clears close-on-exec on `fd` (in the child between fork and exec).

@@ -25,9 +25,9 @@
 //! - blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and the terminal's stop
 //!   signals: those are the job's (`systemctl stop` sends SIGTERM to every
 //!   process of a unit), and only SIGKILL ends the supervisor;
-//! - on SQLite, holds a duplicate of the grant's presence-file descriptor
-//!   (the same `flock`), so the lock stays taken while any process of the job
-//!   is left, even after distlock died;
+//! - on SQLite, holds a duplicate of each grant's presence-file descriptor
+//!   (the same `flock`), so the locks stay taken while any process of the
+//!   job is left, even after distlock died;
 //! - reports the job's wait status, and exits only once it has no child left,
 //!   which for a subreaper means no descendant left.
 
@@ -67,11 +67,11 @@ pub(crate) fn main(args: &[OsString]) -> ExitCode {
     }
 }
 
-/// The supervisor's arguments: `CONTROL_FD PRESENCE_FD|- GRACE_MS
-/// DEADLINE_NS -- COMMAND...`.
+/// The supervisor's arguments: `CONTROL_FD PRESENCE_FD[,PRESENCE_FD...]|-
+/// GRACE_MS DEADLINE_NS -- COMMAND...`.
 struct Setup {
     control: RawFd,
-    presence: Option<RawFd>,
+    presence: Vec<RawFd>,
     grace: Duration,
     deadline: u64,
     command: Vec<OsString>,
@@ -82,8 +82,11 @@ impl Setup {
         let text = |i: usize| args.get(i)?.to_str();
         let control = text(0)?.parse().ok()?;
         let presence = match text(1)? {
-            "-" => None,
-            fd => Some(fd.parse().ok()?),
+            "-" => Vec::new(),
+            fds => fds
+                .split(',')
+                .map(|fd| fd.parse().ok())
+                .collect::<Option<_>>()?,
         };
         let grace = Duration::from_millis(text(2)?.parse().ok()?);
         let deadline = text(3)?.parse().ok()?;
@@ -101,8 +104,8 @@ impl Setup {
 
 struct Supervisor {
     control: OwnedFd,
-    /// The grant's presence file (SQLite): held, never read, until exit.
-    _presence: Option<OwnedFd>,
+    /// The grants' presence files (SQLite): held, never read, until exit.
+    _presence: Vec<OwnedFd>,
     sigchld: OwnedFd,
     timer: OwnedFd,
     me: i32,
@@ -135,11 +138,16 @@ impl Supervisor {
         // SAFETY: the fds were passed to this process for it to own (their
         // close-on-exec flag cleared by distlock for this exec only).
         let control = unsafe { OwnedFd::from_raw_fd(setup.control) };
-        let presence = setup.presence.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
-        // Neither is the job's: a job holding the presence file would keep
-        // the lock taken; one holding the socket would hide distlock's death.
+        let presence: Vec<OwnedFd> = setup
+            .presence
+            .into_iter()
+            // SAFETY: as above.
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            .collect();
+        // None is the job's: a job holding a presence file would keep its
+        // lock taken; one holding the socket would hide distlock's death.
         set_cloexec(control.as_raw_fd())?;
-        if let Some(p) = &presence {
+        for p in &presence {
             set_cloexec(p.as_raw_fd())?;
         }
         set_nonblocking(control.as_raw_fd())?;
