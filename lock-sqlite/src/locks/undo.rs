@@ -87,16 +87,20 @@ impl Drop for Undo {
 }
 
 impl Client {
-    /// Deletes `grant`'s row (owner- and fence-checked) and its presence
-    /// file. Nothing is written once the file was replaced under this
-    /// client.
+    /// Deletes `grant`'s row (owner- and fence-checked) and, if there was
+    /// one, its presence file. Without the row the grant never committed:
+    /// its fence went back to the counter and may be another grant's by
+    /// now, presence file included, which must not be touched (closing or
+    /// even briefly locking it would free that grant's name early, or make
+    /// its acquire find the file locked and refuse). Nothing is written
+    /// once the file was replaced under this client.
     async fn undo(&self, grant: &Grant) -> Result<(), LockError> {
         if matches!(self.grants.closed(), Some(Closed::Replaced(_))) || self.writer.is_closed() {
             return Ok(());
         }
-        lockcore::backend::timed(BACKEND, "undo", self.limit, async {
+        let committed = lockcore::backend::timed(BACKEND, "undo", self.limit, async {
             let mut tx = self.begin().await?;
-            sqlx::query(sql::RELEASE)
+            let row = sqlx::query(sql::RELEASE)
                 .bind(grant.kind.as_str())
                 .bind(&grant.name)
                 .bind(grant.slot)
@@ -105,10 +109,13 @@ impl Client {
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(error::map)?;
-            tx.commit().await.map_err(error::map)
+            tx.commit().await.map_err(error::map)?;
+            Ok(row.is_some())
         })
         .await?;
-        self.remove_presence(u64::try_from(grant.fence).unwrap_or(0));
+        if committed {
+            self.remove_presence(u64::try_from(grant.fence).unwrap_or(0));
+        }
         Ok(())
     }
 }
@@ -204,6 +211,41 @@ mod tests {
             Vec::<i64>::new(),
             "the undo gave up after its first attempt failed"
         );
+        client.close().await;
+    }
+
+    /// An acquire cut short before its commit ran rolls back: its fence goes
+    /// back to the counter, and the next grant gets it, presence file
+    /// included. The cut acquire's undo (armed; it cannot know the commit
+    /// never ran) finds no row of its own and leaves that file alone: the
+    /// next grant keeps its proof of life (the file stays locked), so its
+    /// name is not free to another process while it is held.
+    #[tokio::test]
+    async fn the_undo_of_a_grant_that_never_committed_leaves_its_fences_next_holder_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = connect(dir.path()).await;
+        let ttl = client.limit * 4;
+        let name = LockName::new("undo-rolled-back").unwrap();
+        let request = LockRequest::new(
+            name.clone(),
+            Capabilities::new(BACKEND).effective_ttl(ttl).unwrap(),
+        );
+        let Attempt::Acquired(lease) = client.try_grant(Kind::Lock, &request, 1).await.unwrap()
+        else {
+            panic!("the name is free");
+        };
+        let fence = i64::try_from(lease.fence().get()).unwrap();
+        // The undo of an earlier, rolled-back grant of the same fence: same
+        // name, slot and fence, another owner.
+        let undo = Undo::arm(&client, Kind::Lock, &name, 0, OwnerToken::new(), fence, ttl);
+        drop(undo);
+        assert!(client.cleanups.finish(ttl).await, "the undo did not end");
+        let presence = client.presence.as_ref().expect("a presence directory");
+        assert!(
+            presence.is_held(lease.fence().get()),
+            "the holder's presence file was closed or removed by another grant's undo"
+        );
+        client.release(&lease).await.unwrap();
         client.close().await;
     }
 
