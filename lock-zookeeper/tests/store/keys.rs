@@ -12,7 +12,7 @@ use lockcore::backend::{LockBackendExt, LockRequest};
 use lockcore::{HolderLabel, LockBackend, LockName, ReleaseOutcome};
 use uuid::Uuid;
 
-use crate::support::{children, connect, raw, take, unique};
+use crate::support::{children, connect, delete_parent, raw, take, unique};
 
 /// The label is the data of the node, as `zkCli get` shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +160,7 @@ async fn parent_recreation_restarts_sequences_but_never_fences() {
         a.release(&lease).await.unwrap();
     }
     // What the server's container reaper does to an empty parent.
-    observer.delete(&parent, None).await.unwrap();
+    delete_parent(&observer, &parent).await;
     let lease = take(&a, &name).await;
     let nodes = children(&observer, &parent).await;
     assert_eq!(nodes.len(), 1);

@@ -17,8 +17,8 @@ use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
 use crate::support::{
-    answered, behind_proxy, children, connect, lasting_parent, locker, raw, session_id, take,
-    unique,
+    answered, behind_proxy, children, connect, delete_parent, lasting_parent, locker, raw,
+    session_id, take, unique,
 };
 
 /// Waiters that time out, are cancelled, or whose acquire future is simply
@@ -311,16 +311,6 @@ async fn cycle(backend: &ZooKeeperBackend, name: &LockName) -> lockcore::Fencing
         ReleaseOutcome::Released
     );
     fence
-}
-
-/// Deletes the lock parent `parent`, as the container reaper does once it
-/// is empty (and may have done already: the kit's servers sweep every few
-/// hundred milliseconds).
-async fn delete_parent(client: &zk::Client, parent: &str) {
-    match client.delete(parent, None).await {
-        Ok(()) | Err(zk::Error::NoNode) => {}
-        Err(e) => panic!("deleting {parent}: {e}"),
-    }
 }
 
 /// A queue node as another client (Curator, `zookeeper-client`, another

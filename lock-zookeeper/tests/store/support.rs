@@ -107,6 +107,16 @@ pub(crate) async fn children(client: &lock_zookeeper::zk::Client, path: &str) ->
     }
 }
 
+/// Deletes the lock parent `parent`, as the container reaper does once it
+/// is empty (and may have done already: the kit's servers sweep every few
+/// hundred milliseconds).
+pub(crate) async fn delete_parent(client: &lock_zookeeper::zk::Client, parent: &str) {
+    match client.delete(parent, None).await {
+        Ok(()) | Err(lock_zookeeper::zk::Error::NoNode) => {}
+        Err(e) => panic!("deleting {parent}: {e}"),
+    }
+}
+
 /// Creates the lock parent `path` (and what is missing above it) as plain
 /// persistent nodes, not containers: the kit's servers sweep empty
 /// containers every few hundred milliseconds (for TTL nodes), and a test
