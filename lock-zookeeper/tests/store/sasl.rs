@@ -130,20 +130,11 @@ async fn the_right_sasl_password_connects_and_locks() {
     lock_cycle(&backend, "sasl-url").await;
 
     // Lock nodes belong to the SASL identity.
-    let name = unique("sasl-acl");
-    let lease = crate::support::take(&backend, &name).await;
-    let client = backend.client().unwrap();
-    let parent = backend.lock_path(&name);
-    let nodes = crate::support::children(&client, &parent).await;
-    let (acl, _) = client
-        .get_acl(&format!("{parent}/{}", nodes[0]))
-        .await
-        .unwrap();
+    let (lease, acl) = crate::support::held_node_acl(&backend, &unique("sasl-acl")).await;
     assert!(
         acl.iter().all(|a| a.scheme() == "sasl" && a.id() == USER),
         "{acl:?}"
     );
-    drop(client);
     backend.release(&lease).await.unwrap();
     backend.close().await.unwrap();
 

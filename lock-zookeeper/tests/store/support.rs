@@ -249,3 +249,20 @@ pub(crate) async fn round_trip(backend: &ZooKeeperBackend) -> Duration {
     }
     (slowest * 4 + Duration::from_millis(100)).mul_f64(time_scale())
 }
+
+/// Takes `name` on `backend` and reads the ACL of its node: who the lock
+/// node belongs to. The lease is returned, still held.
+pub(crate) async fn held_node_acl(
+    backend: &ZooKeeperBackend,
+    name: &lockcore::LockName,
+) -> (lockcore::Lease, Vec<lock_zookeeper::zk::Acl>) {
+    let lease = take(backend, name).await;
+    let client = backend.client().unwrap();
+    let parent = backend.lock_path(name);
+    let nodes = children(&client, &parent).await;
+    let (acl, _) = client
+        .get_acl(&format!("{parent}/{}", nodes[0]))
+        .await
+        .unwrap();
+    (lease, acl)
+}

@@ -279,15 +279,7 @@ async fn digest_credentials_over_tls() {
     let alice = config(&tls.url(&format!("alice:{password}@"), "")).root(&root);
     let backend = connect(alice.clone()).await.unwrap();
     lock_cycle(&backend, "tls-digest").await;
-    let name = unique("tls-digest-acl");
-    let lease = crate::support::take(&backend, &name).await;
-    let held = backend.client().unwrap();
-    let parent = backend.lock_path(&name);
-    let nodes = crate::support::children(&held, &parent).await;
-    let (acl, _) = held
-        .get_acl(&format!("{parent}/{}", nodes[0]))
-        .await
-        .unwrap();
+    let (lease, acl) = crate::support::held_node_acl(&backend, &unique("tls-digest-acl")).await;
     assert!(
         acl.iter()
             .all(|a| a.scheme() == "digest" && a.id().starts_with("alice:")),
