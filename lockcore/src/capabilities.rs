@@ -46,6 +46,10 @@ pub struct Capabilities {
     /// Whether the backend implements semaphores
     /// ([`LockBackend::try_acquire`](crate::LockBackend::try_acquire) with [`LockRequest::with_permits`](crate::backend::LockRequest::with_permits)).
     pub semaphores: bool,
+    /// Whether the backend implements reader-writer locks
+    /// ([`LockBackend::try_acquire`](crate::LockBackend::try_acquire) with [`LockRequest::with_access`](crate::backend::LockRequest::with_access)),
+    /// writer-preferring as [`RwLock`](crate::RwLock) says.
+    pub rw_locks: bool,
     /// Whether the backend can raise its fence floor after a restore
     /// ([`LockBackend::raise_fence_floor`](crate::LockBackend::raise_fence_floor)).
     pub fence_floor: bool,
@@ -194,6 +198,7 @@ impl Capabilities {
             expiry_clock: ExpiryClock::StoreWallClock,
             eviction_notice: None,
             semaphores: false,
+            rw_locks: false,
             fence_floor: false,
             max_fence: i64::MAX as u64,
             failover: Failover::None,
@@ -250,6 +255,12 @@ impl Capabilities {
     /// Declares semaphore support.
     pub fn semaphores(mut self, yes: bool) -> Self {
         self.semaphores = yes;
+        self
+    }
+
+    /// Declares reader-writer lock support.
+    pub fn rw_locks(mut self, yes: bool) -> Self {
+        self.rw_locks = yes;
         self
     }
 

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::renewer::{Held, release_in_background};
-use crate::{FencingToken, Lease, LockError, LockName, LossReason, ReleaseOutcome};
+use crate::{Access, FencingToken, Lease, LockError, LockName, LossReason, ReleaseOutcome};
 
 /// A held lock.
 ///
@@ -55,6 +55,12 @@ impl LockGuard {
     /// The semaphore slot this guard holds (`None` for a lock).
     pub fn slot(&self) -> Option<u32> {
         self.held.lease().slot()
+    }
+
+    /// How this guard holds a reader-writer lock (`None` for a lock or a
+    /// permit).
+    pub fn access(&self) -> Option<Access> {
+        self.held.lease().access()
     }
 
     /// The lock's name.

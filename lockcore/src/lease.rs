@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, Moment, SystemClock};
-use crate::request::LockRequest;
+use crate::request::{Access, Kind, LockRequest};
 use crate::ttl::Ttl;
 use crate::{FencingToken, HolderLabel, LockName, OwnerToken};
 
@@ -39,6 +39,7 @@ pub struct Lease {
     clock: Arc<dyn Clock>,
     extra_margin: Duration,
     slot: Option<u32>,
+    access: Option<Access>,
     /// Shared, so cloning a lease (the renewer does, for every lease it
     /// renews) costs a reference count, not a lock of the token's tree.
     lost: Option<Arc<CancellationToken>>,
@@ -55,8 +56,12 @@ impl Lease {
         fence: FencingToken,
         sent_at: Moment,
     ) -> Self {
-        Lease::new(request.name().clone(), owner, fence, request.ttl(), sent_at)
-            .with_clock(request.clock().clone())
+        let lease = Lease::new(request.name().clone(), owner, fence, request.ttl(), sent_at)
+            .with_clock(request.clock().clone());
+        match request.access() {
+            Some(access) => lease.with_access(access),
+            None => lease,
+        }
     }
 
     /// A lease granted by a request sent at `sent_at`, read on the system
@@ -79,6 +84,7 @@ impl Lease {
             clock: Arc::new(SystemClock),
             extra_margin: Duration::ZERO,
             slot: None,
+            access: None,
             lost: None,
             extension: None,
         }
@@ -114,6 +120,27 @@ impl Lease {
     /// The semaphore slot this lease holds (`None` for a lock).
     pub fn slot(&self) -> Option<u32> {
         self.slot
+    }
+
+    /// Marks this lease as a share of the reader-writer lock of its name.
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = Some(access);
+        self
+    }
+
+    /// How this lease holds the reader-writer lock of its name (`None` for
+    /// a lock or a permit).
+    pub fn access(&self) -> Option<Access> {
+        self.access
+    }
+
+    /// What this lease holds: the lock, a permit, or a reader-writer share.
+    pub fn kind(&self) -> Kind {
+        match (self.access, self.slot) {
+            (Some(_), _) => Kind::ReadWrite,
+            (None, None) => Kind::Lock,
+            (None, Some(_)) => Kind::Semaphore,
+        }
     }
 
     /// The whole margin taken off the TTL for the local deadline.
@@ -282,6 +309,7 @@ impl fmt::Debug for Lease {
             .field("owner", &self.owner)
             .field("fence", &self.fence)
             .field("slot", &self.slot)
+            .field("access", &self.access)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .finish_non_exhaustive()
@@ -304,6 +332,8 @@ pub struct Holder {
     pub label: Option<HolderLabel>,
     /// The semaphore slot held (`None` for a lock).
     pub slot: Option<u32>,
+    /// How a reader-writer lock is held (`None` for a lock or a permit).
+    pub access: Option<Access>,
 }
 
 impl Holder {
@@ -319,7 +349,14 @@ impl Holder {
             expires_in,
             label: None,
             slot: None,
+            access: None,
         }
+    }
+
+    /// The same view of a reader-writer lock's holder.
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = Some(access);
+        self
     }
 
     /// The same view of a semaphore permit holding `slot`.

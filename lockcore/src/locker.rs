@@ -14,11 +14,33 @@ use crate::backend::wait::WaitPolicy;
 use crate::backend::{Cleanups, Clock, LockRequest, SystemClock, Ttl};
 use crate::metrics::{self, MeasuredWait, Tags, WaitOutcome};
 use crate::renewer::{Held, HoldPolicy, Renewer};
-use crate::request::Kind;
+use crate::request::{Access, Kind};
 use crate::{
     Attempt, Backoff, Capabilities, FencingToken, Holder, HolderLabel, IntoLockName, Lease,
     LockBackend, LockError, LockGuard, LockName, MultiGuard,
 };
+
+/// What a [`Locker`] is asked to take under a name: each kind is a
+/// namespace of its own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Ask {
+    /// The lock.
+    Lock,
+    /// A permit of the semaphore with this many permits.
+    Permit(u32),
+    /// A share of the reader-writer lock.
+    Share(Access),
+}
+
+impl Ask {
+    fn kind(self) -> Kind {
+        match self {
+            Ask::Lock => Kind::Lock,
+            Ask::Permit(_) => Kind::Semaphore,
+            Ask::Share(_) => Kind::ReadWrite,
+        }
+    }
+}
 
 /// Acquires locks on one backend with shared defaults.
 ///
@@ -176,19 +198,25 @@ impl Locker {
         &self.backend
     }
 
-    /// The request for `name` (with `permits`, for a semaphore's permit),
-    /// with the TTL validated before any I/O.
-    fn request(&self, name: LockName, permits: Option<u32>) -> Result<LockRequest, LockError> {
-        if permits.is_some() && !self.capabilities.semaphores {
-            return Err(Kind::Semaphore.unsupported(self.capabilities.backend));
+    /// The request for `name` as `ask`, with the TTL validated and the
+    /// kind checked against the capabilities before any I/O.
+    fn request(&self, name: LockName, ask: Ask) -> Result<LockRequest, LockError> {
+        let declared = match ask {
+            Ask::Lock => true,
+            Ask::Permit(_) => self.capabilities.semaphores,
+            Ask::Share(_) => self.capabilities.rw_locks,
+        };
+        if !declared {
+            return Err(ask.kind().unsupported(self.capabilities.backend));
         }
         let ttl = self.capabilities.effective_ttl(self.ttl)?;
         let request = LockRequest::new(name, ttl)
             .with_label(self.label.clone())
             .with_clock(self.clock.clone());
-        Ok(match permits {
-            Some(n) => request.with_permits(n),
-            None => request,
+        Ok(match ask {
+            Ask::Lock => request,
+            Ask::Permit(n) => request.with_permits(n),
+            Ask::Share(access) => request.with_access(access),
         })
     }
 
@@ -244,17 +272,17 @@ impl Locker {
         &self,
         name: impl IntoLockName,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.try_take(name.into_lock_name()?, None).await
+        self.try_take(name.into_lock_name()?, Ask::Lock).await
     }
 
-    /// One attempt at the lock `name`, or with `permits`, at one of that
-    /// many permits of the semaphore `name`.
+    /// One attempt at `name` as `ask`: the lock, a permit of the semaphore,
+    /// or a share of the reader-writer lock.
     pub(crate) async fn try_take(
         &self,
         name: LockName,
-        permits: Option<u32>,
+        ask: Ask,
     ) -> Result<Option<LockGuard>, LockError> {
-        let request = self.request(name, permits)?;
+        let request = self.request(name, ask)?;
         let policy = self.hold_policy(request.name(), request.ttl())?;
         let span = tracing::debug_span!("lock.try_acquire", name = %request.name(), fence = tracing::field::Empty);
         async {
@@ -305,18 +333,18 @@ impl Locker {
         name: impl IntoLockName,
         wait: Duration,
     ) -> Result<LockGuard, LockError> {
-        self.take(name.into_lock_name()?, wait, None).await
+        self.take(name.into_lock_name()?, wait, Ask::Lock).await
     }
 
-    /// Waits for the lock `name`, or with `permits`, for one of that many
-    /// permits of the semaphore `name`.
+    /// Waits for `name` as `ask`: the lock, a permit of the semaphore, or a
+    /// share of the reader-writer lock.
     pub(crate) async fn take(
         &self,
         name: LockName,
         wait: Duration,
-        permits: Option<u32>,
+        ask: Ask,
     ) -> Result<LockGuard, LockError> {
-        let request = self.request(name, permits)?;
+        let request = self.request(name, ask)?;
         let policy = self.hold_policy(request.name(), request.ttl())?;
         Self::check_wait(wait)?;
         let started = Instant::now();
@@ -431,7 +459,7 @@ impl Locker {
         let mut taken = Vec::with_capacity(names.len());
         for name in names {
             let left = (started + wait).saturating_duration_since(Instant::now());
-            match self.take(name, left, None).await {
+            match self.take(name, left, Ask::Lock).await {
                 Ok(guard) => taken.push(guard),
                 Err(e) => {
                     give_back(taken).await;
@@ -460,7 +488,7 @@ impl Locker {
         let names = self.multi_names(names)?;
         let mut taken = Vec::with_capacity(names.len());
         for name in names {
-            match self.try_take(name, None).await {
+            match self.try_take(name, Ask::Lock).await {
                 Ok(Some(guard)) => taken.push(guard),
                 outcome => {
                     give_back(taken).await;
@@ -491,7 +519,7 @@ impl Locker {
         let Some(first) = names.first() else {
             return Err(LockError::config("a multi-lock needs at least one name"));
         };
-        let request = self.request(first.clone(), None)?;
+        let request = self.request(first.clone(), Ask::Lock)?;
         self.hold_policy(first, request.ttl())?;
         Ok(names)
     }
@@ -508,6 +536,16 @@ impl Locker {
         permits: u32,
     ) -> Result<crate::Semaphore, LockError> {
         crate::Semaphore::new(self.clone(), name.into_lock_name()?, permits)
+    }
+
+    /// A reader-writer lock over this locker's backend: readers share
+    /// `name`, a writer holds it alone, and a waiting writer goes before
+    /// readers that come after it (see [`RwLock`](crate::RwLock)).
+    ///
+    /// # Errors
+    /// An invalid name.
+    pub fn rw_lock(&self, name: impl IntoLockName) -> Result<crate::RwLock, LockError> {
+        Ok(crate::RwLock::new(self.clone(), name.into_lock_name()?))
     }
 
     /// A run-once job on `name` over this locker's backend: runs on one

@@ -18,8 +18,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::wait::Wakeup;
-use crate::backend::{Kind, LockRequest, Moment, Ttl};
+use crate::backend::wait::{self, WaitPolicy, Wakeup};
+use crate::backend::{Kind, LockRequest, Moment, Polling, Ttl};
+use crate::request::Access;
 use crate::{
     Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, HolderLabel, Lease,
     LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
@@ -67,11 +68,12 @@ impl Clone for MemoryBackend {
     }
 }
 
-/// Locks and semaphores live in separate namespaces.
+/// Locks, semaphores and reader-writer locks live in separate namespaces.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Key {
     Lock(LockName),
     Semaphore(LockName),
+    ReadWrite(LockName),
 }
 
 impl Key {
@@ -79,14 +81,12 @@ impl Key {
         match kind {
             Kind::Lock => Key::Lock(name.clone()),
             Kind::Semaphore => Key::Semaphore(name.clone()),
+            Kind::ReadWrite => Key::ReadWrite(name.clone()),
         }
     }
 
     fn of(lease: &Lease) -> Key {
-        match lease.slot() {
-            None => Key::Lock(lease.name().clone()),
-            Some(_) => Key::Semaphore(lease.name().clone()),
-        }
+        Key::new(lease.name(), lease.kind())
     }
 }
 
@@ -98,10 +98,14 @@ struct State {
     last_fence: u64,
 }
 
-/// A lock (one seat) or a semaphore (one seat per permit).
+/// A lock (one seat), a semaphore (one seat per permit) or a
+/// reader-writer lock (one seat per holder).
 struct Entry {
     seats: Vec<Option<Grant>>,
     changes: watch::Sender<()>,
+    /// Writers waiting for a reader-writer lock: no reader is granted
+    /// while there is one.
+    writers_waiting: usize,
 }
 
 #[derive(Clone)]
@@ -110,14 +114,19 @@ struct Grant {
     fence: FencingToken,
     expires_at: Instant,
     label: HolderLabel,
+    access: Option<Access>,
     /// Cancelled on eviction: the holder's guard hears it at once.
     evicted: CancellationToken,
 }
 
 impl Grant {
     fn holder(&self, now: Instant) -> Holder {
-        Holder::new(self.fence, Some(self.owner), Some(self.expires_at - now))
-            .with_label(Some(self.label.clone()))
+        let holder = Holder::new(self.fence, Some(self.owner), Some(self.expires_at - now))
+            .with_label(Some(self.label.clone()));
+        match self.access {
+            Some(access) => holder.with_access(access),
+            None => holder,
+        }
     }
 
     fn is_live(&self, now: Instant) -> bool {
@@ -137,8 +146,44 @@ impl Entry {
     }
 
     fn holds(&self, lease: &Lease, now: Instant) -> bool {
-        self.live(seat_of(lease), now)
+        self.live(self.seat_of(lease), now)
             .is_some_and(|g| g.owner == lease.owner() && g.fence == lease.fence())
+    }
+
+    /// The seat `lease` holds: its slot, or for a reader-writer share the
+    /// seat of its owner (past the end when it has none).
+    fn seat_of(&self, lease: &Lease) -> usize {
+        match lease.access() {
+            None => lease.slot().unwrap_or(0) as usize,
+            Some(_) => self
+                .seats
+                .iter()
+                .position(|g| g.as_ref().is_some_and(|g| g.owner == lease.owner()))
+                .unwrap_or(self.seats.len()),
+        }
+    }
+
+    /// Whether a reader-writer `access` can be granted now: a read while no
+    /// writer holds or waits, a write while nobody holds.
+    fn admits(&self, access: Access, now: Instant) -> bool {
+        let mut live = (0..self.seats.len()).filter_map(|i| self.live(i, now));
+        match access {
+            Access::Read => {
+                self.writers_waiting == 0 && live.all(|g| g.access == Some(Access::Read))
+            }
+            Access::Write => live.next().is_none(),
+        }
+    }
+
+    /// A free seat for a reader-writer share, added when all are taken.
+    fn free_seat(&mut self, now: Instant) -> usize {
+        match (0..self.seats.len()).find(|&i| self.live(i, now).is_none()) {
+            Some(seat) => seat,
+            None => {
+                self.seats.push(None);
+                self.seats.len() - 1
+            }
+        }
     }
 
     fn free(&mut self, seat: usize) {
@@ -156,15 +201,12 @@ impl Entry {
     }
 }
 
-fn seat_of(lease: &Lease) -> usize {
-    lease.slot().unwrap_or(0) as usize
-}
-
 impl State {
     fn entry(&mut self, key: Key, seats: usize) -> &mut Entry {
         self.entries.entry(key).or_insert_with(|| Entry {
             seats: vec![None; seats],
             changes: watch::channel(()).0,
+            writers_waiting: 0,
         })
     }
 
@@ -190,6 +232,7 @@ impl State {
             fence,
             expires_at: now + ttl.get(),
             label: request.label().clone(),
+            access: request.access(),
             evicted: evicted.clone(),
         });
         Lease::granted(request, owner, fence, sent).with_loss_signal(evicted)
@@ -200,6 +243,7 @@ impl State {
     fn tidy(&mut self, key: &Key, now: Instant) {
         if let Some(entry) = self.entries.get(key)
             && entry.live_count(now) == 0
+            && entry.writers_waiting == 0
             && entry.changes.receiver_count() == 0
         {
             self.entries.remove(key);
@@ -264,6 +308,35 @@ impl MemoryBackend {
         }
     }
 
+    /// A share of the reader-writer lock `request.name()`.
+    fn try_acquire_share(
+        &self,
+        request: &LockRequest,
+        access: Access,
+    ) -> Result<Attempt, LockError> {
+        let sent = request.now();
+        let now = Instant::now();
+        let key = Key::ReadWrite(request.name().clone());
+        let mut state = self.open()?;
+        let entry = state.entry(key.clone(), 0);
+        if !entry.admits(access, now) {
+            return Ok(Attempt::Held {
+                expires_in: entry.next_expiry(now).map(|at| at - now),
+            });
+        }
+        let seat = entry.free_seat(now);
+        let lease = state.grant(key, seat, request, sent, now);
+        Ok(Attempt::Acquired(self.granted(lease)))
+    }
+
+    /// Marks a writer waiting for the reader-writer lock `name` until the
+    /// returned intent is dropped.
+    fn writer_waits(&self, name: &LockName) -> Result<WriterIntent<'_>, LockError> {
+        let key = Key::ReadWrite(name.clone());
+        self.open()?.entry(key.clone(), 0).writers_waiting += 1;
+        Ok(WriterIntent { store: self, key })
+    }
+
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
@@ -296,6 +369,23 @@ impl MemoryBackend {
     fn granted(&self, lease: Lease) -> Lease {
         self.owners().insert(lease.owner());
         lease
+    }
+}
+
+/// A writer waiting: while it lives, no reader is granted the name.
+struct WriterIntent<'a> {
+    store: &'a MemoryBackend,
+    key: Key,
+}
+
+impl Drop for WriterIntent<'_> {
+    fn drop(&mut self) {
+        let mut state = self.store.lock();
+        if let Some(entry) = state.entries.get_mut(&self.key) {
+            entry.writers_waiting = entry.writers_waiting.saturating_sub(1);
+            entry.changes.send_replace(());
+        }
+        state.tidy(&self.key, Instant::now());
     }
 }
 
@@ -337,11 +427,15 @@ impl LockBackend for MemoryBackend {
             .expiry_clock(ExpiryClock::ProcessClock)
             .eviction_notice(Some(Duration::ZERO))
             .semaphores(true)
+            .rw_locks(true)
             .fence_floor(true)
             .sets_remaining(true)
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+        if let Some(access) = request.access() {
+            return self.try_acquire_share(request, access);
+        }
         if let Some(permits) = request.permits() {
             return self.try_acquire_permit(request, permits);
         }
@@ -372,7 +466,8 @@ impl LockBackend for MemoryBackend {
                 let sent = lease.now();
                 match state.entries.get_mut(&Key::of(lease)) {
                     Some(entry) if entry.holds(lease, now) => {
-                        if let Some(Some(grant)) = entry.seats.get_mut(seat_of(lease)) {
+                        let seat = entry.seat_of(lease);
+                        if let Some(Some(grant)) = entry.seats.get_mut(seat) {
                             grant.expires_at = now + lease.ttl().get();
                         }
                         Ok(lease.renewed(sent))
@@ -399,7 +494,7 @@ impl LockBackend for MemoryBackend {
         self.owners().remove(&lease.owner());
         let outcome = match state.entries.get_mut(&key) {
             Some(entry) if entry.holds(lease, now) => {
-                entry.free(seat_of(lease));
+                entry.free(entry.seat_of(lease));
                 ReleaseOutcome::Released
             }
             _ => ReleaseOutcome::NotHeld,
@@ -419,7 +514,7 @@ impl LockBackend for MemoryBackend {
             .filter_map(|i| {
                 let holder = entry.live(i, now)?.holder(now);
                 Some(match key {
-                    Key::Lock(_) => holder,
+                    Key::Lock(_) | Key::ReadWrite(_) => holder,
                     Key::Semaphore(_) => holder.with_slot(i as u32),
                 })
             })
@@ -453,6 +548,20 @@ impl LockBackend for MemoryBackend {
         let now = Instant::now();
         let key = Key::new(name, kind);
         Ok(Some(self.open()?.watch(key, 1, now)))
+    }
+
+    /// The one wait loop; a writer waiting for a reader-writer lock marks
+    /// itself waiting for as long as the loop runs.
+    async fn acquire(
+        &self,
+        request: &LockRequest,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        let _intent = match request.access() {
+            Some(Access::Write) => Some(self.writer_waits(request.name())?),
+            _ => None,
+        };
+        wait::wait(wait, &mut Polling::new(self, request)).await
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {

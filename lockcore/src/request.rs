@@ -21,6 +21,7 @@ pub struct LockRequest {
     label: HolderLabel,
     clock: Arc<dyn Clock>,
     permits: Option<u32>,
+    access: Option<Access>,
 }
 
 impl LockRequest {
@@ -33,6 +34,7 @@ impl LockRequest {
             label: HolderLabel::this_process(),
             clock: Arc::new(SystemClock),
             permits: None,
+            access: None,
         }
     }
 
@@ -88,12 +90,62 @@ impl LockRequest {
         self.permits
     }
 
-    /// What is asked for: the lock, or a semaphore's permit.
+    /// Asks for the reader-writer lock `name` instead of the lock `name`:
+    /// a read share or the write ([`Access`]).
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = Some(access);
+        self
+    }
+
+    /// The access asked for on the reader-writer lock, or `None` for the
+    /// lock or a semaphore.
+    pub fn access(&self) -> Option<Access> {
+        self.access
+    }
+
+    /// What is asked for: the lock, a semaphore's permit, or a share of a
+    /// reader-writer lock.
     pub fn kind(&self) -> Kind {
-        match self.permits {
-            None => Kind::Lock,
-            Some(_) => Kind::Semaphore,
+        match (self.access, self.permits) {
+            (Some(_), _) => Kind::ReadWrite,
+            (None, None) => Kind::Lock,
+            (None, Some(_)) => Kind::Semaphore,
         }
+    }
+}
+
+/// How a reader-writer lock is held: shared by readers, or by one writer
+/// alone. See [`RwLock`](crate::RwLock) for the rules every backend keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// A read share: held beside other readers, never beside a writer.
+    Read,
+    /// The write: held by no one else, reader or writer.
+    Write,
+}
+
+impl Access {
+    /// `"read"` or `"write"`: how stores and the CLI spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+        }
+    }
+
+    /// The access spelled `"read"` or `"write"` (as stores keep it).
+    pub fn parse(text: &str) -> Option<Access> {
+        match text {
+            "read" => Some(Access::Read),
+            "write" => Some(Access::Write),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -107,6 +159,8 @@ pub enum Kind {
     Lock,
     /// A semaphore: up to its number of permits, one holder per slot.
     Semaphore,
+    /// A reader-writer lock: readers share it, a writer holds it alone.
+    ReadWrite,
 }
 
 impl Kind {
@@ -119,6 +173,7 @@ impl Kind {
             operation: match self {
                 Kind::Lock => "locks",
                 Kind::Semaphore => "semaphores",
+                Kind::ReadWrite => "reader-writer locks",
             },
         }
     }

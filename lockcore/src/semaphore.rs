@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::Kind;
+use crate::locker::Ask;
 use crate::{Holder, LockError, LockGuard, LockName, Locker};
 
 /// A counting semaphore: at most `permits` holders of one name at once.
@@ -65,7 +66,7 @@ impl Semaphore {
     /// As [`Locker::try_acquire`], and [`LockError::PermitsMismatch`].
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
         self.locker
-            .try_take(self.name.clone(), Some(self.permits))
+            .try_take(self.name.clone(), Ask::Permit(self.permits))
             .await
     }
 
@@ -83,7 +84,7 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, wait: Duration) -> Result<LockGuard, LockError> {
         self.locker
-            .take(self.name.clone(), wait, Some(self.permits))
+            .take(self.name.clone(), wait, Ask::Permit(self.permits))
             .await
     }
 

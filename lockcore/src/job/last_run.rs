@@ -105,6 +105,7 @@ mod tests {
             expires_in: Some(Duration::from_secs(7)),
             label: Some(HolderLabel::new(label).unwrap()),
             slot: None,
+            access: None,
         }
     }
 
