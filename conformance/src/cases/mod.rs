@@ -25,6 +25,7 @@ pub mod permit_expiry;
 pub mod processes;
 pub mod release;
 pub mod renewal;
+pub mod rw;
 pub mod semaphores;
 pub mod waiting;
 
@@ -119,6 +120,11 @@ macro_rules! __for_each_case {
             multi::multi_lock_opposite_orders_never_overlap,
             multi::multi_lock_leaves_nothing_behind,
             multi::multi_lock_is_lost_with_any_member,
+            rw::rw_readers_share_writers_exclude,
+            rw::rw_waiting_writer_is_served_within_bound,
+            rw::rw_fences_refuse_stale_holders,
+            rw::rw_crashed_holder_frees_the_name,
+            rw::rw_writer_that_gave_up_leaves_nothing,
             permit_expiry::stale_slot_holder_is_refused,
             permit_expiry::crashed_permit_holder_frees_its_slot,
             election::one_leader_at_a_time,
