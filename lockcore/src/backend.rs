@@ -59,7 +59,12 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// for [`permits`](LockRequest::permits), one of that many slots of the
     /// semaphore of that name (a namespace apart from locks; the lease names
     /// its slot, [`Lease::slot`], and its fence is larger than every fence
-    /// handed out for that slot before).
+    /// handed out for that slot before), or, when the request asks for an
+    /// [`access`](LockRequest::access), a read share or the write of the
+    /// reader-writer lock of that name (another namespace; its fence is
+    /// larger than every fence of that reader-writer lock before, read or
+    /// write; the rules are [`RwLock`](crate::RwLock)'s). A waiting writer's
+    /// intent is left by [`acquire`](Self::acquire), never by `try_acquire`.
     ///
     /// # Errors
     /// [`LockError::Unavailable`] or [`LockError::Store`] when the store
@@ -82,8 +87,10 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// Idempotent: a second call reports [`ReleaseOutcome::NotHeld`].
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError>;
 
-    /// Who holds `name` as `kind`: the lock's holder (none or one), or one
-    /// holder per taken slot of the semaphore.
+    /// Who holds `name` as `kind`: the lock's holder (none or one), one
+    /// holder per taken slot of the semaphore, or every reader (or the
+    /// writer) of the reader-writer lock, each with its
+    /// [`access`](Holder::access).
     async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError>;
 
     /// Administrative eviction, in one atomic store operation: frees `name`
@@ -159,7 +166,9 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
     /// notifications are declared) then [`try_acquire`](Self::try_acquire),
     /// retrying at the holder's expiry, on the wake-up, or on jittered
     /// backoff. Stores that keep a line override it with their own
-    /// [`Waiter`], never with their own loop.
+    /// [`Waiter`], never with their own loop; so do backends with
+    /// reader-writer locks, to keep a waiting writer's intent in the store
+    /// for as long as it waits.
     ///
     /// # Cancel safety
     /// Dropping the future stops waiting. If an attempt was in flight, the
