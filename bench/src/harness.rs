@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use lockcore::backend::wait::WaitPolicy;
 use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{
-    Election, HolderLabel, Lease, LockBackend, LockError, LockGuard, LockName, Locker, MultiGuard,
-    Semaphore,
+    Access, Election, HolderLabel, Lease, LockBackend, LockError, LockGuard, LockName, Locker,
+    MultiGuard, RwLock, Semaphore,
 };
 use tokio::time::Instant;
 
@@ -267,6 +267,41 @@ impl Client for Permits {
             }
         };
         guard.map(|g| Box::new(g) as Held)
+    }
+
+    async fn release(&self, held: Held) {
+        let guard = held.downcast::<LockGuard>().expect("a guard");
+        guard.release().await.expect("LockGuard::release");
+    }
+}
+
+/// A reader-writer lock through `Locker::rw_lock`: `read_timeout` or
+/// `write_timeout`, then `LockGuard::release`, like the lock rows.
+pub(crate) struct Rw {
+    lock: RwLock,
+    access: Access,
+}
+
+impl Rw {
+    pub(crate) fn shared(locker: Locker, name: &str, access: Access) -> Shared {
+        let lock = locker.rw_lock(name).expect("a valid reader-writer lock");
+        Arc::new(Rw { lock, access })
+    }
+}
+
+#[async_trait]
+impl Client for Rw {
+    async fn acquire(&self, deadline: Instant) -> Option<Held> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let taken = match self.access {
+            Access::Read => self.lock.read_timeout(wait).await,
+            Access::Write => self.lock.write_timeout(wait).await,
+        };
+        match taken {
+            Ok(guard) => Some(Box::new(guard) as Held),
+            Err(LockError::Timeout { .. }) => None,
+            Err(e) => panic!("RwLock {}: {e}", self.access),
+        }
     }
 
     async fn release(&self, held: Held) {

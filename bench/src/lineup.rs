@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::LockBackend;
+use lockcore::{Access, LockBackend};
 
 use crate::Settings;
-use crate::harness::{self, Ask, Multi, Op, Permits, Raw, Shared, Stats, User, cycle, ms};
+use crate::harness::{self, Ask, Multi, Op, Permits, Raw, Rw, Shared, Stats, User, cycle, ms};
 use crate::report::{Kind, Report, Row, Verdict, duration};
 
 /// What one backend brings to the common measurements.
@@ -50,7 +50,9 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     let backend = lineup.backend_instance.clone();
     let notifies = backend.capabilities().notifications;
     let semaphores = backend.capabilities().semaphores;
+    let rw_locks = backend.capabilities().rw_locks;
     let permits_label = format!("uncontended permit acquire + release ({PERMITS} permits)");
+    let rw_name = format!("{name}-rw");
 
     let rtt_p50 = lineup.round_trip.as_ref().and_then(|(_, s)| s.p50());
     let rtt_label = lineup
@@ -105,6 +107,20 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         &multi_names,
         Ask::Wait,
     )));
+    // Against the Locker lock cycle: (index of the row, what it is).
+    let mut vs_lock_cycle = vec![multi_at];
+    let rw_labels = [Access::Read, Access::Write].map(|a| format!("uncontended {a} + release"));
+    if rw_locks {
+        for (access, label) in [Access::Read, Access::Write].into_iter().zip(&rw_labels) {
+            vs_lock_cycle.push(ops.len());
+            labels.push((Kind::Locker, label.clone()));
+            ops.push(cycle(Rw::shared(
+                harness::locker(backend.clone(), ttl),
+                &rw_name,
+                access,
+            )));
+        }
+    }
     for (label, op) in lineup.peers {
         labels.push((Kind::Peer, format!("uncontended {label}")));
         ops.push(op);
@@ -119,7 +135,7 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         } else if i == 0 && has_floor {
             row = row.note("interleaved with the rows below");
         }
-        if (semaphores && i == first_own + 3) || i == multi_at {
+        if (semaphores && i == first_own + 3) || vs_lock_cycle.contains(&i) {
             let ratio = s.per_sec() / stats[first_own + 2].per_sec();
             row = row.note(format!("{ratio:.2}x the Locker lock cycle"));
         }
@@ -129,6 +145,14 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
                 Row::unsupported(b, Kind::Locker, permits_label.clone())
                     .note("the backend has no semaphores"),
             );
+        }
+        if !rw_locks && i == multi_at {
+            for label in &rw_labels {
+                report.row(
+                    Row::unsupported(b, Kind::Locker, label.clone())
+                        .note("the backend has no reader-writer locks"),
+                );
+            }
         }
     }
     let locker_wait = &stats[first_own + 2];
@@ -170,6 +194,21 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
                 .collect(),
         ),
     ];
+    // Writers hand the name to each other; readers share it.
+    if rw_locks {
+        for (access, what) in [(Access::Write, "writes"), (Access::Read, "reads")] {
+            kinds.push((
+                Kind::Locker,
+                format!("{n}-way contended {what} of a reader-writer lock"),
+                lineup
+                    .contenders
+                    .iter()
+                    .map(|c| Rw::shared(harness::locker(c.clone(), ttl), &rw_name, access))
+                    .collect(),
+            ));
+        }
+    }
+    let peers_at = kinds.len();
     for (label, clients) in lineup.contended_peers {
         kinds.push((Kind::Peer, format!("{n}-way contended {label}"), clients));
     }
@@ -196,7 +235,30 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     for (i, ((kind, label, _), c)) in kinds.iter().zip(&results).enumerate() {
         let row = Row::contended(b, *kind, label.clone(), c);
         let p99 = row.p99;
-        report.row(row.note(vs_rtt(p99)));
+        let note = if (2..peers_at).contains(&i) {
+            let ratio = c.per_sec() / results[1].per_sec();
+            [format!("{ratio:.2}x the contended lock"), vs_rtt(p99)]
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        } else {
+            vs_rtt(p99)
+        };
+        report.row(row.note(note));
+        if i == 1 && !rw_locks {
+            for what in ["writes", "reads"] {
+                report.row(
+                    Row::unsupported(
+                        b,
+                        Kind::Locker,
+                        format!("{n}-way contended {what} of a reader-writer lock"),
+                    )
+                    .note("the backend has no reader-writer locks"),
+                );
+            }
+        }
         if i == 1 {
             let mut row = Row::new(
                 b,
@@ -218,7 +280,7 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
     let best_peer = kinds
         .iter()
         .zip(&results)
-        .skip(2)
+        .skip(peers_at)
         .max_by(|a, b| a.1.per_sec().total_cmp(&b.1.per_sec()));
     match best_peer {
         Some(((_, label, _), peer)) => report.verdict(Verdict::new(
