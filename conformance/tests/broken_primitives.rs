@@ -1,5 +1,5 @@
-//! The cases for labels, hold caps, wake-ups, semaphores, elections and the
-//! fence floor must bite: each deliberately broken backend below (a
+//! The cases for labels, hold caps, wake-ups, semaphores, elections, the
+//! fence floor and atomic multi-locks must bite: each deliberately broken backend below (a
 //! `MemoryBackend` with one flaw) violates one of those guarantees, and the
 //! cases that check it must fail against it. (`memory.rs` shows the same
 //! cases pass against the healthy backend.)
@@ -12,8 +12,8 @@ use lock_conformance::{from_fn, run_cases, shared};
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
 use lockcore::backend::{Kind, LockBackendExt, LockRequest, Moment, Polling, Ttl, async_trait};
 use lockcore::{
-    Attempt, Capabilities, FencingToken, Holder, HolderLabel, Lease, LockBackend, LockError,
-    LockName, MemoryBackend, OwnerToken, ReleaseOutcome,
+    Attempt, AttemptEach, Capabilities, FencingToken, Holder, HolderLabel, Lease, LockBackend,
+    LockError, LockName, MemoryBackend, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -53,6 +53,9 @@ enum Flaw {
     StaleInspect,
     /// `raise_fence_floor` answers `Ok` and does nothing.
     IgnoresFenceFloor,
+    /// An "atomic" multi-lock attempt that takes the free names and keeps
+    /// them when another is held.
+    PartialMultiGrant,
 }
 
 const FOR_LONG: Duration = Duration::from_secs(600);
@@ -284,6 +287,30 @@ impl LockBackend for Broken {
         rx.await.unwrap_or(Ok(None))
     }
 
+    /// Only the flawed one: the other flaws take a multi-lock's names one
+    /// by one (the locker's fallback when this answers `Unsupported`).
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        if self.flaw != Flaw::PartialMultiGrant {
+            return Err(LockError::Unsupported {
+                backend: "broken",
+                operation: "try_acquire_each",
+            });
+        }
+        let (mut leases, mut held) = (Vec::new(), None);
+        for request in requests {
+            match self.try_acquire(request).await? {
+                Attempt::Acquired(lease) => leases.push(lease),
+                Attempt::Held { expires_in } => {
+                    held.get_or_insert((request.name().clone(), expires_in));
+                }
+            }
+        }
+        Ok(match held {
+            Some((name, expires_in)) => AttemptEach::Held { name, expires_in },
+            None => AttemptEach::Acquired(leases),
+        })
+    }
+
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
         match self.flaw {
             Flaw::IgnoresFenceFloor => Ok(()),
@@ -337,6 +364,7 @@ caught! {
     leaked_permit_waiters_are_caught: LeaksPermitWaiters => [cancelled_permit_wait_leaves_nothing];
     stale_inspect_is_caught: StaleInspect => [observers_see_every_change];
     ignored_fence_floor_is_caught: IgnoresFenceFloor => [fence_floor_lifts_every_grant, fence_floor_lifts_a_waiter_queued_before_it];
+    partial_multi_grants_are_caught: PartialMultiGrant => [multi_lock_waits_holding_nothing, multi_lock_is_all_or_nothing];
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

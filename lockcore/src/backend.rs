@@ -22,7 +22,7 @@ pub use crate::ttl::Ttl;
 
 pub mod wait;
 
-use crate::outcome::{Attempt, ReleaseOutcome};
+use crate::outcome::{Attempt, AttemptEach, ReleaseOutcome};
 use crate::{Capabilities, FencingToken, Holder, Lease, LockError, LockName};
 use wait::{WaitPolicy, Waiter, Wakeup};
 
@@ -180,6 +180,25 @@ pub trait LockBackend: Send + Sync + Debug + 'static {
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         wait::wait(wait, &mut Polling::new(self, request)).await
+    }
+
+    /// One attempt at every lock of `requests` (locks only, distinct names
+    /// in sorted order, as [`Locker::acquire_all`](crate::Locker::acquire_all)
+    /// asks), in **one atomic store operation**: every lease, in order, or
+    /// none taken and [`AttemptEach::Held`] naming a name found held. Each
+    /// grant is what [`try_acquire`](Self::try_acquire) of that request would
+    /// give (its fence, TTL, label); a lost reply is undone like a lock's.
+    ///
+    /// The default: [`LockError::Unsupported`]; backends that implement it
+    /// set [`Capabilities::atomic_multi`], and [`Locker`](crate::Locker)
+    /// then waits for a multi-lock holding none of its names, retrying this
+    /// attempt on the wake-up of any of them.
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        let _ = requests;
+        Err(LockError::Unsupported {
+            backend: self.capabilities().backend,
+            operation: "try_acquire_each",
+        })
     }
 
     /// Makes every fence handed out from now on, for every name and slot,
@@ -357,6 +376,9 @@ macro_rules! forward_backend {
             }
             async fn acquire(&self, request: &LockRequest, wait: &WaitPolicy) -> Result<Option<Lease>, LockError> {
                 (**self).acquire(request, wait).await
+            }
+            async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+                (**self).try_acquire_each(requests).await
             }
             async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
                 (**self).raise_fence_floor(floor).await

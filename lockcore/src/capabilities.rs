@@ -65,6 +65,12 @@ pub struct Capabilities {
     /// ([`LockBackend::set_remaining`](crate::LockBackend::set_remaining)):
     /// what a job's `at_least` needs ([`Job`](crate::Job)).
     pub sets_remaining: bool,
+    /// Whether the backend takes several locks in one atomic store operation
+    /// ([`LockBackend::try_acquire_each`](crate::LockBackend::try_acquire_each)):
+    /// a waiting multi-lock then holds none of its names until it holds
+    /// them all. Otherwise [`Locker::acquire_all`](crate::Locker::acquire_all)
+    /// takes them one by one in sorted order.
+    pub atomic_multi: bool,
 }
 
 /// The clock a store judges lease expiry on.
@@ -203,12 +209,19 @@ impl Capabilities {
             max_fence: i64::MAX as u64,
             failover: Failover::None,
             sets_remaining: false,
+            atomic_multi: false,
         }
     }
 
     /// Declares [`set_remaining`](crate::LockBackend::set_remaining) support.
     pub fn sets_remaining(mut self, yes: bool) -> Self {
         self.sets_remaining = yes;
+        self
+    }
+
+    /// Declares atomic multi-lock attempts.
+    pub fn atomic_multi(mut self, yes: bool) -> Self {
+        self.atomic_multi = yes;
         self
     }
 

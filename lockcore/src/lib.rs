@@ -119,6 +119,7 @@ mod rw_lock;
 mod semaphore;
 mod store_url;
 mod support;
+mod take_all;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod token;
@@ -139,7 +140,7 @@ pub use locker::Locker;
 pub use memory::MemoryBackend;
 pub use multi::MultiGuard;
 pub use name::{IntoLockName, LockName};
-pub use outcome::{Attempt, ReleaseOutcome};
+pub use outcome::{Attempt, AttemptEach, ReleaseOutcome};
 pub use request::Access;
 pub use rw_lock::RwLock;
 pub use semaphore::Semaphore;

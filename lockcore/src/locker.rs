@@ -17,7 +17,7 @@ use crate::renewer::{Held, HoldPolicy, Renewer};
 use crate::request::{Access, Kind};
 use crate::{
     Attempt, Backoff, Capabilities, FencingToken, Holder, HolderLabel, IntoLockName, Lease,
-    LockBackend, LockError, LockGuard, LockName, MultiGuard,
+    LockBackend, LockError, LockGuard, LockName,
 };
 
 /// What a [`Locker`] is asked to take under a name: each kind is a
@@ -200,7 +200,7 @@ impl Locker {
 
     /// The request for `name` as `ask`, with the TTL validated and the
     /// kind checked against the capabilities before any I/O.
-    fn request(&self, name: LockName, ask: Ask) -> Result<LockRequest, LockError> {
+    pub(crate) fn request(&self, name: LockName, ask: Ask) -> Result<LockRequest, LockError> {
         let declared = match ask {
             Ask::Lock => true,
             Ask::Permit(_) => self.capabilities.semaphores,
@@ -221,7 +221,7 @@ impl Locker {
     }
 
     /// How guards of `ttl` are kept, validated.
-    fn hold_policy(&self, name: &LockName, ttl: Ttl) -> Result<HoldPolicy, LockError> {
+    pub(crate) fn hold_policy(&self, name: &LockName, ttl: Ttl) -> Result<HoldPolicy, LockError> {
         let ttl = ttl.get();
         let renew_every = if self.auto_renew {
             let every = self.renew_every.unwrap_or(ttl / 3);
@@ -244,14 +244,21 @@ impl Locker {
         })
     }
 
-    fn tags(&self, name: &LockName) -> Tags {
+    /// How this locker waits until `deadline`.
+    pub(crate) fn wait_policy(&self, deadline: Instant) -> WaitPolicy {
+        WaitPolicy::new(deadline)
+            .backoff(self.backoff)
+            .recheck(self.recheck)
+    }
+
+    pub(crate) fn tags(&self, name: &LockName) -> Tags {
         Tags::new(
             self.capabilities.backend,
             self.name_in_metrics.then_some(name),
         )
     }
 
-    fn guard(&self, lease: Lease, policy: HoldPolicy) -> LockGuard {
+    pub(crate) fn guard(&self, lease: Lease, policy: HoldPolicy) -> LockGuard {
         let tags = self.tags(lease.name());
         let held = Held::new(
             self.backend.clone(),
@@ -348,9 +355,7 @@ impl Locker {
         let policy = self.hold_policy(request.name(), request.ttl())?;
         Self::check_wait(wait)?;
         let started = Instant::now();
-        let waiting = WaitPolicy::new(started + wait)
-            .backoff(self.backoff)
-            .recheck(self.recheck);
+        let waiting = self.wait_policy(started + wait);
         let span = tracing::debug_span!(
             "lock.acquire",
             name = %request.name(),
@@ -408,7 +413,7 @@ impl Locker {
     }
 
     /// Refuses a wait above [`MAX_WAIT`](Self::MAX_WAIT).
-    fn check_wait(wait: Duration) -> Result<(), LockError> {
+    pub(crate) fn check_wait(wait: Duration) -> Result<(), LockError> {
         if wait > Self::MAX_WAIT {
             return Err(LockError::InvalidTimeout {
                 timeout: wait,
@@ -419,109 +424,6 @@ impl Locker {
             });
         }
         Ok(())
-    }
-
-    /// Waits up to the configured max wait for every lock of `names`: all
-    /// of them or none, under one deadline (see [`MultiGuard`]). The names
-    /// are taken one by one in sorted order, whatever order they are given
-    /// in, so callers asking for the same names never deadlock.
-    ///
-    /// # Errors
-    /// [`LockError::Timeout`] naming the lock still held when the wait ran
-    /// out; [`LockError::InvalidConfig`] for no names or a name given
-    /// twice, and an invalid name, TTL or configuration, before any I/O; a
-    /// store error. Whatever was taken is released before it returns.
-    ///
-    /// # Cancel safety
-    /// Dropping the future drops the guards it took, which release in the
-    /// background (or expire after one TTL); an attempt in flight is as in
-    /// [`acquire`](Self::acquire).
-    pub async fn acquire_all<N: IntoLockName>(
-        &self,
-        names: impl IntoIterator<Item = N>,
-    ) -> Result<MultiGuard, LockError> {
-        self.acquire_all_timeout(names, self.max_wait).await
-    }
-
-    /// Like [`acquire_all`](Self::acquire_all) with an explicit wait.
-    ///
-    /// # Errors
-    /// As [`acquire_all`](Self::acquire_all); [`LockError::InvalidTimeout`]
-    /// for a wait above [`MAX_WAIT`](Self::MAX_WAIT).
-    pub async fn acquire_all_timeout<N: IntoLockName>(
-        &self,
-        names: impl IntoIterator<Item = N>,
-        wait: Duration,
-    ) -> Result<MultiGuard, LockError> {
-        let names = self.multi_names(names)?;
-        Self::check_wait(wait)?;
-        let started = Instant::now();
-        let mut taken = Vec::with_capacity(names.len());
-        for name in names {
-            let left = (started + wait).saturating_duration_since(Instant::now());
-            match self.take(name, left, Ask::Lock).await {
-                Ok(guard) => taken.push(guard),
-                Err(e) => {
-                    give_back(taken).await;
-                    return Err(match e {
-                        LockError::Timeout { name, .. } => LockError::Timeout {
-                            name,
-                            waited: started.elapsed(),
-                        },
-                        e => e,
-                    });
-                }
-            }
-        }
-        Ok(MultiGuard::new(taken))
-    }
-
-    /// One attempt at every lock of `names`: all of them, or `Ok(None)` and
-    /// none (what was taken before a held name is released first).
-    ///
-    /// # Errors
-    /// As [`acquire_all`](Self::acquire_all), without the timeout.
-    pub async fn try_acquire_all<N: IntoLockName>(
-        &self,
-        names: impl IntoIterator<Item = N>,
-    ) -> Result<Option<MultiGuard>, LockError> {
-        let names = self.multi_names(names)?;
-        let mut taken = Vec::with_capacity(names.len());
-        for name in names {
-            match self.try_take(name, Ask::Lock).await {
-                Ok(Some(guard)) => taken.push(guard),
-                outcome => {
-                    give_back(taken).await;
-                    return outcome.map(|_| None);
-                }
-            }
-        }
-        Ok(Some(MultiGuard::new(taken)))
-    }
-
-    /// The names of a multi-lock in the order they are taken (sorted),
-    /// with the request and hold settings checked before any I/O.
-    fn multi_names<N: IntoLockName>(
-        &self,
-        names: impl IntoIterator<Item = N>,
-    ) -> Result<Vec<LockName>, LockError> {
-        let mut names = names
-            .into_iter()
-            .map(IntoLockName::into_lock_name)
-            .collect::<Result<Vec<_>, _>>()?;
-        names.sort();
-        if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(LockError::config(format!(
-                "lock \"{}\" is named twice: a multi-lock takes each name once",
-                twice[0]
-            )));
-        }
-        let Some(first) = names.first() else {
-            return Err(LockError::config("a multi-lock needs at least one name"));
-        };
-        let request = self.request(first.clone(), Ask::Lock)?;
-        self.hold_policy(first, request.ttl())?;
-        Ok(names)
     }
 
     /// A counting semaphore over this locker's backend: at most `permits`
@@ -740,13 +642,5 @@ impl fmt::Debug for Locker {
             .field("auto_renew", &self.auto_renew)
             .field("max_hold", &self.max_hold)
             .finish_non_exhaustive()
-    }
-}
-
-/// Releases what a multi-lock took before it failed (each release's
-/// failure is logged by the guard; the lease then expires after its TTL).
-async fn give_back(taken: Vec<LockGuard>) {
-    for guard in taken {
-        let _ = guard.release().await;
     }
 }

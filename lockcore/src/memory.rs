@@ -22,8 +22,8 @@ use crate::backend::wait::{self, WaitPolicy, Wakeup};
 use crate::backend::{Kind, LockRequest, Moment, Polling, Ttl};
 use crate::request::Access;
 use crate::{
-    Attempt, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder, HolderLabel, Lease,
-    LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
+    Attempt, AttemptEach, Capabilities, ExpiryClock, FenceDurability, FencingToken, Holder,
+    HolderLabel, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 
 const BACKEND: &str = "memory";
@@ -331,7 +331,7 @@ impl MemoryBackend {
 
     /// Marks a writer waiting for the reader-writer lock `name` until the
     /// returned intent is dropped.
-    fn writer_waits(&self, name: &LockName) -> Result<WriterIntent<'_>, LockError> {
+    pub(crate) fn writer_waits(&self, name: &LockName) -> Result<WriterIntent<'_>, LockError> {
         let key = Key::ReadWrite(name.clone());
         self.open()?.entry(key.clone(), 0).writers_waiting += 1;
         Ok(WriterIntent { store: self, key })
@@ -373,7 +373,7 @@ impl MemoryBackend {
 }
 
 /// A writer waiting: while it lives, no reader is granted the name.
-struct WriterIntent<'a> {
+pub(crate) struct WriterIntent<'a> {
     store: &'a MemoryBackend,
     key: Key,
 }
@@ -428,6 +428,7 @@ impl LockBackend for MemoryBackend {
             .eviction_notice(Some(Duration::ZERO))
             .semaphores(true)
             .rw_locks(true)
+            .atomic_multi(true)
             .fence_floor(true)
             .sets_remaining(true)
     }
@@ -450,6 +451,33 @@ impl LockBackend for MemoryBackend {
         }
         let lease = state.grant(key, 0, request, sent, now);
         Ok(Attempt::Acquired(self.granted(lease)))
+    }
+
+    /// Every lock or none, under one lock of the store.
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        let sent: Vec<Moment> = requests.iter().map(LockRequest::now).collect();
+        let now = Instant::now();
+        let mut state = self.open()?;
+        for request in requests {
+            let key = Key::Lock(request.name().clone());
+            if let Some(holder) = state.entries.get(&key).and_then(|e| e.live(0, now)) {
+                return Ok(AttemptEach::Held {
+                    name: request.name().clone(),
+                    expires_in: Some(holder.expires_at - now),
+                });
+            }
+        }
+        Ok(AttemptEach::Acquired(
+            requests
+                .iter()
+                .zip(sent)
+                .map(|(request, sent)| {
+                    let key = Key::Lock(request.name().clone());
+                    state.entry(key.clone(), 1);
+                    self.granted(state.grant(key, 0, request, sent, now))
+                })
+                .collect(),
+        ))
     }
 
     /// One batch under one lock of the store, as a store renews a batch in

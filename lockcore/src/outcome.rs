@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::LockName;
 use crate::lease::Lease;
 
 /// The outcome of one acquisition attempt. Contention is not an error.
@@ -26,6 +27,23 @@ impl Attempt {
             Attempt::Held { .. } => None,
         }
     }
+}
+
+/// The outcome of one attempt at several locks at once
+/// ([`LockBackend::try_acquire_each`](crate::LockBackend::try_acquire_each)):
+/// every lease, or none.
+#[derive(Debug)]
+#[must_use = "acquired leases must be released or left to expire"]
+pub enum AttemptEach {
+    /// Every lock is ours: one lease per request, in the requests' order.
+    Acquired(Vec<Lease>),
+    /// One of them is held by someone else; none was taken.
+    Held {
+        /// A name found held.
+        name: LockName,
+        /// Its holder's remaining TTL, when the store reports it cheaply.
+        expires_in: Option<Duration>,
+    },
 }
 
 /// What a release did.

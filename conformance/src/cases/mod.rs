@@ -120,6 +120,7 @@ macro_rules! __for_each_case {
             multi::multi_lock_opposite_orders_never_overlap,
             multi::multi_lock_leaves_nothing_behind,
             multi::multi_lock_is_lost_with_any_member,
+            multi::multi_lock_waits_holding_nothing,
             rw::rw_readers_share_writers_exclude,
             rw::rw_waiting_writer_is_served_within_bound,
             rw::rw_fences_refuse_stale_holders,

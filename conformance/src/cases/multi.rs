@@ -9,8 +9,9 @@ use std::time::Duration;
 use lockcore::backend::LockBackendExt;
 use lockcore::{LockBackend, LockError, LockName, Locker, LossReason};
 use rand::Rng;
+use tokio::time::Instant;
 
-use crate::{CaseResult, Ctx, Failure, Outcome, ensure};
+use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
 
 /// Fails unless no client holds any of `names`.
 async fn none_held(
@@ -164,15 +165,21 @@ pub async fn multi_lock_leaves_nothing_behind(cx: &Ctx) -> CaseResult {
         let taker = taker.clone();
         async move { taker.acquire_all(&names).await }
     });
-    // It holds x and y and waits for z.
-    cx.eventually(cx.scaled(Duration::from_secs(10)), "x and y taken", || {
-        let (c, x, y) = (c.clone(), x.clone(), y.clone());
-        async move {
-            let both = c.inspect(&x).await?.is_some() && c.inspect(&y).await?.is_some();
-            Ok(both.then_some(()))
-        }
-    })
-    .await?;
+    if cx.caps().atomic_multi {
+        // It waits for z holding nothing (`multi_lock_waits_holding_nothing`):
+        // give it the time of a few attempts before the cancel.
+        tokio::time::sleep(cx.round_trip()).await;
+    } else {
+        // It holds x and y and waits for z.
+        cx.eventually(cx.scaled(Duration::from_secs(10)), "x and y taken", || {
+            let (c, x, y) = (c.clone(), x.clone(), y.clone());
+            async move {
+                let both = c.inspect(&x).await?.is_some() && c.inspect(&y).await?.is_some();
+                Ok(both.then_some(()))
+            }
+        })
+        .await?;
+    }
     cancelled.abort();
     let _ = cancelled.await;
     cx.eventually(freed, "the cancelled multi-acquire's names freed", || {
@@ -267,5 +274,64 @@ pub async fn multi_lock_is_lost_with_any_member(cx: &Ctx) -> CaseResult {
     );
     both.release().await?;
     none_held(&a, &[&x], "after the lost multi-lock was released").await?;
+    Ok(Outcome::Passed)
+}
+
+/// Where the backend takes several locks in one atomic operation
+/// (`atomic_multi`), a multi-lock waiting for a held name holds none of
+/// the others: they stay free for everyone else the whole time it waits.
+/// Once the held name is released, the multi-lock is woken and gets every
+/// name at once, each with a fence above the names' earlier holders'.
+pub async fn multi_lock_waits_holding_nothing(cx: &Ctx) -> CaseResult {
+    if !cx.caps().atomic_multi {
+        skip!("the backend takes a multi-lock's names one by one (no atomic_multi)");
+    }
+    let (a, b, c) = (cx.client().await?, cx.client().await?, cx.client().await?);
+    let (x, y, z) = (
+        cx.name("atomic-x"),
+        cx.name("atomic-y"),
+        cx.name("atomic-z"),
+    );
+    let long = cx.long_ttl();
+    let other = cx.locker(&c, long);
+    let before_x = other.acquire(&x).await?;
+    let last_x = before_x.fencing_token();
+    before_x.release().await?;
+    let held = cx.locker(&a, long).acquire(&z).await?;
+    let waiting = tokio::spawn({
+        let (taker, names) = (cx.locker(&b, long), [x.clone(), y.clone(), z.clone()]);
+        async move { taker.acquire_all(&names).await }
+    });
+    // Several attempts' time: x and y stay free, and others take them.
+    let looked_until = Instant::now() + cx.round_trip() * 3;
+    while Instant::now() < looked_until {
+        none_held(&c, &[&x, &y], "while a multi-lock waited for another name").await?;
+        let guard = other.try_acquire(&y).await?.ok_or_else(|| {
+            Failure::new(format!("{y} was refused while a multi-lock waited for {z}"))
+        })?;
+        guard.release().await?;
+        tokio::time::sleep(cx.scaled(Duration::from_millis(20))).await;
+    }
+    let last_z = held.fencing_token();
+    held.release().await?;
+    let within = cx.round_trip() * 2 + cx.scaled(Duration::from_millis(500));
+    let all = tokio::time::timeout(within, waiting)
+        .await
+        .map_err(|_| {
+            Failure::new(format!(
+                "the multi-lock was not granted within {within:?} of {z}'s release"
+            ))
+        })?
+        .map_err(|e| Failure::new(format!("the multi-lock's task failed: {e}")))??;
+    for (name, last) in [(&x, last_x), (&z, last_z)] {
+        let fence = all.fencing_token(name.as_str());
+        ensure!(
+            fence.is_some_and(|f| f > last),
+            "{name}: the multi-lock's fence {fence:?} is not above the earlier holder's {last}"
+        );
+        cx.must_be_held(&c, name, "a multi-lock held it").await?;
+    }
+    all.release().await?;
+    none_held(&c, &[&x, &y, &z], "after the multi-lock was released").await?;
     Ok(Outcome::Passed)
 }

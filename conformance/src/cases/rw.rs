@@ -595,7 +595,11 @@ mod tests {
             grant(3, Write, 4, 15, 20),
             grant(0, Read, 5, 21, 30),
         ];
-        assert!(check_history(&clean).is_empty(), "{:?}", check_history(&clean));
+        assert!(
+            check_history(&clean).is_empty(),
+            "{:?}",
+            check_history(&clean)
+        );
         let overlap = [grant(0, Read, 1, 0, 10), grant(1, Write, 2, 5, 12)];
         assert!(check_history(&overlap)[0].contains("held at once"));
         let two_writers = [grant(0, Write, 1, 0, 10), grant(1, Write, 2, 9, 12)];

@@ -11,12 +11,13 @@ use tokio::time::Instant;
 
 use super::faults::{BACKEND, Faults, RenewalAction};
 use super::history::{Change, History};
-use crate::backend::wait::Wakeup;
-use crate::backend::{Kind, LockRequest, Ttl};
+use crate::backend::wait::{self, WaitPolicy, Wakeup};
+use crate::backend::{Kind, LockRequest, Polling, Ttl};
 use crate::clock::{Clock, Moment};
+use crate::request::Access;
 use crate::{
-    Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    MemoryBackend, ReleaseOutcome,
+    Attempt, AttemptEach, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError,
+    LockName, MemoryBackend, ReleaseOutcome,
 };
 
 /// A client of a [`TestStore`](super::TestStore) (made by
@@ -113,6 +114,40 @@ impl LockBackend for TestBackend {
             other => other,
         };
         self.reply(attempt).await
+    }
+
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        self.reach()?;
+        let at = Instant::now();
+        let attempt = match self.inner.try_acquire_each(requests).await {
+            Ok(AttemptEach::Acquired(leases)) => Ok(AttemptEach::Acquired(
+                leases
+                    .into_iter()
+                    .zip(requests)
+                    .map(|(lease, request)| {
+                        self.history.granted(&lease, request.label(), at);
+                        on_test_clock(lease)
+                    })
+                    .collect(),
+            )),
+            other => other,
+        };
+        self.reply(attempt).await
+    }
+
+    /// The one wait loop over this client's attempts; a writer waiting for
+    /// a reader-writer lock keeps its intent in the store while it waits,
+    /// as the in-memory store's own wait does.
+    async fn acquire(
+        &self,
+        request: &LockRequest,
+        wait: &WaitPolicy,
+    ) -> Result<Option<Lease>, LockError> {
+        let _intent = match request.access() {
+            Some(Access::Write) => Some(self.inner.writer_waits(request.name())?),
+            _ => None,
+        };
+        wait::wait(wait, &mut Polling::new(self, request)).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
