@@ -7,11 +7,12 @@ pub use connect::{SCHEMES, connect};
 
 // The user API: what applications hold and handle.
 pub use lockcore::{
-    Attempt, Backoff, Capabilities, Election, ExpiryClock, Failover, Fairness, FenceDurability,
-    Fenced, FencedResource, FencedSlots, FencingToken, HoldEnd, Holder, HolderLabel, IntoLockName,
-    InvalidName, Job, JobOutcome, JobRun, LastRun, Leader, Leadership, Lease, LeaseKind,
-    LockBackend, LockError, LockGuard, LockName, Locker, LossReason, MemoryBackend, MultiGuard,
-    Observer, OwnerToken, ReleaseOutcome, Semaphore, StaleToken,
+    Access, Attempt, Backoff, Capabilities, Election, ExpiryClock, Failover, Fairness,
+    FenceDurability, Fenced, FencedResource, FencedRwResource, FencedSlots, FencingToken, HoldEnd,
+    Holder, HolderLabel, IntoLockName, InvalidName, Job, JobOutcome, JobRun, LastRun, Leader,
+    Leadership, Lease, LeaseKind, LockBackend, LockError, LockGuard, LockName, Locker, LossReason,
+    MemoryBackend, MultiGuard, Observer, OwnerToken, ReleaseOutcome, RwLock, Semaphore, StaleRead,
+    StaleToken,
 };
 // Administrative actions, their audit trail, and the metric names.
 pub use lockcore::{admin, audit, metrics};

@@ -362,3 +362,81 @@ fn also_holds_every_name_for_the_command() {
         assert!(status.success(), "{status:?}");
     }
 }
+
+/// `--shared` runs hold read shares of the reader-writer lock side by side
+/// (DISTLOCK_ACCESS=read, each its own fence), `inspect --rw` shows both
+/// readers, an `--exclusive` run with `--no-wait` exits 75 meanwhile, and
+/// the lock of the same name stays free (a namespace apart). Once the
+/// readers' distlock processes are killed (`kill -9`), their jobs die and
+/// the shares are free at once (the supervisor held their presence
+/// files): the `--exclusive` run gets the write, with a larger fence.
+#[test]
+fn shared_runs_go_side_by_side_and_exclusive_runs_alone() {
+    let shell = Shell::new();
+    let readers: Vec<(Child, std::path::PathBuf)> = (0..2)
+        .map(|i| {
+            let env = shell.path(&format!("env{i}"));
+            let script = format!(
+                "echo \"$DISTLOCK_ACCESS $DISTLOCK_FENCE\" > {}; exec sleep 1000",
+                env.display()
+            );
+            let run = shell.spawn(&["run", "--shared", "report", "--", "sh", "-c", &script]);
+            (run, env)
+        })
+        .collect();
+    let mut fences = Vec::new();
+    for (_, env) in &readers {
+        let seen = eventually(scaled(Duration::from_secs(10)), "a reader's job", || {
+            let text = std::fs::read_to_string(env).ok()?;
+            text.ends_with('\n').then(|| text.trim().to_owned())
+        });
+        let (access, fence) = seen.split_once(' ').unwrap();
+        assert_eq!(access, "read", "{seen}");
+        fences.push(fence.parse::<u64>().unwrap());
+    }
+    let inspect = shell.output(&["inspect", "--rw", "--json", "report"]);
+    let json = String::from_utf8_lossy(&inspect.stdout);
+    for fence in &fences {
+        assert!(
+            json.contains(&format!("\"access\":\"read\",\"fence\":{fence},")),
+            "{json}"
+        );
+    }
+    let busy = shell.output(&["run", "--no-wait", "--exclusive", "report", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    let lock = shell.output(&["inspect", "--json", "report"]);
+    assert!(
+        String::from_utf8_lossy(&lock.stdout).contains("\"held\":false"),
+        "the lock named like the reader-writer lock is apart: {lock:?}"
+    );
+    for (mut run, _) in readers {
+        signal(run.id() as i32, libc::SIGKILL);
+        let _ = exit_within(&mut run, scaled(Duration::from_secs(5)), "kill -9");
+    }
+    let out = shell.path("writer");
+    let script = format!(
+        "echo \"$DISTLOCK_ACCESS $DISTLOCK_FENCE\" > {}",
+        out.display()
+    );
+    eventually(scaled(Duration::from_secs(5)), "the write", || {
+        let run = shell.output(&[
+            "run",
+            "--no-wait",
+            "--exclusive",
+            "report",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        (run.status.code() == Some(0)).then_some(())
+    });
+    let written = std::fs::read_to_string(&out).unwrap();
+    let (access, fence) = written.trim().split_once(' ').unwrap();
+    assert_eq!(access, "write", "{written}");
+    let fence: u64 = fence.parse().unwrap();
+    assert!(
+        fences.iter().all(|&f| fence > f),
+        "{fence} after {fences:?}"
+    );
+}

@@ -9,14 +9,15 @@ use std::time::Duration;
 use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
 use lockcore::backend::{Kind, LockRequest, Polling, Ttl, async_trait};
 use lockcore::{
-    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder, Lease,
-    LockBackend, LockError, LockName, ReleaseOutcome,
+    Access, Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
+    Lease, LockBackend, LockError, LockName, ReleaseOutcome,
 };
 
 use crate::config::SqliteConfig;
 use crate::connection::Client;
 use crate::error::{BACKEND, shown};
 use crate::keys::Kind as Table;
+use crate::rw::intent::WriterWaits;
 
 /// How soon a holder in any process of the host learns of its eviction: the
 /// kernel delivers the presence file's change at once; this bounds the
@@ -41,7 +42,10 @@ const EVICTION_NOTICE: Duration = Duration::from_millis(100);
 pub struct SqliteBackend {
     client: Arc<Client>,
     /// One waiter per name (and per semaphore) of this instance waits on the
-    /// file at a time: a release wakes one task, not every waiter.
+    /// file at a time: a release wakes one task, not every waiter. Readers
+    /// and writers of a reader-writer lock wait without a line: readers
+    /// that share are all let in at once, and a writer's intent is in the
+    /// file as soon as it waits.
     locks_line: LocalLine,
     permits_line: LocalLine,
 }
@@ -113,6 +117,7 @@ impl LockBackend for SqliteBackend {
             .expiry_clock(ExpiryClock::HostBootClock)
             .eviction_notice(notifies.then_some(EVICTION_NOTICE))
             .semaphores(true)
+            .rw_locks(true)
             .fence_floor(true)
             .sets_remaining(true)
             // One SQLite INTEGER counter per file.
@@ -120,12 +125,13 @@ impl LockBackend for SqliteBackend {
     }
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
-        match (request.kind(), request.permits()) {
-            (Kind::Lock, _) => self.client.try_grant(Table::Lock, request, 1).await,
-            (Kind::Semaphore, Some(permits)) => {
+        match (request.kind(), request.permits(), request.access()) {
+            (Kind::Lock, _, _) => self.client.try_grant(Table::Lock, request, 1).await,
+            (Kind::Semaphore, Some(permits), _) => {
                 self.client.try_grant_permit(request, permits).await
             }
-            (kind, _) => Err(kind.unsupported(BACKEND)),
+            (Kind::ReadWrite, _, Some(access)) => self.client.try_grant_rw(request, access).await,
+            (kind, _, _) => Err(kind.unsupported(BACKEND)),
         }
     }
 
@@ -150,6 +156,7 @@ impl LockBackend for SqliteBackend {
         match kind {
             Kind::Lock => self.client.holders(Table::Lock, name).await,
             Kind::Semaphore => self.client.permit_holders(name).await,
+            Kind::ReadWrite => self.client.holders(Table::Rw, name).await,
             kind => Err(kind.unsupported(BACKEND)),
         }
     }
@@ -167,15 +174,21 @@ impl LockBackend for SqliteBackend {
     }
 
     /// The one wait loop, behind this instance's earlier waiters of `name`
-    /// (locks and permits each in their own line).
+    /// (locks and permits each in their own line). A writer of a
+    /// reader-writer lock waits with its intent in the file (see
+    /// `rw/intent.rs`), a reader as a plain waiter.
     async fn acquire(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
-        let line = match table(request.kind())? {
-            Table::Lock => &self.locks_line,
-            Table::Permit => &self.permits_line,
+        let line = match (table(request.kind())?, request.access()) {
+            (Table::Lock, _) => &self.locks_line,
+            (Table::Permit, _) => &self.permits_line,
+            (_, Some(Access::Write)) => {
+                return wait::wait(wait, &mut WriterWaits::new(&self.client, request)).await;
+            }
+            _ => return wait::wait(wait, &mut Polling::new(self, request)).await,
         };
         let turn = line.turn(request.name());
         let Ok(_turn) = tokio::time::timeout_at(wait.deadline, turn).await else {
@@ -208,11 +221,12 @@ impl LockBackend for SqliteBackend {
 /// `connect` must stay callable from `#[async_trait]` methods (factories,
 /// frameworks): its future must be `Send` for every lifetime, which some
 /// sqlx calls (`raw_sql`) break. This only has to compile.
-/// The table a kind is kept in.
+/// The namespace of the lease table a kind is kept in.
 fn table(kind: Kind) -> Result<Table, LockError> {
     match kind {
         Kind::Lock => Ok(Table::Lock),
         Kind::Semaphore => Ok(Table::Permit),
+        Kind::ReadWrite => Ok(Table::Rw),
         kind => Err(kind.unsupported(BACKEND)),
     }
 }

@@ -2,13 +2,15 @@
 //! two pools, the presence directory and the inotify instance), the
 //! transaction every write runs in, and the checks every operation makes
 //! first (closed? files replaced?). What connect checks in the file is in
-//! `startup.rs`, closing in `closing.rs`, the files' identities in
-//! `files.rs`. The operations themselves live in their roles (`locks.rs`,
-//! `permits.rs`, `fence.rs`, `wait.rs`), as `impl Client` blocks.
+//! `startup.rs`, the schema it creates or upgrades in `schema.rs`, closing
+//! in `closing.rs`, the files' identities in `files.rs`. The operations
+//! themselves live in their roles (`locks.rs`, `permits.rs`, `rw.rs`,
+//! `fence.rs`, `wait.rs`), as `impl Client` blocks.
 
 mod closing;
 pub(crate) mod files;
 pub(crate) mod probe;
+mod schema;
 mod startup;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +29,7 @@ use crate::error::{self, BACKEND, shown};
 use crate::locks::clock::HostClock;
 use crate::locks::held::{Closed, Grants};
 use crate::locks::presence::Presence;
+use crate::rw::intent::Intents;
 use crate::wait::inotify::Doorbells;
 use files::FileSet;
 
@@ -40,6 +43,8 @@ pub(crate) struct Client {
     pub(crate) bells: Option<Doorbells>,
     /// What it granted, and whether it is closed.
     pub(crate) grants: Grants,
+    /// The intents of its waiting writers.
+    pub(crate) intents: Intents,
     /// The lock file and its companions as opened.
     files: FileSet,
     path: PathBuf,
@@ -132,6 +137,7 @@ impl Client {
             presence: parts.presence,
             bells,
             grants: Grants::default(),
+            intents: Intents::default(),
             files: FileSet::record(&parts.path),
             path: parts.path,
             // Waiting for the pool, then for the file's write lock.

@@ -1,9 +1,10 @@
-//! Acquire, release, inspect and evict of leases (locks, and the slots of
-//! semaphores, which share their rows and judgement): each write one
-//! `BEGIN IMMEDIATE` transaction (a deferred transaction that turns into a
-//! write fails with `SQLITE_BUSY` instead of waiting, whatever the busy
-//! timeout), each owner- and fence-checked. Renewing a batch is in
-//! `renew.rs`, undoing a grant cut short in `undo.rs`, what this client
+//! Release, inspect and evict of leases (locks, the slots of semaphores
+//! and the holders of reader-writer locks, which share their rows and
+//! judgement): each write one `BEGIN IMMEDIATE` transaction (a deferred
+//! transaction that turns into a write fails with `SQLITE_BUSY` instead of
+//! waiting, whatever the busy timeout), each owner- and fence-checked.
+//! Granting is in `grant.rs`, renewing a batch in `renew.rs`, undoing a
+//! grant cut short in `undo.rs`, what this client
 //! granted in `held.rs`, setting a lease's remaining time in
 //! `remaining.rs`, the holders' presence files in `presence.rs`, the
 //! clock leases expire on in `clock.rs`, the statements in `sql.rs`.
@@ -13,16 +14,17 @@
 //! files (`forget`, `let_go`).
 
 pub(crate) mod clock;
+pub(crate) mod grant;
 pub(crate) mod held;
 pub(crate) mod presence;
 mod remaining;
 mod renew;
 pub(crate) mod sql;
-mod undo;
+pub(crate) mod undo;
 
-use lockcore::backend::{CancellationToken, LockRequest, timed};
+use lockcore::backend::timed;
 use lockcore::{
-    Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
+    Access, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
 };
 use sqlx::Row as _;
@@ -30,11 +32,9 @@ use sqlx::sqlite::SqliteRow;
 
 use crate::connection::Client;
 use crate::error::{self, BACKEND};
-use crate::keys::Kind;
+use crate::keys::{self, Kind};
 use held::Held;
 use presence::FileId;
-
-use undo::Undo;
 
 /// One row of `distlock_leases`.
 #[derive(Debug)]
@@ -47,6 +47,8 @@ pub(crate) struct Row {
     boot_id: String,
     pub(crate) expires_at: i64,
     pub(crate) presence: Option<FileId>,
+    /// How a reader-writer lock is held (`None` for other kinds).
+    pub(crate) access: Option<Access>,
 }
 
 impl Row {
@@ -54,6 +56,14 @@ impl Row {
         let bad = |e: sqlx::Error| error::corrupt(format!("unreadable lease row: {e}"));
         let dev: Option<i64> = row.try_get(7).map_err(bad)?;
         let ino: Option<i64> = row.try_get(8).map_err(bad)?;
+        let access: Option<String> = row.try_get(9).map_err(bad)?;
+        let access = match access {
+            None => None,
+            Some(text) => Some(
+                Access::parse(&text)
+                    .ok_or_else(|| error::corrupt(format!("a lease row with access {text:?}")))?,
+            ),
+        };
         Ok(Row {
             slot: row.try_get(0).map_err(bad)?,
             permits: row.try_get(1).map_err(bad)?,
@@ -63,17 +73,23 @@ impl Row {
             boot_id: row.try_get(5).map_err(bad)?,
             expires_at: row.try_get(6).map_err(bad)?,
             presence: dev.zip(ino).map(|(dev, ino)| FileId { dev, ino }),
+            access,
         })
     }
 
-    fn holder(&self, now: i64) -> Result<Holder, LockError> {
+    /// The holder of this row of `kind`: a permit with its slot, a
+    /// reader-writer holder with its access.
+    fn holder(&self, kind: Kind, now: i64) -> Result<Holder, LockError> {
         let fence = FencingToken::from_store(BACKEND, self.fence)?;
         let owner = OwnerToken::decode(&self.owner);
         let label = self.label.as_deref().and_then(|l| HolderLabel::new(l).ok());
-        Ok(
-            Holder::new(fence, owner, Some(clock::duration(self.expires_at - now)))
-                .with_label(label),
-        )
+        let holder = Holder::new(fence, owner, Some(clock::duration(self.expires_at - now)))
+            .with_label(label);
+        Ok(match (kind, self.access) {
+            (Kind::Permit, _) => holder.with_slot(u32::try_from(self.slot).unwrap_or(u32::MAX)),
+            (_, Some(access)) => holder.with_access(access),
+            _ => holder,
+        })
     }
 }
 
@@ -107,161 +123,6 @@ impl Client {
             .collect()
     }
 
-    /// One attempt at a free slot of `kind` `request.name()` out of `permits`.
-    pub(crate) async fn try_grant(
-        &self,
-        kind: Kind,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        self.open()?;
-        timed(
-            BACKEND,
-            "acquire",
-            self.limit,
-            self.grant(kind, request, permits),
-        )
-        .await
-    }
-
-    async fn grant(
-        &self,
-        kind: Kind,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Attempt, LockError> {
-        let sent = request.now();
-        let mut tx = self.begin().await?;
-        let now = self.clock.now()?;
-        presence::close_expired(now);
-        self.drop_expired(now);
-        let rows = Self::rows(&mut tx, kind, request.name()).await?;
-        let (live, stale): (Vec<Row>, Vec<Row>) =
-            rows.into_iter().partition(|r| self.is_live(r, now));
-        let Some(slot) = crate::permits::free_slot(request.name(), &live, permits)? else {
-            let next = live.iter().map(|r| r.expires_at).min().unwrap_or(now);
-            return Ok(Attempt::Held {
-                expires_in: Some(clock::duration(next - now)),
-            });
-        };
-        for row in &stale {
-            sqlx::query(sql::DROP_SLOT)
-                .bind(kind.as_str())
-                .bind(request.name().as_str())
-                .bind(row.slot)
-                .bind(row.fence)
-                .execute(&mut *tx)
-                .await
-                .map_err(error::map)?;
-        }
-        let fence = self.next_fence(&mut tx).await?;
-        let token = FencingToken::from_store(BACKEND, fence)?;
-        let file = match &self.presence {
-            Some(presence) => presence
-                .create(token.get())
-                .map_err(|_| self.fence_in_use(token))?,
-            None => None,
-        };
-        let owner = OwnerToken::new();
-        let expires_at = now.saturating_add(clock::nanos(request.ttl().get()));
-        let granted = sqlx::query(sql::GRANT)
-            .bind(kind.as_str())
-            .bind(request.name().as_str())
-            .bind(slot)
-            .bind(i64::from(permits))
-            .bind(owner.encode())
-            .bind(fence)
-            .bind(request.label().as_str())
-            .bind(self.clock.boot_id())
-            .bind(expires_at)
-            .bind(file.as_ref().map(|f| f.id.dev))
-            .bind(file.as_ref().map(|f| f.id.ino))
-            .execute(&mut *tx)
-            .await;
-        // From here the grant may commit although this future is dropped
-        // (a timeout, a cancelled acquire): then it is undone.
-        let undo = Undo::arm(
-            self,
-            kind,
-            request.name(),
-            slot,
-            owner,
-            fence,
-            request.ttl().get(),
-        );
-        let committed = match granted {
-            Ok(_) => tx.commit().await,
-            Err(e) => Err(e),
-        };
-        undo.disarm();
-        if let Err(e) = committed {
-            if let (Some(presence), Some(_)) = (&self.presence, &file) {
-                presence.remove(token.get());
-            }
-            return Err(error::map(e));
-        }
-        self.tidy_stale(&stale);
-        let lost = CancellationToken::new();
-        let slot = (kind == Kind::Permit).then(|| u32::try_from(slot).unwrap_or(u32::MAX));
-        let (path, watch) = match file {
-            Some(file) => {
-                let watch = self
-                    .bells
-                    .as_ref()
-                    .and_then(|b| b.hold(&file.path, token.get()));
-                let path = file.path.clone();
-                presence::keep(file, expires_at);
-                (Some(path), watch)
-            }
-            None => (None, None),
-        };
-        // What `presence_fd` finds the grant's presence file by.
-        let presence_of = path.clone().map(presence::PresenceOf);
-        let held = Held {
-            path,
-            kind: kind.as_str(),
-            name: request.name().clone(),
-            slot,
-            owner,
-            lost: lost.clone(),
-            watch,
-            until: expires_at,
-        };
-        if let Err(held) = self.grants.insert(token.get(), held) {
-            // Closed while this grant committed: lost at once, and its
-            // presence file let go, so others may take it.
-            held.lost.cancel();
-            self.let_go(token.get(), held, false);
-        }
-        let mut lease = Lease::granted(request, owner, token, sent).with_loss_signal(lost);
-        if let Some(presence_of) = presence_of {
-            lease = lease.with_extension(presence_of);
-        }
-        Ok(Attempt::Acquired(match slot {
-            None => lease,
-            Some(slot) => lease.with_slot(slot),
-        }))
-    }
-
-    /// After a commit that replaced expired or dead holders: remove their
-    /// presence files, which tells a still-running (paused) holder at once.
-    fn tidy_stale(&self, stale: &[Row]) {
-        if let Some(presence) = &self.presence {
-            for row in stale {
-                presence.remove(row.fence as u64);
-            }
-        }
-    }
-
-    /// Forgets our grants whose rows expired by `now`.
-    fn drop_expired(&self, now: i64) {
-        for (fence, held) in self.grants.expired(now) {
-            if let (Some(wd), Some(bells)) = (held.watch, &self.bells) {
-                bells.unhold(wd, fence);
-            }
-        }
-    }
-
     /// Releases `lease` if this owner still holds it.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         self.open()?;
@@ -271,7 +132,7 @@ impl Client {
             let row = sqlx::query(sql::RELEASE)
                 .bind(Kind::of(lease).as_str())
                 .bind(lease.name().as_str())
-                .bind(i64::from(lease.slot().unwrap_or(0)))
+                .bind(keys::slot_of(lease))
                 .bind(lease.owner().encode())
                 .bind(fence_of(lease))
                 .fetch_optional(&mut *tx)
@@ -347,13 +208,7 @@ impl Client {
             let now = self.clock.now()?;
             rows.iter()
                 .filter(|r| self.is_live(r, now))
-                .map(|r| {
-                    let holder = r.holder(now)?;
-                    Ok(match kind {
-                        Kind::Lock => holder,
-                        Kind::Permit => holder.with_slot(u32::try_from(r.slot).unwrap_or(u32::MAX)),
-                    })
-                })
+                .map(|r| r.holder(kind, now))
                 .collect()
         })
         .await
@@ -389,7 +244,7 @@ impl Client {
             // every waiter, through the presence file's removal.
             self.grants.lose(fence);
             self.forget(fence, None, true);
-            Ok(Some(row.holder(now)?))
+            Ok(Some(row.holder(Kind::Lock, now)?))
         })
         .await
     }

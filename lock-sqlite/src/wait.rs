@@ -21,8 +21,10 @@ use crate::locks::{Row, sql};
 
 impl Client {
     /// A wake-up for the next change of `kind` `name`: the first change of
-    /// any live holder's presence file, at once if a slot is free now, or
-    /// `None` if a holder cannot be watched (its waiters then poll).
+    /// any live holder's presence file (or, for a reader-writer lock, any
+    /// waiting writer's), at once if a slot is free now (nobody holds or
+    /// waits to write a reader-writer lock: its rows are of one seat), or
+    /// `None` if one of them cannot be watched (its waiters then poll).
     pub(crate) async fn watch(
         &self,
         kind: Kind,
@@ -33,7 +35,11 @@ impl Client {
             return Ok(None);
         };
         let mut conn = self.read().await?;
-        let rows = Self::rows(&mut conn, kind, name).await?;
+        let mut rows = Self::rows(&mut conn, kind, name).await?;
+        if kind == Kind::Rw {
+            // A waiting writer keeps readers out too: its end may let them in.
+            rows.extend(Self::rows(&mut conn, Kind::Intent, name).await?);
+        }
         drop(conn);
         let now = self.clock.now()?;
         let live: Vec<&Row> = rows.iter().filter(|r| self.is_live(r, now)).collect();

@@ -1,6 +1,6 @@
-//! `distlock inspect`: who holds a lock or a semaphore's permits (and a
-//! run-once job's last completed run, while its window lasts), as text or
-//! as one JSON object a script can read.
+//! `distlock inspect`: who holds a lock, a semaphore's permits or a
+//! reader-writer lock (and a run-once job's last completed run, while its
+//! window lasts), as text or as one JSON object a script can read.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,15 +14,11 @@ pub(super) async fn inspect(
     locker: &Locker,
     name: &str,
     json: bool,
-    permits: bool,
+    kind: Kind,
 ) -> Result<ExitCode, Failure> {
     let name = LockName::new(name)?;
-    let holders: Vec<Holder> = if permits {
-        locker.backend().holders(&name, Kind::Semaphore).await?
-    } else {
-        locker.inspect(&name).await?.into_iter().collect()
-    };
-    let last = if permits {
+    let holders: Vec<Holder> = locker.backend().holders(&name, kind).await?;
+    let last = if kind != Kind::Lock {
         None
     } else {
         // A name too long to have a record has none.
@@ -32,14 +28,15 @@ pub(super) async fn inspect(
         }
     };
     if json {
-        println!("{}", to_json(&name, permits, &holders, last.as_ref()));
+        println!("{}", to_json(&name, kind, &holders, last.as_ref()));
     } else if holders.is_empty() {
         println!("{name}: free");
     } else {
         for h in &holders {
             println!(
-                "{name}: held{}, fence={}, owner={}, label={}, expires_in={}",
+                "{name}: held{}{}, fence={}, owner={}, label={}, expires_in={}",
                 h.slot.map_or(String::new(), |s| format!(" (slot {s})")),
+                h.access.map_or(String::new(), |a| format!(" ({a})")),
                 h.fence,
                 h.owner.map_or("?".into(), |o| o.to_string()),
                 h.label.as_ref().map_or("?".into(), |l| l.to_string()),
@@ -79,13 +76,17 @@ fn round_ms(d: Duration) -> Duration {
 
 /// `{"name":..,"held":..,"fence":..,"owner":..,"label":..,"expires_in_ms":..}`
 /// (with `"last_run":{"fence":..,"took_ms":..,"ended_ms":..,"by":..,"window_left_ms":..}`
-/// while a job's record lasts), or for a semaphore
-/// `{"name":..,"permits":[{"slot":..,...}]}`.
-fn to_json(name: &LockName, permits: bool, holders: &[Holder], last: Option<&LastRun>) -> String {
+/// while a job's record lasts), for a semaphore
+/// `{"name":..,"permits":[{"slot":..,...}]}`, for a reader-writer lock
+/// `{"name":..,"holders":[{"access":"read",...}]}`.
+fn to_json(name: &LockName, kind: Kind, holders: &[Holder], last: Option<&LastRun>) -> String {
     let holder = |h: &Holder| {
         let mut fields = Vec::new();
         if let Some(slot) = h.slot {
             fields.push(format!("\"slot\":{slot}"));
+        }
+        if let Some(access) = h.access {
+            fields.push(format!("\"access\":\"{access}\""));
         }
         fields.push(format!("\"fence\":{}", h.fence));
         fields.push(format!(
@@ -106,13 +107,18 @@ fn to_json(name: &LockName, permits: bool, holders: &[Holder], last: Option<&Las
         ));
         fields.join(",")
     };
-    if permits {
+    if kind != Kind::Lock {
         let list: Vec<String> = holders
             .iter()
             .map(|h| format!("{{{}}}", holder(h)))
             .collect();
+        let field = if kind == Kind::Semaphore {
+            "permits"
+        } else {
+            "holders"
+        };
         format!(
-            "{{\"name\":{},\"permits\":[{}]}}",
+            "{{\"name\":{},\"{field}\":[{}]}}",
             json_string(name.as_str()),
             list.join(",")
         )

@@ -23,9 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use distlock::backend::Kind;
 use distlock::{
-    FencingToken, HolderLabel, JobOutcome, LockBackend, LockError, LockName, Locker, MultiGuard,
-    ReleaseOutcome,
+    Access, FencingToken, HolderLabel, JobOutcome, LockBackend, LockError, LockName, Locker,
+    MultiGuard, ReleaseOutcome,
 };
 
 use exit::Failure;
@@ -88,9 +89,30 @@ struct Take {
     /// (DISTLOCK_SLOT tells which).
     #[arg(long, value_name = "N")]
     permits: Option<u32>,
+    /// Take a read share of the reader-writer lock NAME instead of a lock:
+    /// runs with --shared go side by side, never beside one with --exclusive
+    /// (DISTLOCK_ACCESS=read). The reader-writer lock NAME is apart from the
+    /// lock NAME.
+    #[arg(long, conflicts_with_all = ["permits", "exclusive"])]
+    shared: bool,
+    /// Take the write of the reader-writer lock NAME: alone, and before any
+    /// --shared run that asks after it (DISTLOCK_ACCESS=write).
+    #[arg(long, conflicts_with = "permits")]
+    exclusive: bool,
     /// Who holds it, shown by `inspect` (default: host:pid).
     #[arg(long)]
     label: Option<String>,
+}
+
+impl Take {
+    /// The share of the reader-writer lock asked for, if any.
+    fn access(&self) -> Option<Access> {
+        match (self.shared, self.exclusive) {
+            (true, _) => Some(Access::Read),
+            (_, true) => Some(Access::Write),
+            _ => None,
+        }
+    }
 }
 
 /// `run` as a run-once job (`--at-most`): on one node at a time, skipped
@@ -102,7 +124,7 @@ struct Once {
     /// exit 4). Renewed on --ttl leases up to it, so a dead node frees NAME
     /// after one TTL (on SQLite, at once).
     #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration,
-          conflicts_with = "permits")]
+          conflicts_with_all = ["permits", "shared", "exclusive"])]
     at_most: Option<Duration>,
     /// With --at-most: when the command ends sooner, NAME stays taken until
     /// this long after it was granted, judged by the store's clock (never a
@@ -160,7 +182,8 @@ enum Command {
         /// deadlock), under one --wait. The command gets DISTLOCK_NAME_1 and
         /// DISTLOCK_FENCE_1 for the first, and so on; it is stopped as soon as
         /// any of them is lost.
-        #[arg(long = "also", value_name = "NAME", conflicts_with_all = ["permits", "at_most"])]
+        #[arg(long = "also", value_name = "NAME",
+              conflicts_with_all = ["permits", "at_most", "shared", "exclusive"])]
         also: Vec<String>,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
@@ -191,7 +214,8 @@ enum Command {
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         r#for: Duration,
     },
-    /// Show who holds a lock (or a semaphore's permits).
+    /// Show who holds a lock (or a semaphore's permits, or a reader-writer
+    /// lock's readers or writer).
     Inspect {
         /// Lock name.
         name: String,
@@ -199,8 +223,12 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Show the holders of the semaphore NAME instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "rw")]
         permits: bool,
+        /// Show the holders of the reader-writer lock NAME instead, each
+        /// with its access (read or write).
+        #[arg(long)]
+        rw: bool,
     },
     /// Evict whoever holds a lock (audited; the next holder gets a larger fence).
     ForceRelease {
@@ -305,7 +333,15 @@ async fn dispatch(
             name,
             json,
             permits,
-        } => until(signals, inspect::inspect(locker, &name, json, permits)).await,
+            rw,
+        } => {
+            let kind = match (permits, rw) {
+                (true, _) => Kind::Semaphore,
+                (_, true) => Kind::ReadWrite,
+                _ => Kind::Lock,
+            };
+            until(signals, inspect::inspect(locker, &name, json, kind)).await
+        }
         Command::ForceRelease {
             name,
             reason,
@@ -345,11 +381,26 @@ async fn take(
         tracing::debug!(name = %take.name, wait = ?locker.get_max_wait(), "waiting for the lock");
     }
     let taking = async {
-        Ok::<_, Failure>(match (take.permits, take.no_wait) {
-            (None, false) => Some(locker.acquire(&take.name).await?),
-            (None, true) => locker.try_acquire(&take.name).await?,
-            (Some(n), false) => Some(locker.semaphore(&take.name, n)?.acquire().await?),
-            (Some(n), true) => locker.semaphore(&take.name, n)?.try_acquire().await?,
+        let (name, no_wait) = (&take.name, take.no_wait);
+        Ok::<_, Failure>(match (take.permits, take.access()) {
+            (Some(n), _) => {
+                let permits = locker.semaphore(name, n)?;
+                match no_wait {
+                    true => permits.try_acquire().await?,
+                    false => Some(permits.acquire().await?),
+                }
+            }
+            (None, Some(access)) => {
+                let rw = locker.rw_lock(name)?;
+                match (access, no_wait) {
+                    (Access::Read, true) => rw.try_read().await?,
+                    (Access::Read, false) => Some(rw.read().await?),
+                    (Access::Write, true) => rw.try_write().await?,
+                    (Access::Write, false) => Some(rw.write().await?),
+                }
+            }
+            (None, None) if no_wait => locker.try_acquire(name).await?,
+            (None, None) => Some(locker.acquire(name).await?),
         })
     };
     until(signals, taking)
@@ -384,14 +435,14 @@ async fn take_all(
 }
 
 fn describe(guard: &distlock::LockGuard) -> String {
-    match guard.slot() {
-        Some(slot) => format!(
-            "{} fence={} slot={slot}",
-            guard.name(),
-            guard.fencing_token()
-        ),
-        None => format!("{} fence={}", guard.name(), guard.fencing_token()),
+    let mut said = format!("{} fence={}", guard.name(), guard.fencing_token());
+    if let Some(slot) = guard.slot() {
+        said.push_str(&format!(" slot={slot}"));
     }
+    if let Some(access) = guard.access() {
+        said.push_str(&format!(" access={access}"));
+    }
+    said
 }
 
 /// The hold `run` keeps while its command runs: a lock or permit, one run
@@ -563,6 +614,11 @@ async fn run_locked(
         && let Some(slot) = guard.slot()
     {
         env.push(("DISTLOCK_SLOT".to_owned(), slot.to_string()));
+    }
+    if let Holding::Lock(guard) = &holding
+        && let Some(access) = guard.access()
+    {
+        env.push(("DISTLOCK_ACCESS".to_owned(), access.to_string()));
     }
     for (i, name) in also.iter().enumerate() {
         let fence = holding.fence_of(name);

@@ -1,6 +1,7 @@
 //! Closing a client, on request or because its lock file was replaced
-//! under it: every lease it granted is lost first (its loss signal fires),
-//! the clean-ups it owes the store are finished, what it still held is
+//! under it: every lease it granted is lost first (its loss signal fires)
+//! and the intents of its waiting writers let go, the clean-ups it owes
+//! the store are finished, what it still held is
 //! released, then its tasks, inotify instance, connections and presence
 //! files are closed, and `close` returns only once they are.
 
@@ -23,6 +24,7 @@ impl Client {
             return;
         }
         let grants = self.grants.close(Closed::ByCall);
+        self.intents.close();
         let replaced = matches!(self.grants.closed(), Some(Closed::Replaced(_)));
         if !self.cleanups.finish(self.limit).await {
             tracing::warn!(
@@ -67,9 +69,9 @@ impl Client {
             let mut released = HashSet::new();
             for (fence, held) in grants {
                 let row = sqlx::query(sql::RELEASE)
-                    .bind(held.kind)
+                    .bind(held.kind.as_str())
                     .bind(held.name.as_str())
-                    .bind(i64::from(held.slot.unwrap_or(0)))
+                    .bind(held.row_slot(*fence))
                     .bind(held.owner.encode())
                     .bind(i64::try_from(*fence).unwrap_or(i64::MAX))
                     .fetch_optional(&mut *tx)
@@ -99,6 +101,7 @@ impl Client {
         for (fence, held) in self.grants.close(Closed::Replaced(what.clone())) {
             self.let_go(fence, held, false);
         }
+        self.intents.close();
         if first {
             tracing::warn!(
                 path = %shown(&self.path),

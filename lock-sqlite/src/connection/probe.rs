@@ -299,11 +299,7 @@ pub(crate) async fn check_existing(path: &Path, timeout: Duration) -> Result<(),
     match looked {
         Ok((app, version, _)) if app == keys::APPLICATION_ID => {
             if version > keys::SCHEMA_VERSION {
-                return Err(LockError::config(format!(
-                    "{} was written by a newer distlock (schema {version}, this one knows {}): upgrade",
-                    shown(path),
-                    keys::SCHEMA_VERSION
-                )));
+                return Err(super::schema::newer(path, version));
             }
             Ok(())
         }
@@ -340,8 +336,9 @@ async fn look(conn: &mut SqliteConnection) -> Result<(i64, i64, Vec<String>), sq
     Ok((app, version, tables))
 }
 
-/// Puts the file in WAL mode and creates the schema if it is empty; refuses
-/// if it cannot be in WAL or commits are not durable.
+/// Puts the file in WAL mode and creates the schema if it is empty (or
+/// upgrades an older one, `schema.rs`); refuses if it cannot be in WAL or
+/// commits are not durable.
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`] when the file cannot be made ours, the
@@ -394,29 +391,7 @@ pub(crate) async fn prepare(pool: &SqlitePool, path: &Path) -> Result<(), LockEr
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(error::map)?;
-    let app: i64 = sqlx::query_scalar("PRAGMA application_id")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(error::map)?;
-    if app == keys::APPLICATION_ID {
-        return Ok(());
-    }
-    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_schema")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(error::map)?;
-    if app != 0 || tables != 0 {
-        return Err(LockError::config(format!(
-            "{} became another program's database while connecting; distlock leaves it untouched",
-            shown(path)
-        )));
-    }
-    for statement in keys::CREATE.iter().chain(keys::STAMP) {
-        sqlx::query(statement)
-            .execute(&mut *tx)
-            .await
-            .map_err(error::map)?;
-    }
+    super::schema::create_or_upgrade(&mut tx, path).await?;
     tx.commit().await.map_err(error::map)?;
     Ok(())
 }

@@ -11,12 +11,14 @@ use std::sync::{Mutex, MutexGuard};
 use lockcore::backend::CancellationToken;
 use lockcore::{Lease, LockName, OwnerToken};
 
+use crate::keys::Kind;
+
 /// One grant of this client, by fence (unique per grant).
 #[derive(Debug)]
 pub(crate) struct Held {
     /// Its presence file, kept in `presence::KEPT` (`None`: it has none).
     pub(crate) path: Option<PathBuf>,
-    pub(crate) kind: &'static str,
+    pub(crate) kind: Kind,
     pub(crate) name: LockName,
     pub(crate) slot: Option<u32>,
     pub(crate) owner: OwnerToken,
@@ -30,7 +32,15 @@ pub(crate) struct Held {
 impl Held {
     /// Whether `lease` is this grant (not a forgery with its fence).
     pub(crate) fn is(&self, lease: &Lease) -> bool {
-        lease.owner() == self.owner && lease.name() == &self.name && lease.slot() == self.slot
+        lease.owner() == self.owner
+            && lease.name() == &self.name
+            && lease.slot() == self.slot
+            && Kind::of(lease) == self.kind
+    }
+
+    /// The `slot` column of its row, granted under `fence`.
+    pub(crate) fn row_slot(&self, fence: u64) -> i64 {
+        self.kind.row_slot(self.slot, fence)
     }
 }
 

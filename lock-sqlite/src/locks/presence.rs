@@ -16,6 +16,10 @@
 //! The same file is the doorbell waiters watch (`notify.rs`): the holder's
 //! release closes and removes it, its death closes it, an eviction or a
 //! takeover removes it.
+//!
+//! A writer waiting for a reader-writer lock has one for its intent too,
+//! named by a fence taken for it: its client keeps that `flock` itself
+//! while the writer waits (`rw/intent.rs`), not in [`KEPT`].
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};

@@ -11,7 +11,7 @@ use lockcore::{Lease, LockError};
 use super::{clock, fence_of, sql};
 use crate::connection::Client;
 use crate::error::{self, BACKEND};
-use crate::keys::Kind;
+use crate::keys::{self, Kind};
 
 impl Client {
     /// Sets `lease`'s expiry to now + `remaining` on the boot clock, if its
@@ -31,7 +31,7 @@ impl Client {
                 .bind(now.saturating_add(clock::nanos(remaining.get())))
                 .bind(Kind::of(lease).as_str())
                 .bind(lease.name().as_str())
-                .bind(i64::from(lease.slot().unwrap_or(0)))
+                .bind(keys::slot_of(lease))
                 .bind(lease.owner().encode())
                 .bind(fence_of(lease))
                 .bind(self.clock.boot_id())

@@ -14,7 +14,7 @@ use super::presence::Renewing;
 use super::{fence_of, sql};
 use crate::connection::Client;
 use crate::error::{self, BACKEND};
-use crate::keys::Kind;
+use crate::keys::{self, Kind};
 
 /// Leases renewed by one statement (bounds the JSON of one batch).
 const RENEW_CHUNK: usize = 1000;
@@ -35,7 +35,7 @@ impl Renewed {
     fn is(&self, lease: &Lease) -> bool {
         self.kind == Kind::of(lease).as_str()
             && self.name == lease.name().as_str()
-            && self.slot == i64::from(lease.slot().unwrap_or(0))
+            && self.slot == keys::slot_of(lease)
             && self.owner == lease.owner().encode()
     }
 }
@@ -79,7 +79,7 @@ impl Client {
                         now.saturating_add(clock::nanos(lease.ttl().get())),
                         Kind::of(lease).as_str(),
                         lease.name().as_str(),
-                        i64::from(lease.slot().unwrap_or(0)),
+                        keys::slot_of(lease),
                         lease.owner().encode(),
                         fence_of(lease),
                     ])

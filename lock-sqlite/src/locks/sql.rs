@@ -1,17 +1,20 @@
-//! The statements of leases (locks and permit slots) and of the sweep at
-//! connect. Names, owners and labels are only ever bind parameters; the
+//! The statements of leases (locks, permit slots, reader-writer holders,
+//! and writers' intents, which are judged and removed as leases are) and of
+//! the sweep at connect. Names, owners and labels are only ever bind parameters; the
 //! tables they read are in `keys.rs`.
 
-/// Every row of one lock or semaphore.
+/// Every row of one kind of one name (a lock, a semaphore, the holders or
+/// the intents of a reader-writer lock).
 pub(crate) const ROWS: &str = "
-SELECT slot, permits, owner, fence, label, boot_id, expires_at, presence_dev, presence_ino
+SELECT slot, permits, owner, fence, label, boot_id, expires_at, presence_dev, presence_ino, access
 FROM distlock_leases WHERE kind = ?1 AND name = ?2 ORDER BY slot";
 
 /// Grants a slot (replacing an expired or dead holder's row).
 pub(crate) const GRANT: &str = "
 INSERT OR REPLACE INTO distlock_leases
-    (kind, name, slot, permits, owner, fence, label, boot_id, expires_at, presence_dev, presence_ino)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+    (kind, name, slot, permits, owner, fence, label, boot_id, expires_at, presence_dev, presence_ino,
+     access)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
 
 /// Deletes the row of one slot whose holder is gone (expired or dead).
 pub(crate) const DROP_SLOT: &str =

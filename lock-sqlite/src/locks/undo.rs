@@ -4,6 +4,9 @@
 //! closed with the future, so others may take the name at once; the row
 //! and the file are then removed in the background, through the client's
 //! `Cleanups`, which `close` finishes.
+//!
+//! The same undo removes a waiting writer's intent when it gives up
+//! (`rw/intent.rs`): a row known to have committed.
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -25,18 +28,22 @@ struct Grant {
     slot: i64,
     owner: String,
     fence: i64,
+    /// The row is known to have committed: its fence is used up, so its
+    /// presence file is nobody else's, and goes once the row is gone,
+    /// whoever deleted it.
+    committed: bool,
 }
 
 /// Armed before a grant's commit, disarmed once its outcome is known;
 /// dropped armed, it undoes the grant.
 #[derive(Debug)]
-pub(super) struct Undo {
+pub(crate) struct Undo {
     armed: Option<(Weak<Client>, Grant, Duration)>,
 }
 
 impl Undo {
     /// Arms the undo of the grant of `kind` `name`, `slot`, for `ttl`.
-    pub(super) fn arm(
+    pub(crate) fn arm(
         client: &Client,
         kind: Kind,
         name: &LockName,
@@ -51,14 +58,23 @@ impl Undo {
             slot,
             owner: owner.encode(),
             fence,
+            committed: false,
         };
         Undo {
             armed: Some((client.me.clone(), grant, ttl)),
         }
     }
 
+    /// The row is known to have committed (see [`Grant::committed`]).
+    pub(crate) fn committed(mut self) -> Undo {
+        if let Some((_, grant, _)) = &mut self.armed {
+            grant.committed = true;
+        }
+        self
+    }
+
     /// The grant's outcome is known: nothing to undo.
-    pub(super) fn disarm(mut self) {
+    pub(crate) fn disarm(mut self) {
         self.armed = None;
     }
 }
@@ -74,15 +90,15 @@ impl Drop for Undo {
         // After its TTL the row is expired anyway.
         let until = Instant::now() + ttl;
         let cleanups = client.cleanups.clone();
-        cleanups.retry(
-            client,
-            until,
-            "undoing an acquire whose reply was lost",
-            move |client| {
-                let grant = grant.clone();
-                async move { client.undo(&grant).await }
-            },
-        );
+        let what = if grant.committed {
+            "removing the intent of a writer that gave up"
+        } else {
+            "undoing an acquire whose reply was lost"
+        };
+        cleanups.retry(client, until, what, move |client| {
+            let grant = grant.clone();
+            async move { client.undo(&grant).await }
+        });
     }
 }
 
@@ -92,13 +108,14 @@ impl Client {
     /// its fence went back to the counter and may be another grant's by
     /// now, presence file included, which must not be touched (closing or
     /// even briefly locking it would free that grant's name early, or make
-    /// its acquire find the file locked and refuse). Nothing is written
-    /// once the file was replaced under this client.
+    /// its acquire find the file locked and refuse); unless it is known to
+    /// have committed, when its row went with whoever deleted it. Nothing
+    /// is written once the file was replaced under this client.
     async fn undo(&self, grant: &Grant) -> Result<(), LockError> {
         if matches!(self.grants.closed(), Some(Closed::Replaced(_))) || self.writer.is_closed() {
             return Ok(());
         }
-        let committed = lockcore::backend::timed(BACKEND, "undo", self.limit, async {
+        let deleted = lockcore::backend::timed(BACKEND, "undo", self.limit, async {
             let mut tx = self.begin().await?;
             let row = sqlx::query(sql::RELEASE)
                 .bind(grant.kind.as_str())
@@ -113,7 +130,7 @@ impl Client {
             Ok(row.is_some())
         })
         .await?;
-        if committed {
+        if deleted || grant.committed {
             self.remove_presence(u64::try_from(grant.fence).unwrap_or(0));
         }
         Ok(())

@@ -14,7 +14,9 @@ mod fencing;
 mod locks;
 mod permits;
 mod restore;
+mod rw;
 mod scale;
+mod schema;
 mod wakeups;
 
 /// Not a test: the helper processes of `support` (a writer to kill

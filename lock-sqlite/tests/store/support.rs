@@ -37,8 +37,9 @@ use lockcore::{LockBackend, LockError};
 /// The variable naming the lock file (`sqlite://PATH`) a helper process (a
 /// lock-taker, a helper) must use instead of making its own.
 pub(crate) const URL_ENV: env::Var = env::SQLITE_URL;
-/// What a helper process does: `write`, `stall`, `hold NAME` or
-/// `hold-renewing NAME TTL_MS`.
+/// What a helper process does: `write`, `stall`, `hold NAME`,
+/// `hold-renewing NAME TTL_MS`, or `rw read|write NAME TTL_MS` (the read
+/// or the write of a reader-writer lock, waited for up to an hour).
 pub(crate) const HELPER_ENV: &str = "LOCK_SQLITE_HELPER";
 
 /// A lock name the test spells right.
@@ -320,6 +321,7 @@ pub(crate) fn helper_main() {
                 let ttl = ttl.parse().map_err(|_| format!("bad TTL {ttl:?}"))?;
                 hold_renewing(&path, name, Duration::from_millis(ttl)).await
             }
+            Some(rw) if rw.starts_with("rw ") => rw_forever(&path, &rw[3..]).await,
             other => Err(format!("unknown helper {other:?}")),
         }
     });
@@ -404,6 +406,32 @@ async fn hold_renewing(path: &Path, name: &str, ttl: Duration) -> Result<(), Str
     let reason = guard.lost().await;
     let at = monotonic_ns();
     say(&format!("lost {reason:?} held={} at={at}", guard.is_held()));
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Takes (waiting up to an hour) the read or the write of a reader-writer
+/// lock (`read|write NAME TTL_MS`), renewed as usual; says `waiting` once
+/// it waits, `held FENCE` once granted, and runs until killed.
+async fn rw_forever(path: &Path, what: &str) -> Result<(), String> {
+    let mut words = what.split(' ');
+    let (access, name, ttl) = (words.next(), words.next(), words.next());
+    let ttl = ttl.and_then(|t| t.parse().ok()).ok_or("bad TTL")?;
+    let backend = SqliteBackend::connect(&url(path))
+        .await
+        .map_err(|e| e.to_string())?;
+    let locker = lockcore::Locker::new(backend).ttl(Duration::from_millis(ttl));
+    let lock = locker
+        .rw_lock(name.unwrap_or(""))
+        .map_err(|e| e.to_string())?;
+    say("waiting");
+    let guard = match access {
+        Some("read") => lock.read_timeout(Duration::from_secs(3600)).await,
+        Some("write") => lock.write_timeout(Duration::from_secs(3600)).await,
+        other => return Err(format!("bad access {other:?}")),
+    }
+    .map_err(|e| e.to_string())?;
+    say(&format!("held {}", guard.fencing_token().get()));
     std::future::pending::<()>().await;
     Ok(())
 }
