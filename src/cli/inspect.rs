@@ -178,7 +178,7 @@ mod tests {
         assert_eq!(json_string("a\"b\\c\u{1}"), "\"a\\\"b\\\\c\\u0001\"");
         let name = LockName::new("n").unwrap();
         assert_eq!(
-            to_json(&name, false, &[], None),
+            to_json(&name, Kind::Lock, &[], None),
             "{\"name\":\"n\",\"held\":false}"
         );
         let h = Holder::new(
@@ -187,8 +187,13 @@ mod tests {
             Some(Duration::from_millis(1500)),
         );
         assert_eq!(
-            to_json(&name, false, &[h], None),
+            to_json(&name, Kind::Lock, std::slice::from_ref(&h), None),
             "{\"name\":\"n\",\"held\":true,\"fence\":7,\"owner\":null,\"label\":null,\"expires_in_ms\":1500}"
+        );
+        let reader = h.with_access(distlock::Access::Read);
+        assert_eq!(
+            to_json(&name, Kind::ReadWrite, &[reader], None),
+            "{\"name\":\"n\",\"holders\":[{\"access\":\"read\",\"fence\":7,\"owner\":null,\"label\":null,\"expires_in_ms\":1500}]}"
         );
     }
 }
