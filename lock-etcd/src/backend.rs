@@ -196,12 +196,15 @@ impl LockBackend for EtcdBackend {
 
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         self.inner.open()?;
-        match (request.kind(), request.permits()) {
-            (Kind::Lock, _) => self.inner.try_acquire(request).await,
-            (Kind::Semaphore, Some(permits)) => {
+        match (request.kind(), request.permits(), request.access()) {
+            (Kind::Lock, ..) => self.inner.try_acquire(request).await,
+            (Kind::Semaphore, Some(permits), _) => {
                 self.inner.try_acquire_permit(request, permits).await
             }
-            (kind, _) => Err(kind.unsupported(crate::error::BACKEND)),
+            (Kind::ReadWrite, _, Some(access)) => {
+                self.inner.try_acquire_share(request, access).await
+            }
+            (kind, ..) => Err(kind.unsupported(crate::error::BACKEND)),
         }
     }
 
@@ -230,6 +233,7 @@ impl LockBackend for EtcdBackend {
         match kind {
             Kind::Lock => Ok(self.inner.inspect(name).await?.into_iter().collect()),
             Kind::Semaphore => self.inner.inspect_permits(name).await,
+            Kind::ReadWrite => self.inner.rw_holders(name).await,
             kind => Err(kind.unsupported(crate::error::BACKEND)),
         }
     }
@@ -248,12 +252,14 @@ impl LockBackend for EtcdBackend {
         match kind {
             Kind::Lock => self.inner.watch(name).await,
             Kind::Semaphore => self.inner.watch_permits(name).await,
+            Kind::ReadWrite => self.inner.watch_rw(name).await,
             kind => Err(kind.unsupported(crate::error::BACKEND)),
         }
     }
 
-    /// A lock waits in line (the crate docs); a permit in lockcore's loop,
-    /// woken by `watch`.
+    /// A lock waits in line (the crate docs), a reader or writer in its
+    /// reader-writer lock's line (`rw`); a permit in lockcore's loop, woken
+    /// by `watch`.
     async fn acquire(
         &self,
         request: &LockRequest,
@@ -262,6 +268,7 @@ impl LockBackend for EtcdBackend {
         self.inner.open()?;
         match request.kind() {
             Kind::Lock => wait::acquire(&self.inner, request, wait).await,
+            Kind::ReadWrite => crate::rw::acquire(&self.inner, request, wait).await,
             _ => lockcore::backend::wait::wait(wait, &mut Polling::new(self, request)).await,
         }
     }

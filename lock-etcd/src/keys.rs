@@ -1,10 +1,12 @@
-//! The key scheme: how lock names, queue entries, semaphores and sessions
-//! map to etcd keys.
+//! The key scheme: how lock names, queue entries, semaphores, reader-writer
+//! locks and sessions map to etcd keys.
 //!
 //! ```text
 //! <prefix><name>/<session lease, 16 hex>.<n>    a queue entry; value: a `Record`; attached to the session
 //! <prefix>/permits/<name>/count                 a semaphore's agreed number of permits (no lease)
 //! <prefix>/permits/<name>/slot/<i>              slot i of a semaphore, taken; value: a `Record`
+//! <prefix>/rw/<name>/held/<access>/<session>.<n> a reader-writer lock's grant; value: a `Record`
+//! <prefix>/rw/<name>/line/<access>/<session>.<n> a reader-writer lock's waiter (see [`rw`])
 //! <prefix>/sessions/<lease, 16 hex>/alive        a session's marker, attached to it (gone with it)
 //! <prefix>/sessions/<lease, 16 hex>/evicted/<r>  an eviction notice for the session's entry created at r
 //! ```
@@ -25,12 +27,16 @@
 //! never matches. (Older versions named an entry after a lease of its own:
 //! `<queue><lease, 16 hex>`; both kinds share a queue.)
 //!
-//! What each entry's value holds is [`record`]'s.
+//! What each entry's value holds is [`record`]'s; a reader-writer lock's
+//! keys are [`rw`]'s.
 
 pub(crate) mod record;
+pub(crate) mod rw;
 
 use etcd_client::{Compare, CompareOp};
 use lockcore::LockName;
+
+use rw::RwKeys;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
@@ -73,6 +79,13 @@ impl Keys {
         let mut base = self.prefix.clone();
         base.extend_from_slice(b"/permits/");
         self.under(&base, name)
+    }
+
+    /// Where a reader-writer lock's keys live.
+    pub(crate) fn rw(&self, name: &LockName) -> RwKeys {
+        let mut base = self.prefix.clone();
+        base.extend_from_slice(b"/rw/");
+        RwKeys::new(self.under(&base, name))
     }
 
     /// The key holding a semaphore's agreed number of permits.
@@ -171,6 +184,13 @@ pub(crate) fn range_end(prefix: &[u8]) -> Vec<u8> {
     vec![0] // every key
 }
 
+/// The compare that holds only while no key starts with `prefix`.
+pub(crate) fn empty(prefix: &[u8]) -> Compare {
+    // A range without keys compares as one key of create revision 0; any
+    // key in it has a larger one.
+    Compare::create_revision(prefix.to_vec(), CompareOp::Equal, 0).with_range(range_end(prefix))
+}
+
 /// The compares that hold only while `key` is still the entry created at
 /// `revision` with `value`: a restore from a backup repeats revisions, so
 /// the value (owner token, offset, label: one grant's) is compared too.
@@ -211,6 +231,12 @@ mod tests {
                 keys.notice(7, 42),
                 keys.alive(7),
                 keys.fence_floor(),
+                Keys::entry(&keys.rw(&name("a")).held_by(lockcore::Access::Write), 7, 0),
+                Keys::entry(
+                    &keys.rw(&name("a")).waiting_for(lockcore::Access::Read),
+                    7,
+                    0,
+                ),
             ];
             for x in names {
                 let qx = keys.queue(&name(x));
@@ -221,6 +247,14 @@ mod tests {
                     let sx = keys.semaphore(&name(x));
                     let slot = Keys::slot(&Keys::slots(&keys.semaphore(&name(y))), 1);
                     assert_eq!(inside(&slot, &sx), x == y, "slot of {y:?} in {x:?}");
+                    let (rx, ry) = (keys.rw(&name(x)), keys.rw(&name(y)));
+                    let waiter = Keys::entry(&ry.waiting_for(lockcore::Access::Write), 1, 0);
+                    assert_eq!(
+                        inside(&waiter, rx.base()),
+                        x == y,
+                        "waiter of {y:?} in {x:?}"
+                    );
+                    assert!(!inside(&waiter, &rx.held()), "a waiter among grants");
                 }
                 for key in &reserved {
                     assert!(!inside(key, &qx), "{key:?} in the queue of {x:?}");

@@ -3,7 +3,7 @@
 // The same roles in every adapter's `src/`: `backend` (the public type and
 // its `LockBackend`), `config` (the URL and its options), `connection`
 // (connecting, sessions, closing), `keys` (where things live in etcd),
-// `locks`, `permits`, `fence` (fence offset, resource-side fencing), `wait`
+// `locks`, `permits`, `rw` (reader-writer locks), `fence` (fence offset, resource-side fencing), `wait`
 // (the line of waiters and every watch) and `error`.
 
 mod backend;
@@ -14,6 +14,7 @@ mod fence;
 mod keys;
 mod locks;
 mod permits;
+mod rw;
 mod wait;
 
 pub use backend::EtcdBackend;

@@ -9,6 +9,7 @@ pub(crate) mod grant;
 mod remaining;
 mod renew;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use lockcore::{
 use crate::connection::client::Inner;
 use crate::error::{BACKEND, timed};
 use crate::keys::record::Record;
-use crate::keys::{Keys, range_end, unchanged};
+use crate::keys::{Keys, empty, range_end, unchanged};
 use grant::Grant;
 
 impl Inner {
@@ -41,11 +42,7 @@ impl Inner {
             let record = Record::new(OwnerToken::new(), offset, request.label());
             let value: Arc<[u8]> = record.encode().into();
             let txn = Txn::new()
-                .when([
-                    Compare::create_revision(queue.clone(), CompareOp::Equal, 0)
-                        .with_range(range_end(&queue)),
-                    floor,
-                ])
+                .when([empty(&queue), floor])
                 .and_then([TxnOp::put(
                     key.clone(),
                     value.to_vec(),
@@ -167,6 +164,39 @@ impl Inner {
         let left = u64::try_from(ttl.ttl()).map_or(0, |s| s + 1);
         let granted = u64::try_from(ttl.granted_ttl()).unwrap_or(0);
         Ok(Duration::from_secs(left.min(granted)))
+    }
+
+    /// Every entry under `prefix` that `which` names (a slot, an access),
+    /// with its holder and the time its lease has left: one read, and one
+    /// look at each lease however many entries share it.
+    pub(crate) async fn holders_under<T>(
+        &self,
+        prefix: &[u8],
+        what: &'static str,
+        which: impl Fn(&[u8]) -> Option<T>,
+    ) -> Result<Vec<(T, Holder)>, LockError> {
+        let options = GetOptions::new().with_range(range_end(prefix));
+        let reply = timed(
+            self.timeout,
+            what,
+            self.conn.kv()?.get(prefix.to_vec(), Some(options)),
+        )
+        .await?;
+        let mut left = HashMap::new();
+        for lease in reply.kvs().iter().map(KeyValue::lease) {
+            if lease != 0 && !left.contains_key(&lease) {
+                left.insert(lease, self.time_left(lease).await?);
+            }
+        }
+        let mut holders = Vec::new();
+        for kv in reply.kvs() {
+            if let Some(which) = which(kv.key()) {
+                let expires_in = left.get(&kv.lease()).copied();
+                let holder = Record::holder(kv.value(), kv.create_revision(), expires_in)?;
+                holders.push((which, holder));
+            }
+        }
+        Ok(holders)
     }
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {

@@ -6,19 +6,16 @@
 //! for. With no slot taken, a request with another number rewrites it.
 //! Waiters follow the slots' deletes on the shared watch (`wait::watch`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::backend::LockRequest;
 use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 
 use crate::connection::client::Inner;
-use crate::error::timed;
 use crate::keys::record::Record;
-use crate::keys::{Keys, range_end};
+use crate::keys::{Keys, empty, range_end};
 
 /// Tries per attempt: each miss shows which slots are taken.
 const TRIES: usize = 8;
@@ -92,10 +89,8 @@ impl Inner {
                     }
                     None => Compare::version(count_key.clone(), CompareOp::Equal, 0),
                 };
-                let empty = Compare::create_revision(slots.clone(), CompareOp::Equal, 0)
-                    .with_range(range_end(&slots));
                 Txn::new()
-                    .when([unchanged, empty, free, floor])
+                    .when([unchanged, empty(&slots), free, floor])
                     .and_then([TxnOp::put(count_key.clone(), count, None), put])
             }
             .or_else([
@@ -132,35 +127,12 @@ impl Inner {
 
     pub(crate) async fn inspect_permits(&self, name: &LockName) -> Result<Vec<Holder>, LockError> {
         let slots = Keys::slots(&self.keys.semaphore(name));
-        let options = GetOptions::new().with_range(range_end(&slots));
-        let reply = timed(
-            self.timeout,
-            "inspect permits",
-            self.conn.kv()?.get(slots.clone(), Some(options)),
-        )
-        .await?;
-        // One look at each session's lease for the time left.
-        let mut left = HashMap::new();
-        for lease in reply
-            .kvs()
-            .iter()
-            .map(KeyValue::lease)
-            .collect::<BTreeSet<_>>()
-        {
-            if lease != 0 {
-                left.insert(lease, self.time_left(lease).await?);
-            }
-        }
-        let mut holders = Vec::new();
-        for kv in reply.kvs() {
-            let Some(slot) = Keys::slot_of(&slots, kv.key()) else {
-                continue;
-            };
-            let expires_in = left.get(&kv.lease()).copied();
-            holders.push(
-                Record::holder(kv.value(), kv.create_revision(), expires_in)?.with_slot(slot),
-            );
-        }
+        let mut holders: Vec<Holder> = self
+            .holders_under(&slots, "inspect permits", |key| Keys::slot_of(&slots, key))
+            .await?
+            .into_iter()
+            .map(|(slot, holder)| holder.with_slot(slot))
+            .collect();
         holders.sort_by_key(|h| h.slot);
         Ok(holders)
     }

@@ -38,7 +38,7 @@ use lockcore::{Attempt, Lease, LockError, OwnerToken};
 use tokio::sync::watch::{Sender, channel};
 
 use crate::connection::client::Inner;
-use crate::connection::session::{Entry, Kind};
+use crate::connection::session::{Attached, Entry, Kind};
 use crate::error::{BACKEND, protocol};
 use crate::keys::record::Record;
 use crate::keys::{Keys, range_end};
@@ -325,15 +325,27 @@ impl Drop for LineWaiter {
         let Some(place) = place else {
             return;
         };
+        self.inner.leave_line(Attached {
+            key: place.key,
+            revision: place.revision,
+            value: place.value,
+        });
+    }
+}
+
+impl Inner {
+    /// A waiter gave up its entry in line (a lock's queue, a reader-writer
+    /// lock's line): it is deleted in the background.
+    pub(crate) fn leave_line(self: &Arc<Self>, place: Attached) {
         // No longer kept alive by the keeper for this waiter: if the removal
         // below fails (or never runs), the keeper deletes the entry once its
         // session's last refresh runs out.
-        self.inner.sessions.doom(&place.key, place.revision);
-        let inner = self.inner.clone();
+        self.sessions.doom(&place.key, place.revision);
+        let inner = self.clone();
         // A clean-up this client owes the store, tracked: closing the client
         // finishes it, so a process that exits right after its wait gave up
         // leaves no entry to block the name until its session's TTL.
-        self.inner.conn.cleanup(async move {
+        self.conn.cleanup(async move {
             match inner.delete_entry(&place.key, place.revision, &place.value).await {
                 Ok(_) => {
                     inner.sessions.forget(&place.key, place.revision);

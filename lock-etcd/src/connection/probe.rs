@@ -78,6 +78,7 @@ pub(crate) async fn capabilities(
         .fence_durability(FenceDurability::Durable)
         .notifications(true)
         .semaphores(true)
+        .rw_locks(true)
         .fence_floor(true)
         // A grant moves onto a lease of its own (`locks::remaining`).
         .sets_remaining(true)

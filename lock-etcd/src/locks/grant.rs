@@ -1,5 +1,5 @@
-//! A grant: what a lock entry or permit slot this client wrote carries in
-//! its [`Lease`], and how a write of a new entry is judged (a session gone,
+//! A grant: what a lock entry, permit slot or reader-writer grant this
+//! client wrote carries in its [`Lease`], and how a write of a new entry is judged (a session gone,
 //! or a reply lost: its session is retired).
 
 use std::sync::Arc;
@@ -13,7 +13,8 @@ use crate::connection::session::{Entry, Kind, Paid};
 use crate::error::{self, BACKEND, lease_not_found};
 use crate::keys::record::Record;
 
-/// What a granted lock or permit carries in its [`Lease`] extension.
+/// What a granted lock, permit or reader-writer share carries in its
+/// [`Lease`] extension.
 #[derive(Debug)]
 pub(crate) struct Grant {
     pub(crate) key: Vec<u8>,

@@ -1,10 +1,11 @@
 //! One etcd watch stream per backend instance, shared by everything that
-//! needs etcd's notifications: each name's line of waiters, eviction
-//! notices, [`LockBackend::watch`](lockcore::LockBackend::watch) and
-//! [`watch_permits`](lockcore::LockBackend::watch_permits).
+//! needs etcd's notifications: each name's line of waiters, the waiters of
+//! reader-writer locks, eviction notices, and
+//! [`LockBackend::watch`](lockcore::LockBackend::watch) of every kind.
 //!
 //! On that stream, each key prefix this instance cares about (a lock's
-//! queue, a semaphore's slots, a session's notices) has one watch, on
+//! queue, a semaphore's slots, a reader-writer lock's keys, a session's
+//! notices) has one watch, on
 //! deletes only or puts only. Every subscriber to a prefix gets every such
 //! change under it, in revision order.
 //!

@@ -1,5 +1,5 @@
 //! [`LockBackend::watch`](lockcore::LockBackend::watch) and
-//! [`watch_permits`](lockcore::LockBackend::watch_permits): wake-ups for
+//! [`watch_permits`](lockcore::LockBackend::watch_permits) and `watch_rw`: wake-ups for
 //! waiters outside this client's lines, on the shared watch stream.
 
 use lockcore::backend::wait::Wakeup;
@@ -36,6 +36,18 @@ impl Inner {
         // it wakes the waiter; a slot free right now, the attempt takes.
         let slots = Keys::slots(&self.keys.semaphore(name));
         let mut deletes = self.hub.subscribe(&slots, Events::Deletes).await?;
+        Ok(Some(Box::pin(async move {
+            // Also wakes when the watch is gone: the caller looks again.
+            let _ = deletes.next().await;
+        })))
+    }
+
+    pub(crate) async fn watch_rw(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
+        // Any delete may admit a waiter: a grant released or expired, a
+        // writer's intent removed. What is admitted right now, the attempt
+        // takes.
+        let keys = self.keys.rw(name);
+        let mut deletes = self.hub.subscribe(keys.base(), Events::Deletes).await?;
         Ok(Some(Box::pin(async move {
             // Also wakes when the watch is gone: the caller looks again.
             let _ = deletes.next().await;

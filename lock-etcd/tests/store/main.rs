@@ -21,6 +21,7 @@ mod fencing;
 mod keys;
 mod permits;
 mod restore;
+mod rw;
 mod sessions;
 mod support;
 mod tls;
