@@ -1,6 +1,6 @@
 //! `RedisBackend`: connect, and the [`LockBackend`] contract, each method
 //! dispatching to the role that serves it (`locks.rs`, `permits.rs`,
-//! `wait/`, `fence/`, `connection/`).
+//! `rw.rs`, `wait/`, `fence/`, `connection/`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
 use lockcore::backend::{CancellationToken, Kind, LockRequest, Polling, Ttl, check_permits, timed};
 use lockcore::{
-    Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken, Holder,
-    Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
+    Access, Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken,
+    Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use redis::aio::ConnectionManager;
 
@@ -21,6 +21,7 @@ use crate::connection::client::Client;
 use crate::connection::probe::{Eviction, Persistence};
 use crate::error::BACKEND;
 use crate::fence::{self, MAX_FENCE};
+use crate::rw::WriterWaiter;
 use crate::wait::LineWaiter;
 use crate::wait::notify::Notifier;
 
@@ -28,7 +29,7 @@ use crate::wait::notify::Notifier;
 /// hundreds of thousands of years, so the cap is ours.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// Locks and semaphores in one Redis server.
+/// Locks, semaphores and reader-writer locks in one Redis server.
 ///
 /// Clones share the connections; connect another backend for an
 /// independent client. Each backend holds one multiplexed connection for
@@ -214,6 +215,7 @@ fn capabilities(
         // checked, see `wait/notify.rs`).
         .eviction_notice(Some(response_timeout))
         .semaphores(true)
+        .rw_locks(true)
         .sets_remaining(true)
         .fence_floor(true)
         .max_fence(MAX_FENCE)
@@ -249,6 +251,13 @@ impl LockBackend for RedisBackend {
                 let attempt = self.client.acquire_permit(request, permits);
                 self.client.acquiring(attempt).await
             }
+            (Kind::ReadWrite, _) => match request.access() {
+                Some(access) => {
+                    let attempt = self.client.acquire_share(request, access, None);
+                    self.client.acquiring(attempt).await
+                }
+                None => Err(Kind::ReadWrite.unsupported(BACKEND)),
+            },
             (kind, _) => Err(kind.unsupported(BACKEND)),
         }
     }
@@ -278,6 +287,7 @@ impl LockBackend for RedisBackend {
         match kind {
             Kind::Lock => Ok(self.client.inspect(name).await?.into_iter().collect()),
             Kind::Semaphore => self.client.inspect_permits(name).await,
+            Kind::ReadWrite => self.client.inspect_shares(name).await,
             kind => Err(kind.unsupported(BACKEND)),
         }
     }
@@ -293,18 +303,24 @@ impl LockBackend for RedisBackend {
 
     /// A wake-up at the next release or forced release of `name` (one
     /// message to this instance, whatever the number of its watches), or
-    /// when the holder's TTL runs out; for a semaphore, of any of its slots.
+    /// when the holder's TTL runs out; for a semaphore, of any of its
+    /// slots; for a reader-writer lock, of any share, or when a waiting
+    /// writer's intent goes (removed, or lapsed).
     async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
         self.client.open()?;
         let wakeup = match kind {
             Kind::Lock => {
                 let keys = self.client.keys(name);
-                self.client.watch(&keys.lock, &keys.watchers, false).await?
+                self.client.watch(&keys.lock, &keys.watchers, &[]).await?
             }
             Kind::Semaphore => {
                 let keys = self.client.permit_keys(name);
-                self.client.watch(&keys.slots, &keys.watchers, true).await?
+                let expiring = [keys.slots.as_str()];
+                self.client
+                    .watch(&keys.slots, &keys.watchers, &expiring)
+                    .await?
             }
+            Kind::ReadWrite => self.client.watch_shares(&self.client.rw_keys(name)).await?,
             kind => return Err(kind.unsupported(BACKEND)),
         };
         Ok(Some(wakeup))
@@ -312,8 +328,9 @@ impl LockBackend for RedisBackend {
 
     /// A lock waits in line (see the crate docs): one wake-up per hand-off,
     /// to the first waiter only, through this instance's subscription. A
-    /// permit waits in lockcore's loop, woken by `watch`. A wait in progress
-    /// when the backend closes ends with `Unavailable`.
+    /// permit and a read wait in lockcore's loop, woken by `watch`; a write
+    /// too, leaving its intent in the store meanwhile (`rw/writer.rs`). A
+    /// wait in progress when the backend closes ends with `Unavailable`.
     async fn acquire(
         &self,
         request: &LockRequest,
@@ -322,11 +339,16 @@ impl LockBackend for RedisBackend {
         // The waiter lives in the tracked future: its place in line is
         // left (a clean-up) before the acquire counts as ended.
         let waiting = async {
-            if request.kind() == Kind::Lock {
-                let mut waiter = LineWaiter::new(self.client.clone(), request, wait.recheck);
-                wait::wait(wait, &mut waiter).await
-            } else {
-                wait::wait(wait, &mut Polling::new(self, request)).await
+            match (request.kind(), request.access()) {
+                (Kind::Lock, _) => {
+                    let mut waiter = LineWaiter::new(self.client.clone(), request, wait.recheck);
+                    wait::wait(wait, &mut waiter).await
+                }
+                (Kind::ReadWrite, Some(Access::Write)) => {
+                    let mut waiter = WriterWaiter::new(self.client.clone(), request);
+                    wait::wait(wait, &mut waiter).await
+                }
+                _ => wait::wait(wait, &mut Polling::new(self, request)).await,
             }
         };
         self.client.acquiring(waiting).await

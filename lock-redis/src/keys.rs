@@ -12,6 +12,11 @@
 //! <prefix>{<name>}:permits:holders   semaphore: slot -> "<owner>:<fence> <label>", permits -> N
 //! <prefix>{<name>}:permits:fence     semaphore fence counter (never expires)
 //! <prefix>{<name>}:permits:watchers  instances watching the semaphore (set), one-shot
+//! <prefix>{<name>}:rw                rw lock: holder "<access>:<owner>" -> expiry in server ms (zset)
+//! <prefix>{<name>}:rw:holders        rw lock: holder -> "<owner>:<fence> <label>"
+//! <prefix>{<name>}:rw:intents        rw lock: waiting writer's intent id -> expiry in server ms (zset)
+//! <prefix>{<name>}:rw:fence          rw lock fence counter (never expires)
+//! <prefix>{<name>}:rw:watchers       instances watching the rw lock (set), one-shot
 //! <prefix>fence-floor:{<t>}          the fence floor of one Cluster slot (16384 of them, once raised)
 //! <prefix>era:{<t>}                  the replication id one Cluster slot's grants came from (hash)
 //! <prefix>wake:<instance>            pub/sub channel of one backend instance (not a key)
@@ -147,6 +152,43 @@ impl PermitKeys {
     }
 }
 
+/// The store keys of one reader-writer lock: a namespace apart from the
+/// lock and the semaphore of the same name, in the same hash tag, so one
+/// script reaches them all on a Redis Cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RwKeys {
+    /// Sorted set: holder `"<access>:<owner>"` -> expiry (server time, ms).
+    pub(crate) shares: String,
+    /// Hash: holder -> `"<owner>:<fence> <label>"`.
+    pub(crate) holders: String,
+    /// Sorted set: a waiting writer's intent id -> expiry (server time, ms).
+    pub(crate) intents: String,
+    /// The reader-writer lock's fence counter (one for reads and writes).
+    pub(crate) fence: String,
+    /// The instances watching the reader-writer lock.
+    pub(crate) watchers: String,
+    /// The fence floor of the name's Cluster slot.
+    pub(crate) floor: String,
+    /// The era of the name's Cluster slot.
+    pub(crate) era: String,
+}
+
+impl RwKeys {
+    pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
+        let tag = tag(name);
+        let base = format!("{prefix}{{{tag}}}:rw");
+        RwKeys {
+            holders: format!("{base}:holders"),
+            intents: format!("{base}:intents"),
+            fence: format!("{base}:fence"),
+            watchers: format!("{base}:watchers"),
+            floor: floor_key(prefix, slot_of(&tag)),
+            era: era_key(prefix, slot_of(&tag)),
+            shares: base,
+        }
+    }
+}
+
 /// The hash tag of `name`: the name with `%`, `{` and `}` percent-encoded.
 fn tag(name: &LockName) -> String {
     name.escaped(|c| c == '{' || c == '}')
@@ -255,6 +297,7 @@ mod tests {
         ] {
             let k = keys(name);
             let p = PermitKeys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap());
+            let rw = RwKeys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap());
             for other in [
                 &k.fence,
                 &k.queue,
@@ -264,6 +307,11 @@ mod tests {
                 &p.holders,
                 &p.fence,
                 &p.watchers,
+                &rw.shares,
+                &rw.holders,
+                &rw.intents,
+                &rw.fence,
+                &rw.watchers,
             ] {
                 assert_eq!(hash_tag(&k.lock), hash_tag(other), "{name:?}");
             }
@@ -279,13 +327,37 @@ mod tests {
     #[test]
     fn the_mapping_is_injective_on_near_collisions() {
         let names = [
-            "a{b", "a%7Bb", "a%257Bb", "a}b", "a%7Db", "%", "%25", "%2525", "a:fence", "a}:fence",
-            "a:queue", "a}:queue", "a:next", "a}:next", "a", "A", "a ", "*", "?", "[a]", "\\",
+            "a{b",
+            "a%7Bb",
+            "a%257Bb",
+            "a}b",
+            "a%7Db",
+            "%",
+            "%25",
+            "%2525",
+            "a:fence",
+            "a}:fence",
+            "a:queue",
+            "a}:queue",
+            "a:next",
+            "a}:next",
+            "a",
+            "A",
+            "a ",
+            "*",
+            "?",
+            "[a]",
+            "\\",
+            "a:rw",
+            "a}:rw",
+            "a:permits",
+            "a}:permits",
         ];
         let mut seen = std::collections::HashSet::new();
         for name in names {
             let k = keys(name);
             let p = PermitKeys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap());
+            let rw = RwKeys::new(DEFAULT_PREFIX, &LockName::new(name).unwrap());
             for key in [
                 &k.lock,
                 &k.fence,
@@ -296,6 +368,11 @@ mod tests {
                 &p.holders,
                 &p.fence,
                 &p.watchers,
+                &rw.shares,
+                &rw.holders,
+                &rw.intents,
+                &rw.fence,
+                &rw.watchers,
             ] {
                 assert!(seen.insert(key.clone()), "{name:?}: {key} collides");
             }
@@ -310,6 +387,13 @@ mod tests {
         assert_eq!(k.queue, "distlock:{orders/%7B42%7D}:queue");
         assert_eq!(k.next, "distlock:{orders/%7B42%7D}:next");
         assert_eq!(k.watchers, "distlock:{orders/%7B42%7D}:watchers");
+        let rw = RwKeys::new(DEFAULT_PREFIX, &LockName::new("orders/{42}").unwrap());
+        assert_eq!(rw.shares, "distlock:{orders/%7B42%7D}:rw");
+        assert_eq!(rw.holders, "distlock:{orders/%7B42%7D}:rw:holders");
+        assert_eq!(rw.intents, "distlock:{orders/%7B42%7D}:rw:intents");
+        assert_eq!(rw.fence, "distlock:{orders/%7B42%7D}:rw:fence");
+        assert_eq!(rw.watchers, "distlock:{orders/%7B42%7D}:rw:watchers");
+        assert_eq!((&rw.floor, &rw.era), (&k.floor, &k.era));
         assert!(k.floor.starts_with("distlock:fence-floor:{"));
         assert_eq!(k.era, k.floor.replace("fence-floor:", "era:"));
         assert_eq!(

@@ -1,24 +1,25 @@
 //! Locks: acquire, renew, release, inspect and evict, each one Lua script
 //! (`locks/scripts/`), so one atomic step and one round trip. Renew and
-//! release take permit leases too (one batch renews locks and permits
-//! mixed), so those two serve `permits.rs` as well.
+//! release take permit and reader-writer leases too (one batch renews them
+//! all mixed), so those two serve `permits.rs` and `rw.rs` as well.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{LockRequest, Moment};
+use lockcore::backend::{Kind, LockRequest, Moment};
 use lockcore::{
     Attempt, FencingToken, Holder, Lease, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 
 use crate::connection::background::{Pending, Undo};
 use crate::connection::client::Client;
-use crate::connection::script::{prepare, script};
+use crate::connection::script::{Call, prepare, script};
 use crate::error;
 use crate::fence::NEXT_FENCE;
 use crate::fence::failover::ERA_CHECK;
 use crate::keys::{self, Keys};
 use crate::permits::SLOTS;
+use crate::rw::holder_id;
 use crate::wait::LINE;
 
 mod renew_on_nodes;
@@ -30,7 +31,7 @@ use value::{lease_value, parse_value, remaining};
 pub(crate) const IS_LEASE: &str = include_str!("locks/scripts/lease.lua");
 
 script!(ACQUIRE = [NEXT_FENCE, ERA_CHECK, LINE] include_str!("locks/scripts/acquire.lua"));
-/// `renew_one`: renews one lease, a lock or a permit.
+/// `renew_one`: renews one lease, a lock, a permit or a reader-writer share.
 const RENEW_ONE: &str = include_str!("locks/scripts/renew_one.lua");
 
 script!(RENEW = [IS_LEASE, SLOTS, RENEW_ONE] include_str!("locks/scripts/renew.lua"));
@@ -117,10 +118,37 @@ impl Client {
         ))
     }
 
-    /// Renews `leases`, locks and permits alike, one script per chunk of
-    /// [`RENEW_CHUNK`], each lease owner- and fence-checked on its own.
-    /// On a Redis Cluster, one script per primary (see `renew_on_nodes.rs`).
+    /// Renews `leases`, locks, permits and shares alike, one script per
+    /// chunk of [`RENEW_CHUNK`], each lease owner- and fence-checked on its
+    /// own. On a Redis Cluster, one script per primary (see
+    /// `renew_on_nodes.rs`). A lease of a kind this adapter does not keep
+    /// is refused on its own.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
+        if leases.iter().all(|lease| kept(lease.kind())) {
+            return self.renew_kept(leases).await;
+        }
+        let subset: Vec<Lease> = leases
+            .iter()
+            .filter(|lease| kept(lease.kind()))
+            .cloned()
+            .collect();
+        let mut renewed = self.renew_kept(&subset).await.into_iter();
+        leases
+            .iter()
+            .map(|lease| {
+                if kept(lease.kind()) {
+                    renewed
+                        .next()
+                        .unwrap_or_else(|| Err(error::unexpected("a lease was not renewed")))
+                } else {
+                    Err(lease.kind().unsupported(error::BACKEND))
+                }
+            })
+            .collect()
+    }
+
+    /// [`renew_many`](Self::renew_many) of leases of the kinds kept here.
+    async fn renew_kept(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if self.commands.is_cluster() {
             return self.renew_on_nodes(leases).await;
         }
@@ -163,21 +191,11 @@ impl Client {
 
     async fn renew_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         let mut call = prepare(&RENEW);
+        // Only kept kinds get here: one entry per lease.
         for lease in leases {
-            match lease.slot() {
-                None => {
-                    let lock = self.keys(lease.name()).lock;
-                    call.0.key(&lock).key(&lock).arg(lease_value(lease));
-                    call.0.arg(lease.ttl().as_millis_ceil()).arg("");
-                }
-                Some(slot) => {
-                    let keys = self.permit_keys(lease.name());
-                    call.0
-                        .key(&keys.slots)
-                        .key(&keys.holders)
-                        .arg(lease_value(lease));
-                    call.0.arg(lease.ttl().as_millis_ceil()).arg(slot);
-                }
+            if let Some((key, holders, slot)) = self.renewal(lease) {
+                call.0.key(key).key(holders).arg(lease_value(lease));
+                call.0.arg(lease.ttl().as_millis_ceil()).arg(slot);
             }
         }
         // Each lease on its own clock, read before the request leaves.
@@ -221,26 +239,28 @@ impl Client {
         }
     }
 
-    /// Releases a lock or a permit, if this lease still holds it.
+    /// Releases a lock, a permit or a reader-writer share, if this lease
+    /// still holds it. A share is freed as a permit is (the permit script,
+    /// with the share's holder id for a slot).
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let call = match lease.slot() {
-            None => {
+        let call = match (lease.kind(), lease.slot(), lease.access()) {
+            (Kind::Lock, ..) => {
                 let keys = self.keys(lease.name());
                 let mut call = prepare(&RELEASE);
                 call.0.key(&keys.lock).key(&keys.queue).key(&keys.next);
                 call.0.key(&keys.watchers).arg(lease_value(lease));
                 call
             }
-            Some(slot) => {
+            (Kind::Semaphore, Some(slot), _) => {
                 let keys = self.permit_keys(lease.name());
-                let mut call = prepare(&crate::permits::PERMIT_RELEASE);
-                call.0
-                    .key(&keys.slots)
-                    .key(&keys.holders)
-                    .key(&keys.watchers);
-                call.0.arg(lease_value(lease)).arg(slot);
-                call
+                free_slot(lease, [&keys.slots, &keys.holders, &keys.watchers], slot)
             }
+            (Kind::ReadWrite, _, Some(access)) => {
+                let keys = self.rw_keys(lease.name());
+                let holder = holder_id(access, lease.owner());
+                free_slot(lease, [&keys.shares, &keys.holders, &keys.watchers], holder)
+            }
+            (kind, ..) => return Err(kind.unsupported(error::BACKEND)),
         };
         match self.invoke::<(i64,)>("release", &call).await? {
             (1,) => {
@@ -248,6 +268,28 @@ impl Client {
                 Ok(ReleaseOutcome::Released)
             }
             _ => Ok(ReleaseOutcome::NotHeld),
+        }
+    }
+
+    /// What `renew_one` is given to renew `lease`: a lock's key twice and
+    /// no slot, a semaphore's slots, holders and slot, or a reader-writer
+    /// lock's shares, holders and holder id; `None` for a kind this adapter
+    /// does not keep.
+    pub(crate) fn renewal(&self, lease: &Lease) -> Option<(String, String, String)> {
+        match (lease.kind(), lease.slot(), lease.access()) {
+            (Kind::Lock, ..) => {
+                let lock = self.keys(lease.name()).lock;
+                Some((lock.clone(), lock, String::new()))
+            }
+            (Kind::Semaphore, Some(slot), _) => {
+                let keys = self.permit_keys(lease.name());
+                Some((keys.slots, keys.holders, slot.to_string()))
+            }
+            (Kind::ReadWrite, _, Some(access)) => {
+                let keys = self.rw_keys(lease.name());
+                Some((keys.shares, keys.holders, holder_id(access, lease.owner())))
+            }
+            _ => None,
         }
     }
 
@@ -285,6 +327,21 @@ impl Client {
             None => None,
         })
     }
+}
+
+/// The permit release of `lease`, holding `slot` of the slots, holders
+/// and watchers `keys` (a semaphore's, or a reader-writer lock's with the
+/// share's holder id for a slot).
+fn free_slot(lease: &Lease, keys: [&str; 3], slot: impl redis::ToRedisArgs) -> Call {
+    let mut call = prepare(&crate::permits::PERMIT_RELEASE);
+    call.0.key(keys[0]).key(keys[1]).key(keys[2]);
+    call.0.arg(lease_value(lease)).arg(slot);
+    call
+}
+
+/// Whether this adapter keeps leases of `kind`.
+fn kept(kind: Kind) -> bool {
+    matches!(kind, Kind::Lock | Kind::Semaphore | Kind::ReadWrite)
 }
 
 /// Groups of lease indexes (one slot's, one node's) cut into renewal

@@ -1,6 +1,8 @@
 //! Semaphores: acquire and inspect of permits, one Lua script each
 //! (`permits/scripts/`). Renewing and releasing a permit go through the
 //! lock scripts' batch renew and release (`locks.rs`), which take either.
+//! Reader-writer shares are kept like permits (`rw.rs`): the slot helpers,
+//! the release and the inspect script serve them too.
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
-//! Work that outlives a call: undoing an acquire (of a lock or a permit)
-//! whose reply was lost, passing on hand-offs for waits that ended,
+//! Work that outlives a call: undoing an acquire (of a lock, a permit or a
+//! reader-writer share) whose reply was lost, passing on hand-offs for waits that ended,
 //! checking leases after a resubscription. Clean-ups owed to the store run
 //! through the client's `Cleanups`, which `close` finishes; the rest ends
 //! when the client closes.
@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use super::client::Client;
 use super::script::prepare;
-use crate::keys::{Keys, PermitKeys};
+use crate::keys::{Keys, PermitKeys, RwKeys};
 use crate::locks::INSPECT;
 use crate::permits::PERMIT_LEAVE;
 use crate::wait::notify::{Checks, Event};
@@ -27,6 +27,9 @@ pub(crate) enum Undo {
     Lock(Keys, OwnerToken),
     /// A slot of the semaphore of `PermitKeys`, for this owner token.
     Permit(PermitKeys, OwnerToken),
+    /// A share of the reader-writer lock of `RwKeys`: its holder
+    /// `"<access>:<owner>"`.
+    Share(RwKeys, String),
 }
 
 /// An acquire in flight. Settled once its reply says what happened;
@@ -66,6 +69,10 @@ impl Drop for Pending {
             }
             Some(Undo::Permit(keys, owner)) => {
                 self.client.give_back_later(keys, owner, self.until);
+            }
+            Some(Undo::Share(keys, holder)) => {
+                self.client
+                    .leave_share_later(keys, String::new(), holder, self.until);
             }
             None => {}
         }

@@ -1,6 +1,6 @@
 //! `Client`: one backend instance's link to the server, shared by its
 //! clones. The round trips it makes live with the role they serve
-//! (`locks.rs`, `permits.rs`, `fence/floor.rs`, `wait/`); its clean-ups and
+//! (`locks.rs`, `permits.rs`, `rw.rs`, `fence/floor.rs`, `wait/`); its clean-ups and
 //! its closing live beside it (`background.rs`, `closing.rs`).
 
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use super::commands::Commands;
 use super::script::Call;
 use crate::fence::failover::Failover;
-use crate::keys::{Keys, PermitKeys};
+use crate::keys::{Keys, PermitKeys, RwKeys};
 use crate::wait::notify::Notifier;
 
 /// One backend instance's link to the server.
@@ -61,6 +61,10 @@ impl Client {
 
     pub(crate) fn permit_keys(&self, name: &LockName) -> PermitKeys {
         PermitKeys::new(&self.prefix, name)
+    }
+
+    pub(crate) fn rw_keys(&self, name: &LockName) -> RwKeys {
+        RwKeys::new(&self.prefix, name)
     }
 
     pub(crate) async fn invoke<T: FromRedisValue>(

@@ -81,15 +81,9 @@ impl Client {
         let mut call = prepare(&RENEW_ON_NODE);
         for (n, &i) in group.iter().enumerate() {
             let lease = &leases[i];
-            let (key, holders, slot) = match lease.slot() {
-                None => {
-                    let lock = self.keys(lease.name()).lock;
-                    (lock.clone(), lock, String::new())
-                }
-                Some(slot) => {
-                    let keys = self.permit_keys(lease.name());
-                    (keys.slots, keys.holders, slot.to_string())
-                }
+            // Only kept kinds get here (`renew_many`).
+            let Some((key, holders, slot)) = self.renewal(lease) else {
+                continue;
             };
             if n == 0 {
                 call.0.key(&key);

@@ -1,5 +1,6 @@
-//! Watches (`LockBackend::watch`, `watch_permits`): a wake-up at the next
-//! release of a key, through this instance's subscription.
+//! Watches (`LockBackend::watch`): a wake-up at the next release of a
+//! lock, a permit or a reader-writer share, through this instance's
+//! subscription.
 
 use std::time::Duration;
 
@@ -17,24 +18,27 @@ use crate::locks::value::remaining;
 const WATCH_LINGER: Duration = Duration::from_secs(60);
 
 impl Client {
-    /// A wake-up for a change of `key` (a lock key, or a semaphore's slots
-    /// with `permits`): registered locally, then in the store's watcher set
-    /// `watchers`, so the next release publishes to this instance. Also
-    /// completes when the holder (first permit) expires, which sends no
-    /// message, and before the registration lapses.
+    /// A wake-up for a change of `key` (a lock key, a semaphore's slots, a
+    /// reader-writer lock's shares): registered locally, then in the
+    /// store's watcher set `watchers`, so the next release publishes to
+    /// this instance. Also completes when the first expiry in the sorted
+    /// sets `expiring` passes (for a lock, none: when its key expires),
+    /// which sends no message, and before the registration lapses.
     pub(crate) async fn watch(
         &self,
         key: &str,
         watchers: &str,
-        permits: bool,
+        expiring: &[&str],
     ) -> Result<Wakeup, LockError> {
         let mut changed = self.notifier.watch_key(key).await?;
         let mut call = prepare(&WATCH);
         call.0.key(key).key(watchers);
+        for zset in expiring {
+            call.0.key(*zset);
+        }
         call.0
             .arg(self.notifier.channel())
-            .arg(WATCH_LINGER.as_millis() as u64)
-            .arg(if permits { "permits" } else { "" });
+            .arg(WATCH_LINGER.as_millis() as u64);
         let sent_at = Instant::now();
         let (expires_in,): (i64,) = self.invoke("watch", &call).await?;
         let lapses = sent_at + WATCH_LINGER - self.op_timeout.min(WATCH_LINGER / 2);

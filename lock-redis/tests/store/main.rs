@@ -17,6 +17,7 @@ mod fencing;
 mod keys;
 mod permits;
 mod restore;
+mod rw;
 mod support;
 mod tls;
 mod wakeups;

@@ -1,8 +1,9 @@
--- Renews a batch of leases, locks and permits, each owner- and
--- fence-checked on its own (renew_one). KEYS, two per lease: a lock's key
--- twice, or a semaphore's slots and holders.
+-- Renews a batch of leases, locks, permits and reader-writer shares, each
+-- owner- and fence-checked on its own (renew_one). KEYS, two per lease: a
+-- lock's key twice, a semaphore's slots and holders, or a reader-writer
+-- lock's shares and holders.
 -- ARGV[1] request nonce, then three per lease: "owner:fence", TTL in ms,
--- slot ('' for a lock).
+-- slot ('' for a lock; a share's "<access>:<owner>").
 -- Returns {nonce, r1, r2, ...}: 1 renewed, 0 not held, in lease order.
 local out = {ARGV[1]}
 local clock = {}

@@ -4,7 +4,7 @@
 -- KEYS[1]: one of the leases' keys, which routes the script to its primary.
 -- ARGV[1] request nonce, then five per lease: its key, the holders key (a
 -- lock's key again for a lock), "owner:fence", TTL in ms, slot ('' for a
--- lock).
+-- lock, a share's "<access>:<owner>" for a reader-writer lock).
 -- Returns {nonce, r1, r2, ...} in lease order: 1 renewed, 0 not held, -1
 -- not served here (its slot moved, or is moving): the caller renews that
 -- one with a script of its slot, which follows MOVED and ASK.

@@ -1,7 +1,8 @@
 -- Shared by the renewal scripts (prepended to them).
 -- Renews one lease: a lock (`key` its lock key, `slot` '') or a permit
 -- (`key` the semaphore's slots, `holders` its holders, `slot` the permit's
--- slot), owner- and fence-checked. A lock is extended only if its key still
+-- slot) or a reader-writer share (`key` the shares, `holders` their
+-- holders, `slot` the share's "<access>:<owner>"), owner- and fence-checked. A lock is extended only if its key still
 -- holds this lease; a permit only if its slot does and has not expired.
 -- Nothing is ever re-created. `clock` keeps the server time read once per
 -- script. Returns 1 renewed, 0 not held.

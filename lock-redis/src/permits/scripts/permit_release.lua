@@ -1,7 +1,9 @@
 -- KEYS[1] slots, KEYS[2] holders, KEYS[3] watchers.
 -- ARGV[1] request nonce, ARGV[2] "owner:fence" of the permit, ARGV[3] its slot.
 -- Frees the slot only if this permit still holds it and it has not
--- expired, and tells the instances watching the semaphore.
+-- expired, and tells the instances watching the semaphore. Also releases
+-- a reader-writer share (its shares, holders and watchers; its
+-- "<access>:<owner>" for a slot).
 -- Returns {nonce, 1} when released, {nonce, 0} when not held.
 local slots, holders, slot = KEYS[1], KEYS[2], ARGV[3]
 local expiry = tonumber(redis.call('ZSCORE', slots, slot))

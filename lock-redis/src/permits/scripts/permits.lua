@@ -4,6 +4,9 @@
 --   holders  hash: slot -> "<owner>:<fence> <label>", 'permits' -> N
 -- A slot whose expiry has passed is free; the keys themselves expire with
 -- the last permit, so an idle semaphore leaves nothing (its fence stays).
+-- A reader-writer lock keeps its shares the same way (a share's
+-- "<access>:<owner>" for a slot, no 'permits'), so these helpers, the
+-- permit release and inspect serve it too.
 
 -- The server clock in ms.
 local function now_ms()
