@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{base, refused, request, share, writer_waits};
+use super::{base, request, share};
 use crate::support::{LONG, private, raw, server_micros, take, unique};
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::stores::redis as launcher;
@@ -12,9 +12,7 @@ use lock_conformance::kit::until;
 use lock_redis::redis::AsyncCommands;
 use lock_redis::{RedisBackend, RedisConfig};
 use lockcore::backend::{Kind, LockBackendExt, LockRequest};
-use lockcore::{
-    Access, FencingToken, HolderLabel, LockBackend, LockError, LockName, Locker, ReleaseOutcome,
-};
+use lockcore::{Access, FencingToken, HolderLabel, LockBackend, LockError, Locker, ReleaseOutcome};
 use tokio::time::Instant;
 
 /// Two readers: their holders `read:<owner>` in the shares with server-time
@@ -282,7 +280,9 @@ async fn close_loses_shares() {
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shares_work_on_a_cluster() {
+    use super::{refused, writer_waits};
     use lock_conformance::kit::stores::redis_cluster;
+    use lockcore::LockName;
     let cluster = tokio::task::spawn_blocking(redis_cluster::shared)
         .await
         .expect("launcher thread");
