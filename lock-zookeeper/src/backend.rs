@@ -92,6 +92,12 @@ impl ZooKeeperBackend {
         self.client.lock_path(name)
     }
 
+    /// The ZooKeeper path of the reader-writer lock `name`'s queue of read
+    /// and write nodes: one child of `<root>/%rw`.
+    pub fn rw_lock_path(&self, name: &LockName) -> String {
+        self.client.rw_lock_path(name)
+    }
+
     /// `waiting`, ended with `Unavailable` if the client is closed
     /// meanwhile: a wait does not outlive its client (it would retry until
     /// its deadline).
@@ -124,7 +130,7 @@ impl LockBackend for ZooKeeperBackend {
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         let client = &self.client;
         match (request.kind(), request.permits()) {
-            (Kind::Lock, _) => {
+            (Kind::Lock | Kind::ReadWrite, _) => {
                 (client.bounded("acquiring", request.name(), client.try_acquire(request))).await
             }
             (Kind::Semaphore, Some(permits)) => {
@@ -159,6 +165,7 @@ impl LockBackend for ZooKeeperBackend {
         match kind {
             Kind::Lock => Ok(self.client.inspect(name).await?.into_iter().collect()),
             Kind::Semaphore => self.client.inspect_permits(name).await,
+            Kind::ReadWrite => self.client.inspect_shares(name).await,
             kind => Err(kind.unsupported(BACKEND)),
         }
     }
@@ -175,6 +182,7 @@ impl LockBackend for ZooKeeperBackend {
         match kind {
             Kind::Lock => self.client.watch(name).await,
             Kind::Semaphore => self.client.watch_permits(name).await,
+            Kind::ReadWrite => self.client.watch_shares(name).await,
             kind => Err(kind.unsupported(BACKEND)),
         }
     }
@@ -192,15 +200,16 @@ impl LockBackend for ZooKeeperBackend {
         self.client.close().await
     }
 
-    /// A lock waits in line (the crate docs); a permit in lockcore's loop,
-    /// woken by `watch`.
+    /// A lock, and a reader-writer lock's read or write, waits in line (the
+    /// crate docs; a waiting writer's node keeps later readers out); a
+    /// permit in lockcore's loop, woken by `watch`.
     async fn acquire(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         self.client.refuse_closed()?;
-        if request.kind() != Kind::Lock {
+        if !matches!(request.kind(), Kind::Lock | Kind::ReadWrite) {
             let mut polling = Polling::new(self, request);
             return self.until_closed(wait::wait(wait, &mut polling)).await;
         }

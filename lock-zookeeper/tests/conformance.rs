@@ -22,6 +22,7 @@ lock_conformance::suite!(
         stale_slot_holder_is_refused,
         crashed_permit_holder_frees_its_slot,
         crashed_job_frees_at_at_most,
+        rw_crashed_holder_frees_the_name,
         // Sessions expire on the servers' monotonic timers; no wall clock
         // of theirs is stepped here (ZooKeeper is not run under faketime).
         server_clock_steps_are_judged_on_the_server,

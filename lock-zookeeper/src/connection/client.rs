@@ -215,6 +215,7 @@ impl Client {
             // accepted here makes later grants overflow.
             .max_fence(i64::MAX as u64)
             .semaphores(true)
+            .rw_locks(true)
             .sets_remaining(kept)
     }
 

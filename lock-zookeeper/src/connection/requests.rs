@@ -1,5 +1,6 @@
 //! Requests that survive a lost connection: reads retried, deletes that
-//! tell whether they deleted, and the listing of a queue.
+//! tell whether they deleted, the listing of a queue, and a node created
+//! again in place.
 
 use std::future::Future;
 
@@ -85,4 +86,88 @@ where
         }
     }
     Err(last)
+}
+
+/// What a [`recreate`] transaction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recreated {
+    /// The node is a new one at the same path, with this `czxid`.
+    As(i64),
+    /// The node was gone: nothing was created.
+    Gone,
+}
+
+/// The place of the create in a [`recreate`] transaction (after the write
+/// and the delete).
+pub(crate) const RECREATE: usize = 2;
+
+/// Creates the node `path` again in place, in one `multi`: writes it with
+/// `data`, deletes it, and creates it with `data` and `mode`. The write
+/// comes first so that a watcher of the node (a one-shot `exists` or data
+/// watch) hears of a change (`NodeDataChanged`), never of a deletion: a
+/// deletion event stays proof that a node is gone. The write and the
+/// delete fail if the node is gone, and then nothing is created.
+///
+/// After a lost reply, reads the node again behind a `sync` (a transaction
+/// that reached the leader through the lost connection is then visible):
+/// a `czxid` other than `before`, the node's until now, means it went
+/// through; the same one, that it did not, and it is sent again.
+///
+/// # Errors
+/// The transaction's own failure (`OperationFailed` names the operation:
+/// [`RECREATE`] for the create), or the request's.
+pub(crate) async fn recreate(
+    client: &zk::Client,
+    path: &str,
+    data: &[u8],
+    mode: &zk::CreateOptions<'_>,
+    before: i64,
+) -> Result<Recreated, zk::MultiWriteError> {
+    let mut last = zk::Error::ConnectionLoss;
+    for _ in 0..ATTEMPTS {
+        let mut multi = client.new_multi_writer();
+        multi.add_set_data(path, data, None)?;
+        multi.add_delete(path, None)?;
+        multi.add_create(path, data, mode)?;
+        match multi.commit().await {
+            Ok(results) => return created(client, path, &results).await.map_err(Into::into),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0 | 1,
+                source: zk::Error::NoNode,
+            }) => return Ok(Recreated::Gone),
+            Err(zk::MultiWriteError::RequestFailed { source }) if connection_lost(&source) => {
+                last = source;
+            }
+            Err(e) => return Err(e),
+        }
+        match retry(|| client.sync(path)).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(e.into()),
+        }
+        match retry(|| client.check_stat(path)).await? {
+            None => return Ok(Recreated::Gone),
+            Some(stat) if stat.czxid != before => return Ok(Recreated::As(stat.czxid)),
+            Some(_) => {}
+        }
+    }
+    Err(last.into())
+}
+
+/// The `czxid` of the node a [`recreate`] transaction created: from its
+/// reply, or read (some servers answer a `multi`'s create without its stat).
+async fn created(
+    client: &zk::Client,
+    path: &str,
+    results: &[zk::MultiWriteResult],
+) -> Result<Recreated, zk::Error> {
+    if let Some(zk::MultiWriteResult::Create { stat, .. }) = results.get(RECREATE)
+        && !stat.is_invalid()
+    {
+        return Ok(Recreated::As(stat.czxid));
+    }
+    match retry(|| client.check_stat(path)).await? {
+        Some(stat) => Ok(Recreated::As(stat.czxid)),
+        // Created, then gone at once (its session ended, a release).
+        None => Ok(Recreated::Gone),
+    }
 }

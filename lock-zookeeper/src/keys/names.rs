@@ -4,10 +4,12 @@
 //! (`<root>/<segment>`), so no name can reach outside the root or share a
 //! parent with another name. The queue nodes of a lock are the parent's
 //! children, named like Apache Curator's protected-mode lock nodes:
-//! `_c_<owner uuid>-lock-<sequence>`. A queue node's data is the holder's
-//! label ([`NodeData`]).
+//! `_c_<owner uuid>-lock-<sequence>`; those of a reader-writer lock like
+//! the nodes of Curator's `InterProcessReadWriteLock`,
+//! `_c_<owner uuid>-__READ__<sequence>` and `_c_<owner uuid>-__WRIT__<sequence>`.
+//! A queue node's data is the holder's label ([`NodeData`]).
 
-use lockcore::{FencingToken, HolderLabel, LockError, LockName};
+use lockcore::{Access, FencingToken, HolderLabel, LockError, LockName};
 
 use crate::error::BACKEND;
 use uuid::Uuid;
@@ -43,15 +45,31 @@ pub fn decode_segment(segment: &str) -> Option<String> {
         .map(|s| s.into_owned())
 }
 
-/// The infix between the owner's uuid and the sequence number.
-const LOCK_MARK: &str = "-lock-";
+/// The infixes between the owner's uuid and the sequence number: a lock's
+/// node (Curator's `InterProcessMutex` names it `lock-`), a reader-writer
+/// lock's read and write nodes (Curator's `__READ__` and `__WRIT__`).
+const MARKS: [(&str, Option<Access>); 3] = [
+    ("-lock-", None),
+    ("-__READ__", Some(Access::Read)),
+    ("-__WRIT__", Some(Access::Write)),
+];
 const PROTECTED: &str = "_c_";
 
-/// The name prefix of the queue node of owner `guid` (ZooKeeper appends the
-/// sequence number). The uuid lets a client find its own node after a create
-/// whose reply was lost ("protected mode").
-pub(crate) fn node_prefix(guid: Uuid) -> String {
-    format!("{PROTECTED}{}{LOCK_MARK}", guid.hyphenated())
+/// The infix of a node of a lock (`None`) or of a reader-writer lock's `access`.
+fn mark(access: Option<Access>) -> &'static str {
+    match access {
+        None => MARKS[0].0,
+        Some(Access::Read) => MARKS[1].0,
+        Some(Access::Write) => MARKS[2].0,
+    }
+}
+
+/// The name prefix of the queue node of owner `guid`, for a lock (`None`)
+/// or a reader-writer lock's `access` (ZooKeeper appends the sequence
+/// number). The uuid lets a client find its own node after a create whose
+/// reply was lost ("protected mode").
+pub(crate) fn node_prefix(guid: Uuid, access: Option<Access>) -> String {
+    format!("{PROTECTED}{}{}", guid.hyphenated(), mark(access))
 }
 
 /// A queue node, parsed from its name.
@@ -65,22 +83,26 @@ pub(crate) struct QueueNode {
     /// unsigned: a counter that wrapped past 2^31 still sorts after the
     /// nodes created before it.
     pub(crate) sequence: u32,
+    /// A reader-writer lock's read or write node; `None`: a lock's node.
+    pub(crate) access: Option<Access>,
 }
 
 impl QueueNode {
     /// The sequence number of a queue node's name, cheaply (for looking it
     /// up among nodes already parsed).
     pub(crate) fn sequence_of(name: &str) -> Option<u32> {
-        let (_, sequence) = name.rsplit_once(LOCK_MARK)?;
+        let (_, sequence) = MARKS.iter().find_map(|(m, _)| name.rsplit_once(m))?;
         sequence.parse::<i32>().ok().map(|s| s as u32)
     }
 
-    /// Parses `_c_<uuid>-lock-<sequence>`; `None` for any other child.
+    /// Parses `_c_<uuid>-lock-<sequence>`, `_c_<uuid>-__READ__<sequence>` or
+    /// `_c_<uuid>-__WRIT__<sequence>`; `None` for any other child.
     pub(crate) fn parse(name: &str) -> Option<QueueNode> {
         let rest = name.strip_prefix(PROTECTED)?;
-        let (guid, sequence) = rest.split_at_checked(36)?;
+        let (guid, rest) = rest.split_at_checked(36)?;
         let guid = Uuid::try_parse(guid).ok()?;
-        let sequence = sequence.strip_prefix(LOCK_MARK)?;
+        let (access, sequence) =
+            (MARKS.iter()).find_map(|&(m, access)| rest.strip_prefix(m).map(|s| (access, s)))?;
         if sequence.is_empty()
             || !sequence
                 .bytes()
@@ -94,7 +116,14 @@ impl QueueNode {
             name: name.to_owned(),
             guid,
             sequence,
+            access,
         })
+    }
+
+    /// Whether this node keeps a reader behind it waiting: any node but a
+    /// read (a write, or another recipe's lock node in the same parent).
+    pub(crate) fn blocks_readers(&self) -> bool {
+        self.access != Some(Access::Read)
     }
 }
 
@@ -138,6 +167,26 @@ impl Queue {
     /// Every node of owner `guid`.
     pub(crate) fn all_of(&self, guid: Uuid) -> impl Iterator<Item = &QueueNode> {
         self.nodes.iter().filter(move |n| n.guid == guid)
+    }
+
+    /// Whether node `name`, queued for a lock (`None`) or a reader-writer
+    /// lock's `access`, may hold now: a read while no other node than reads
+    /// is ahead of it, anything else when it is first.
+    pub(crate) fn admits(&self, name: &str, access: Option<Access>) -> bool {
+        match (self.position(name), access) {
+            (Some(at), Some(Access::Read)) => !self.nodes[..at].iter().any(|n| n.blocks_readers()),
+            (at, _) => at == Some(0),
+        }
+    }
+
+    /// The nodes of a reader-writer lock that may hold now: the reads
+    /// ahead of every other node, or else the first node alone.
+    pub(crate) fn admitted(&self) -> &[QueueNode] {
+        match self.nodes.iter().position(|n| n.blocks_readers()) {
+            Some(0) => &self.nodes[..1],
+            Some(first) => &self.nodes[..first],
+            None => &self.nodes,
+        }
     }
 }
 
@@ -287,12 +336,12 @@ mod tests {
         let a = Uuid::new_v4();
         let b = Uuid::new_v4();
         let children = vec![
-            format!("{}-2147483648", node_prefix(a)),
-            format!("{}2147483647", node_prefix(b)),
-            format!("{}0000000007", node_prefix(b)),
+            format!("{}-2147483648", node_prefix(a, None)),
+            format!("{}2147483647", node_prefix(b, None)),
+            format!("{}0000000007", node_prefix(b, None)),
             "garbage".to_owned(),
-            format!("{}x1", node_prefix(a)),
-            node_prefix(a),
+            format!("{}x1", node_prefix(a, None)),
+            node_prefix(a, None),
         ];
         let q = Queue::new(&children);
         let order: Vec<u32> = q.nodes.iter().map(|n| n.sequence).collect();
@@ -301,6 +350,43 @@ mod tests {
         assert_eq!(q.position(&children[0]), Some(2));
         assert_eq!(q.first_of(a).unwrap().name, children[0]);
         assert_eq!(q.all_of(b).count(), 2);
+    }
+
+    /// Read and write nodes are named as Curator's reader-writer lock names
+    /// them, and sort with each other by sequence number: a read is
+    /// admitted while only reads are ahead of it, a write when it is first.
+    #[test]
+    fn read_and_write_nodes_parse_and_admit_by_the_rules() {
+        let (r, w) = (Some(Access::Read), Some(Access::Write));
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let name =
+            |guid, access, sequence: u32| format!("{}{sequence:010}", node_prefix(guid, access));
+        assert_eq!(
+            name(a, r, 1),
+            format!("_c_{}-__READ__0000000001", a.hyphenated())
+        );
+        assert_eq!(
+            name(a, w, 2),
+            format!("_c_{}-__WRIT__0000000002", a.hyphenated())
+        );
+        let children = [name(a, r, 4), name(b, w, 5), name(b, r, 1), name(a, r, 7)];
+        assert_eq!(QueueNode::sequence_of(&children[1]), Some(5));
+        let q = Queue::new(&children);
+        let parsed: Vec<_> = q.nodes.iter().map(|n| (n.sequence, n.access)).collect();
+        assert_eq!(parsed, vec![(1, r), (4, r), (5, w), (7, r)]);
+        assert!(q.admits(&children[2], r) && q.admits(&children[0], r));
+        assert!(!q.admits(&children[1], w), "a write behind reads");
+        assert!(!q.admits(&children[3], r), "a read behind a write");
+        assert!(!q.admits("missing", r));
+        let held: Vec<_> = q.admitted().iter().map(|n| n.sequence).collect();
+        assert_eq!(held, vec![1, 4]);
+        let write_first = Queue::new(&[children[1].clone(), children[3].clone()]);
+        let held: Vec<_> = write_first.admitted().iter().map(|n| n.sequence).collect();
+        assert_eq!(held, vec![5], "a write first holds alone");
+        assert!(write_first.admits(&children[1], w));
+        // Another recipe's lock node in the same parent counts as a write.
+        let mixed = Queue::new(&[name(a, None, 1), name(b, r, 2)]);
+        assert!(!mixed.admits(&name(b, r, 2), r));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use lockcore::backend::CancellationToken;
-use lockcore::{Backoff, FencingToken, HolderLabel, LockName};
+use lockcore::{Access, Backoff, FencingToken, HolderLabel, LockName};
 use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
@@ -89,6 +89,8 @@ pub(crate) struct Held {
     pub(crate) sequence: Option<u32>,
     pub(crate) guid: Uuid,
     pub(crate) fence: FencingToken,
+    /// How a reader-writer lock's node holds (`None`: a lock or a permit).
+    pub(crate) access: Option<Access>,
     /// The holder's label, written again into the node it is kept as.
     pub(crate) label: Option<HolderLabel>,
     /// The node's `czxid`, what renewals compare.
@@ -132,12 +134,13 @@ impl Held {
         alone: bool,
         deadline: Instant,
     ) -> Option<Arc<Held>> {
-        let (session, parent, guid, strays, label) = (
+        let (session, parent, guid, strays, label, access) = (
             entry.session.clone(),
             entry.parent.clone(),
             entry.guid,
             entry.strays,
             entry.label.clone(),
+            entry.access,
         );
         let watched = entry.watched;
         let node = entry.granted()?;
@@ -152,6 +155,7 @@ impl Held {
             sequence: node.sequence,
             guid,
             fence,
+            access,
             label,
             czxid,
             strays,

@@ -2,7 +2,9 @@
 //! granting it as a lease, renewing and releasing it, keeping it past its
 //! session (`set_remaining`), and looking at it from outside (inspect,
 //! evict, watch). The queue node itself, the grant's node watch and the
-//! sequence proof live in the files of this folder.
+//! sequence proof live in the files of this folder. A reader-writer lock's
+//! share is taken, granted, renewed and released the same way
+//! ([`crate::rw`] says what differs).
 
 pub(crate) mod eviction_notice;
 pub(crate) mod held;
@@ -28,13 +30,26 @@ impl Client {
     /// matches its own fields (a forged lease has none).
     pub(crate) fn held<'l>(&self, lease: &'l Lease) -> Option<&'l Arc<Held>> {
         lease.extension::<Arc<Held>>().filter(|h| {
-            h.name == *lease.name() && h.guid == lease.owner().as_uuid() && h.fence == lease.fence()
+            h.name == *lease.name()
+                && h.guid == lease.owner().as_uuid()
+                && h.fence == lease.fence()
+                && h.access == lease.access()
         })
     }
 
-    /// One attempt: enqueue, and keep the node only if it is first. Made
-    /// once more on a new session if the session ended under it (retired
-    /// for a raised fence floor, or expired).
+    /// The queue `request` waits in: the lock's, or the reader-writer
+    /// lock's ([`crate::rw`]).
+    pub(crate) fn queue_path(&self, request: &LockRequest) -> String {
+        match request.access() {
+            None => self.lock_path(request.name()),
+            Some(_) => self.rw_lock_path(request.name()),
+        }
+    }
+
+    /// One attempt: enqueue, and keep the node only if the queue admits it
+    /// (a lock's, or a reader-writer lock's read or write: [`crate::rw`]).
+    /// Made once more on a new session if the session ended under it
+    /// (retired for a raised fence floor, or expired).
     pub(crate) async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         let live = self.live().await?;
         match self.try_acquire_on(&live, request).await {
@@ -55,7 +70,7 @@ impl Client {
         let name = request.name();
         let mut entry = Entry::new(
             live.session.clone(),
-            self.lock_path(name),
+            self.queue_path(request),
             self.acls.clone(),
             self.cleanups.clone(),
             Some(request),
@@ -70,9 +85,9 @@ impl Client {
             queue = fresh;
         }
         let ours = entry.name().unwrap_or_default();
-        if queue.position(ours) == Some(0) {
+        if queue.admits(ours, entry.access) {
             let alone = queue.is_only(ours);
-            if !entry.prove_recent().await? {
+            if !entry.ready().await? {
                 return Err(vanished(name));
             }
             return Ok(Attempt::Acquired(self.grant(live, name, entry, alone)?));
@@ -90,7 +105,7 @@ impl Client {
     /// [`Timing::new`]). The lease is judged on the clock that time was read
     /// on, the request's. A read answered by a follower proves nothing of the
     /// kind: a follower cut off from the leader keeps answering for a while.
-    /// Callers make that start recent first ([`Entry::prove_recent`]).
+    /// Callers make that start recent first ([`Entry::ready`]).
     /// `alone`: the latest look at the queue showed only our node, so nobody
     /// else is waiting and the next create here is likely ours again (the
     /// release then vouches for its number; see [`crate::locks::quiet`]).
@@ -104,7 +119,8 @@ impl Client {
         self.grant_slot(live, name, entry, alone, None)
     }
 
-    /// [`grant`](Self::grant) of a semaphore's `slot` (a lock: `None`).
+    /// [`grant`](Self::grant) of a semaphore's `slot` (a lock: `None`). A
+    /// reader-writer lock's node is granted with its access.
     pub(crate) fn grant_slot(
         &self,
         live: &Live,
@@ -118,7 +134,7 @@ impl Client {
             .as_ref()
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
         let (fence, alive_since) = (node.fence()?, node.alive_since);
-        let session = entry.session.clone();
+        let (session, access) = (entry.session.clone(), entry.access);
         // Whatever was asked, a lease lasts the negotiated session timeout.
         let ttl = self.capabilities().effective_ttl(session.timeout)?;
         let lease = Lease::new(
@@ -136,9 +152,10 @@ impl Client {
         let lease = lease
             .with_loss_signal(held.lost.clone())
             .with_extension(held);
-        Ok(match slot {
-            Some(slot) => lease.with_slot(slot),
-            None => lease,
+        Ok(match (slot, access) {
+            (Some(slot), _) => lease.with_slot(slot),
+            (None, Some(access)) => lease.with_access(access),
+            (None, None) => lease,
         })
     }
 

@@ -52,18 +52,10 @@ use zookeeper_client as zk;
 
 use crate::connection::Client;
 use crate::connection::probe::NO_TTL_NODES;
-use crate::connection::requests::{ATTEMPTS, delete_node, retry};
-use crate::error::{BACKEND, connection_lost, map, not_held};
+use crate::connection::requests::{RECREATE, Recreated, delete_node, recreate};
+use crate::error::{BACKEND, map, not_held};
 use crate::keys::names::NodeData;
 use crate::locks::held::{Held, Over, gone};
-
-/// What a keep transaction found.
-enum Kept {
-    /// The node is the TTL node of this `czxid` now.
-    As(i64),
-    /// The node was gone.
-    Gone,
-}
 
 impl Client {
     /// Keeps `lease`'s node for exactly `remaining` from when the servers
@@ -112,7 +104,7 @@ impl Client {
         let keeping = Keeping::start(held);
         let kept = self.keep(&client, held, before, remaining).await;
         match kept {
-            Ok(Kept::As(czxid)) => {
+            Ok(Recreated::As(czxid)) => {
                 // Judged on the TTL now, not on the session's timing.
                 let kept = (lease.clone().with_ttl(remaining))
                     .with_extra_margin(Duration::ZERO)
@@ -123,7 +115,7 @@ impl Client {
                 tracing::debug!(name = %lease.name(), fence = %lease.fence(), remaining = ?remaining.get(), "lock node kept as a TTL node");
                 Ok(kept)
             }
-            Ok(Kept::Gone) => {
+            Ok(Recreated::Gone) => {
                 drop(keeping);
                 held.unkeep(Over::Gone);
                 gone(held);
@@ -140,61 +132,32 @@ impl Client {
         }
     }
 
-    /// Sends the keep transaction until its outcome is known: after a lost
-    /// reply the node is read again, and a `czxid` other than `before` (the
-    /// node's until now) means the transaction went through.
+    /// Sends the keep transaction ([`recreate`]: a write, a delete and a
+    /// create of the node as a TTL node) until its outcome is known: after
+    /// a lost reply, a `czxid` other than `before` (the node's until now)
+    /// means it went through.
     async fn keep(
         &self,
         client: &zk::Client,
         held: &Held,
         before: i64,
         remaining: Ttl,
-    ) -> Result<Kept, LockError> {
+    ) -> Result<Recreated, LockError> {
         let data = NodeData::kept(held.label.as_ref(), held.fence).encode();
         let mode = zk::CreateMode::Persistent
             .with_acls(zk::Acls::new(&self.acls.nodes))
             .with_ttl(server_ttl(remaining));
-        let mut last = zk::Error::ConnectionLoss;
-        for _ in 0..ATTEMPTS {
-            let mut multi = client.new_multi_writer();
-            // First a write, so watchers hear of a change, not a delete.
-            (multi.add_set_data(&held.path, &data, None)).map_err(|e| keeping(held, e))?;
-            (multi.add_delete(&held.path, None)).map_err(|e| keeping(held, e))?;
-            (multi.add_create(&held.path, &data, &mode)).map_err(|e| keeping(held, e))?;
-            match multi.commit().await {
-                Ok(results) => return created(client, held, &results).await.map(Kept::As),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0 | 1,
-                    source: zk::Error::NoNode,
-                }) => return Ok(Kept::Gone),
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: CREATE,
-                    source: zk::Error::Unimplemented | zk::Error::BadArguments(_),
-                }) => {
-                    self.refuses_ttl_nodes();
-                    return Err(self.no_ttl_nodes(&held.name));
-                }
-                Err(zk::MultiWriteError::OperationFailed { source, .. }) => {
-                    return Err(keeping(held, source));
-                }
-                Err(zk::MultiWriteError::RequestFailed { source }) if connection_lost(&source) => {
-                    last = source;
-                }
-                Err(zk::MultiWriteError::RequestFailed { source }) => {
-                    return Err(keeping(held, source));
-                }
+        match recreate(client, &held.path, &data, &mode, before).await {
+            Ok(kept) => Ok(kept),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: RECREATE,
+                source: zk::Error::Unimplemented | zk::Error::BadArguments(_),
+            }) => {
+                self.refuses_ttl_nodes();
+                Err(self.no_ttl_nodes(&held.name))
             }
-            // The reply was lost: did it go through?
-            let stat = retry(|| client.check_stat(&held.path))
-                .await
-                .map_err(|e| keeping(held, e))?;
-            match stat {
-                None => return Ok(Kept::Gone),
-                Some(stat) if stat.czxid != before => return Ok(Kept::As(stat.czxid)),
-                Some(_) => {}
-            }
+            Err(e) => Err(keeping(held, e.into())),
         }
-        Err(keeping(held, last))
     }
 
     /// Releases a kept grant: deletes its TTL node, from the live session
@@ -250,32 +213,6 @@ impl Drop for Keeping<'_> {
 fn server_ttl(remaining: Ttl) -> Duration {
     Duration::from_millis(remaining.as_millis_ceil().saturating_add(1))
 }
-
-/// The `czxid` of the node a keep transaction created: from its reply, or
-/// read (some servers answer a `multi`'s create without its stat).
-async fn created(
-    client: &zk::Client,
-    held: &Held,
-    results: &[zk::MultiWriteResult],
-) -> Result<i64, LockError> {
-    if let Some(zk::MultiWriteResult::Create { stat, .. }) = results.get(CREATE)
-        && !stat.is_invalid()
-    {
-        return Ok(stat.czxid);
-    }
-    match retry(|| client.check_stat(&held.path)).await {
-        Ok(Some(stat)) => Ok(stat.czxid),
-        Ok(None) => Err(LockError::store(
-            BACKEND,
-            format!("{} was kept, then gone at once", held.path),
-        )),
-        Err(e) => Err(keeping(held, e)),
-    }
-}
-
-/// The place of the create in the keep transaction (after the write and
-/// the delete).
-const CREATE: usize = 2;
 
 /// An error while keeping `held`'s node.
 fn keeping(held: &Held, e: zk::Error) -> LockError {

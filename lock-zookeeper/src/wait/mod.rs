@@ -2,7 +2,10 @@
 //! node stays in line across attempts (FIFO), and each attempt asks the
 //! session's shared view of the queue ([`Line`]) whether it is first. Waiting
 //! costs no request of its own: a waiter is woken when it may be first, and
-//! reads nothing but that view until then.
+//! reads nothing but that view until then. A reader-writer lock's read or
+//! write waits the same way in its queue ([`crate::rw`]): a read is "first"
+//! once only reads are ahead of it, and a waiting writer's node is the
+//! intent that keeps later readers out.
 
 pub(crate) mod line;
 
@@ -10,7 +13,7 @@ use std::sync::Arc;
 
 use lockcore::backend::LockRequest;
 use lockcore::backend::wait::{Waiter, Wakeup};
-use lockcore::{Attempt, LockError};
+use lockcore::{Access, Attempt, LockError};
 use tokio::sync::Notify;
 
 use crate::connection::requests::delete_node;
@@ -70,12 +73,13 @@ impl<'a> LineWaiter<'a> {
     }
 
     /// Queues a node behind the session's view of the queue, unless the
-    /// create alone shows it first: the sequence proof ([`crate::locks::quiet`]),
-    /// or a listing sent with the create when nobody of this session waits
-    /// here (as `try_acquire` does). Either saves the view's listing.
+    /// create alone shows it first (admitted): the sequence proof
+    /// ([`crate::locks::quiet`]), or a listing sent with the create when
+    /// nobody of this session waits here (as `try_acquire` does). Either
+    /// saves the view's listing.
     async fn join(&self) -> Result<Joined, LockError> {
         let live = self.client.live().await?;
-        let parent = self.client.lock_path(self.request.name());
+        let parent = self.client.queue_path(self.request);
         let session = &live.session;
         let line = session.lines.line(session, &parent);
         let (acls, cleanups) = (self.client.acls.clone(), self.client.cleanups.clone());
@@ -85,9 +89,9 @@ impl<'a> LineWaiter<'a> {
         drop(probe);
         if let Some(queue) = queue {
             let queue = entry.prune(&queue).await?.unwrap_or(queue);
-            if let Some(ours) = entry.name().filter(|&n| queue.position(n) == Some(0)) {
+            if let Some(ours) = entry.name().filter(|&n| queue.admits(n, entry.access)) {
                 let alone = queue.is_only(ours);
-                if !entry.prove_recent().await? {
+                if !entry.ready().await? {
                     return Err(vanished(self.request.name()));
                 }
                 return Ok(Joined::First { live, entry, alone });
@@ -96,9 +100,11 @@ impl<'a> LineWaiter<'a> {
         let sequence = entry
             .sequence()
             .ok_or_else(|| LockError::store(BACKEND, "a created queue node has no sequence"))?;
+        let reads = entry.access == Some(Access::Read);
         let turn = line.join(
             sequence,
             entry.guid,
+            reads,
             self.woken.clone(),
             entry.clock.clone(),
         );
@@ -118,7 +124,8 @@ impl<'a> LineWaiter<'a> {
     /// useful deadline), else a `sync` is sent now
     /// ([`Entry::prove_recent`]): only a request through the leader can
     /// start a lease (a cut-off follower answers reads for a while, and its
-    /// view may be late).
+    /// view may be late). A reader-writer lock's node takes its fence
+    /// instead, a write that starts the lease ([`Entry::ready`]).
     async fn look(&self, queued: &mut Queued) -> Result<Found, LockError> {
         let alone = match queued.line.place(queued.sequence) {
             Place::First { alone, synced } => {
@@ -136,7 +143,7 @@ impl<'a> LineWaiter<'a> {
             Place::Unknown => return Ok(Found::Waiting),
             Place::Missing => return Ok(Found::Gone),
         };
-        if !queued.entry.prove_recent().await? {
+        if !queued.entry.ready().await? {
             return Ok(Found::Gone);
         }
         Ok(Found::First { alone })
@@ -189,7 +196,8 @@ impl Waiter for LineWaiter<'_> {
                 // A fence floor raised while we waited: our node's fence
                 // (its czxid plus the offset it was created with) may be
                 // below it. Queue again behind the raise (the place in line
-                // is lost), never grant under it.
+                // is lost), never grant under it. (A reader-writer lock's
+                // node took its fence just now, under the floor in force.)
                 let created_with = queued.entry.node.as_ref().map(|n| n.offset);
                 match queued.live.session.floor_offset().await {
                     Ok(Some(offset)) if Some(offset) == created_with => {}

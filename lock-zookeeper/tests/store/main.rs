@@ -18,6 +18,7 @@ mod locks;
 mod permits;
 mod remaining;
 mod restore;
+mod rw;
 mod sasl;
 mod sessions;
 mod support;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use lockcore::backend::{Cleanups, Clock, LockRequest, Moment, SystemClock};
-use lockcore::{FencingToken, HolderLabel, LockError};
+use lockcore::{Access, FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
@@ -52,10 +52,13 @@ pub(crate) struct Entry {
     /// The clock of the request: the node's proofs of life are read on it,
     /// and its lease is judged on it.
     pub(crate) clock: Arc<dyn Clock>,
-    acls: Arc<Acls>,
+    pub(crate) acls: Arc<Acls>,
     cleanups: Cleanups,
     /// The label the node is created with.
     pub(crate) label: Option<HolderLabel>,
+    /// A reader-writer lock's read or write node (`None`: a lock's, or a
+    /// semaphore slot's), as the request asks.
+    pub(crate) access: Option<Access>,
     pub(crate) node: Option<Node>,
     /// A create's reply was lost: a second node of ours may show up.
     pub(crate) strays: bool,
@@ -88,6 +91,7 @@ impl Entry {
             acls,
             cleanups,
             label: request.map(|r| r.label().clone()),
+            access: request.and_then(|r| r.access()),
             node: None,
             strays: false,
             watched: None,
@@ -161,18 +165,22 @@ impl Entry {
         let creating = |e| map(format!("creating a queue node under {}", self.parent), e);
         let client = session.client().map_err(creating)?;
         let (client, quiet) = (&client, &session.quiet);
-        let prefix = format!("{}/{}", self.parent, node_prefix(self.guid));
+        let prefix = format!("{}/{}", self.parent, node_prefix(self.guid, self.access));
         let acls = self.acls.clone();
         let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::new(&acls.nodes));
-        let mut claim = quiet.claim(&self.parent);
+        // A reader-writer grant creates its node again (`crate::rw`), which
+        // takes a sequence number: no sequence proof there.
+        let proving = self.access.is_none();
+        let mut claim = quiet.claim(&self.parent).filter(|_| proving);
         let mut last = None;
         for _ in 0..ATTEMPTS {
             // Requests go out in call order: a watch set here is in place
             // before the create is applied.
             let watched = claim
                 .map(|c| c.watch())
-                .or_else(|| quiet.watched(&self.parent));
-            let watching = (watched.is_none() && quiet.wants_watch(&self.parent))
+                .or_else(|| quiet.watched(&self.parent))
+                .filter(|_| proving);
+            let watching = (proving && watched.is_none() && quiet.wants_watch(&self.parent))
                 .then(|| client.check_and_watch_stat(&self.parent));
             let sent = self.clock.now();
             let create = client.create(&prefix, &data, &mode);
@@ -185,7 +193,7 @@ impl Entry {
             };
             match created {
                 Ok((stat, sequence)) => {
-                    let name = format!("{}{sequence}", node_prefix(self.guid));
+                    let name = format!("{}{sequence}", node_prefix(self.guid, self.access));
                     let sequence = i32::try_from(sequence.into_i64()).ok().map(|s| s as u32);
                     let first = claim
                         .zip(sequence)

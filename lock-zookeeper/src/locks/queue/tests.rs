@@ -21,7 +21,7 @@ async fn a_stray_of_ours_ahead_of_our_node_is_deleted() {
     client.create(&parent, &[], &open).await.unwrap();
     // The "late" create of the lost reply, landing first.
     let stray = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    let prefix = format!("{parent}/{}", node_prefix(entry.guid));
+    let prefix = format!("{parent}/{}", node_prefix(entry.guid, None));
     client.create(&prefix, &[], &stray).await.unwrap();
 
     let queue = entry.enqueue(true).await.unwrap().unwrap();

@@ -27,6 +27,13 @@
 //! from where it stands, and another owner's node may then bear the same
 //! number.
 //!
+//! **Readers** of a reader-writer lock ([`crate::rw`]) wait in the same
+//! view, for the write nodes alone: a read is first (admitted) once no node
+//! but reads is ahead of it, and the node watched for it is the nearest
+//! such node ahead. A writer waits as a lock's waiter does. The grant of a
+//! node ahead creates it again in place, written first: the watcher hears
+//! of the write and watches again, as for a node kept by `set_remaining`.
+//!
 //! An `exists` watch on a queue node never shares a node with the sequence
 //! proof's data watch on the parent ([`crate::locks::quiet`]); a persistent watch
 //! on the parent would replace that one on servers before 3.9
@@ -140,12 +147,30 @@ struct Waiting {
     since: u64,
     /// The clock its lease will be judged on.
     clock: Arc<dyn Clock>,
+    /// A reader of a reader-writer lock: only the nodes that are not reads
+    /// keep it waiting.
+    reads: bool,
 }
 
 impl Waiting {
     /// Whether `nodes` show this waiter's node as `sequence`.
     fn shown(&self, nodes: &BTreeMap<u32, QueueNode>, sequence: u32) -> bool {
         nodes.get(&sequence).is_some_and(|n| n.guid == self.guid)
+    }
+
+    /// The nearest node ahead of this waiter's node `sequence` that keeps
+    /// it waiting, if `nodes` show one: the node just ahead, or for a
+    /// reader the nearest node ahead that is no read.
+    fn blocker<'n>(
+        &self,
+        nodes: &'n BTreeMap<u32, QueueNode>,
+        sequence: u32,
+    ) -> Option<(&'n u32, &'n QueueNode)> {
+        let mut ahead = nodes.range(..sequence).rev();
+        match self.reads {
+            true => ahead.find(|(_, n)| n.blocks_readers()),
+            false => ahead.next(),
+        }
     }
 }
 
@@ -219,11 +244,13 @@ impl Line {
 
     /// Joins the view with node `sequence` of owner `guid`, whose create
     /// was answered: `woken` is told when it may have become first (or the
-    /// view ended). `clock`: the one its lease will be judged on.
+    /// view ended). `clock`: the one its lease will be judged on. `reads`:
+    /// a reader of a reader-writer lock, which waits for no read.
     pub(crate) fn join(
         self: &Arc<Self>,
         sequence: u32,
         guid: Uuid,
+        reads: bool,
         woken: Arc<Notify>,
         clock: Arc<dyn Clock>,
     ) -> Turn {
@@ -234,6 +261,7 @@ impl Line {
             woken,
             since,
             clock,
+            reads,
         };
         state.waiting.insert(sequence, waiting);
         drop(state);
@@ -266,7 +294,7 @@ impl Line {
         if !waiting.shown(&state.nodes, sequence) {
             return Place::Missing;
         }
-        match state.nodes.range(..sequence).next() {
+        match waiting.blocker(&state.nodes, sequence) {
             Some(_) => Place::Behind,
             None => Place::First {
                 alone: state.nodes.len() == 1,
@@ -295,14 +323,14 @@ impl Line {
     }
 
     /// The node watched, `sequence`, is gone (an event, or an `exists` that
-    /// found nothing). The view is stale if nodes are left ahead of the
-    /// first local waiter: they were not watched.
+    /// found nothing). The view is stale if nodes that keep the first local
+    /// waiter waiting are left ahead of it: they were not watched.
     fn passed(&self, sequence: u32) {
         let mut state = self.lock();
         state.nodes.remove(&sequence);
         let State { nodes, waiting, .. } = &*state;
         let first = waiting.iter().find(|(s, w)| w.shown(nodes, **s));
-        let stale = first.is_some_and(|(&first, _)| nodes.range(..first).next().is_some());
+        let stale = first.is_some_and(|(&first, w)| w.blocker(nodes, first).is_some());
         state.stale = stale;
     }
 
@@ -325,10 +353,10 @@ impl Line {
             state.started += 1;
             return Step::List(state.started, clock);
         }
-        let Some((&first, _)) = waiting.iter().find(|(s, w)| w.shown(nodes, **s)) else {
+        let Some((&first, w)) = waiting.iter().find(|(s, w)| w.shown(nodes, **s)) else {
             return Step::Rest;
         };
-        if let Some((&ahead, node)) = nodes.range(..first).next_back() {
+        if let Some((&ahead, node)) = w.blocker(nodes, first) {
             return Step::Watch(ahead, format!("{}/{}", self.parent, node.name));
         }
         if state.told != Some(first) {
