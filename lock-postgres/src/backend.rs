@@ -4,10 +4,8 @@
 pub mod testing;
 
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::Poll;
 use std::time::Duration;
 
 use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
@@ -30,9 +28,10 @@ use crate::keys;
 use crate::keys::schema::{Ddl, RESOURCE_FENCE_TABLE};
 use crate::locks::Take;
 use crate::locks::sql::Sql;
+use crate::rw;
 use crate::wait::notify::Wakeups;
 use crate::wait::turnstile::Turnstiles;
-use crate::wait::{EXPIRY_SLACK, LineWaiter, listener};
+use crate::wait::{EXPIRY_SLACK, listener};
 
 /// Eviction notices travel as a NOTIFY to the holder's listener connection:
 /// one hop after the eviction commits.
@@ -40,7 +39,9 @@ const EVICTION_NOTICE: Duration = Duration::from_millis(100);
 
 /// Locks in a PostgreSQL table, fenced by a sequence, with waiters queued
 /// first come, first served in the server's lock manager and woken by
-/// LISTEN/NOTIFY. See the crate docs for the design and its guarantees.
+/// LISTEN/NOTIFY; semaphores and reader-writer locks in tables beside it,
+/// fenced by the same sequence. See the crate docs for the design and its
+/// guarantees.
 ///
 /// Clones share one connection pool and one listener: to model separate
 /// processes, connect several backends.
@@ -109,7 +110,7 @@ impl PostgresBackend {
         config.validate()?;
         let (schema, table, sequence) = config.idents()?;
         let ddl = Ddl::new(&schema, &table, &sequence);
-        let sql = Sql::new(&schema, &table, &ddl.table, &ddl.sequence, &ddl.permits);
+        let sql = Sql::new(&schema, &table, &ddl);
         let resource_fence = ResourceFence::new(schema.as_str(), RESOURCE_FENCE_TABLE)?;
         let (op_timeout, connect_timeout) = (config.op_timeout, config.connect_timeout);
         let closing = CancellationToken::new();
@@ -149,7 +150,7 @@ impl PostgresBackend {
         if !facts.objects_exist {
             if !config.create_schema {
                 return Err(LockError::config(format!(
-                    "{server}: {} or its companions are missing, or were made by an older version (without the label columns), and create_schema is off; run the DDL of the lock-postgres README or turn create_schema on",
+                    "{server}: {} or its companions are missing, or were made by an older version (without the label columns or the reader-writer tables), and create_schema is off; run the DDL of the lock-postgres README or turn create_schema on",
                     ddl.table
                 )));
             }
@@ -182,6 +183,7 @@ impl PostgresBackend {
             .failover(facts.failover(config.failover_lock_delay))
             .notifications(true)
             .semaphores(true)
+            .rw_locks(true)
             .sets_remaining(true)
             .fence_floor(true)
             // The fence sequence is a bigint (`NO CYCLE`): it ends there.
@@ -227,6 +229,7 @@ impl PostgresBackend {
                     sql,
                     op_timeout,
                     wakeups,
+                    intents: rw::Intents::default(),
                 }),
                 caps,
                 server,
@@ -264,8 +267,10 @@ impl PostgresBackend {
     /// Deletes the rows of names that have been free for at least
     /// `older_than`, and returns how many. Released rows are kept so a
     /// name's row outlives its holders; call this from a periodic job when
-    /// names are many and short-lived. Fences stay monotonic regardless:
-    /// they come from the sequence, not the row.
+    /// names are many and short-lived. Reader-writer holders and writer
+    /// intents that expired at least `older_than` ago go too (released ones
+    /// are deleted at once). Fences stay monotonic regardless: they come
+    /// from the sequence, not the row.
     ///
     /// # Errors
     /// A store error; [`LockError::InvalidTimeout`] for an age that does not fit.
@@ -322,20 +327,25 @@ impl LockBackend for PostgresBackend {
     /// Never waits, never queues: a free lock is taken whoever waits for
     /// it. A permit: one short transaction under the semaphore's advisory
     /// lock takes the lowest free slot below `permits` (or `PermitsMismatch`
-    /// when live holders agreed on another count).
+    /// when live holders agreed on another count). A reader-writer share:
+    /// one short transaction under the name's advisory lock, leaving no
+    /// writer's intent.
     async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
         self.open()?;
-        match (request.kind(), request.permits()) {
-            (Kind::Lock, _) => self.inner.client.acquire(request, Take::Any).await,
-            (Kind::Semaphore, Some(permits)) => {
-                self.inner.client.try_acquire_permit(request, permits).await
+        let client = &self.inner.client;
+        match (request.kind(), request.permits(), request.access()) {
+            (Kind::Lock, ..) => client.acquire(request, Take::Any).await,
+            (Kind::Semaphore, Some(permits), _) => {
+                client.try_acquire_permit(request, permits).await
             }
-            (kind, _) => Err(kind.unsupported(BACKEND)),
+            (Kind::ReadWrite, _, Some(access)) => client.try_share(request, access, None).await,
+            (kind, ..) => Err(kind.unsupported(BACKEND)),
         }
     }
 
     /// One statement for the whole batch (`unnest` of names, owners,
-    /// fences and TTLs), each lease owner-, fence- and liveness-checked.
+    /// fences and TTLs), each lease owner-, fence- and liveness-checked:
+    /// locks, permits and reader-writer shares alike.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {
         if let Err(closed) = self.open() {
             return leases.iter().map(|_| Err(closed.clone())).collect();
@@ -361,6 +371,7 @@ impl LockBackend for PostgresBackend {
         match kind {
             Kind::Lock => Ok(self.inner.client.inspect(name).await?.into_iter().collect()),
             Kind::Semaphore => self.inner.client.inspect_permits(name).await,
+            Kind::ReadWrite => self.inner.client.inspect_shares(name).await,
             kind => Err(kind.unsupported(BACKEND)),
         }
     }
@@ -379,6 +390,7 @@ impl LockBackend for PostgresBackend {
         let topic = match kind {
             Kind::Lock => keys::lock_topic(name.as_str()),
             Kind::Semaphore => keys::permits_topic(name.as_str()),
+            Kind::ReadWrite => keys::rw_topic(name.as_str()),
             kind => return Err(kind.unsupported(BACKEND)),
         };
         Ok(self.inner.client.wakeups.watch(topic).await)
@@ -396,8 +408,8 @@ impl LockBackend for PostgresBackend {
     /// granted is lost at once (loss signals fire) and every waiting
     /// `acquire` ends with `Unavailable`; the clean-ups it owes the store
     /// (undoing acquires and permit acquires whose reply was lost, leaving
-    /// turnstile queues, letting go of turnstiles) are finished within the
-    /// operation timeout; then the listener, every turnstile connection and
+    /// turnstile queues, letting go of turnstiles, removing waiting
+    /// writers' intents) are finished within the operation timeout; then the listener, every turnstile connection and
     /// the own pool are closed (its operations in flight waited for, up to
     /// the operation timeout). A pool passed to `from_pool` is the caller's
     /// and stays open. Names it held stay taken until released or expired:
@@ -417,6 +429,9 @@ impl LockBackend for PostgresBackend {
                 "clean-ups unfinished at close; what they would undo expires with its TTL"
             );
         }
+        // Writers whose wait the closing ended may not have handed their
+        // intents to the clean-ups yet.
+        client.leave_intents().await;
         client.wakeups.close(inner.connect_timeout).await;
         inner.turnstiles.close(limit).await;
         client.pool.close(limit).await;
@@ -429,76 +444,37 @@ impl LockBackend for PostgresBackend {
     }
 
     /// A lock waits in line (see the crate docs and `wait.rs`); a permit in
-    /// lockcore's loop, woken by `watch`.
+    /// lockcore's loop, woken by `watch`; a reader-writer share in
+    /// lockcore's loop too, a writer leaving its intent meanwhile
+    /// (`rw/wait.rs`).
     ///
     /// # Cancel safety
     /// Dropping the future leaves the local line and the server's queue
     /// (the queued connection is closed; a held turnstile is rolled back
-    /// in the background), so the next waiter goes on.
+    /// in the background), so the next waiter goes on; a writer's intent is
+    /// removed in the background.
     async fn acquire(
         &self,
         request: &LockRequest,
         wait: &WaitPolicy,
     ) -> Result<Option<Lease>, LockError> {
         self.open()?;
+        let client = &self.inner.client;
         // Closing ends the wait: dropping it leaves the lines.
-        if request.kind() != Kind::Lock {
-            let mut polling = Polling::new(self, request);
-            return tokio::select! {
-                acquired = wait::wait(wait, &mut polling) => acquired,
-                _ = self.inner.client.closing.cancelled() => self.open().map(|()| None),
-            };
-        }
-        tokio::select! {
-            acquired = self.wait_in_line(request, wait) => acquired,
-            _ = self.inner.client.closing.cancelled() => self.open().map(|()| None),
-        }
-    }
-}
-
-impl PostgresBackend {
-    /// A waiting `acquire`, in the local line, then the server's.
-    async fn wait_in_line(
-        &self,
-        request: &LockRequest,
-        wait: &WaitPolicy,
-    ) -> Result<Option<Lease>, LockError> {
-        let inner = &self.inner;
-        let _waiting = Counted::new(&inner.waiting);
-        // The local line: first at once (nobody of this instance waits for
-        // the name), or behind earlier waiters until the deadline.
-        let mut turn = std::pin::pin!(inner.line.turn(request.name()));
-        let now = std::future::poll_fn(|cx| Poll::Ready(turn.as_mut().poll(cx))).await;
-        let (_turn, first) = match now {
-            Poll::Ready(turn) => (turn, true),
-            Poll::Pending => match tokio::time::timeout_at(wait.deadline, turn).await {
-                Ok(turn) => (turn, false),
-                Err(_) => return Ok(None),
-            },
+        let acquired = async {
+            match (request.kind(), request.access()) {
+                (Kind::Lock, _) => {
+                    let inner = &self.inner;
+                    let line = (&inner.line, &*inner.waiting);
+                    crate::wait::in_line(client, &inner.turnstiles, line, request, wait).await
+                }
+                (Kind::ReadWrite, Some(access)) => rw::wait(client, request, access, wait).await,
+                _ => wait::wait(wait, &mut Polling::new(self, request)).await,
+            }
         };
-        let mut waiter = LineWaiter::new(
-            &inner.client,
-            &inner.turnstiles,
-            request,
-            wait.recheck,
-            first,
-        );
-        lockcore::backend::wait::wait(wait, &mut waiter).await
-    }
-}
-
-/// Counts one waiting `acquire` for as long as it lives.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Counted(count)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        tokio::select! {
+            acquired = acquired => acquired,
+            _ = client.closing.cancelled() => self.open().map(|()| None),
+        }
     }
 }

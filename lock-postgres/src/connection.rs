@@ -31,6 +31,9 @@ pub(crate) struct Client {
     pub(crate) closing: CancellationToken,
     /// The leases of the server timeline in use: a failover ends them.
     pub(crate) era: Arc<Era>,
+    /// The intents of this client's waiting writers that may be in the
+    /// store: `close` removes those left.
+    pub(crate) intents: crate::rw::Intents,
 }
 
 impl Client {
@@ -44,6 +47,14 @@ impl Client {
 /// resolution), if it fits.
 pub(crate) fn micros(d: Duration) -> Option<i64> {
     i64::try_from(d.as_micros()).ok()
+}
+
+/// A TTL in whole microseconds, as the grant statements take it.
+pub(crate) fn ttl_micros(ttl: lockcore::backend::Ttl) -> Result<i64, LockError> {
+    micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
+        ttl: ttl.get(),
+        reason: "does not fit PostgreSQL's interval".into(),
+    })
 }
 
 /// Microseconds a statement returned, as a duration (negative: none).

@@ -49,6 +49,24 @@ pub(crate) fn permits_key(table_regclass: &str, name: &str) -> i64 {
     key(&[table_regclass.as_bytes(), name.as_bytes(), b"permits"])
 }
 
+/// The wake-up topic of a reader-writer lock: its name after U+0002.
+pub(crate) fn rw_topic(name: &str) -> String {
+    format!("\u{2}{name}")
+}
+
+/// Whether a notification of `topic` wakes every local waiter of it, not
+/// one: a reader-writer lock's change may admit every waiting reader at
+/// once (a lock or a slot admits one).
+pub(crate) fn wakes_all(topic: &str) -> bool {
+    topic.starts_with('\u{2}')
+}
+
+/// The advisory-lock key that serializes the grants of one reader-writer
+/// lock (held for one short transaction each).
+pub(crate) fn rw_key(table_regclass: &str, name: &str) -> i64 {
+    key(&[table_regclass.as_bytes(), name.as_bytes(), b"rw"])
+}
+
 /// The advisory-lock key a waiter's listener holds (shared) while it waits
 /// for `topic`: a release takes it exclusively (`pg_try_advisory_xact_lock`)
 /// and notifies only when that fails, i.e. when somebody waits.
@@ -120,8 +138,18 @@ mod tests {
         assert_ne!(key, watch_key("\"public\".\"distlock_locks\"", "sku-42"));
         assert_ne!(key, permits_key("\"public\".\"distlock_locks\"", "sku-42"));
         assert_ne!(
+            permits_key("\"public\".\"distlock_locks\"", "sku-42"),
+            rw_key("\"public\".\"distlock_locks\"", "sku-42")
+        );
+        assert_ne!(
             watch_key("t", &lock_topic("n")),
             watch_key("t", &permits_topic("n"))
         );
+        assert_ne!(
+            watch_key("t", &rw_topic("n")),
+            watch_key("t", &permits_topic("n"))
+        );
+        assert!(wakes_all(&rw_topic("n")));
+        assert!(!wakes_all(&lock_topic("n")) && !wakes_all(&permits_topic("n")));
     }
 }

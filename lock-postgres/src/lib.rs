@@ -7,6 +7,7 @@ mod fence;
 mod keys;
 mod locks;
 mod permits;
+mod rw;
 mod wait;
 
 pub use backend::PostgresBackend;

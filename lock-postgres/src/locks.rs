@@ -1,13 +1,16 @@
 //! Locks: one function per round trip (acquire, renew, release, inspect,
 //! evict, and undoing an acquire whose reply was lost), each on a pooled
 //! connection within the operation timeout. `sql.rs` holds every statement
-//! of the backend (the permits' and the fence floor's too: one set, built
-//! once from the validated identifiers); `purge.rs` deletes long-free rows.
+//! of the backend (the permits', the fence floor's and, in `rw/sql.rs`, the
+//! reader-writer locks' too: one set, built once from the validated
+//! identifiers); `purge.rs` deletes long-free rows. Undoing what a lost
+//! reply may have granted is one path for every kind (`undo_later`).
 
 mod purge;
 pub(crate) mod sql;
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +23,7 @@ use sqlx::Connection;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::connection::{Client, from_micros, micros};
+use crate::connection::{Client, from_micros, micros, ttl_micros};
 use crate::fence::{db_fence, fence_token};
 use crate::wait::notify::Holding;
 use crate::wait::turnstile::HeldTurnstile;
@@ -52,10 +55,7 @@ impl Client {
         take: Take,
     ) -> Result<Attempt, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
-        let ttl_us = micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
-            ttl: ttl.get(),
-            reason: "does not fit PostgreSQL's interval".into(),
-        })?;
+        let ttl_us = ttl_micros(ttl)?;
         let free_for_us = match take {
             Take::FreeFor(free_for) => micros(free_for).unwrap_or(i64::MAX).max(1),
             Take::Any | Take::IfNoLine => 0,
@@ -132,7 +132,14 @@ impl Client {
         // Where each lease's answer comes from: its position in the batch
         // (a lease given twice is asked about once), or none (not ours).
         let mut asked: HashMap<(Uuid, i64), i64> = HashMap::new();
-        let mut batch = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut batch = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         let positions: Vec<Option<i64>> = leases
             .iter()
             .map(|lease| {
@@ -149,6 +156,7 @@ impl Client {
                     batch.2.push(fence);
                     batch.3.push(ttl_us);
                     batch.4.push(slot);
+                    batch.5.push(lease.access().is_some());
                     i64::try_from(batch.0.len()).unwrap_or(i64::MAX)
                 }))
             })
@@ -167,6 +175,7 @@ impl Client {
                         .bind(&batch.2)
                         .bind(&batch.3)
                         .bind(&batch.4)
+                        .bind(&batch.5)
                         .fetch_all(c)
                 })
                 .await?;
@@ -209,6 +218,9 @@ impl Client {
     }
 
     pub(crate) async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        if lease.access().is_some() {
+            return self.release_share(lease).await;
+        }
         if lease.slot().is_some() {
             return self.release_permit(lease).await;
         }
@@ -327,19 +339,35 @@ impl Client {
     fn forget_later(self: &Arc<Self>, name: &LockName, owner: OwnerToken, until: Instant) {
         let name = name.clone();
         let what = "freeing the grant of an acquire whose reply was lost";
-        self.cleanups.retry(self.clone(), until, what, move |client| {
+        self.undo_later(until, what, move |client| {
             let name = name.clone();
-            async move {
-                // Closed past its limit for clean-ups: the grant expires.
-                if client.pool.is_closed() {
-                    return Ok(());
-                }
-                if client.forget(&name, owner).await? > 0 {
-                    tracing::debug!(lock = %name, "freed the grant of an acquire whose reply was lost");
-                }
-                Ok(())
-            }
+            async move { client.forget(&name, owner).await }
         });
+    }
+
+    /// Runs `undo` in the background, as one of the client's clean-ups
+    /// (`close` finishes them): retried while the server does not answer,
+    /// until `until` (when what it undoes has expired anyway) or the
+    /// backend is dropped. `undo` answers how many rows it changed.
+    pub(crate) fn undo_later<F, Fut>(self: &Arc<Self>, until: Instant, what: &'static str, undo: F)
+    where
+        F: Fn(Arc<Client>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<i64, LockError>> + Send + 'static,
+    {
+        self.cleanups
+            .retry(self.clone(), until, what, move |client| {
+                let undone = undo(client.clone());
+                async move {
+                    // Closed past its limit for clean-ups: what it undoes expires.
+                    if client.pool.is_closed() {
+                        return Ok(());
+                    }
+                    if undone.await? > 0 {
+                        tracing::debug!("done {what}");
+                    }
+                    Ok(())
+                }
+            });
     }
 
     /// Frees the grant of `owner` on `name`, if live: how many were freed.

@@ -12,7 +12,7 @@ use sqlx::Connection;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::connection::{Client, from_micros, micros};
+use crate::connection::{Client, from_micros, ttl_micros};
 use crate::fence::{db_fence, fence_token};
 use crate::locks::sql;
 use crate::{error, keys};
@@ -45,15 +45,9 @@ impl Client {
                 ))
             })?;
         let ttl = request.ttl();
-        let ttl_us = micros(ttl.get()).ok_or_else(|| LockError::InvalidTtl {
-            ttl: ttl.get(),
-            reason: "does not fit PostgreSQL's interval".into(),
-        })?;
+        let ttl_us = ttl_micros(ttl)?;
         let owner = OwnerToken::new();
-        // `key` is an integer, safe to inline: the transaction and the lock
-        // in one round trip.
-        let key = keys::permits_key(&self.sql.table, name.as_str());
-        let begin = format!("{}; SELECT pg_advisory_xact_lock({key})", sql::BEGIN);
+        let begin = sql::begin_locked(keys::permits_key(&self.sql.table, name.as_str()));
         let sent_at = request.now();
         let mut op = self.checkout("acquire permit").await?;
         if let Some(wait) = self.era.grants_wait() {
@@ -148,17 +142,9 @@ impl Client {
     fn forget_permit_later(self: &Arc<Self>, name: &LockName, owner: OwnerToken, until: Instant) {
         let name = name.clone();
         let what = "freeing the slot of a permit acquire whose reply was lost";
-        self.cleanups.retry(self.clone(), until, what, move |client| {
+        self.undo_later(until, what, move |client| {
             let name = name.clone();
-            async move {
-                if client.pool.is_closed() {
-                    return Ok(());
-                }
-                if client.forget_permit(&name, owner).await? > 0 {
-                    tracing::debug!(semaphore = %name, "freed the slot of a permit acquire whose reply was lost");
-                }
-                Ok(())
-            }
+            async move { client.forget_permit(&name, owner).await }
         });
     }
 

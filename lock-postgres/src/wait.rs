@@ -33,12 +33,15 @@ pub(crate) mod notify;
 mod registry;
 pub(crate) mod turnstile;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
-use lockcore::backend::wait::{Waiter, Wakeup};
+use lockcore::backend::wait::{LocalLine, WaitPolicy, Waiter, Wakeup};
 use lockcore::backend::{LockRequest, async_trait};
-use lockcore::{Attempt, LockError};
+use lockcore::{Attempt, Lease, LockError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -60,6 +63,48 @@ pub(crate) const TAKE_PAST_AFTER: Duration = Duration::from_millis(150);
 /// turnstile holder may still be waiting (beyond round trips): the wait
 /// above, and one retry when its timer fired a little early.
 pub(crate) const EXPIRY_SLACK: Duration = Duration::from_millis(200);
+
+/// A waiting `acquire` of a lock, in the local line (`line`: the
+/// instance's line and its count of waiting `acquire` calls), then the
+/// server's.
+pub(crate) async fn in_line(
+    client: &Arc<Client>,
+    turnstiles: &Turnstiles,
+    (line, waiting): (&LocalLine, &AtomicUsize),
+    request: &LockRequest,
+    wait: &WaitPolicy,
+) -> Result<Option<Lease>, LockError> {
+    let _waiting = Counted::new(waiting);
+    // The local line: first at once (nobody of this instance waits for
+    // the name), or behind earlier waiters until the deadline.
+    let mut turn = std::pin::pin!(line.turn(request.name()));
+    let now = std::future::poll_fn(|cx| Poll::Ready(turn.as_mut().poll(cx))).await;
+    let (_turn, first) = match now {
+        Poll::Ready(turn) => (turn, true),
+        Poll::Pending => match tokio::time::timeout_at(wait.deadline, turn).await {
+            Ok(turn) => (turn, false),
+            Err(_) => return Ok(None),
+        },
+    };
+    let mut waiter = LineWaiter::new(client, turnstiles, request, wait.recheck, first);
+    lockcore::backend::wait::wait(wait, &mut waiter).await
+}
+
+/// Counts one waiting `acquire` for as long as it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// One waiting `acquire`, step by step, once it is first in the local line
 /// (its `LocalTurn` is held by the caller for the whole wait).

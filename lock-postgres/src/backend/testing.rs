@@ -1,6 +1,7 @@
 //! Views of a backend's internals for this crate's tests (hidden from the
-//! docs, not part of the API): how many of its `acquire` calls wait, the
-//! advisory-lock key a name's waiters queue on, and the NOTIFY channel.
+//! docs, not part of the API): how many of its `acquire` calls wait, how
+//! many wait for a wake-up, the advisory-lock key a name's waiters queue
+//! on, and the NOTIFY channel.
 
 use std::sync::atomic::Ordering;
 
@@ -13,6 +14,12 @@ use crate::keys;
 /// turnstile, or waiting for the lease).
 pub fn waiting(backend: &PostgresBackend) -> usize {
     backend.inner.waiting.load(Ordering::Relaxed)
+}
+
+/// Waiters of `backend` registered for a store wake-up (of any lock,
+/// semaphore or reader-writer lock), between their attempts.
+pub fn watching(backend: &PostgresBackend) -> usize {
+    backend.inner.client.wakeups.waiting()
 }
 
 /// The advisory-lock key waiters of `name` queue on (`pg_locks.objid`

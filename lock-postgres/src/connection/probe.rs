@@ -106,6 +106,8 @@ impl Facts {
                           AND to_regclass($3) IS NOT NULL
                           AND to_regclass($4) IS NOT NULL
                           AND to_regclass($5) IS NOT NULL
+                          AND to_regclass($6) IS NOT NULL
+                          AND to_regclass($7) IS NOT NULL
                           AND (SELECT EXISTS (
                                SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass($1) AND attname = 'label_owner'
@@ -116,6 +118,8 @@ impl Facts {
         .bind(&ddl.resource_fence)
         .bind(&ddl.permits)
         .bind(&ddl.epoch)
+        .bind(&ddl.rw)
+        .bind(&ddl.rw_intent)
         .fetch_one(conn)
         .await?;
         Ok(Facts {

@@ -9,8 +9,9 @@ use crate::locks::sql;
 
 impl Client {
     /// Makes every fence handed out from now on larger than `floor`, in one
-    /// short transaction that holds grants off (both tables locked in
-    /// EXCLUSIVE mode, reads go on) while the sequence moves: a `setval`
+    /// short transaction that holds grants off (the tables of locks,
+    /// permits and reader-writer holders locked in EXCLUSIVE mode, reads go
+    /// on) while the sequence moves: a `setval`
     /// racing a grant's `nextval` could hand a fence out twice. The server
     /// gives up waiting for the lock after the operation timeout, so a
     /// queued `LOCK` never holds grants up longer.

@@ -1,5 +1,7 @@
 //! The objects a lock table needs (schema, sequence, tables), their DDL, and
-//! their creation at connect.
+//! their creation at connect. A table missing from an older deployment
+//! (the reader-writer tables, say) is created at the next connect, like
+//! the label columns are added: with `create_schema`, else refused.
 
 use sqlx::{Connection, PgConnection};
 
@@ -12,6 +14,15 @@ pub(crate) const SEQUENCE_SUFFIX: &str = "_fence_seq";
 /// The semaphores of a lock table live in `<table>` + this (shorter than
 /// the sequence suffix, so it fits whenever the sequence's name does).
 pub(crate) const PERMITS_SUFFIX: &str = "_permits";
+
+/// The holders of a lock table's reader-writer locks live in `<table>` +
+/// this, one row per holder.
+pub(crate) const RW_SUFFIX: &str = "_rw";
+
+/// The intents of writers waiting for a reader-writer lock live in
+/// `<table>` + this (as long as the sequence suffix: it fits whenever the
+/// sequence's name does).
+pub(crate) const RW_INTENT_SUFFIX: &str = "_rw_intent";
 
 /// The timeline a lock table's fences were last handed out on lives in
 /// `<table>` + this (see `fence/failover.rs`).
@@ -28,6 +39,8 @@ pub(crate) struct Ddl {
     pub(crate) table: String,
     pub(crate) sequence: String,
     pub(crate) permits: String,
+    pub(crate) rw: String,
+    pub(crate) rw_intent: String,
     pub(crate) epoch: String,
     pub(crate) resource_fence: String,
     schema: Ident,
@@ -35,6 +48,8 @@ pub(crate) struct Ddl {
     create_sequence: String,
     create_table: String,
     create_permits: String,
+    create_rw: String,
+    create_rw_intent: String,
     create_epoch: String,
     /// Adds the label columns to a table made by a version without them.
     add_labels: String,
@@ -48,16 +63,11 @@ impl Ddl {
     pub(crate) fn new(schema: &Ident, table: &Ident, sequence: &Ident) -> Ddl {
         let t = format!("{}.{}", schema.quoted(), table.quoted());
         let seq = format!("{}.{}", schema.quoted(), sequence.quoted());
-        let permits = format!(
-            "{}.{}",
-            schema.quoted(),
-            table.with_suffix(PERMITS_SUFFIX).quoted()
-        );
-        let epoch = format!(
-            "{}.{}",
-            schema.quoted(),
-            table.with_suffix(EPOCH_SUFFIX).quoted()
-        );
+        let companion =
+            |suffix: &str| format!("{}.{}", schema.quoted(), table.with_suffix(suffix).quoted());
+        let permits = companion(PERMITS_SUFFIX);
+        let (rw, rw_intent) = (companion(RW_SUFFIX), companion(RW_INTENT_SUFFIX));
+        let epoch = companion(EPOCH_SUFFIX);
         let resource_fence = format!(
             "{}.{}",
             schema.quoted(),
@@ -96,6 +106,30 @@ impl Ddl {
                     PRIMARY KEY (name, slot)
                 )"
             ),
+            // One row per holder of a reader-writer lock (deleted at
+            // release, swept once expired); fences from the same sequence.
+            create_rw: format!(
+                "CREATE TABLE IF NOT EXISTS {rw} (
+                    name       text COLLATE \"C\" NOT NULL,
+                    owner      uuid NOT NULL,
+                    access     text NOT NULL CHECK (access IN ('read', 'write')),
+                    fence      bigint NOT NULL CHECK (fence > 0),
+                    expires_at timestamptz NOT NULL,
+                    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                    label      text,
+                    PRIMARY KEY (name, owner)
+                )"
+            ),
+            // One row per writer waiting for a reader-writer lock: no
+            // reader is granted while a live one is there.
+            create_rw_intent: format!(
+                "CREATE TABLE IF NOT EXISTS {rw_intent} (
+                    name       text COLLATE \"C\" NOT NULL,
+                    intent     uuid NOT NULL,
+                    expires_at timestamptz NOT NULL,
+                    PRIMARY KEY (name, intent)
+                )"
+            ),
             // One row: the timeline (of the server's WAL) the table's fences
             // were last handed out on.
             create_epoch: format!(
@@ -115,13 +149,16 @@ impl Ddl {
             // it is safe inside a single-quoted literal.
             resync_sequence: format!(
                 "SELECT setval('{seq}'::regclass, max(fence))
-                   FROM (SELECT fence FROM {t} UNION ALL SELECT fence FROM {permits}) fences
+                   FROM (SELECT fence FROM {t} UNION ALL SELECT fence FROM {permits}
+                         UNION ALL SELECT fence FROM {rw}) fences
                  HAVING max(fence) IS NOT NULL"
             ),
             create_resource_fence: resource_fence_table(&resource_fence),
             table: t,
             sequence: seq,
             permits,
+            rw,
+            rw_intent,
             epoch,
             resource_fence,
             schema: schema.clone(),
@@ -162,6 +199,10 @@ impl Ddl {
             sqlx::query(&self.add_labels).execute(&mut *tx).await?;
         }
         sqlx::query(&self.create_permits).execute(&mut *tx).await?;
+        sqlx::query(&self.create_rw).execute(&mut *tx).await?;
+        sqlx::query(&self.create_rw_intent)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(&self.create_epoch).execute(&mut *tx).await?;
         if !sequence_existed {
             sqlx::query(&self.resync_sequence).execute(&mut *tx).await?;

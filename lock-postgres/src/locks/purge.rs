@@ -1,6 +1,8 @@
 //! Purging the rows of names long free (locks and permit slots): released
 //! rows are kept so a name's row outlives its holders; a periodic job may
-//! delete them when names are many and short-lived.
+//! delete them when names are many and short-lived. Reader-writer holders
+//! and writer intents are deleted when they end: what is left of them
+//! expired (a crashed holder, a dead writer) goes too.
 
 use std::time::Duration;
 

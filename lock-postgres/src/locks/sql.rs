@@ -3,7 +3,8 @@
 //! always bind parameters.
 //!
 //! It lives with the locks, whose statements are most of it, and holds the
-//! permits' and the fence floor's statements too: one set, built once.
+//! permits' and the fence floor's statements too, and the reader-writer
+//! locks' (`rw/sql.rs`): one set, built once.
 //!
 //! Expiry is judged with `clock_timestamp()` (the server's clock at the
 //! moment the row is examined), never `now()` (the transaction start) and
@@ -13,16 +14,39 @@
 
 use crate::keys;
 use crate::keys::ident::Ident;
+use crate::keys::schema::Ddl;
+use crate::rw::sql::RwSql;
 
 /// Remaining lease time in whole microseconds, at least 1 (the row was
 /// live when selected; a later clock read must not make it look free).
 /// Released rows (`-infinity`) are guarded: PostgreSQL cannot subtract
 /// infinite timestamps.
-const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
+pub(crate) const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
     ELSE GREATEST((extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint, 1) END";
 
 /// The label of the row's grant (`NULL` when written for another grant).
 const LABEL: &str = "CASE WHEN label_owner = owner THEN label END";
+
+/// `changed` (a data-modifying statement returning a row per change) in
+/// a statement that counts the changes and notifies waiters of them, only
+/// when some wait: a waiter's listener holds the topic's watch key shared,
+/// so taking it here fails. Taken, it is held to this statement's commit,
+/// so a waiter that registers meanwhile waits for the commit and then sees
+/// the change. (Every NOTIFY serializes its transaction's commit with all
+/// other notifying commits of the server.) `(channel, payload, key)` are
+/// the SQL expressions of the channel, the payload and the watch key.
+pub(crate) fn notifying(changed: &str, (channel, payload, key): (&str, &str, &str)) -> String {
+    format!(
+        "WITH changed AS (
+            {changed}
+        )
+        SELECT count(*) FROM (
+            SELECT CASE WHEN pg_try_advisory_xact_lock({key}) THEN NULL
+                        ELSE pg_notify({channel}, {payload}) END
+              FROM changed
+        ) notified"
+    )
+}
 
 /// Starts every transaction this crate opens: READ COMMITTED whatever the
 /// server's default, so each statement sees what committed before it began.
@@ -30,6 +54,14 @@ const LABEL: &str = "CASE WHEN label_owner = owner THEN label END";
 /// transaction would judge the lease on that transaction's first snapshot
 /// (and miss it), and contended acquires would fail to serialize.
 pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// `BEGIN` and the transaction-scoped advisory lock `key` in one round
+/// trip: grants of one semaphore or reader-writer lock take their name's
+/// key, so each one's snapshot, taken after the lock, sees every grant
+/// before it. (`key` is an integer, safe to inline.)
+pub(crate) fn begin_locked(key: i64) -> String {
+    format!("{BEGIN}; SELECT pg_advisory_xact_lock({key})")
+}
 
 /// Run on every session the backend opens, for its single statements.
 pub(crate) const PIN_ISOLATION: &str = "SET default_transaction_isolation = 'read committed'";
@@ -44,8 +76,8 @@ pub(crate) struct Sql {
     /// for less than `$4`, or (gated) free with waiters in line.
     pub(crate) acquire: String,
     /// `$1` names, `$2` owners, `$3` fences, `$4` TTLs µs, `$5` slots
-    /// (`NULL` for a lock) (arrays) → the 1-based positions of the leases
-    /// renewed.
+    /// (`NULL` but for a permit), `$6` whether a reader-writer share
+    /// (arrays) → the 1-based positions of the leases renewed.
     pub(crate) renew_many: String,
     /// `$1` name, `$2` owner, `$3` fence, `$4` channel, `$5` watch key →
     /// released count.
@@ -83,9 +115,9 @@ pub(crate) struct Sql {
     /// `$1` name → `(slot, fence, owner, remaining_us, label)` of each live
     /// holder, by slot.
     pub(crate) permit_inspect: String,
-    /// Locks both tables against grants (every `nextval` runs in a
-    /// statement writing one of them) until the transaction commits; reads
-    /// go on.
+    /// Locks the tables of grants against them (every `nextval` runs in a
+    /// statement writing one of them: locks, permits, reader-writer
+    /// holders) until the transaction commits; reads go on.
     pub(crate) lock_grants: String,
     /// `$1` floor: moves the sequence to at least the floor (`nextval`,
     /// then `setval` to the larger), under `lock_grants`.
@@ -98,12 +130,14 @@ pub(crate) struct Sql {
     pub(crate) evict_channel: String,
     /// `"schema"."table"`, as text for `to_regclass` and keys.
     pub(crate) table: String,
+    /// Reader-writer locks' statements (`rw/sql.rs`).
+    pub(crate) rw: RwSql,
 }
 
 impl Sql {
-    /// The statements of `schema.table`; `t` and `seq` are the quoted,
-    /// qualified names of the table and its sequence.
-    pub(crate) fn new(schema: &Ident, table: &Ident, t: &str, seq: &str, p: &str) -> Sql {
+    /// The statements of `schema.table`, whose objects `ddl` names.
+    pub(crate) fn new(schema: &Ident, table: &Ident, ddl: &Ddl) -> Sql {
+        let (t, seq, p, rw) = (&ddl.table, &ddl.sequence, &ddl.permits, &ddl.rw);
         // `seq` holds only identifier characters and double quotes, so it
         // is safe inside a single-quoted literal.
         let nextval = format!("nextval('{seq}'::regclass)");
@@ -158,14 +192,15 @@ impl Sql {
         // in one statement for the whole batch.
         let renew_many = format!(
             "WITH r AS (
-                SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[], $5::int4[])
-                       WITH ORDINALITY AS r(name, owner, fence, ttl_us, slot, i)
+                SELECT * FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[], $5::int4[],
+                                     $6::bool[])
+                       WITH ORDINALITY AS r(name, owner, fence, ttl_us, slot, rw, i)
             ), locks AS (
                 UPDATE {t} AS l
                    SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
                        updated_at = clock_timestamp()
                   FROM r
-                 WHERE r.slot IS NULL AND l.name = r.name AND l.owner = r.owner
+                 WHERE r.slot IS NULL AND NOT r.rw AND l.name = r.name AND l.owner = r.owner
                    AND l.fence = r.fence AND l.expires_at > clock_timestamp()
                 RETURNING r.i
             ), permits AS (
@@ -177,40 +212,35 @@ impl Sql {
                    AND q.owner = r.owner AND q.fence = r.fence
                    AND q.expires_at > clock_timestamp()
                 RETURNING r.i
+            ), shares AS (
+                UPDATE {rw} AS w
+                   SET expires_at = clock_timestamp() + r.ttl_us * interval '1 microsecond',
+                       updated_at = clock_timestamp()
+                  FROM r
+                 WHERE r.rw AND w.name = r.name AND w.owner = r.owner AND w.fence = r.fence
+                   AND w.expires_at > clock_timestamp()
+                RETURNING r.i
             )
-            SELECT i FROM locks UNION ALL SELECT i FROM permits"
+            SELECT i FROM locks UNION ALL SELECT i FROM permits UNION ALL SELECT i FROM shares"
         );
-        // Releases notify only when somebody waits: a waiter's listener
-        // holds the name's watch key (`$5`) shared, so taking it here fails.
-        // Taken, it is held to this statement's commit, so a waiter that
-        // registers meanwhile waits for the commit and then sees the row
-        // free. (Every NOTIFY serializes its transaction's commit with all
-        // other notifying commits of the server.)
-        let release = format!(
-            "WITH released AS (
-                UPDATE {t}
-                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
-                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
-                RETURNING name
-            )
-            SELECT count(*) FROM (
-                SELECT CASE WHEN pg_try_advisory_xact_lock($5) THEN NULL
-                            ELSE pg_notify($4, name) END
-                  FROM released
-            ) notified"
+        // Releases notify only when somebody waits (see `notifying`).
+        let release = notifying(
+            &format!(
+                "UPDATE {t}
+                    SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                  WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
+                 RETURNING name"
+            ),
+            ("$4", "name", "$5"),
         );
-        let forget = format!(
-            "WITH freed AS (
-                UPDATE {t}
-                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
-                 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
-                RETURNING name
-            )
-            SELECT count(*) FROM (
-                SELECT CASE WHEN pg_try_advisory_xact_lock($4) THEN NULL
-                            ELSE pg_notify($3, name) END
-                  FROM freed
-            ) notified"
+        let forget = notifying(
+            &format!(
+                "UPDATE {t}
+                    SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                  WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
+                 RETURNING name"
+            ),
+            ("$3", "name", "$4"),
         );
         let gone = format!(
             "SELECT r.owner FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS r(name, owner, fence)
@@ -235,6 +265,9 @@ impl Sql {
                     updated_at = clock_timestamp()
               WHERE name = $1"
         );
+        // Reader-writer holders and intents are deleted when they end;
+        // what is left expired (a crashed holder, a dead writer).
+        let ri = &ddl.rw_intent;
         let purge_free = format!(
             "WITH locks AS (
                 DELETE FROM {t} WHERE expires_at <= clock_timestamp()
@@ -244,8 +277,17 @@ impl Sql {
                 DELETE FROM {p} WHERE expires_at <= clock_timestamp()
                    AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'
                 RETURNING 1
+            ), shares AS (
+                DELETE FROM {rw}
+                 WHERE expires_at <= clock_timestamp() - $1 * interval '1 microsecond'
+                RETURNING 1
+            ), intents AS (
+                DELETE FROM {ri}
+                 WHERE expires_at <= clock_timestamp() - $1 * interval '1 microsecond'
+                RETURNING 1
             )
-            SELECT (SELECT count(*) FROM locks) + (SELECT count(*) FROM permits)"
+            SELECT (SELECT count(*) FROM locks) + (SELECT count(*) FROM permits)
+                 + (SELECT count(*) FROM shares) + (SELECT count(*) FROM intents)"
         );
         // The lowest free slot below `$3`, unless a live holder agreed on
         // another count; a slot row is taken under its lock if it is (still)
@@ -278,38 +320,30 @@ impl Sql {
                    (SELECT GREATEST((extract(epoch FROM (min(expires_at) - clock_timestamp()))
                                      * 1000000)::bigint, 1) FROM live)"
         );
-        let permit_release = format!(
-            "WITH released AS (
-                UPDATE {p}
-                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
-                 WHERE name = $1 AND slot = $2 AND owner = $3 AND fence = $4
-                   AND expires_at > clock_timestamp()
-                RETURNING name
-            )
-            SELECT count(*) FROM (
-                SELECT CASE WHEN pg_try_advisory_xact_lock($7) THEN NULL
-                            ELSE pg_notify($5, $6) END
-                  FROM released
-            ) notified"
+        let permit_release = notifying(
+            &format!(
+                "UPDATE {p}
+                    SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                  WHERE name = $1 AND slot = $2 AND owner = $3 AND fence = $4
+                    AND expires_at > clock_timestamp()
+                 RETURNING name"
+            ),
+            ("$5", "$6", "$7"),
         );
-        let permit_forget = format!(
-            "WITH freed AS (
-                UPDATE {p}
-                   SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
-                 WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
-                RETURNING name
-            )
-            SELECT count(*) FROM (
-                SELECT CASE WHEN pg_try_advisory_xact_lock($5) THEN NULL
-                            ELSE pg_notify($3, $4) END
-                  FROM freed
-            ) notified"
+        let permit_forget = notifying(
+            &format!(
+                "UPDATE {p}
+                    SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
+                  WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()
+                 RETURNING name"
+            ),
+            ("$3", "$4", "$5"),
         );
         let permit_inspect = format!(
             "SELECT slot, fence, owner, {REMAINING_US}, label FROM {p}
               WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY slot"
         );
-        let lock_grants = format!("LOCK TABLE {t}, {p} IN EXCLUSIVE MODE");
+        let lock_grants = format!("LOCK TABLE {t}, {p}, {rw} IN EXCLUSIVE MODE");
         let floor =
             format!("SELECT setval('{seq}'::regclass, GREATEST($1, nextval('{seq}'::regclass)))");
         Sql {
@@ -332,6 +366,7 @@ impl Sql {
             channel: keys::channel("distlock", schema, table),
             evict_channel: keys::channel("distlock-evict", schema, table),
             table: t.to_owned(),
+            rw: RwSql::new(rw, &ddl.rw_intent, &nextval),
         }
     }
 }
@@ -350,9 +385,7 @@ mod tests {
         let sql = Sql::new(
             &schema,
             &table,
-            "\"Sch\".\"select\"",
-            "\"Sch\".\"select_fence_seq\"",
-            "\"Sch\".\"select_permits\"",
+            &Ddl::new(&schema, &table, &ident("select_fence_seq")),
         );
         for text in [
             &sql.acquire,
@@ -363,6 +396,15 @@ mod tests {
         ] {
             assert!(text.contains("\"Sch\".\"select\""), "{text}");
         }
+        for text in [&sql.rw.take, &sql.rw.release, &sql.lock_grants] {
+            assert!(text.contains("\"Sch\".\"select_rw\""), "{text}");
+        }
+        assert!(sql.rw.take.contains("\"Sch\".\"select_rw_intent\""));
+        assert!(
+            sql.rw
+                .take
+                .contains("nextval('\"Sch\".\"select_fence_seq\"'::regclass)")
+        );
         assert!(
             sql.acquire
                 .contains("nextval('\"Sch\".\"select_fence_seq\"'::regclass)")

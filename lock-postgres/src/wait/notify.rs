@@ -1,10 +1,11 @@
 //! Wake-ups through LISTEN/NOTIFY: one listener connection per backend
 //! instance, shared by all its waiters, and listening only while they wait.
 //!
-//! A waiter of a topic (a lock name, or a semaphore's, see `keys.rs`) has
-//! the listener `LISTEN` and take the topic's *watch key*, an advisory lock
-//! held shared by every instance with a waiter of it. A release (or a
-//! lost-reply cleanup) frees the row and, in the same statement, tries the
+//! A waiter of a topic (a lock name, a semaphore's or a reader-writer
+//! lock's, see `keys.rs`) has the listener `LISTEN` and take the topic's
+//! *watch key*, an advisory lock held shared by every instance with a
+//! waiter of it. A release (or a lost-reply cleanup, or a writer leaving
+//! its intent) frees the row and, in the same statement, tries the
 //! watch key exclusively: it fails while somebody watches, and only then
 //! does the statement `pg_notify(channel, topic)`, sent when the release
 //! commits. Taken, the key is held to the release's commit, so a waiter
@@ -14,7 +15,9 @@
 //! transaction's commit with every other notifying commit of the server).
 //!
 //! The listener task wakes one local waiter of the topic per notification
-//! (a release frees one lock or slot; waking all would be a herd).
+//! (a release frees one lock or slot; waking all would be a herd), except
+//! for a reader-writer lock, whose every local waiter wakes (a writer's
+//! release admits every waiting reader).
 //! Forced releases always notify. Expiries do not: waiters also re-check at
 //! the holder's expiry and at least every `WaitPolicy::recheck`, which the
 //! wait loop arranges.
@@ -111,6 +114,11 @@ impl Wakeups {
         }))
     }
 
+    /// Waiters registered for a wake-up, over all topics.
+    pub(crate) fn waiting(&self) -> usize {
+        self.shared.waiting()
+    }
+
     /// Registers the grant an acquire of `name` by `owner` may get; call it
     /// before the acquire is sent, so an eviction that follows the grant at
     /// once is not missed. Never waits: the eviction `LISTEN` is started in
@@ -158,7 +166,7 @@ impl fmt::Debug for Wakeups {
         f.debug_struct("Wakeups")
             .field("channel", &self.config.channel)
             .field("listening", &listening)
-            .field("waiting", &self.shared.waiting())
+            .field("waiting", &self.waiting())
             .field("listening_for_evictions", &evictions)
             .field("holding", &holding)
             .finish()

@@ -11,6 +11,8 @@ use lockcore::backend::CancellationToken;
 
 use lockcore::backend::Era;
 use tokio::sync::Notify;
+
+use crate::keys;
 use uuid::Uuid;
 
 /// The registry of one backend instance, shared with its listener task.
@@ -113,12 +115,17 @@ impl Shared {
         self.lock().waiters.values().map(|w| w.count).sum()
     }
 
-    /// Wakes one waiter of `topic`; `false` when this instance waits for
-    /// nothing at all (the notification was of no use to it).
+    /// Wakes one waiter of `topic` (every one for a reader-writer lock,
+    /// see `keys::wakes_all`); `false` when this instance waits for nothing
+    /// at all (the notification was of no use to it).
     pub(crate) fn wake(&self, topic: &str) -> bool {
         let state = self.lock();
         if let Some(waiters) = state.waiters.get(topic) {
-            waiters.notify.notify_one();
+            if keys::wakes_all(topic) {
+                waiters.notify.notify_waiters();
+            } else {
+                waiters.notify.notify_one();
+            }
         }
         !state.waiters.is_empty()
     }

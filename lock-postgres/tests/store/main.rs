@@ -13,6 +13,7 @@ mod keys;
 mod locks;
 mod permits;
 mod restore;
+mod rw;
 mod support;
 mod tls;
 mod wakeups;

@@ -39,12 +39,15 @@ fn run(program: &str, args: &[&str]) {
     );
 }
 
-/// Drops the lock table, its permits and epoch tables and its sequence,
-/// and loads the dump at `dump` in their place.
+/// Drops the lock table, its permits, epoch and reader-writer tables and
+/// its sequence, and loads the dump at `dump` in their place.
 async fn restore(url: &str, table: &str, dump: &Path) {
     let mut conn = sql_conn(url).await;
     for drop in [
-        format!("DROP TABLE public.{table}, public.{table}_permits, public.{table}_epoch"),
+        format!(
+            "DROP TABLE public.{table}, public.{table}_permits, public.{table}_epoch,
+                        public.{table}_rw, public.{table}_rw_intent"
+        ),
         format!("DROP SEQUENCE public.{table}_fence_seq"),
     ] {
         sqlx::query(&drop).execute(&mut conn).await.unwrap();
