@@ -237,7 +237,10 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         let p99 = row.p99;
         let note = if (2..peers_at).contains(&i) {
             let ratio = c.per_sec() / results[1].per_sec();
-            [format!("{ratio:.2}x the contended lock"), vs_rtt(p99)]
+            let to_floor = floor.as_ref().map_or(String::new(), |f| {
+                format!("{:.2}x the floor", c.per_sec() / f.per_sec())
+            });
+            [format!("{ratio:.2}x the contended lock"), to_floor, vs_rtt(p99)]
                 .iter()
                 .filter(|s| !s.is_empty())
                 .cloned()
