@@ -17,7 +17,7 @@ pub use crate::request::{Kind, LockRequest};
 pub use crate::store_url::{Host, StoreUrl, parse_duration};
 #[allow(deprecated)]
 pub use crate::support::retry_in_background;
-pub use crate::support::{check_permits, redact_url, timed};
+pub use crate::support::{check_each, check_permits, redact_url, timed};
 pub use crate::ttl::Ttl;
 
 pub mod wait;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::request::{Kind, LockRequest};
 use crate::{LockError, LockName};
 
 /// Runs `request` for at most `limit`. A request that gets no answer in time
@@ -170,9 +171,60 @@ pub fn check_permits(name: &LockName, permits: u32) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Checks a batch for [`LockBackend::try_acquire_each`](crate::LockBackend::try_acquire_each)
+/// before any I/O: locks only, at least one, each name once (two grants of
+/// one name in one store operation would replace each other).
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] saying what is wrong.
+pub fn check_each(requests: &[LockRequest]) -> Result<(), LockError> {
+    if requests.is_empty() {
+        return Err(LockError::config("a multi-lock needs at least one name"));
+    }
+    let mut names = std::collections::HashSet::with_capacity(requests.len());
+    for request in requests {
+        if request.kind() != Kind::Lock {
+            return Err(LockError::config(format!(
+                "a multi-lock takes locks only: {} was asked as a {:?}",
+                request.name(),
+                request.kind()
+            )));
+        }
+        if !names.insert(request.name()) {
+            return Err(LockError::config(format!(
+                "lock \"{}\" is named twice: a multi-lock takes each name once",
+                request.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_is_distinct_locks() {
+        let request = |name: &str| {
+            let ttl = crate::Capabilities::new("test")
+                .effective_ttl(std::time::Duration::from_secs(1))
+                .unwrap();
+            LockRequest::new(LockName::new(name).unwrap(), ttl)
+        };
+        assert!(check_each(&[request("a"), request("b")]).is_ok());
+        for bad in [
+            vec![],
+            vec![request("a"), request("a")],
+            vec![request("a"), request("b").with_permits(2)],
+            vec![request("a").with_access(crate::Access::Read)],
+        ] {
+            assert!(
+                matches!(check_each(&bad), Err(LockError::InvalidConfig { .. })),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn secrets_never_show() {

@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::future::select_all;
 use tokio::time::Instant;
 
 use crate::backend::wait::{self, Waiter, Wakeup};
@@ -26,7 +25,7 @@ impl Locker {
     /// Where the backend takes several locks in one atomic operation
     /// ([`Capabilities::atomic_multi`](crate::Capabilities::atomic_multi)),
     /// each attempt takes every name or none, and the wait holds none of
-    /// them: it retries when any of them may have become free. Elsewhere
+    /// them: it retries when the name it found held may have become free. Elsewhere
     /// the names are taken one by one in sorted order, whatever order they
     /// are given in (what was taken is held while the rest is waited for).
     /// Either way, callers asking for the same names never deadlock.
@@ -197,9 +196,10 @@ impl Locker {
     }
 }
 
-/// The waiter of an atomic multi-lock: armed on every name's wake-up, each
-/// attempt every name or none. The wait loop returns its first lease; the
-/// waiter keeps them all.
+/// The waiter of an atomic multi-lock: each attempt every name or none,
+/// armed on the wake-up of the name the last attempt found held (a free
+/// name's wake-up may fire at once: armed on every name, the wait would
+/// spin). The wait loop returns its first lease; the waiter keeps them all.
 struct AllAtOnce<'a> {
     backend: &'a dyn LockBackend,
     requests: &'a [LockRequest],
@@ -211,20 +211,12 @@ struct AllAtOnce<'a> {
 #[async_trait]
 impl Waiter for AllAtOnce<'_> {
     async fn arm(&mut self) -> Result<Option<Wakeup>, LockError> {
-        if !self.backend.capabilities().notifications {
-            return Ok(None);
-        }
-        let mut wakeups = Vec::with_capacity(self.requests.len());
-        for request in self.requests {
-            if let Some(wakeup) = self.backend.watch(request.name(), Kind::Lock).await? {
-                wakeups.push(wakeup);
+        match &self.held {
+            Some(name) if self.backend.capabilities().notifications => {
+                self.backend.watch(name, Kind::Lock).await
             }
+            _ => Ok(None),
         }
-        Ok((!wakeups.is_empty()).then(|| -> Wakeup {
-            Box::pin(async move {
-                select_all(wakeups).await;
-            })
-        }))
     }
 
     async fn attempt(&mut self, _attempt: u32) -> Result<Attempt, LockError> {
