@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
 use lockcore::backend::{CancellationToken, Kind, LockRequest, Polling, Ttl, check_permits, timed};
 use lockcore::{
-    Access, Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced, FencingToken,
-    Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
+    Access, Attempt, AttemptEach, Capabilities, ExpiryClock, Fairness, FenceDurability, Fenced,
+    FencingToken, Holder, Lease, LockBackend, LockError, LockName, OwnerToken, ReleaseOutcome,
 };
 use redis::aio::ConnectionManager;
 
@@ -29,7 +29,8 @@ use crate::wait::notify::Notifier;
 /// hundreds of thousands of years, so the cap is ours.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// Locks, semaphores and reader-writer locks in one Redis server.
+/// Locks, semaphores and reader-writer locks in one Redis server (or a
+/// Redis Cluster); multi-locks in one script per attempt on one server.
 ///
 /// Clones share the connections; connect another backend for an
 /// independent client. Each backend holds one multiplexed connection for
@@ -91,7 +92,8 @@ impl RedisBackend {
         let response_timeout = config.response_timeout;
         let connected = connection::connect(config).await?;
         let failover = connected.client.failover.mode();
-        let caps = capabilities(response_timeout, &connected.eviction, failover);
+        let cluster = connected.client.commands.is_cluster();
+        let caps = capabilities(response_timeout, &connected.eviction, failover, cluster);
         let client = connected.client;
         Ok(RedisBackend {
             _last: Arc::new(LastHandle {
@@ -191,11 +193,13 @@ impl Drop for LastHandle {
 
 /// What a backend declares: expiry on the server's clock, FIFO waiting,
 /// eviction notices within the response timeout, fences as durable as
-/// the server's settings (`eviction`) make them, and what a failover keeps.
+/// the server's settings (`eviction`) make them, what a failover keeps,
+/// and atomic multi-locks except on a Redis Cluster.
 fn capabilities(
     response_timeout: Duration,
     eviction: &Eviction,
     failover: lockcore::Failover,
+    cluster: bool,
 ) -> Capabilities {
     Capabilities::new(BACKEND)
         // Redis replication is asynchronous: a failover can lose the last
@@ -216,6 +220,10 @@ fn capabilities(
         .eviction_notice(Some(response_timeout))
         .semaphores(true)
         .rw_locks(true)
+        // One script reaches one Cluster slot, and names' keys are spread
+        // over every slot: there a multi-lock takes its names one by one
+        // (`try_acquire_each` serves only names that share a slot).
+        .atomic_multi(!cluster)
         .sets_remaining(true)
         .fence_floor(true)
         .max_fence(MAX_FENCE)
@@ -260,6 +268,17 @@ impl LockBackend for RedisBackend {
             },
             (kind, _) => Err(kind.unsupported(BACKEND)),
         }
+    }
+
+    /// Every lock of `requests` or none, in one script over every name's
+    /// keys, each name judged as `try_acquire` judges it (a name reserved
+    /// for or queued by a waiter counts as held) and granted as it grants
+    /// it. On a Redis Cluster only for names whose keys share one slot;
+    /// others are [`LockError::Unsupported`] (and `atomic_multi` is not
+    /// declared there).
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        let attempt = self.client.acquire_each(requests);
+        self.client.acquiring(attempt).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {

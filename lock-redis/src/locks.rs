@@ -1,5 +1,6 @@
 //! Locks: acquire, renew, release, inspect and evict, each one Lua script
-//! (`locks/scripts/`), so one atomic step and one round trip. Renew and
+//! (`locks/scripts/`), so one atomic step and one round trip; several
+//! locks at once in one script too (`each.rs`). Renew and
 //! release take permit and reader-writer leases too (one batch renews them
 //! all mixed), so those two serve `permits.rs` and `rw.rs` as well.
 
@@ -22,6 +23,7 @@ use crate::permits::SLOTS;
 use crate::rw::holder_id;
 use crate::wait::LINE;
 
+mod each;
 mod renew_on_nodes;
 pub(crate) mod value;
 
@@ -30,7 +32,11 @@ use value::{lease_value, parse_value, remaining};
 /// `is_lease`: whether a stored value belongs to a lease.
 pub(crate) const IS_LEASE: &str = include_str!("locks/scripts/lease.lua");
 
-script!(ACQUIRE = [NEXT_FENCE, ERA_CHECK, LINE] include_str!("locks/scripts/acquire.lua"));
+/// `may_take`, `grant_lock`: whether a caller may take a lock now, and
+/// its grant; shared by the one-lock and the several-lock acquire.
+const CLAIM: &str = include_str!("locks/scripts/claim.lua");
+
+script!(ACQUIRE = [NEXT_FENCE, ERA_CHECK, LINE, CLAIM] include_str!("locks/scripts/acquire.lua"));
 /// `renew_one`: renews one lease, a lock, a permit or a reader-writer share.
 const RENEW_ONE: &str = include_str!("locks/scripts/renew_one.lua");
 

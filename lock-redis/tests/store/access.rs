@@ -19,14 +19,7 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_acquire_reply_leaves_no_phantom_holder() {
     let store = launcher::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let via = RedisConfig::from_url(&store.url())
-        .unwrap()
-        .address(proxy.addr().ip().to_string(), proxy.addr().port())
-        .response_timeout(Duration::from_millis(300))
-        .connect_timeout(Duration::from_millis(300));
-    let cut = RedisBackend::connect_with(via).await.unwrap();
-    let direct = RedisBackend::connect(&store.url()).await.unwrap();
+    let (proxy, cut, direct) = cut_and_direct(&store).await;
     let lock = unique("phantom");
     // Load the scripts first, so the lost request really runs on the server.
     let warm = take(&cut, &lock, LONG).await;
@@ -68,14 +61,7 @@ async fn a_lost_acquire_reply_leaves_no_phantom_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_permit_reply_leaves_no_phantom_permit() {
     let store = launcher::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let via = RedisConfig::from_url(&store.url())
-        .unwrap()
-        .address(proxy.addr().ip().to_string(), proxy.addr().port())
-        .response_timeout(Duration::from_millis(300))
-        .connect_timeout(Duration::from_millis(300));
-    let cut = RedisBackend::connect_with(via).await.unwrap();
-    let direct = RedisBackend::connect(&store.url()).await.unwrap();
+    let (proxy, cut, direct) = cut_and_direct(&store).await;
     let semaphore = unique("phantom-permit");
     let request = LockRequest::new(
         semaphore.clone(),

@@ -15,6 +15,7 @@ mod durability;
 mod eviction;
 mod fencing;
 mod keys;
+mod multi;
 mod permits;
 mod restore;
 mod rw;

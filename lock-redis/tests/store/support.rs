@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use lock_conformance::kit::proxy::FaultProxy;
 use lock_conformance::kit::stores::Store;
 use lock_conformance::kit::stores::redis::{self as launcher, Options};
 use lock_conformance::kit::until;
@@ -61,6 +62,20 @@ pub(crate) async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
 /// scaled, for cases that send a burst (thousands of grants, a fence floor
 /// of 16,384 keys written durably) and check what happens, not how fast:
 /// on a loaded machine a burst must not read as a lost server.
+/// A client of `store` through a fresh fault proxy, with 300 ms timeouts
+/// so a cut shows at once, and a client straight to it.
+pub(crate) async fn cut_and_direct(store: &Store) -> (FaultProxy, RedisBackend, RedisBackend) {
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let via = RedisConfig::from_url(&store.url())
+        .unwrap()
+        .address(proxy.addr().ip().to_string(), proxy.addr().port())
+        .response_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300));
+    let cut = RedisBackend::connect_with(via).await.unwrap();
+    let direct = RedisBackend::connect(&store.url()).await.unwrap();
+    (proxy, cut, direct)
+}
+
 pub(crate) async fn connect_scaled(url: &str) -> RedisBackend {
     let config = RedisConfig::from_url(url)
         .unwrap()

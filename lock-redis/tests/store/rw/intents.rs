@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use super::{intents, refused, share, writer_waits};
-use crate::support::{LONG, patient, raw, round_trip, unique};
-use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use crate::support::{LONG, cut_and_direct, patient, raw, round_trip, unique};
+use lock_conformance::kit::proxy::Mode;
 use lock_conformance::kit::stores::redis as launcher;
 use lock_conformance::kit::until;
-use lock_redis::{RedisBackend, RedisConfig};
+use lock_redis::RedisBackend;
 use lockcore::backend::Kind;
 use lockcore::{Access, LockBackend};
 use tokio::time::Instant;
@@ -146,14 +146,7 @@ async fn a_waiting_writers_intent_is_kept_past_its_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_writers_intent_lapses_within_its_ttl() {
     let store = launcher::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let via = RedisConfig::from_url(&store.url())
-        .unwrap()
-        .address(proxy.addr().ip().to_string(), proxy.addr().port())
-        .response_timeout(Duration::from_millis(300))
-        .connect_timeout(Duration::from_millis(300));
-    let cut = RedisBackend::connect_with(via).await.unwrap();
-    let direct = RedisBackend::connect(&store.url()).await.unwrap();
+    let (proxy, cut, direct) = cut_and_direct(&store).await;
     let con = raw(&store.url()).await;
     let allowance = round_trip(&direct).await;
     let name = unique("rw-dead-writer");

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{base, request, share};
-use crate::support::{LONG, private, raw, server_micros, take, unique};
-use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use crate::support::{LONG, cut_and_direct, private, raw, server_micros, take, unique};
+use lock_conformance::kit::proxy::Mode;
 use lock_conformance::kit::stores::redis as launcher;
 use lock_conformance::kit::until;
 use lock_redis::redis::AsyncCommands;
-use lock_redis::{RedisBackend, RedisConfig};
+use lock_redis::RedisBackend;
 use lockcore::backend::{Kind, LockBackendExt, LockRequest};
 use lockcore::{Access, FencingToken, HolderLabel, LockBackend, LockError, Locker, ReleaseOutcome};
 use tokio::time::Instant;
@@ -130,14 +130,7 @@ async fn reads_and_writes_draw_one_counter_above_the_floor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_share_reply_leaves_no_phantom_holder() {
     let store = launcher::shared();
-    let proxy = FaultProxy::start(store.addr()).await.unwrap();
-    let via = RedisConfig::from_url(&store.url())
-        .unwrap()
-        .address(proxy.addr().ip().to_string(), proxy.addr().port())
-        .response_timeout(Duration::from_millis(300))
-        .connect_timeout(Duration::from_millis(300));
-    let cut = RedisBackend::connect_with(via).await.unwrap();
-    let direct = RedisBackend::connect(&store.url()).await.unwrap();
+    let (proxy, cut, direct) = cut_and_direct(&store).await;
     let name = unique("rw-phantom");
     let write = request(&cut, &name, Access::Write, LONG);
     // Load the script first, so the lost request really runs on the server.
