@@ -9,8 +9,8 @@ use std::time::Duration;
 use lockcore::backend::wait::{self, LocalLine, WaitPolicy, Wakeup};
 use lockcore::backend::{Kind, LockRequest, Polling, Ttl, async_trait};
 use lockcore::{
-    Access, Attempt, Capabilities, ExpiryClock, Fairness, FenceDurability, FencingToken, Holder,
-    Lease, LockBackend, LockError, LockName, ReleaseOutcome,
+    Access, Attempt, AttemptEach, Capabilities, ExpiryClock, Fairness, FenceDurability,
+    FencingToken, Holder, Lease, LockBackend, LockError, LockName, ReleaseOutcome,
 };
 
 use crate::config::SqliteConfig;
@@ -120,6 +120,8 @@ impl LockBackend for SqliteBackend {
             .rw_locks(true)
             .fence_floor(true)
             .sets_remaining(true)
+            // Every lock of a batch or none, in one `BEGIN IMMEDIATE`.
+            .atomic_multi(true)
             // One SQLite INTEGER counter per file.
             .max_fence(i64::MAX as u64)
     }
@@ -133,6 +135,14 @@ impl LockBackend for SqliteBackend {
             (Kind::ReadWrite, _, Some(access)) => self.client.try_grant_rw(request, access).await,
             (kind, _, _) => Err(kind.unsupported(BACKEND)),
         }
+    }
+
+    /// Every lock of `requests` or none, in one `BEGIN IMMEDIATE`
+    /// transaction: each granted as `try_acquire` grants it alone (its own
+    /// fence, presence file, undo if cut short); the file keeps no waiting
+    /// line for a batch to barge past.
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        self.client.try_grant_each(requests).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {

@@ -3,10 +3,10 @@
 //! judgement): each write one `BEGIN IMMEDIATE` transaction (a deferred
 //! transaction that turns into a write fails with `SQLITE_BUSY` instead of
 //! waiting, whatever the busy timeout), each owner- and fence-checked.
-//! Granting is in `grant.rs`, renewing a batch in `renew.rs`, undoing a
-//! grant cut short in `undo.rs`, what this client
-//! granted in `held.rs`, setting a lease's remaining time in
-//! `remaining.rs`, the holders' presence files in `presence.rs`, the
+//! Granting is in `grant.rs`, every lock of a batch at once in `each.rs`,
+//! renewing a batch in `renew.rs`, undoing a grant cut short in `undo.rs`,
+//! what this client granted in `held.rs`, setting a lease's remaining time
+//! in `remaining.rs`, the holders' presence files in `presence.rs`, the
 //! clock leases expire on in `clock.rs`, the statements in `sql.rs`.
 //!
 //! Every operation here shares the same judgement of a row
@@ -14,6 +14,7 @@
 //! files (`forget`, `let_go`).
 
 pub(crate) mod clock;
+mod each;
 pub(crate) mod grant;
 pub(crate) mod held;
 pub(crate) mod presence;

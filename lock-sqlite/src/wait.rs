@@ -1,7 +1,9 @@
 //! Waiters and wake-ups: a waiter watches the presence files of a name's
 //! live holders (inotify, `inotify.rs`) and wakes at the first change of
-//! any (released, evicted, its process dead); a holder's own watch of its
-//! presence file is its eviction notice, checked against its row here.
+//! any (released, evicted, its process dead); a free name, which has none,
+//! wakes it only if something was granted in the file since it looked (the
+//! fence counter moved). A holder's own watch of its presence file is its
+//! eviction notice, checked against its row here.
 
 #[cfg_attr(not(target_os = "linux"), path = "wait/inotify_none.rs")]
 pub(crate) mod inotify;
@@ -16,15 +18,17 @@ use tokio::sync::mpsc;
 
 use crate::connection::Client;
 use crate::error::{self, BACKEND};
+use crate::fence::LAST_FENCE;
 use crate::keys::Kind;
 use crate::locks::{Row, sql};
 
 impl Client {
     /// A wake-up for the next change of `kind` `name`: the first change of
     /// any live holder's presence file (or, for a reader-writer lock, any
-    /// waiting writer's), at once if a slot is free now (nobody holds or
-    /// waits to write a reader-writer lock: its rows are of one seat), or
-    /// `None` if one of them cannot be watched (its waiters then poll).
+    /// waiting writer's); if a slot is free now (nobody holds or waits to
+    /// write a reader-writer lock: its rows are of one seat), see
+    /// [`granted_since`](Self::granted_since); `None` if one of them cannot
+    /// be watched (its waiters then poll).
     pub(crate) async fn watch(
         &self,
         kind: Kind,
@@ -35,6 +39,8 @@ impl Client {
             return Ok(None);
         };
         let mut conn = self.read().await?;
+        // Read before the rows: a grant they miss moves it later.
+        let last = Self::last_fence(&mut conn).await?;
         let mut rows = Self::rows(&mut conn, kind, name).await?;
         if kind == Kind::Rw {
             // A waiting writer keeps readers out too: its end may let them in.
@@ -45,7 +51,7 @@ impl Client {
         let live: Vec<&Row> = rows.iter().filter(|r| self.is_live(r, now)).collect();
         let seats = live.first().map_or(1, |r| r.permits);
         if (live.len() as i64) < seats {
-            return Ok(Some(inotify::now()));
+            return Ok(Some(self.granted_since(last)));
         }
         let mut wakeups = Vec::with_capacity(live.len());
         for row in live {
@@ -60,6 +66,37 @@ impl Client {
             }
         }
         Ok(Some(inotify::first_of(wakeups)))
+    }
+
+    /// The wake-up of a name with a free slot, which has no presence file
+    /// to watch. Polled once the attempt that follows it ran, it fires if
+    /// anything was granted in the file since its fence counter was `last`
+    /// (every grant takes a fence): the slot may have been taken meanwhile,
+    /// and the next round watches its holder. Otherwise it never fires: the
+    /// name is not what keeps the waiter out (a multi-lock waits on its
+    /// held names, and must not retry at once, over and over, on its free
+    /// ones). An attempt that was granted never polls it: no read.
+    fn granted_since(&self, last: i64) -> Wakeup {
+        let client = self.me.clone();
+        Box::pin(async move {
+            let unmoved = match client.upgrade() {
+                Some(client) => match client.read().await {
+                    Ok(mut conn) => Self::last_fence(&mut conn)
+                        .await
+                        .is_ok_and(|now| now == last),
+                    Err(_) => false,
+                },
+                None => false,
+            };
+            if unmoved {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+
+    /// The file's fence counter.
+    async fn last_fence(conn: &mut sqlx::SqliteConnection) -> Result<i64, LockError> {
+        (sqlx::query_scalar(LAST_FENCE).fetch_one(conn).await).map_err(error::map)
     }
 
     /// Someone touched the presence file of our grant `fence`: if our row is

@@ -1,14 +1,15 @@
 //! Granting: one attempt at a free slot of a lock or a semaphore, and what
 //! every grant shares whatever decided it (a free slot here, the rules of
-//! a reader-writer lock in `rw.rs`): the write lock and the clock read in
-//! it, the judgement of the rows found, the removal of dead and expired
-//! ones, and a new row with the next fence and a presence file, committed
-//! (undone in the background if cut short mid-commit), recorded as this
-//! client's and handed out as a lease.
+//! a reader-writer lock in `rw.rs`, every lock of a batch at once in
+//! `each.rs`): the write lock and the clock read in it, the judgement of
+//! the rows found, the removal of dead and expired ones, and a new row (or
+//! several, committed together) with the next fence and a presence file,
+//! committed (undone in the background if cut short mid-commit), recorded
+//! as this client's and handed out as a lease.
 
 use std::time::Duration;
 
-use lockcore::backend::{CancellationToken, LockRequest, timed};
+use lockcore::backend::{CancellationToken, LockRequest, Moment, timed};
 use lockcore::{Attempt, FencingToken, Lease, LockError, LockName, OwnerToken};
 
 use super::held::Held;
@@ -27,6 +28,23 @@ pub(crate) struct NewRow<'a> {
     pub(crate) request: &'a LockRequest,
     pub(crate) slot: Option<i64>,
     pub(crate) permits: u32,
+}
+
+/// What a name has for one more grant: a free slot (and the stale rows in
+/// the way), or none until its first live holder expires.
+#[derive(Debug)]
+pub(crate) enum Seat {
+    Free { slot: i64, stale: Vec<Row> },
+    Taken { expires_in: Duration },
+}
+
+/// A row written in a grant's transaction, its commit not known yet.
+#[derive(Debug)]
+struct Staged {
+    written: Written,
+    /// Armed: dropped before the commit's outcome is known, it undoes the
+    /// row.
+    undo: Undo,
 }
 
 /// A row written and committed.
@@ -68,13 +86,16 @@ impl Client {
     ) -> Result<Attempt, LockError> {
         let sent = request.now();
         let (mut tx, now) = self.begin_grant().await?;
-        let rows = Self::rows(&mut tx, kind, request.name()).await?;
-        let (live, stale) = self.judge(rows, now);
-        let Some(slot) = crate::permits::free_slot(request.name(), &live, permits)? else {
-            let next = live.iter().map(|r| r.expires_at).min().unwrap_or(now);
-            return Ok(Attempt::Held {
-                expires_in: Some(clock::duration(next - now)),
-            });
+        let (slot, stale) = match self
+            .seat(&mut tx, kind, request.name(), permits, now)
+            .await?
+        {
+            Seat::Free { slot, stale } => (slot, stale),
+            Seat::Taken { expires_in } => {
+                return Ok(Attempt::Held {
+                    expires_in: Some(expires_in),
+                });
+            }
         };
         self.drop_rows(&mut tx, kind, request.name(), &stale)
             .await?;
@@ -87,6 +108,28 @@ impl Client {
         let lease = self.hand_out(tx, row, now, sent).await?;
         self.tidy_stale(&stale);
         Ok(Attempt::Acquired(lease))
+    }
+
+    /// Whether `kind` `name` has a free slot out of `permits` at `now`, as
+    /// its rows in `tx` say (nothing written).
+    pub(crate) async fn seat(
+        &self,
+        tx: &mut Tx,
+        kind: Kind,
+        name: &LockName,
+        permits: u32,
+        now: i64,
+    ) -> Result<Seat, LockError> {
+        let (live, stale) = self.judge(Self::rows(tx, kind, name).await?, now);
+        Ok(match crate::permits::free_slot(name, &live, permits)? {
+            Some(slot) => Seat::Free { slot, stale },
+            None => {
+                let next = live.iter().map(|r| r.expires_at).min().unwrap_or(now);
+                Seat::Taken {
+                    expires_in: clock::duration(next - now),
+                }
+            }
+        })
     }
 
     /// The file's write lock and the boot clock read inside it, with this
@@ -139,7 +182,49 @@ impl Client {
         row: NewRow<'_>,
         now: i64,
     ) -> Result<Written, LockError> {
-        let fence = self.next_fence(&mut tx).await?;
+        let staged = self.stage_row(&mut tx, row, now).await?;
+        let committed = tx.commit().await.map_err(error::map);
+        let written = self.settle(staged, committed.is_ok());
+        committed.map(|()| written)
+    }
+
+    /// Writes every row of `rows` as [`write_row`](Self::write_row) writes
+    /// one, each with its own fence and presence file, and commits them
+    /// together: every row or none. A commit cut short is undone row by row;
+    /// on an error every presence file made is removed.
+    pub(crate) async fn write_rows(
+        &self,
+        mut tx: Tx,
+        rows: &[NewRow<'_>],
+        now: i64,
+    ) -> Result<Vec<Written>, LockError> {
+        let mut staged = Vec::with_capacity(rows.len());
+        let mut outcome = Ok(());
+        for row in rows {
+            match self.stage_row(&mut tx, *row, now).await {
+                Ok(one) => staged.push(one),
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        if outcome.is_ok() {
+            outcome = tx.commit().await.map_err(error::map);
+        }
+        let written = (staged.into_iter())
+            .map(|one| self.settle(one, outcome.is_ok()))
+            .collect();
+        // An error drops `tx` uncommitted: nothing was written.
+        outcome.map(|()| written)
+    }
+
+    /// Writes `row` with the next fence and a presence file in `tx`, not
+    /// committed yet: its undo armed from the write on, for a commit that
+    /// lands with nobody left to hand the row to. On an error its presence
+    /// file is removed.
+    async fn stage_row(&self, tx: &mut Tx, row: NewRow<'_>, now: i64) -> Result<Staged, LockError> {
+        let fence = self.next_fence(tx).await?;
         let token = FencingToken::from_store(BACKEND, fence)?;
         let file = match &self.presence {
             Some(presence) => presence
@@ -156,7 +241,7 @@ impl Client {
             _ => None,
         };
         let name = row.request.name();
-        let written = sqlx::query(sql::GRANT)
+        let inserted = sqlx::query(sql::GRANT)
             .bind(row.kind.as_str())
             .bind(name.as_str())
             .bind(slot)
@@ -169,40 +254,76 @@ impl Client {
             .bind(file.as_ref().map(|f| f.id.dev))
             .bind(file.as_ref().map(|f| f.id.ino))
             .bind(access)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await;
-        let undo = Undo::arm(self, row.kind, name, slot, owner, fence, ttl);
-        let committed = match written {
-            Ok(_) => tx.commit().await,
-            Err(e) => Err(e),
-        };
-        undo.disarm();
-        if let Err(e) = committed {
-            if let (Some(presence), Some(_)) = (&self.presence, &file) {
-                presence.remove(token.get());
-            }
-            return Err(error::map(e));
-        }
-        Ok(Written {
+        let written = Written {
             fence,
             token,
             owner,
             slot,
             file,
             expires_at,
-        })
+        };
+        if let Err(e) = inserted {
+            self.drop_file(&written);
+            return Err(error::map(e));
+        }
+        let undo = Undo::arm(self, row.kind, name, slot, owner, fence, ttl);
+        Ok(Staged { written, undo })
+    }
+
+    /// The commit of `staged` is known: nothing to undo, and its presence
+    /// file removed if it did not commit.
+    fn settle(&self, staged: Staged, committed: bool) -> Written {
+        staged.undo.disarm();
+        if !committed {
+            self.drop_file(&staged.written);
+        }
+        staged.written
+    }
+
+    /// Removes the presence file `written` made (its row never committed).
+    fn drop_file(&self, written: &Written) {
+        if let (Some(presence), Some(_)) = (&self.presence, &written.file) {
+            presence.remove(written.token.get());
+        }
     }
 
     /// Grants `row` for its request, sent at `sent`: writes it (see
-    /// [`write_row`](Self::write_row)), keeps its presence file and an
-    /// eye on it, records it as this client's, and hands out its lease.
+    /// [`write_row`](Self::write_row)) and hands out its lease (see
+    /// [`lease_of`](Self::lease_of)).
     pub(crate) async fn hand_out(
         &self,
         tx: Tx,
         row: NewRow<'_>,
         now: i64,
-        sent: lockcore::backend::Moment,
+        sent: Moment,
     ) -> Result<Lease, LockError> {
+        let written = self.write_row(tx, row, now).await?;
+        Ok(self.lease_of(row, written, sent))
+    }
+
+    /// Grants every row of `rows` together, each for its request sent at
+    /// the same place of `sent` (see [`write_rows`](Self::write_rows)):
+    /// their leases in order.
+    pub(crate) async fn hand_out_each(
+        &self,
+        tx: Tx,
+        rows: &[NewRow<'_>],
+        now: i64,
+        sent: &[Moment],
+    ) -> Result<Vec<Lease>, LockError> {
+        let written = self.write_rows(tx, rows, now).await?;
+        Ok((rows.iter().zip(written).zip(sent))
+            .map(|((row, written), sent)| self.lease_of(*row, written, *sent))
+            .collect())
+    }
+
+    /// The lease of `row`, `written` and committed for its request sent at
+    /// `sent`: keeps its presence file and an eye on it (its eviction
+    /// notice), records it as this client's (its loss signal), with no
+    /// wait between the commit and here.
+    fn lease_of(&self, row: NewRow<'_>, written: Written, sent: Moment) -> Lease {
         let Written {
             token,
             owner,
@@ -210,7 +331,7 @@ impl Client {
             file,
             expires_at,
             ..
-        } = self.write_row(tx, row, now).await?;
+        } = written;
         let lost = CancellationToken::new();
         let slot = (row.kind == Kind::Permit).then(|| u32::try_from(slot).unwrap_or(u32::MAX));
         let (path, watch) = match file {
@@ -248,10 +369,10 @@ impl Client {
         if let Some(presence_of) = presence_of {
             lease = lease.with_extension(presence_of);
         }
-        Ok(match slot {
+        match slot {
             None => lease,
             Some(slot) => lease.with_slot(slot),
-        })
+        }
     }
 
     /// After a commit that replaced expired or dead holders: remove their

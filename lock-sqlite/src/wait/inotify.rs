@@ -347,11 +347,6 @@ impl Future for FirstOf {
     }
 }
 
-/// A wake-up that fires at once: something changed before it was armed.
-pub(crate) fn now() -> Wakeup {
-    Box::pin(std::future::ready(()))
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

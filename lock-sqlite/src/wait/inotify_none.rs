@@ -34,7 +34,3 @@ pub(crate) fn first_of(wakeups: Vec<Wakeup>) -> Wakeup {
         }
     })
 }
-
-pub(crate) fn now() -> Wakeup {
-    Box::pin(std::future::ready(()))
-}

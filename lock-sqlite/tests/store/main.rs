@@ -5,6 +5,7 @@
 //! a process of its own (the fd checks of `close` look only at the files of
 //! their own temp dir and at their own client's inotify instance).
 
+mod presence;
 mod support;
 
 mod clocks;
@@ -12,6 +13,7 @@ mod close;
 mod connect;
 mod fencing;
 mod locks;
+mod multi;
 mod permits;
 mod restore;
 mod rw;

@@ -7,7 +7,7 @@
 //! file's one counter, above its floor, and a cut-short attempt leaves
 //! nothing once its client is closed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use lockcore::{
 use sqlx::Connection;
 use tokio::time::Instant;
 
+use crate::presence::{locked, presence};
 use crate::support::{self, expect_line, name};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -84,22 +85,6 @@ async fn intent_of(path: &Path, n: &LockName) -> i64 {
         assert!(Instant::now() < deadline, "no intent on {n} within 10 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-fn presence(path: &Path, fence: i64) -> PathBuf {
-    let mut dir = path.as_os_str().to_owned();
-    dir.push("-distlock");
-    PathBuf::from(dir).join(fence.to_string())
-}
-
-/// Whether some process holds the `flock` of the presence file of `fence`.
-fn locked(path: &Path, fence: i64) -> bool {
-    use std::os::fd::AsRawFd;
-    let Ok(file) = std::fs::File::open(presence(path, fence)) else {
-        return false;
-    };
-    // SAFETY: flock on a descriptor we own.
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
 fn fence(lease: &Lease) -> i64 {

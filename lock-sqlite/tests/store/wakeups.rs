@@ -122,3 +122,73 @@ async fn a_waiter_gets_the_lock_of_a_killed_holder_at_once() {
         "slowest takeover {max:?} (bound {bound:?}), with a 60 s TTL"
     );
 }
+
+/// A free name has no presence file to watch: its wake-up, first polled
+/// once the attempt after the watch ran (as the wait loop does), fires if
+/// the name may have been taken in between (something was granted in the
+/// file), so a waiter that lost the race to it watches the winner next;
+/// if nothing was, it stays quiet, so a multi-lock waiting on its held
+/// names does not retry over and over on its free ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_names_wake_up_fires_only_if_something_was_granted_since() {
+    use lockcore::LockBackend;
+    use lockcore::backend::{Kind, LockBackendExt};
+
+    let factory = support::SqliteFactory::fresh();
+    let url = support::url(factory.path());
+    let (a, b) = (
+        SqliteBackend::connect(&url).await.unwrap(),
+        SqliteBackend::connect(&url).await.unwrap(),
+    );
+    let name = support::name("free-watch");
+    let quiet = (a.watch(&name, Kind::Lock).await.unwrap()).expect("a wake-up");
+    let quiet = tokio::time::timeout(Duration::from_millis(100), quiet).await;
+    assert!(quiet.is_err(), "woken while nothing was granted");
+    let taken = (a.watch(&name, Kind::Lock).await.unwrap()).expect("a wake-up");
+    let lease = (b
+        .try_acquire_for(&name, Duration::from_secs(60))
+        .await
+        .unwrap())
+    .into_lease()
+    .expect("a free name");
+    tokio::time::timeout(scaled(Duration::from_secs(1)), taken)
+        .await
+        .expect("not woken after the name was taken");
+    b.release(&lease).await.unwrap();
+}
+
+/// Waiters of separate clients woken by one release race for the lock:
+/// each loser is woken again by the winner's release, never left to its
+/// 30 s re-check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_lose_the_race_are_woken_by_the_winners_release() {
+    const WAITERS: usize = 4;
+    let bound = scaled(Duration::from_secs(5));
+    let factory = support::SqliteFactory::fresh();
+    let url = support::url(factory.path());
+    let holder =
+        Locker::new(SqliteBackend::connect(&url).await.unwrap()).ttl(Duration::from_secs(60));
+    for run in 0..5 {
+        let name = format!("race-{run}");
+        let guard = holder
+            .try_acquire(&name)
+            .await
+            .unwrap()
+            .expect("a free name");
+        let mut tasks = Vec::new();
+        for _ in 0..WAITERS {
+            let waiter = deaf(SqliteBackend::connect(&url).await.unwrap());
+            let name = name.clone();
+            tasks.push(tokio::spawn(async move {
+                let guard = waiter.acquire(&name).await.unwrap();
+                guard.release().await.unwrap();
+            }));
+        }
+        // Until every waiter has tried once and is waiting.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        guard.release().await.unwrap();
+        for task in tasks {
+            hand_off(task, bound, run).await;
+        }
+    }
+}
