@@ -9,8 +9,8 @@ use etcd_client::{Client, Compare, TxnOp, TxnResponse};
 use lockcore::backend::wait::{WaitPolicy, Wakeup};
 use lockcore::backend::{Kind, LockRequest, Polling, Ttl, async_trait};
 use lockcore::{
-    Attempt, Capabilities, Fenced, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    ReleaseOutcome,
+    Attempt, AttemptEach, Capabilities, Fenced, FencingToken, Holder, Lease, LockBackend,
+    LockError, LockName, ReleaseOutcome,
 };
 
 use crate::config::EtcdConfig;
@@ -206,6 +206,14 @@ impl LockBackend for EtcdBackend {
             }
             (kind, ..) => Err(kind.unsupported(crate::error::BACKEND)),
         }
+    }
+
+    /// Every lock or none in one `Txn` whose compares are each name's
+    /// `try_acquire` condition (`locks::multi`); more names than one `Txn`
+    /// takes are `Unsupported` (the locker then takes them one by one).
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        self.inner.open()?;
+        crate::locks::multi::try_acquire_each(&self.inner, requests).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {

@@ -2,10 +2,12 @@
 //! force release of a lock's queue entries. A lock is a queue of keys under
 //! `<prefix><name>/`; the key with the smallest create revision holds it
 //! (see `keys`). Waiting in line is the `wait` role's; renewal, shared with
-//! permits, is [`renew`]'s, and moving a grant onto a lease of its own for
-//! a set remaining time, [`remaining`]'s.
+//! permits, is [`renew`]'s, moving a grant onto a lease of its own for a
+//! set remaining time, [`remaining`]'s, and several locks in one `Txn`,
+//! [`multi`]'s.
 
 pub(crate) mod grant;
+pub(crate) mod multi;
 mod remaining;
 mod renew;
 
@@ -124,8 +126,9 @@ impl Inner {
         Ok(self.txn("release", txn).await?.succeeded())
     }
 
-    /// The holder: the queue's oldest entry, and the revision read at.
-    pub(crate) async fn head(&self, name: &LockName) -> Result<Option<(KeyValue, i64)>, LockError> {
+    /// The holder (the queue's oldest entry, if any), and the revision
+    /// read at.
+    pub(crate) async fn head(&self, name: &LockName) -> Result<(Option<KeyValue>, i64), LockError> {
         let queue = self.keys.queue(name);
         let options = GetOptions::new()
             .with_range(range_end(&queue))
@@ -138,7 +141,7 @@ impl Inner {
         )
         .await?;
         let revision = reply.header().map_or(0, |h| h.revision());
-        Ok(reply.take_kvs().into_iter().next().map(|kv| (kv, revision)))
+        Ok((reply.take_kvs().into_iter().next(), revision))
     }
 
     /// The holder view of an entry, with the time its lease has left.
@@ -200,9 +203,9 @@ impl Inner {
     }
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>, LockError> {
-        match self.head(name).await? {
+        match self.head(name).await?.0 {
             None => Ok(None),
-            Some((kv, _)) => Ok(Some(self.holder_of(&kv).await?)),
+            Some(kv) => Ok(Some(self.holder_of(&kv).await?)),
         }
     }
 
@@ -219,7 +222,7 @@ impl Inner {
     ) -> Result<Option<Holder>, LockError> {
         let queue = self.keys.queue(name);
         for _ in 0..32 {
-            let Some((kv, _)) = self.head(name).await? else {
+            let Some(kv) = self.head(name).await?.0 else {
                 return Ok(None);
             };
             let fence = Record::holder(kv.value(), kv.create_revision(), None)?.fence;

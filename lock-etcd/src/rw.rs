@@ -45,6 +45,7 @@ use crate::error::{BACKEND, protocol};
 use crate::keys::record::Record;
 use crate::keys::rw::RwKeys;
 use crate::keys::{Keys, empty, range_end, unchanged};
+use crate::locks::grant::Sending;
 
 pub(crate) use waiter::acquire;
 
@@ -70,37 +71,6 @@ pub(crate) struct Refusal {
 pub(crate) enum Admission {
     Granted(Lease),
     Refused(Refusal),
-}
-
-/// What a grant `Txn` in flight may write: undone if its waiter is dropped
-/// before the reply.
-#[derive(Debug, Default)]
-pub(crate) struct Sending {
-    session: Option<i64>,
-    keys: Vec<(Vec<u8>, Arc<[u8]>)>,
-}
-
-impl Sending {
-    /// Deletes what may have landed (each key only while it holds our
-    /// value), and retires the session so that whatever lands later goes
-    /// with it, as after a lost reply.
-    pub(crate) fn undo(self, inner: &Arc<Inner>) {
-        let Some(session) = self.session else {
-            return;
-        };
-        inner.sessions.retire(session);
-        for (key, value) in self.keys {
-            let inner = inner.clone();
-            inner.conn.clone().cleanup(async move {
-                let txn = Txn::new()
-                    .when([Compare::value(key.clone(), CompareOp::Equal, value.to_vec())])
-                    .and_then([TxnOp::delete(key, None)]);
-                if let Err(e) = inner.txn("undo a dropped acquire", txn).await {
-                    tracing::debug!(error = %e, "undoing a dropped acquire failed; its session is retired");
-                }
-            });
-        }
-    }
 }
 
 /// The prefixes of the grants that exclude `access`, and of the waiters
@@ -247,8 +217,8 @@ impl Inner {
             grant.push(TxnOp::delete(place.key.clone(), None));
             base.extend(unchanged(&place.key, place.revision, &place.value));
         }
-        sending.session = Some(session);
-        sending.keys.push((key.clone(), value.clone()));
+        sending.on(session);
+        sending.may_write(&key, &value);
         // Refused: queue (if asked; only if the entry name is free), then
         // read what refused us.
         let mut reads = Vec::new();
@@ -263,7 +233,7 @@ impl Inner {
                     .when([Compare::create_revision(entry.clone(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(entry.clone(), value.to_vec(), on_session())]),
             ));
-            sending.keys.push((entry.clone(), value.clone()));
+            sending.may_write(&entry, &value);
             (waiting, m, entry, value)
         });
         let everything = GetOptions::new()

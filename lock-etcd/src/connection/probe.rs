@@ -82,6 +82,8 @@ pub(crate) async fn capabilities(
         .fence_floor(true)
         // A grant moves onto a lease of its own (`locks::remaining`).
         .sets_remaining(true)
+        // Every lock or none in one `Txn` (`locks::multi`).
+        .atomic_multi(true)
         // A fence is an int64 revision plus the fence offset: kept within
         // i64 like every other store's, so resources can keep it in a
         // signed 64-bit column (the floor is checked against it).

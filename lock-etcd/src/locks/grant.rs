@@ -1,10 +1,11 @@
 //! A grant: what a lock entry, permit slot or reader-writer grant this
 //! client wrote carries in its [`Lease`], and how a write of a new entry is judged (a session gone,
-//! or a reply lost: its session is retired).
+//! or a reply lost: its session is retired), and what a write in flight
+//! may have put, undone when its caller is dropped before the reply.
 
 use std::sync::Arc;
 
-use etcd_client::TxnResponse;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use lockcore::backend::{CancellationToken, LockRequest, Moment};
 use lockcore::{Lease, LockError};
 
@@ -31,6 +32,51 @@ impl Grant {
         let record = Record::decode(&grant.value)?;
         let fence = Record::fence(record.offset, grant.revision).ok()?;
         (record.owner == lease.owner() && fence == lease.fence()).then_some(grant)
+    }
+}
+
+/// What a grant `Txn` in flight may write (on one session or several):
+/// undone if its caller is dropped before the reply.
+#[derive(Debug, Default)]
+pub(crate) struct Sending {
+    sessions: Vec<i64>,
+    keys: Vec<(Vec<u8>, Arc<[u8]>)>,
+}
+
+impl Sending {
+    /// The `Txn` writes on `session`.
+    pub(crate) fn on(&mut self, session: i64) {
+        if !self.sessions.contains(&session) {
+            self.sessions.push(session);
+        }
+    }
+
+    /// The `Txn` may put `key` with `value`.
+    pub(crate) fn may_write(&mut self, key: &[u8], value: &Arc<[u8]>) {
+        self.keys.push((key.to_vec(), value.clone()));
+    }
+
+    /// Deletes what may have landed (each key only while it holds our
+    /// value), and retires the sessions so that whatever lands later goes
+    /// with them, as after a lost reply.
+    pub(crate) fn undo(self, inner: &Arc<Inner>) {
+        if self.sessions.is_empty() {
+            return;
+        }
+        for session in self.sessions {
+            inner.sessions.retire(session);
+        }
+        for (key, value) in self.keys {
+            let inner = inner.clone();
+            inner.conn.clone().cleanup(async move {
+                let txn = Txn::new()
+                    .when([Compare::value(key.clone(), CompareOp::Equal, value.to_vec())])
+                    .and_then([TxnOp::delete(key, None)]);
+                if let Err(e) = inner.txn("undo a dropped acquire", txn).await {
+                    tracing::debug!(error = %e, "undoing a dropped acquire failed; its session is retired");
+                }
+            });
+        }
     }
 }
 

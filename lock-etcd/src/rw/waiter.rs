@@ -18,11 +18,12 @@ use lockcore::backend::wait::{WaitPolicy, Waiter, Wakeup};
 use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{Access, Attempt, Lease, LockError};
 
-use super::{Admission, Sending, TRIES};
+use super::{Admission, TRIES};
 use crate::connection::client::Inner;
 use crate::connection::session::Attached;
 use crate::error::BACKEND;
 use crate::keys::rw::RwKeys;
+use crate::locks::grant::Sending;
 use crate::wait::hub::Events;
 
 /// `LockBackend::acquire` of a reader-writer lock: wait in line until

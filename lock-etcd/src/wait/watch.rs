@@ -10,21 +10,25 @@ use crate::keys::Keys;
 use crate::wait::hub::Events;
 
 impl Inner {
+    /// Wakes on the holder's delete; for a name free at the read, on any
+    /// delete after it (whoever took the name since has let go): the
+    /// caller's next attempt takes a name free now, so a wake-up that fired
+    /// at once would only repeat it (a multi-lock waiting for another of
+    /// its names would loop).
     pub(crate) async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         // Subscribe first, then read the holder: its delete cannot be missed.
         let mut deletes = self
             .hub
             .subscribe(&self.keys.queue(name), Events::Deletes)
             .await?;
-        let Some((kv, revision)) = self.head(name).await? else {
-            return Ok(Some(Box::pin(async {})));
-        };
-        let holder = kv.key().to_vec();
+        let (head, revision) = self.head(name).await?;
+        let holder = head.map(|kv| kv.key().to_vec());
         Ok(Some(Box::pin(async move {
             // Also wakes when the watch is gone: the caller looks again.
             while let Some(deleted) = deletes.next().await {
-                // Deletes up to the read are of earlier grants of that key.
-                if deleted.key == holder && deleted.revision > revision {
+                // Deletes up to the read are of earlier grants.
+                if deleted.revision > revision && holder.as_ref().is_none_or(|h| *h == deleted.key)
+                {
                     return;
                 }
             }

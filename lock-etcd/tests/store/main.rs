@@ -19,6 +19,7 @@ mod eviction;
 mod failover;
 mod fencing;
 mod keys;
+mod multi;
 mod permits;
 mod restore;
 mod rw;
