@@ -13,8 +13,8 @@ use lockcore::backend::{
     CancellationToken, Cleanups, Era, Kind, LockRequest, Polling, Ttl, async_trait,
 };
 use lockcore::{
-    Attempt, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease, LockBackend,
-    LockError, LockName, ReleaseOutcome,
+    Attempt, AttemptEach, Capabilities, ExpiryClock, Fairness, FencingToken, Holder, Lease,
+    LockBackend, LockError, LockName, ReleaseOutcome,
 };
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -185,6 +185,7 @@ impl PostgresBackend {
             .semaphores(true)
             .rw_locks(true)
             .sets_remaining(true)
+            .atomic_multi(true)
             .fence_floor(true)
             // The fence sequence is a bigint (`NO CYCLE`): it ends there.
             .max_fence(i64::MAX.unsigned_abs())
@@ -267,7 +268,8 @@ impl PostgresBackend {
     /// Deletes the rows of names that have been free for at least
     /// `older_than`, and returns how many. Released rows are kept so a
     /// name's row outlives its holders; call this from a periodic job when
-    /// names are many and short-lived. Reader-writer holders and writer
+    /// names are many and short-lived (a lock row a grant is taking right
+    /// now is left for the next purge). Reader-writer holders and writer
     /// intents that expired at least `older_than` ago go too (released ones
     /// are deleted at once). Fences stay monotonic regardless: they come
     /// from the sequence, not the row.
@@ -341,6 +343,13 @@ impl LockBackend for PostgresBackend {
             (Kind::ReadWrite, _, Some(access)) => client.try_share(request, access, None).await,
             (kind, ..) => Err(kind.unsupported(BACKEND)),
         }
+    }
+
+    /// Every lock or none, in one short transaction: the acquire statement
+    /// per name, in name order, committed or rolled back (`locks/each.rs`).
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        self.open()?;
+        self.inner.client.try_acquire_each(requests).await
     }
 
     /// One statement for the whole batch (`unnest` of names, owners,

@@ -3,9 +3,12 @@
 //! connection within the operation timeout. `sql.rs` holds every statement
 //! of the backend (the permits', the fence floor's and, in `rw/sql.rs`, the
 //! reader-writer locks' too: one set, built once from the validated
-//! identifiers); `purge.rs` deletes long-free rows. Undoing what a lost
-//! reply may have granted is one path for every kind (`undo_later`).
+//! identifiers); `each.rs` takes several locks in one transaction (the
+//! acquire statement once per name); `purge.rs` deletes long-free rows.
+//! Undoing what a lost reply may have granted is one path for every kind
+//! (`undo_later`).
 
+mod each;
 mod purge;
 pub(crate) mod sql;
 
@@ -14,18 +17,20 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::LockRequest;
+use lockcore::backend::{LockRequest, Moment};
 use lockcore::{
     Attempt, FencingToken, Holder, HolderLabel, Lease, LockError, LockName, OwnerToken,
     ReleaseOutcome,
 };
 use sqlx::Connection;
+use sqlx::postgres::{PgArguments, Postgres};
+use sqlx::query::QueryAs;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::connection::{Client, from_micros, micros, ttl_micros};
 use crate::fence::{db_fence, fence_token};
-use crate::wait::notify::Holding;
+use crate::wait::notify::{Holding, Pending};
 use crate::wait::turnstile::HeldTurnstile;
 use crate::{error, keys};
 
@@ -47,6 +52,9 @@ pub(crate) enum Take {
     FreeFor(Duration),
 }
 
+/// A row of the acquire statement: `(fence, remaining_us)` (see `Sql::acquire`).
+type GrantRow = (Option<i64>, Option<i64>);
+
 impl Client {
     /// One attempt, in one statement, taking a free lock as `take` says.
     pub(crate) async fn acquire(
@@ -56,11 +64,6 @@ impl Client {
     ) -> Result<Attempt, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
         let ttl_us = ttl_micros(ttl)?;
-        let free_for_us = match take {
-            Take::FreeFor(free_for) => micros(free_for).unwrap_or(i64::MAX).max(1),
-            Take::Any | Take::IfNoLine => 0,
-        };
-        let line = keys::turnstile_key(&self.sql.table, name.as_str());
         let owner = OwnerToken::new();
         // Counted from before the wait for a connection, on the request's
         // clock: the local deadline may only be early.
@@ -76,18 +79,8 @@ impl Client {
         // Registered before it is sent: an eviction right after the grant
         // must find it.
         let pending = self.wakeups.expect(name.as_str(), owner.as_uuid());
-        let rows: Vec<(Option<i64>, Option<i64>)> = match op
-            .run(|c| {
-                sqlx::query_as(&self.sql.acquire)
-                    .bind(name.as_str())
-                    .bind(owner.as_uuid())
-                    .bind(ttl_us)
-                    .bind(free_for_us)
-                    .bind(take == Take::IfNoLine)
-                    .bind(line)
-                    .bind(request.label().as_str())
-                    .fetch_all(c)
-            })
+        let rows = match op
+            .run(|c| self.grant(request, owner, ttl_us, take).fetch_all(c))
             .await
         {
             Ok(rows) => rows,
@@ -98,26 +91,35 @@ impl Client {
                 return Err(e);
             }
         };
-        // A grant row wins over a holder row: the holder seen by the
-        // snapshot may have expired by the time the row was locked.
-        if let Some(fence) = rows.iter().find_map(|(fence, _)| *fence) {
-            let token = fence_token(fence)?;
-            let (lost, eviction) = pending.granted(fence);
-            tracing::debug!(lock = %name, %token, "acquired");
-            return Ok(Attempt::Acquired(
-                Lease::granted(request, owner, token, sent_at)
-                    .with_loss_signal(lost)
-                    .with_extension(Held {
-                        turnstile: HeldTurnstile::default(),
-                        eviction,
-                    }),
-            ));
-        }
-        // No row: a contender is taking the lock right now, or took it after
-        // this statement's snapshot (or it has not been free for `free_for`).
-        Ok(Attempt::Held {
-            expires_in: rows.iter().find_map(|(_, left)| left.map(from_micros)),
+        Ok(match verdict(&rows) {
+            Ok(fence) => Attempt::Acquired(granted(request, owner, fence, sent_at, pending)?),
+            Err(expires_in) => Attempt::Held { expires_in },
         })
+    }
+
+    /// The acquire statement of `request` by `owner` (`ttl_us`, its TTL in
+    /// µs), taking a free lock as `take` says: one per attempt, or one per
+    /// name in a multi-lock's transaction.
+    fn grant<'q>(
+        &'q self,
+        request: &'q LockRequest,
+        owner: OwnerToken,
+        ttl_us: i64,
+        take: Take,
+    ) -> QueryAs<'q, Postgres, GrantRow, PgArguments> {
+        let name = request.name().as_str();
+        let free_for_us = match take {
+            Take::FreeFor(free_for) => micros(free_for).unwrap_or(i64::MAX).max(1),
+            Take::Any | Take::IfNoLine => 0,
+        };
+        sqlx::query_as(&self.sql.acquire)
+            .bind(name)
+            .bind(owner.as_uuid())
+            .bind(ttl_us)
+            .bind(free_for_us)
+            .bind(take == Take::IfNoLine)
+            .bind(keys::turnstile_key(&self.sql.table, name))
+            .bind(request.label().as_str())
     }
 
     /// Renews `leases` in one statement, each owner-, fence- and
@@ -384,6 +386,39 @@ impl Client {
         })
         .await
     }
+}
+
+/// What the acquire statement's rows say: the fence of a grant, or else
+/// the holder's remaining time, if the statement saw the holder.
+fn verdict(rows: &[GrantRow]) -> Result<i64, Option<Duration>> {
+    // A grant row wins over a holder row: the holder seen by the snapshot
+    // may have expired by the time the row was locked. No row: a contender
+    // is taking the lock right now, or took it after this statement's
+    // snapshot (or it has not been free for `free_for`).
+    match rows.iter().find_map(|(fence, _)| *fence) {
+        Some(fence) => Ok(fence),
+        None => Err(rows.iter().find_map(|(_, left)| left.map(from_micros))),
+    }
+}
+
+/// The lease of `request`'s grant with `fence` (by `owner`, sent at
+/// `sent_at`), with its loss signal and eviction registration (`pending`).
+fn granted(
+    request: &LockRequest,
+    owner: OwnerToken,
+    fence: i64,
+    sent_at: Moment,
+    pending: Pending,
+) -> Result<Lease, LockError> {
+    let token = fence_token(fence)?;
+    let (lost, eviction) = pending.granted(fence);
+    tracing::debug!(lock = %request.name(), %token, "acquired");
+    Ok(Lease::granted(request, owner, token, sent_at)
+        .with_loss_signal(lost)
+        .with_extension(Held {
+            turnstile: HeldTurnstile::default(),
+            eviction,
+        }))
 }
 
 /// Passes on the turnstile `lease` holds, if any (see `wait.rs`).

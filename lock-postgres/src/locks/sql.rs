@@ -75,6 +75,10 @@ pub(crate) struct Sql {
     /// row: held by a grant this statement's snapshot cannot see yet, free
     /// for less than `$4`, or (gated) free with waiters in line.
     pub(crate) acquire: String,
+    /// `$1` names (array) → `(name, remaining_us)` of the live holder among
+    /// them that expires last, if any: a multi-lock's look before it
+    /// writes anything.
+    pub(crate) held: String,
     /// `$1` names, `$2` owners, `$3` fences, `$4` TTLs µs, `$5` slots
     /// (`NULL` but for a permit), `$6` whether a reader-writer share
     /// (arrays) → the 1-based positions of the leases renewed.
@@ -188,6 +192,12 @@ impl Sql {
             UNION ALL
             SELECT NULL, {REMAINING_US} FROM cur WHERE expires_at > clock_timestamp()"
         );
+        // The one expiring last: the time before which not all are free.
+        let held = format!(
+            "SELECT name, {REMAINING_US} FROM {t}
+              WHERE name = ANY($1::text[]) AND expires_at > clock_timestamp()
+              ORDER BY expires_at DESC LIMIT 1"
+        );
         // Each lease is owner-, fence- and liveness-checked on its own row,
         // in one statement for the whole batch.
         let renew_many = format!(
@@ -266,12 +276,17 @@ impl Sql {
               WHERE name = $1"
         );
         // Reader-writer holders and intents are deleted when they end;
-        // what is left expired (a crashed holder, a dead writer).
+        // what is left expired (a crashed holder, a dead writer). Lock rows
+        // a grant has locked are left for the next purge: a multi-lock's
+        // transaction locks its rows in name order, and a purge waiting for
+        // one while holding another could deadlock with it.
         let ri = &ddl.rw_intent;
         let purge_free = format!(
             "WITH locks AS (
-                DELETE FROM {t} WHERE expires_at <= clock_timestamp()
-                   AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'
+                DELETE FROM {t} WHERE name IN (
+                    SELECT name FROM {t} WHERE expires_at <= clock_timestamp()
+                       AND updated_at < clock_timestamp() - $1 * interval '1 microsecond'
+                       FOR UPDATE SKIP LOCKED)
                 RETURNING 1
             ), permits AS (
                 DELETE FROM {p} WHERE expires_at <= clock_timestamp()
@@ -348,6 +363,7 @@ impl Sql {
             format!("SELECT setval('{seq}'::regclass, GREATEST($1, nextval('{seq}'::regclass)))");
         Sql {
             acquire,
+            held,
             renew_many,
             release,
             forget,
@@ -389,6 +405,7 @@ mod tests {
         );
         for text in [
             &sql.acquire,
+            &sql.held,
             &sql.renew_many,
             &sql.release,
             &sql.inspect,

@@ -11,6 +11,7 @@ mod eviction;
 mod fencing;
 mod keys;
 mod locks;
+mod multi;
 mod permits;
 mod restore;
 mod rw;
