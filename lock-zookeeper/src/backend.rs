@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use lockcore::backend::wait::{self, WaitPolicy, Wakeup};
 use lockcore::backend::{Kind, LockRequest, Polling, Ttl};
 use lockcore::{
-    Attempt, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError, LockName,
-    ReleaseOutcome,
+    Attempt, AttemptEach, Capabilities, FencingToken, Holder, Lease, LockBackend, LockError,
+    LockName, ReleaseOutcome,
 };
 use zookeeper_client as zk;
 
@@ -141,6 +141,17 @@ impl LockBackend for ZooKeeperBackend {
             }
             (kind, _) => Err(kind.unsupported(BACKEND)),
         }
+    }
+
+    /// One `multi` that queues a node first in every name's queue, or
+    /// nothing (see the crate docs, "Multi-locks").
+    async fn try_acquire_each(&self, requests: &[LockRequest]) -> Result<AttemptEach, LockError> {
+        let client = &self.client;
+        let Some(first) = requests.first() else {
+            return Ok(AttemptEach::Acquired(Vec::new()));
+        };
+        let taking = client.try_acquire_each(requests);
+        (client.bounded("acquiring a multi-lock of", first.name(), taking)).await
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Lease, LockError>> {

@@ -216,6 +216,8 @@ impl Client {
             .max_fence(i64::MAX as u64)
             .semaphores(true)
             .rw_locks(true)
+            // One `multi` per attempt (`crate::locks::queue::multi`).
+            .atomic_multi(true)
             .sets_remaining(kept)
     }
 

@@ -11,7 +11,7 @@ use crate::connection::Client;
 use crate::connection::requests::{delete_node, list, retry};
 use crate::connection::session::Session;
 use crate::error::{BACKEND, map};
-use crate::keys::names::NodeData;
+use crate::keys::names::{NodeData, Queue};
 
 /// How many times inspect and evict look again when the holder changes
 /// under them.
@@ -85,9 +85,11 @@ impl Client {
         Ok(None)
     }
 
-    /// A wake-up once the head of `name`'s queue is gone (at once if the
-    /// queue is empty): an `exists` watch on it, as the session's waiters
-    /// watch the node ahead of theirs.
+    /// A wake-up once the head of `name`'s queue is gone: an `exists` watch
+    /// on it, as the session's waiters watch the node ahead of theirs. On
+    /// an empty queue, once it changes ([`watch_empty`]): a multi-lock
+    /// waiter arms every name's wake-up, most of them free, and must not
+    /// be woken by those at once.
     pub(crate) async fn watch(&self, name: &LockName) -> Result<Option<Wakeup>, LockError> {
         let live = self.live().await?;
         let parent = self.lock_path(name);
@@ -95,7 +97,7 @@ impl Client {
         let client = &live.session.client().map_err(watching)?;
         let queue = list(client, &parent, false).await?;
         let Some(head) = queue.head() else {
-            return Ok(Some(Box::pin(async {})));
+            return watch_empty(client, &parent).await;
         };
         let path = format!("{parent}/{}", head.name);
         match client.check_and_watch_stat(&path).await {
@@ -105,5 +107,27 @@ impl Client {
             Ok((None, _)) => Ok(Some(Box::pin(async {}))),
             Err(e) => Err(map(format!("watching {path}"), e)),
         }
+    }
+}
+
+/// A wake-up once the empty queue under `parent` changes: a child watch on
+/// the parent (a node queued, or the parent deleted), or an `exists` watch
+/// on the missing parent (created). At once if a node was queued since the
+/// caller looked: the next look watches it.
+async fn watch_empty(client: &zk::Client, parent: &str) -> Result<Option<Wakeup>, LockError> {
+    let watching = |e| map(format!("watching {parent}"), e);
+    match client.list_and_watch_children(parent).await {
+        Ok((children, _)) if Queue::new(&children).head().is_some() => Ok(Some(Box::pin(async {}))),
+        Ok((_, watcher)) => Ok(Some(Box::pin(async move {
+            watcher.changed().await;
+        }))),
+        Err(zk::Error::NoNode) => match client.check_and_watch_stat(parent).await {
+            Ok((None, watcher)) => Ok(Some(Box::pin(async move {
+                watcher.changed().await;
+            }))),
+            Ok((Some(_), _)) => Ok(Some(Box::pin(async {}))),
+            Err(e) => Err(watching(e)),
+        },
+        Err(e) => Err(watching(e)),
     }
 }

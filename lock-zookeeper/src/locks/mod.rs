@@ -1,10 +1,11 @@
 //! Locks: taking one (enqueue, and keep the node only if it is first),
 //! granting it as a lease, renewing and releasing it, keeping it past its
 //! session (`set_remaining`), and looking at it from outside (inspect,
-//! evict, watch). The queue node itself, the grant's node watch and the
-//! sequence proof live in the files of this folder. A reader-writer lock's
-//! share is taken, granted, renewed and released the same way
-//! ([`crate::rw`] says what differs).
+//! evict, watch). The queue node itself, the grant's node watch, the
+//! sequence proof and several locks taken in one transaction (`queue::multi`)
+//! live in the files of this folder. A reader-writer lock's share is taken,
+//! granted, renewed and released the same way ([`crate::rw`] says what
+//! differs).
 
 pub(crate) mod eviction_notice;
 pub(crate) mod held;

@@ -15,6 +15,7 @@ mod eviction;
 mod fencing;
 mod keys;
 mod locks;
+mod multi;
 mod permits;
 mod remaining;
 mod restore;

@@ -487,5 +487,8 @@ async fn remove(
     Ok(())
 }
 
+/// Several locks taken in one transaction (`try_acquire_each`).
+mod multi;
+
 #[cfg(test)]
 mod tests;
