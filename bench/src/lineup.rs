@@ -240,12 +240,16 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
             let to_floor = floor.as_ref().map_or(String::new(), |f| {
                 format!("{:.2}x the floor", c.per_sec() / f.per_sec())
             });
-            [format!("{ratio:.2}x the contended lock"), to_floor, vs_rtt(p99)]
-                .iter()
-                .filter(|s| !s.is_empty())
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; ")
+            [
+                format!("{ratio:.2}x the contended lock"),
+                to_floor,
+                vs_rtt(p99),
+            ]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ")
         } else {
             vs_rtt(p99)
         };
