@@ -9,8 +9,8 @@ use crate::support::{LONG, cut_and_direct, private, raw, server_micros, take, un
 use lock_conformance::kit::proxy::Mode;
 use lock_conformance::kit::stores::redis as launcher;
 use lock_conformance::kit::until;
-use lock_redis::redis::AsyncCommands;
 use lock_redis::RedisBackend;
+use lock_redis::redis::AsyncCommands;
 use lockcore::backend::{Kind, LockBackendExt, LockRequest};
 use lockcore::{Access, FencingToken, HolderLabel, LockBackend, LockError, Locker, ReleaseOutcome};
 use tokio::time::Instant;
