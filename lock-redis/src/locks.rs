@@ -90,16 +90,11 @@ impl Client {
         let pending = line
             .is_none()
             .then(|| Pending::new(self.clone(), Undo::Lock(keys.clone(), owner), until));
-        let reply = self.invoke_replicated("acquire", &call).await;
+        let reply = self.invoke_grant("acquire", &call, pending).await;
         let ((era, granted, value), replicated): ((String, i64, i64), _) = match reply {
-            Ok(reply) => {
-                Pending::settled(pending);
-                reply
-            }
+            Ok(reply) => reply,
             Err((e, maybe_ran)) => {
-                if !maybe_ran {
-                    Pending::settled(pending);
-                } else if line.is_some() {
+                if maybe_ran && line.is_some() {
                     self.leave_later(keys.clone(), String::new(), Some(owner), until);
                 }
                 return Err(e);

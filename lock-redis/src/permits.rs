@@ -60,19 +60,10 @@ impl Client {
             Undo::Permit(keys.clone(), owner),
             sent_at.mono() + ttl.get(),
         );
-        let ((era, reply), replicated): ((String, Vec<i64>), _) =
-            match self.invoke_replicated("acquire permit", &call).await {
-                Ok(reply) => {
-                    Pending::settled(Some(pending));
-                    reply
-                }
-                Err((e, maybe_ran)) => {
-                    if !maybe_ran {
-                        Pending::settled(Some(pending));
-                    }
-                    return Err(e);
-                }
-            };
+        let ((era, reply), replicated): ((String, Vec<i64>), _) = self
+            .invoke_grant("acquire permit", &call, Some(pending))
+            .await
+            .map_err(|(e, _)| e)?;
         self.failover.saw(&era, &self.endpoint);
         match reply[..] {
             [1, fence, slot] => {

@@ -81,19 +81,10 @@ impl Client {
             Undo::Share(keys, holder_id(access, owner)),
             sent_at.mono() + ttl.get(),
         );
-        let ((era, reply), replicated): ((String, Vec<i64>), _) =
-            match self.invoke_replicated("acquire rw", &call).await {
-                Ok(reply) => {
-                    Pending::settled(Some(pending));
-                    reply
-                }
-                Err((e, maybe_ran)) => {
-                    if !maybe_ran {
-                        Pending::settled(Some(pending));
-                    }
-                    return Err(e);
-                }
-            };
+        let ((era, reply), replicated): ((String, Vec<i64>), _) = self
+            .invoke_grant("acquire rw", &call, Some(pending))
+            .await
+            .map_err(|(e, _)| e)?;
         self.failover.saw(&era, &self.endpoint);
         match reply[..] {
             [1, fence] => {

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use crate::support::{acquired, backend, lock_name, shared_url, unique, with_params};
+use crate::support::{
+    acquired, backend, lock_name, sessions_waiting, shared_url, unique, with_params,
+};
 use lock_conformance::kit::poll::until;
 use lock_postgres::sqlx::{self, PgPool};
 use lockcore::backend::LockBackendExt;
@@ -60,14 +62,7 @@ async fn a_grant_in_flight_is_seen_by_the_next() {
         tokio::spawn(async move { a.try_acquire_permit(&request, 3).await })
     };
     until(Duration::from_secs(10), "A's grant in flight", || async {
-        let sleeping: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'PgSleep'",
-        )
-        .bind(&app)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        sleeping == 1
+        sessions_waiting(&pool, &app, "wait_event = 'PgSleep'").await == 1
     })
     .await;
     x.release(&first).await.unwrap();

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::{
-    acquired, backend, lock_name, scaled, shared_url, sql_conn, unique, with_params,
+    acquired, backend, lock_name, scaled, sessions_waiting, shared_url, sql_conn, unique,
+    with_params,
 };
 use lock_conformance::kit::poll::until;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
@@ -170,16 +171,11 @@ async fn raising_the_floor_waits_for_grants_in_flight() {
         tokio::spawn(async move { admin.raise_fence_floor(FencingToken::new(1).unwrap()).await })
     };
     let observer = PgPool::connect(&shared_url()).await.unwrap();
-    until(Duration::from_secs(10), "the floor waiting for the grant", || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-        )
-        .bind(&app)
-        .fetch_one(&observer)
-        .await
-        .unwrap();
-        waiting == 1
-    })
+    until(
+        Duration::from_secs(10),
+        "the floor waiting for the grant",
+        || async { sessions_waiting(&observer, &app, "wait_event_type = 'Lock'").await == 1 },
+    )
     .await;
     assert!(!raising.is_finished(), "the floor did not wait");
     tx.commit().await.unwrap();

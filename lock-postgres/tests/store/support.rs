@@ -130,6 +130,19 @@ pub(crate) async fn sessions(conn: &mut PgConnection, app: &str) -> i64 {
         .unwrap()
 }
 
+/// Sessions of application `app` that wait on `wait`: a `pg_stat_activity`
+/// condition, e.g. `wait_event = 'PgSleep'` (in a slowing trigger) or
+/// `wait_event_type = 'Lock'`.
+pub(crate) async fn sessions_waiting(pool: &PgPool, app: &str, wait: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND {wait}"
+    ))
+    .bind(app)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// A private server recording every statement, utility ones included.
 pub(crate) fn counting_server() -> Store {
     postgres::start(

@@ -45,6 +45,7 @@ use lockcore::backend::{CancellationToken, Era};
 
 use redis::FromRedisValue;
 
+use crate::connection::background::Pending;
 use crate::connection::client::Client;
 use crate::connection::script::{Call, prepare, script};
 use crate::error::BACKEND;
@@ -184,6 +185,23 @@ impl Failover {
 }
 
 impl Client {
+    /// Runs a grant script through [`invoke_replicated`](Self::invoke_replicated),
+    /// with `pending` the undo of what it may grant: settled once the outcome
+    /// is known (a reply, or an error before the script could run), left
+    /// to run in the background otherwise.
+    pub(crate) async fn invoke_grant<T: FromRedisValue>(
+        &self,
+        what: &str,
+        call: &Call,
+        pending: Option<Pending>,
+    ) -> Result<(T, Result<(), LockError>), (LockError, bool)> {
+        let reply = self.invoke_replicated(what, call).await;
+        if !matches!(reply, Err((_, true))) {
+            Pending::settled(pending);
+        }
+        reply
+    }
+
     /// Runs a grant or renewal script. In the lossless mode it goes in one
     /// request with `WAIT`, and the second result says whether enough
     /// replicas acknowledged it (always `Ok` outside that mode). Errors as

@@ -14,7 +14,9 @@ use lockcore::{Access, Attempt, FencingToken, HolderLabel, LockBackend, ReleaseO
 use tokio::time::Instant;
 
 use super::{attempt, request, taken};
-use crate::support::{backend, lock_name, scaled, shared_url, sql_conn, unique, with_params};
+use crate::support::{
+    backend, lock_name, scaled, sessions_waiting, shared_url, sql_conn, unique, with_params,
+};
 
 /// A renewal in flight is seen by the grant that follows it: a reader's
 /// renewal that found its share live, but whose commit comes after the
@@ -79,14 +81,7 @@ async fn a_renewal_in_flight_is_seen_by_the_next_grant() {
         async move { client.renew(&read).await }
     });
     until(ttl, "the renewal in flight", || async {
-        let sleeping: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'PgSleep'",
-        )
-        .bind(&app)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        sleeping == 1
+        sessions_waiting(&pool, &app, "wait_event = 'PgSleep'").await == 1
     })
     .await;
     until(ttl, "the share's old expiry", left_below(0.0)).await;
@@ -147,16 +142,11 @@ async fn the_fence_floor_lifts_reads_and_writes() {
         tokio::spawn(async move { admin.raise_fence_floor(FencingToken::new(1).unwrap()).await })
     };
     let observer = PgPool::connect(&shared_url()).await.unwrap();
-    until(Duration::from_secs(10), "the floor waiting for the grant", || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-        )
-        .bind(&app)
-        .fetch_one(&observer)
-        .await
-        .unwrap();
-        waiting == 1
-    })
+    until(
+        Duration::from_secs(10),
+        "the floor waiting for the grant",
+        || async { sessions_waiting(&observer, &app, "wait_event_type = 'Lock'").await == 1 },
+    )
     .await;
     assert!(!raising.is_finished(), "the floor did not wait");
     tx.commit().await.unwrap();
@@ -209,14 +199,7 @@ async fn a_lost_grant_reply_blocks_no_longer_than_the_network() {
         async move { blind.try_acquire(&slow).await }
     });
     until(Duration::from_secs(10), "the grant committing", || async {
-        let sleeping: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'PgSleep'",
-        )
-        .bind(&app)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        sleeping == 1
+        sessions_waiting(&pool, &app, "wait_event = 'PgSleep'").await == 1
     })
     .await;
     proxy.set(Mode::DropDownstream);
