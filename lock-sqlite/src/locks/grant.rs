@@ -228,7 +228,8 @@ impl Client {
         let token = FencingToken::from_store(BACKEND, fence)?;
         let file = match &self.presence {
             Some(presence) => presence
-                .create(token.get())
+                .create_when_free(token.get())
+                .await
                 .map_err(|_| self.fence_in_use(token))?,
             None => None,
         };

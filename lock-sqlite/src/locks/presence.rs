@@ -127,6 +127,22 @@ impl Presence {
         }))
     }
 
+    /// [`create`](Self::create), given a moment: a `flock` held for an
+    /// instant (another client's probe of the file, or a grant that did not
+    /// commit, its file not yet let go) is gone within milliseconds; a live
+    /// holder's is not. [`Taken`] once about 100 ms have passed.
+    pub(crate) async fn create_when_free(&self, fence: u64) -> Result<Option<PresenceFile>, Taken> {
+        let mut pause = std::time::Duration::from_millis(1);
+        for _ in 0..7 {
+            match self.create(fence) {
+                Err(Taken) => tokio::time::sleep(pause).await,
+                created => return created,
+            }
+            pause *= 2;
+        }
+        self.create(fence)
+    }
+
     /// Whether some process (this one included) holds the `flock` of the
     /// presence file of `fence`.
     pub(crate) fn is_held(&self, fence: u64) -> bool {
