@@ -1,4 +1,8 @@
 #![doc = include_str!("../README.md")]
+// A grant's future nests the client's layers (close tracking, failover
+// check, replication wait, the connection's tracked invoke) over redis's
+// own: computing its layout from scratch goes past rustc's default 128.
+#![recursion_limit = "256"]
 mod backend;
 mod config;
 mod connection;
