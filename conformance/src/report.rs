@@ -45,6 +45,32 @@ impl Report {
             "conformance failures:\n{self}"
         );
     }
+
+    /// Panics unless exactly the cases of `expected` ran and each failed
+    /// saying the text paired with it (or one of its alternatives, ` || `
+    /// between them: a case may catch a flaw at one check or, on a loaded
+    /// machine, at the next). How a deliberately broken backend proves
+    /// that the cases catch its flaw for the right reason.
+    pub fn assert_failed_saying(&self, expected: &[(&str, &str)]) {
+        assert_eq!(
+            self.cases.len(),
+            expected.len(),
+            "unknown case name in {expected:?}:\n{self}"
+        );
+        for case in &self.cases {
+            let why = expected
+                .iter()
+                .find(|(name, _)| *name == case.name)
+                .map_or("", |(_, why)| *why);
+            assert!(
+                matches!(&case.result, Err(failure)
+                    if why.split(" || ").any(|w| failure.0.contains(w))),
+                "case {} should fail saying `{why}`, but {:?}\n{self}",
+                case.name,
+                case.result
+            );
+        }
+    }
 }
 
 impl fmt::Display for Report {
