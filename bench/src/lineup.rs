@@ -11,6 +11,7 @@ use lockcore::{Access, LockBackend};
 
 use crate::Settings;
 use crate::harness::{self, Ask, Multi, Op, Permits, Raw, Rw, Shared, Stats, User, cycle, ms};
+use crate::limit::{self, Bar, OneWrite};
 use crate::report::{Kind, Report, Row, Verdict, duration};
 
 /// What one backend brings to the common measurements.
@@ -253,7 +254,10 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         } else {
             vs_rtt(p99)
         };
-        report.row(row.note(note));
+        let to_limit = floor
+            .as_ref()
+            .map_or(String::new(), |f| limit::note(c.per_sec(), f.per_sec()));
+        report.row(row.note(to_limit).note(note));
         if i == 1 && !rw_locks {
             for what in ["writes", "reads"] {
                 report.row(
@@ -284,6 +288,27 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         }
     }
     let ours = &results[1];
+    // Locker, the trait, the peers against the one-write limit: the summary
+    // table, the chart and the targets.
+    let one_write = floor.as_ref().map(|floor| OneWrite {
+        backend: b.to_string(),
+        contenders: n,
+        floor_per_sec: floor.per_sec(),
+        bars: [1, 0]
+            .into_iter()
+            .chain(peers_at..kinds.len())
+            .map(|i| Bar {
+                kind: kinds[i].0,
+                label: kinds[i]
+                    .1
+                    .trim_start_matches(&format!("{n}-way contended "))
+                    .to_string(),
+                per_sec: results[i].per_sec(),
+            })
+            .collect(),
+        p50: ours.handoffs.p50(),
+        p99: ours.handoffs.percentile(0.99),
+    });
     let best_peer = kinds
         .iter()
         .zip(&results)
@@ -330,5 +355,11 @@ pub(crate) async fn measure(lineup: Lineup, settings: &Settings) -> Report {
         },
         (notifies && rtt_p50.is_some()).then(|| ms(p99) <= 5.0 * ms(rtt_p50)),
     ));
+    if let Some(one_write) = one_write {
+        for v in one_write.verdicts(floor.as_ref().and_then(Stats::p50), rtt_p50) {
+            report.verdict(v);
+        }
+        report.limits.push(one_write);
+    }
     report
 }

@@ -8,15 +8,19 @@
 //! contention with hand-off times and fairness, leader hand-overs, and two
 //! scale scenarios (many held locks renewed by one `Locker`; many waiters on
 //! one name). Prints a Markdown report with the machine and the stores, and
-//! where each backend stands against its targets.
+//! where each backend stands against its targets. With `--markdown`, the
+//! contended chart (`contended.svg`, contended grants/s against one durable
+//! write per hand-off) is written next to the report and embedded in it.
 //!
 //! `--smoke` runs every row once with tiny sizes and only checks that each
 //! ran (CI); it says nothing about speed. Stores are launched by the
 //! conformance launcher unless a `LOCK_TEST_*` variable points at one.
 
+mod chart;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod harness;
+mod limit;
 mod lineup;
 mod memory;
 #[cfg(feature = "postgres")]
@@ -32,7 +36,7 @@ mod sys;
 mod zookeeper;
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -58,6 +62,10 @@ struct Cli {
     /// README links to it).
     #[arg(long, value_name = "PATH")]
     markdown: Option<PathBuf>,
+    /// Write the contended chart (SVG) to this file [default: contended.svg
+    /// next to the --markdown file]; the report embeds it.
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
     /// Seconds each measurement runs (the kinds compared take turns within it).
     #[arg(long, env = "BENCH_SECS", default_value_t = 3.0)]
     secs: f64,
@@ -267,13 +275,24 @@ async fn main() -> ExitCode {
     }
 
     run.load_end = sys::loadavg();
-    let markdown = report.markdown(&run);
+    let svg = cli.svg.clone().or_else(|| {
+        cli.markdown
+            .as_ref()
+            .map(|md| md.with_file_name("contended.svg"))
+    });
+    let link = svg
+        .as_deref()
+        .map(|svg| chart_link(svg, cli.markdown.as_deref()));
+    let markdown = report.markdown(&run, link.as_deref());
     println!("{markdown}");
-    if let Some(path) = &cli.markdown
-        && let Err(e) = std::fs::write(path, &markdown)
-    {
-        eprintln!("distlock-bench: cannot write {}: {e}", path.display());
-        return ExitCode::FAILURE;
+    let files = [(svg, chart::svg(&report.limits)), (cli.markdown, markdown)];
+    for (path, text) in &files {
+        if let Some(path) = path
+            && let Err(e) = std::fs::write(path, text)
+        {
+            eprintln!("distlock-bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
     }
     let incomplete = report.incomplete();
     if !incomplete.is_empty() {
@@ -291,6 +310,15 @@ async fn main() -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// The chart's link from the report: its file name when both are in one
+/// folder (bench/RESULTS.md → contended.svg), else its path as given.
+fn chart_link(svg: &Path, markdown: Option<&Path>) -> String {
+    match (svg.file_name(), markdown) {
+        (Some(name), Some(md)) if svg.parent() == md.parent() => name.to_string_lossy().into(),
+        _ => svg.display().to_string(),
+    }
 }
 
 fn built_in(backend: &str) -> bool {

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::harness::{Contended, Stats};
+use crate::limit::{self, OneWrite};
 use crate::sys;
 
 /// What a row measures.
@@ -162,6 +163,8 @@ pub(crate) struct Report {
     pub scale: Vec<ScaleRow>,
     pub verdicts: Vec<Verdict>,
     pub stores: Vec<StoreInfo>,
+    /// Contended rates next to each floor's one-write limit.
+    pub limits: Vec<OneWrite>,
     /// Sections that failed, with why.
     pub failures: Vec<String>,
 }
@@ -193,6 +196,7 @@ impl Report {
         self.scale.extend(other.scale);
         self.verdicts.extend(other.verdicts);
         self.stores.extend(other.stores);
+        self.limits.extend(other.limits);
         self.failures.extend(other.failures);
     }
 
@@ -214,9 +218,10 @@ impl Report {
     }
 
     /// The whole document (bench/RESULTS.md): what is measured and how to
-    /// read it, then the run, the stores, every row, the scale scenarios
-    /// and the targets.
-    pub(crate) fn markdown(&self, run: &RunInfo) -> String {
+    /// read it, then the run, the stores, every row, the one-write limit
+    /// (with the chart at `chart`, its link from the document, if written),
+    /// the scale scenarios and the targets.
+    pub(crate) fn markdown(&self, run: &RunInfo, chart: Option<&str>) -> String {
         let mut md = String::from(INTRO);
         let _ = writeln!(md, "\n## Results\n\n### Machine and run\n");
         let _ = writeln!(md, "- Command: `{}`", run.command);
@@ -235,6 +240,7 @@ impl Report {
             }
         }
         self.render_rows(&mut md);
+        limit::render(&mut md, &self.limits, chart);
         self.render_rest(&mut md);
         md
     }
@@ -343,8 +349,10 @@ grants that go straight back to the client that just released, per-client minimu
 the store's requests per lock cycle by its own count; and two scale scenarios through one
 `Locker`: many held locks renewed at a short TTL (store requests per renew tick, client and store
 CPU, client RSS) and many waiters on one name (server connections, peak RSS, time until all are
-served, within a deadline). The kinds compared take turns in slices, so load from other processes
-hits them alike. `--smoke` runs every row once with tiny sizes (CI does, checking only that each
+served, within a deadline). Each contended rate is also set against the store's one-write limit
+(one durable write per hand-off = 2 x the floor's cycles/s), in a table and in a chart
+(`contended.svg` beside this file) that the same run writes. The kinds compared take turns in
+slices, so load from other processes hits them alike. `--smoke` runs every row once with tiny sizes (CI does, checking only that each
 ran); `--help` lists the sizes and run lengths.
 
 ## How to read it
@@ -446,7 +454,7 @@ mod tests {
             load_start: String::new(),
             load_end: String::new(),
         };
-        let md = report.markdown(&run);
+        let md = report.markdown(&run, None);
         assert!(
             md.contains("| old-store | **Locker** | permits | unsupported | - | - |"),
             "{md}"
