@@ -251,7 +251,13 @@ impl LockBackend for RedisBackend {
         match (request.kind(), request.permits()) {
             (Kind::Lock, _) => {
                 let keys = self.client.keys(request.name());
-                let attempt = self.client.acquire(request, &keys, OwnerToken::new(), None);
+                let owner = OwnerToken::new();
+                let attempt = async {
+                    let mut watch = None;
+                    self.client
+                        .acquire(request, &keys, owner, None, &mut watch)
+                        .await
+                };
                 self.client.acquiring(attempt).await
             }
             (Kind::Semaphore, Some(permits)) => {

@@ -7,6 +7,7 @@
 //! <prefix>{<name>}:fence             fence counter (never expires)
 //! <prefix>{<name>}:queue             waiters in line (zset), expires when nobody refreshes it
 //! <prefix>{<name>}:next              the waiter a free lock is reserved for, PX = its claim window
+//! <prefix>{<name>}:offers            waiters' standing offers (hash), expires with the line
 //! <prefix>{<name>}:watchers          instances watching the lock (set), one-shot
 //! <prefix>{<name>}:permits           semaphore: taken slot -> expiry in server ms (zset)
 //! <prefix>{<name>}:permits:holders   semaphore: slot -> "<owner>:<fence> <label>", permits -> N
@@ -80,6 +81,8 @@ pub(crate) struct Keys {
     pub(crate) queue: String,
     /// The waiter a free lock is reserved for.
     pub(crate) next: String,
+    /// The waiters' standing offers (`wait/scripts/handoff.lua`).
+    pub(crate) offers: String,
     /// The instances watching the lock (`LockBackend::watch`).
     pub(crate) watchers: String,
     /// The fence floor of the name's Cluster slot.
@@ -100,6 +103,7 @@ impl Keys {
             fence: format!("{lock}:fence"),
             queue: format!("{lock}:queue"),
             next: format!("{lock}:next"),
+            offers: format!("{lock}:offers"),
             watchers: format!("{lock}:watchers"),
             floor: floor_key(prefix, slot_of(tag)),
             era: era_key(prefix, slot_of(tag)),
@@ -302,6 +306,7 @@ mod tests {
                 &k.fence,
                 &k.queue,
                 &k.next,
+                &k.offers,
                 &k.watchers,
                 &p.slots,
                 &p.holders,
@@ -363,6 +368,7 @@ mod tests {
                 &k.fence,
                 &k.queue,
                 &k.next,
+                &k.offers,
                 &k.watchers,
                 &p.slots,
                 &p.holders,

@@ -21,7 +21,9 @@ use crate::fence::failover::ERA_CHECK;
 use crate::keys::{self, Keys};
 use crate::permits::SLOTS;
 use crate::rw::holder_id;
-use crate::wait::LINE;
+use crate::wait::handoff::{InLine, backdated};
+use crate::wait::notify::HoldWatch;
+use crate::wait::{HANDOFF, LINE};
 
 mod each;
 mod renew_on_nodes;
@@ -32,35 +34,40 @@ use value::{lease_value, parse_value, remaining};
 /// `is_lease`: whether a stored value belongs to a lease.
 pub(crate) const IS_LEASE: &str = include_str!("locks/scripts/lease.lua");
 
-/// `may_take`, `grant_lock`: whether a caller may take a lock now, and
-/// its grant; shared by the one-lock and the several-lock acquire.
+/// `may_take`: whether a caller may take a lock now; shared by the
+/// one-lock and the several-lock acquire.
 const CLAIM: &str = include_str!("locks/scripts/claim.lua");
 
-script!(ACQUIRE = [NEXT_FENCE, ERA_CHECK, LINE, CLAIM] include_str!("locks/scripts/acquire.lua"));
+script!(ACQUIRE = [NEXT_FENCE, ERA_CHECK, LINE, HANDOFF, CLAIM] include_str!("locks/scripts/acquire.lua"));
 /// `renew_one`: renews one lease, a lock, a permit or a reader-writer share.
 const RENEW_ONE: &str = include_str!("locks/scripts/renew_one.lua");
 
 script!(RENEW = [IS_LEASE, SLOTS, RENEW_ONE] include_str!("locks/scripts/renew.lua"));
-script!(RELEASE = [IS_LEASE, LINE] include_str!("locks/scripts/release.lua"));
+script!(RELEASE = [IS_LEASE, NEXT_FENCE, ERA_CHECK, LINE, HANDOFF] include_str!("locks/scripts/release.lua"));
 script!(INSPECT = [] include_str!("locks/scripts/inspect.lua"));
-script!(FORCE_RELEASE = [NEXT_FENCE, LINE] include_str!("locks/scripts/force_release.lua"));
+script!(FORCE_RELEASE = [NEXT_FENCE, ERA_CHECK, LINE, HANDOFF] include_str!("locks/scripts/force_release.lua"));
 
 /// Leases renewed by one script: bounds how long one `renew_many` call
 /// keeps the server busy (about a millisecond).
 const RENEW_CHUNK: usize = 1000;
 
 impl Client {
-    /// One acquire script for `owner`. With `line` (the wait's member and
-    /// how long the line is kept without a refresh), a held lock puts the
-    /// caller in line. An attempt whose outcome is unknown (no reply, or
-    /// this future dropped before it; a line's waiter handles the latter
-    /// itself) is undone in the background.
+    /// One acquire script for `owner`. With `line` (a waiting acquire's
+    /// place in line and attempt number), a held lock puts the caller in
+    /// line and records its standing offer, and a lock already handed to
+    /// `owner` is taken. `watch` listens for an eviction of the grant from
+    /// before it can exist (registered here if `None`; taken by a grant).
+    /// An attempt whose outcome is unknown (no reply, or this future
+    /// dropped before it) is undone in the background; in a line, the
+    /// wait's next attempt takes what it got, or the wait frees it when it
+    /// ends.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         request: &LockRequest,
         keys: &Keys,
         owner: OwnerToken,
-        line: Option<(&str, Duration)>,
+        line: Option<InLine<'_>>,
+        watch: &mut Option<HoldWatch>,
     ) -> Result<Attempt, LockError> {
         if let Some(expires_in) = self.failover.era.grants_wait() {
             return Ok(Attempt::Held {
@@ -68,44 +75,45 @@ impl Client {
             });
         }
         let ttl = request.ttl();
-        let (member, linger) = line.unwrap_or_default();
+        let (member, linger, seq) = match line {
+            Some(l) => (l.member, l.linger, l.seq.to_string()),
+            None => ("", Duration::ZERO, String::new()),
+        };
         let mut call = prepare(&ACQUIRE);
+        call.0.key(&keys.lock).key(&keys.queue).key(&keys.next);
         call.0
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.queue)
-            .key(&keys.next)
-            .key(&keys.floor)
-            .key(&keys.era)
             .arg(owner.encode())
             .arg(ttl.as_millis_ceil())
             .arg(member)
             .arg(linger.as_millis() as u64)
             .arg(request.label().as_str())
-            .arg(self.failover.script_arg());
-        // Listening for an eviction of this grant starts before it exists.
-        let watch = self.notifier.watch_hold(&keys.lock, owner);
+            .arg(self.failover.script_arg())
+            .arg(seq);
+        self.handoff_tail(&mut call, keys);
+        if watch.is_none() {
+            *watch = Some(self.notifier.watch_hold(&keys.lock, owner));
+        }
         let sent_at = request.now();
         let until = sent_at.mono() + ttl.get();
         let pending = line
             .is_none()
             .then(|| Pending::new(self.clone(), Undo::Lock(keys.clone(), owner), until));
         let reply = self.invoke_grant("acquire", &call, pending).await;
-        let ((era, granted, value), replicated): ((String, i64, i64), _) = match reply {
-            Ok(reply) => reply,
-            Err((e, maybe_ran)) => {
-                if maybe_ran && line.is_some() {
-                    self.leave_later(keys.clone(), String::new(), Some(owner), until);
-                }
-                return Err(e);
-            }
-        };
+        type Reply = (String, i64, i64, i64);
+        let ((era, granted, value, left), replicated): (Reply, _) = reply.map_err(|(e, _)| e)?;
         self.failover.saw(&era, &self.endpoint);
-        if granted != 1 {
+        let sent_at = match granted {
+            1 => Some(sent_at),
+            // Handed over before this attempt: as if sent when the store's
+            // TTL began, so the deadline is this send plus what it has left.
+            2 => backdated(sent_at, ttl.get().saturating_sub(millis(left))),
+            _ => None,
+        };
+        let Some(sent_at) = sent_at else {
             return Ok(Attempt::Held {
-                expires_in: remaining(value),
+                expires_in: remaining(if granted == 2 { left } else { value }),
             });
-        }
+        };
         let fence = FencingToken::from_store(error::BACKEND, value)?;
         let lease = Lease::granted(request, owner, fence, sent_at);
         if let Err(e) = replicated {
@@ -113,10 +121,10 @@ impl Client {
             return Err(e);
         }
         tracing::debug!(key = %keys.lock, %fence, "acquired");
-        let lost = watch.granted(fence, self.failover.era.loss_signal());
-        Ok(Attempt::Acquired(
-            lease.with_loss_signal(lost).with_extension(watch),
-        ))
+        let watch = watch
+            .take()
+            .ok_or_else(|| error::unexpected("no eviction watch"))?;
+        Ok(Attempt::Acquired(self.with_watch(lease, watch)))
     }
 
     /// Renews `leases`, locks, permits and shares alike, one script per
@@ -250,6 +258,7 @@ impl Client {
                 let mut call = prepare(&RELEASE);
                 call.0.key(&keys.lock).key(&keys.queue).key(&keys.next);
                 call.0.key(&keys.watchers).arg(lease_value(lease));
+                self.handoff_tail(&mut call, &keys);
                 call
             }
             (Kind::Semaphore, Some(slot), _) => {
@@ -316,6 +325,7 @@ impl Client {
         call.0
             .arg(expected.map(|f| f.to_string()).unwrap_or_default())
             .arg(keys::evict_channel(&self.prefix));
+        self.handoff_tail(&mut call, &keys);
         let (_fence, pttl, value): (i64, i64, Option<String>) =
             self.invoke("force_release", &call).await?;
         // The eviction happened: report it even if the old value is odd.
@@ -338,6 +348,11 @@ fn free_slot(lease: &Lease, keys: [&str; 3], slot: impl redis::ToRedisArgs) -> C
     call.0.key(keys[0]).key(keys[1]).key(keys[2]);
     call.0.arg(lease_value(lease)).arg(slot);
     call
+}
+
+/// A store's ms count (never negative) as a duration.
+fn millis(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
 /// Whether this adapter keeps leases of `kind`.

@@ -126,7 +126,7 @@ impl Client {
                 if client.commands.get().is_none() {
                     return Ok(()); // closed: what it would undo expires
                 }
-                if client.leave(&keys, &member, owner).await? {
+                if client.leave(&keys, &member, owner, None).await? {
                     tracing::debug!(key = %keys.lock, "freed the lock of an acquire whose reply was lost");
                 }
                 Ok(())
@@ -160,7 +160,10 @@ pub(crate) async fn handle_events(
                 let Some(keys) = Keys::from_lock_key(&strong.prefix, &orphan.lock_key) else {
                     continue;
                 };
-                if let Err(e) = strong.leave(&keys, &orphan.member, None).await {
+                if let Err(e) = strong
+                    .leave(&keys, &orphan.member, None, orphan.fence)
+                    .await
+                {
                     tracing::debug!(key = %keys.lock, error = %e, "could not pass a hand-off on; its reservation lapses");
                 }
             }

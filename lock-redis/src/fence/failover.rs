@@ -151,6 +151,11 @@ impl Failover {
         }
     }
 
+    /// The lossless mode is on: a grant is used only once replicas have it.
+    pub(crate) fn lossless(&self) -> bool {
+        self.wait_replicas.is_some()
+    }
+
     /// The lock delay in force, when failovers are seen.
     fn lock_delay(&self) -> Option<Duration> {
         self.lock_delay.filter(|_| self.detects)

@@ -18,9 +18,9 @@ use crate::fence::NEXT_FENCE;
 use crate::fence::failover::ERA_CHECK;
 use crate::keys::{self, Keys};
 use crate::locks::value::remaining;
-use crate::wait::LINE;
+use crate::wait::{HANDOFF, LINE};
 
-script!(ACQUIRE_EACH = [NEXT_FENCE, ERA_CHECK, LINE, CLAIM] include_str!("scripts/acquire_each.lua"));
+script!(ACQUIRE_EACH = [NEXT_FENCE, ERA_CHECK, LINE, HANDOFF, CLAIM] include_str!("scripts/acquire_each.lua"));
 
 impl Client {
     /// One script over every name's keys: every lock of `requests` (in

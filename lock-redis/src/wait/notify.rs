@@ -21,9 +21,13 @@
 //! a member naming this channel and a wait id (see `scripts/line.lua`). When
 //! the lock is released, or found free by anyone, the script pops the first
 //! waiter and publishes to that waiter's instance only: per hand-off one
-//! instance and one wait are woken, never a herd. A message for a wait that
-//! has already ended is handed back to the backend ([`Orphan`]), which
-//! passes the hand-off on to the next waiter.
+//! instance and one wait are woken, never a herd. Where the waiter's
+//! standing offer allows, the same script grants it the lock, and the
+//! message carries the grant (`<member> <lock key> granted <fence> <seq>`):
+//! the wait finds it next to its wake-up ([`Wait::take_grant`]) and returns
+//! the lease without another request. A message for a wait that has
+//! already ended is handed back to the backend ([`Orphan`]), which passes
+//! the hand-off on to the next waiter (freeing a grant it carried).
 //!
 //! **Watches.** `LockBackend::watch` (and `watch_permits`) registers the
 //! instance's channel in the key's watcher set; the next release (or forced
@@ -53,6 +57,8 @@ use crate::error::{self, BACKEND};
 
 mod holds;
 mod link;
+
+pub(crate) use holds::HoldWatch;
 
 /// Pauses between reconnection attempts: jittered, 50 ms doubling to 1 s.
 fn reconnect_backoff() -> Backoff {
@@ -120,6 +126,24 @@ pub(crate) struct Orphan {
     pub(crate) member: String,
     /// The lock key the hand-off is for.
     pub(crate) lock_key: String,
+    /// The fence of the grant the message carried, if any: to be freed.
+    pub(crate) fence: Option<u64>,
+}
+
+/// A lock granted to a wait by the script that freed it: its fence, and
+/// the number of the wait's attempt whose standing offer it took (the
+/// lease counts from that attempt's send).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) fence: u64,
+    pub(crate) seq: u64,
+}
+
+/// One wait's wake-up, and the grant that may have come with it.
+#[derive(Default)]
+struct Slot {
+    notify: Notify,
+    grant: Mutex<Option<Grant>>,
 }
 
 pub(crate) struct Notifier {
@@ -132,7 +156,7 @@ pub(crate) struct Notifier {
     channel: String,
     /// The prefix's eviction channel: `<prefix>evict`.
     evictions: String,
-    waits: Mutex<HashMap<u64, Arc<Notify>>>,
+    waits: Mutex<HashMap<u64, Arc<Slot>>>,
     /// Local watches by store key; one sender per watched key.
     watches: Mutex<Watches>,
     holds: Mutex<Holds>,
@@ -176,7 +200,7 @@ impl fmt::Debug for Notifier {
 pub(crate) struct Wait {
     notifier: Arc<Notifier>,
     id: u64,
-    notify: Arc<Notify>,
+    slot: Arc<Slot>,
 }
 
 impl Wait {
@@ -198,8 +222,18 @@ impl Wait {
     /// Completes when this wait is woken; a wake-up that came while nobody
     /// awaited is kept, so none is lost between two attempts.
     pub(crate) fn wakeup(&self) -> lockcore::backend::wait::Wakeup {
-        let notify = self.notify.clone();
-        Box::pin(async move { notify.notified().await })
+        let slot = self.slot.clone();
+        Box::pin(async move { slot.notify.notified().await })
+    }
+
+    /// The grant a wake-up brought, if one came since the last call.
+    pub(crate) fn take_grant(&self) -> Option<Grant> {
+        // A single assignment or take under the lock: never half-done.
+        self.slot
+            .grant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
@@ -253,7 +287,7 @@ impl Notifier {
         self.shutdown.cancel();
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Notify>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Slot>>> {
         // Every update under this lock is one map insert or removal that
         // cannot panic half-way, so a poisoned lock holds consistent data.
         self.waits.lock().unwrap_or_else(|p| p.into_inner())
@@ -313,12 +347,12 @@ impl Notifier {
     pub(crate) async fn join(self: &Arc<Self>) -> Result<Wait, LockError> {
         self.subscribed_to_wakeups().await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
-        self.lock().insert(id, notify.clone());
+        let slot = Arc::new(Slot::default());
+        self.lock().insert(id, slot.clone());
         Ok(Wait {
             notifier: self.clone(),
             id,
-            notify,
+            slot,
         })
     }
 
@@ -343,8 +377,9 @@ impl Notifier {
     }
 
     /// Handles one message on the wake-up channel: `changed <key>` wakes the
-    /// local watches of that key; `<member> <lock key>` wakes the wait it
-    /// names, or hands it back if that wait has ended.
+    /// local watches of that key; `<member> <lock key>[ granted <fence>
+    /// <seq>]` wakes the wait it names (leaving it the grant), or hands it
+    /// back if that wait has ended.
     fn dispatch(&self, payload: &str) {
         if let Some(key) = payload.strip_prefix("changed ") {
             let mut watches = self.watches();
@@ -357,9 +392,10 @@ impl Notifier {
             }
             return;
         }
-        let Some((member, lock_key)) = payload.split_once(' ') else {
+        let Some((member, rest)) = payload.split_once(' ') else {
             return;
         };
+        let (lock_key, grant) = split_grant(rest);
         let id = member.split_once(':').and_then(|(id, rest)| {
             let (_window, channel) = rest.split_once(':')?;
             (channel == self.channel).then(|| id.parse::<u64>().ok())?
@@ -368,13 +404,24 @@ impl Notifier {
             tracing::debug!(payload, "ignoring a wake-up this instance did not ask for");
             return;
         };
-        let notify = self.lock().get(&id).cloned();
-        match notify {
-            Some(notify) => notify.notify_one(),
+        let slot = self.lock().get(&id).cloned();
+        match slot {
+            Some(slot) => {
+                if grant.is_some() {
+                    *slot.grant.lock().unwrap_or_else(|p| p.into_inner()) = grant;
+                }
+                slot.notify.notify_one();
+            }
             None => {
+                // The wait may have ended by taking this very grant (its
+                // next attempt found the lock its owner's): never free that.
+                let fence = grant
+                    .map(|g| g.fence)
+                    .filter(|&fence| !self.holds_grant(lock_key, fence));
                 let _ = self.events.send(Event::Orphan(Orphan {
                     member: member.to_owned(),
                     lock_key: lock_key.to_owned(),
+                    fence,
                 }));
             }
         }
@@ -383,8 +430,8 @@ impl Notifier {
     /// Wakes every wait and watch: after a reconnect, wake-ups may have
     /// been missed.
     fn wake_all(&self) {
-        for notify in self.lock().values() {
-            notify.notify_one();
+        for slot in self.lock().values() {
+            slot.notify.notify_one();
         }
         for tx in self.watches().keys.values() {
             tx.send_replace(());
@@ -400,6 +447,21 @@ impl Notifier {
                 .keys
                 .values()
                 .any(|tx| tx.receiver_count() > 0)
+    }
+}
+
+/// Splits `<lock key>[ granted <fence> <seq>]`. A lock key ends in `}`,
+/// so it never ends like a grant.
+fn split_grant(rest: &str) -> (&str, Option<Grant>) {
+    let mut parts = rest.rsplitn(4, ' ');
+    let (Some(seq), Some(fence), Some("granted"), Some(lock_key)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return (rest, None);
+    };
+    match (fence.parse(), seq.parse()) {
+        (Ok(fence), Ok(seq)) => (lock_key, Some(Grant { fence, seq })),
+        _ => (rest, None),
     }
 }
 

@@ -1,13 +1,14 @@
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] next, KEYS[5] watchers,
--- KEYS[6] floor.
+-- KEYS[6] floor, then the hand-off's keys (see grant_from_tail).
 -- ARGV[1] request nonce, ARGV[2] the fence to evict ('' for any holder),
--- ARGV[3] the eviction channel.
+-- ARGV[3] the eviction channel, ARGV[4] the hand-off's lock delay ('' for
+-- none).
 -- Evicts whoever holds the lock (with ARGV[2], only the holder of that
 -- fence; otherwise nothing changes) and advances the fence, so the next grant
 -- and any resource that saw the bump refuse the evicted holder; tells the
 -- holder by publishing "<lock key> <owner>:<fence>" on ARGV[3] (delivered
--- once the script is done); then wakes the first waiter in line and the
--- watchers.
+-- once the script is done); then hands the lock to (or wakes) the first
+-- waiter in line, and wakes the watchers.
 -- Returns {nonce, new fence, evicted's remaining ms, evicted value or nil}.
 local value = redis.call('GET', KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
@@ -24,6 +25,6 @@ if value then
 end
 local fence = next_fence(KEYS[2], KEYS[6])
 if redis.call('EXISTS', KEYS[4]) == 0 then
-  wake_next(KEYS[1], KEYS[3], KEYS[4], '')
+  wake_next(KEYS[1], KEYS[3], KEYS[4], '', grant_from_tail())
 end
 return {ARGV[1], fence, pttl, value}

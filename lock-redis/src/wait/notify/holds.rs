@@ -84,6 +84,15 @@ impl Notifier {
         }
     }
 
+    /// Whether a lease of this instance holds the grant of `fence` on
+    /// `lock_key`.
+    pub(super) fn holds_grant(&self, lock_key: &str, fence: u64) -> bool {
+        self.holds()
+            .leases
+            .values()
+            .any(|held| held.lock_key == lock_key && held.fence.is_some_and(|f| f.get() == fence))
+    }
+
     /// The current subscription's number, while subscribed.
     pub(crate) fn subscription(&self) -> Option<u64> {
         self.holds().subscription

@@ -4,6 +4,7 @@
 --   queue zset of waiters; member "<wait id>:<claim window ms>[c]:<channel>",
 --         score = arrival order (tail + 1)
 --   next  the member a free lock is reserved for, PX = its claim window
+--   offers  hash of the waiters' standing offers (see handoff.lua)
 --   watchers  set of instance channels that asked for one "changed" message
 -- A channel is one backend instance's own pub/sub channel; the instance
 -- wakes the one local wait the member names.
@@ -23,14 +24,18 @@ local function line_call(...)
 end
 
 -- Hands a free lock to the first waiter in line that can still hear it:
--- pops the head, PUBLISHes "<member> <lock key>" to its instance's channel
--- and reserves the lock for it for its claim window. A head whose instance
--- has no subscriber (gone) is dropped and the next one tried. The caller's
+-- pops the head and, with `grant` (see offer_grant in handoff.lua; nil for
+-- none) and a fresh standing offer from that waiter, grants it the lock
+-- there and then. Otherwise PUBLISHes "<member> <lock key>" to its
+-- instance's channel and reserves the lock for it for its claim window.
+-- A head whose instance has no subscriber (gone) is dropped and the next
+-- one tried. The caller's
 -- own entry (`me`, '' for none) is not woken but reported, so the caller can
 -- take the lock itself. Callers make sure no reservation stands (a held
 -- lock never has one: only the reserved waiter can take a reserved lock).
--- Returns 'reserved' (a woken waiter will claim), 'me' or 'none'.
-local function wake_next(lock_key, queue_key, next_key, me)
+-- Returns 'granted' (the lock is the head's now), 'reserved' (a woken
+-- waiter will claim), 'me' or 'none'.
+local function wake_next(lock_key, queue_key, next_key, me, grant)
   if redis.call('EXISTS', queue_key) == 0 then
     return 'none' -- nobody waits: one read, no line work
   end
@@ -50,7 +55,12 @@ local function wake_next(lock_key, queue_key, next_key, me)
     -- reservation lapses after its window and the next attempt carries on.
     local window, elsewhere, channel = string.match(member, '^%d+:(%d+)(c?):(%S+)$')
     window = tonumber(window)
-    if window and window > 0
+    local handed = window and window > 0 and elsewhere == '' and grant
+      and grant(lock_key, member, channel)
+    if handed == 'granted' then
+      return 'granted'
+    end
+    if window and window > 0 and not handed
         and (redis.call('PUBLISH', channel, member .. ' ' .. lock_key) > 0
              or elsewhere == 'c') then
       line_call('SET', next_key, member, 'PX', window)
@@ -76,10 +86,10 @@ end
 
 -- The lock `lock_key` was just freed: wakes the watchers and the first
 -- waiter in line. One read when nobody waits or watches.
-local function freed(lock_key, queue_key, next_key, watchers_key)
+local function freed(lock_key, queue_key, next_key, watchers_key, grant)
   if redis.call('EXISTS', queue_key, watchers_key) == 0 then
     return
   end
   wake_watchers(lock_key, watchers_key)
-  wake_next(lock_key, queue_key, next_key, '')
+  wake_next(lock_key, queue_key, next_key, '', grant)
 end
