@@ -391,8 +391,8 @@ impl Client {
 /// What the acquire statement's rows say: the fence of a grant, or else
 /// the holder's remaining time, if the statement saw the holder.
 fn verdict(rows: &[GrantRow]) -> Result<i64, Option<Duration>> {
-    // A grant row wins over a holder row: the holder seen by the snapshot
-    // may have expired by the time the row was locked. No row: a contender
+    // A grant row wins over a holder row (the statement returns one or the
+    // other: the snapshot's row is judged live once). No row: a contender
     // is taking the lock right now, or took it after this statement's
     // snapshot (or it has not been free for `free_for`).
     match rows.iter().find_map(|(fence, _)| *fence) {

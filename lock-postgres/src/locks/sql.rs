@@ -147,13 +147,25 @@ impl Sql {
         let nextval = format!("nextval('{seq}'::regclass)");
         let ttl = "$3 * interval '1 microsecond'";
         // One statement, one look at the row (`cur`, the statement's
-        // snapshot), then one of two exclusive paths:
+        // snapshot, judged live or not once), then one of two exclusive
+        // paths:
         // - the row is live: report the holder's remaining time, write
         //   nothing (no row lock, no transaction id, so no WAL flush);
-        // - free, expired or missing: insert it, or, on conflict, take the
-        //   row under its lock if it is (still) free or expired, judged on
-        //   the row's latest version. A contender that loses that race
-        //   writes nothing of the row and gets no grant.
+        // - free, expired or missing: `UPDATE` the row if it exists, under
+        //   its row lock, if it is (still) free or expired, judged on the
+        //   row's latest version (a renewal that commits meanwhile is seen);
+        //   only when that updated nothing, `INSERT` it for a new name, `ON
+        //   CONFLICT DO NOTHING`: of two first acquires of a name one inserts,
+        //   the other finds the row and gets no grant. (An existing row the
+        //   update did not take is found in the index, and nothing written;
+        //   one a purge deleted meanwhile counts as missing.) A contender
+        //   that loses either race gets no grant and leaves the row as is.
+        // The update comes first because it is the common case and the
+        // cheaper one: an `ON CONFLICT DO UPDATE` on an existing row locks
+        // it (a WAL record) and then updates it (another); the plain `UPDATE`
+        // writes one. Its fence (`nextval` in the `SET`) is drawn again when
+        // the row lock waited for a newer version, so it is above every
+        // fence that version carries.
         //
         // `$4` (µs, normally 0) asks for a row that has been free for at
         // least that long (released: since `updated_at`; expired: since
@@ -165,32 +177,39 @@ impl Sql {
         // `$5` (the gate) makes a free lock go to whoever is in line first:
         // with it, the statement takes the row only if the name's turnstile
         // (`$6`, see `keys::turnstile_key`) is free, i.e. nobody waits in
-        // line; a waiting `acquire` asks this way before queueing.
+        // line; a waiting `acquire` asks this way before queueing. (`go` is
+        // read by both paths and evaluated once.)
         let acquire = format!(
             "WITH cur AS (
-                SELECT expires_at FROM {t} WHERE name = $1
-            ), taken AS (
-                INSERT INTO {t} AS l (name, owner, fence, expires_at, updated_at, label, label_owner)
-                SELECT $1, $2, {nextval}, clock_timestamp() + {ttl}, clock_timestamp(), $7, $2
-                 WHERE CASE
-                         WHEN EXISTS (SELECT 1 FROM cur WHERE expires_at > clock_timestamp())
-                           THEN false
+                SELECT expires_at, expires_at > clock_timestamp() AS live FROM {t} WHERE name = $1
+            ), go AS (
+                SELECT CASE
+                         WHEN EXISTS (SELECT 1 FROM cur WHERE live) THEN false
                          WHEN $5 THEN pg_try_advisory_xact_lock($6)
                          ELSE true
-                       END
-                ON CONFLICT (name) DO UPDATE
-                   SET owner = EXCLUDED.owner, fence = EXCLUDED.fence,
-                       expires_at = clock_timestamp() + {ttl}, updated_at = clock_timestamp(),
-                       label = EXCLUDED.label, label_owner = EXCLUDED.owner
-                 WHERE l.expires_at <= clock_timestamp()
+                       END AS ok
+            ), updated AS (
+                UPDATE {t} AS l
+                   SET owner = $2, fence = {nextval}, expires_at = clock_timestamp() + {ttl},
+                       updated_at = clock_timestamp(), label = $7, label_owner = $2
+                 WHERE l.name = $1 AND (SELECT ok FROM go)
+                   AND l.expires_at <= clock_timestamp()
                    AND ($4 = 0 OR CASE WHEN l.expires_at = '-infinity' THEN l.updated_at
                                        ELSE l.expires_at END
                                   <= clock_timestamp() - $4 * interval '1 microsecond')
                 RETURNING l.fence
+            ), inserted AS (
+                INSERT INTO {t} (name, owner, fence, expires_at, updated_at, label, label_owner)
+                SELECT $1, $2, {nextval}, clock_timestamp() + {ttl}, clock_timestamp(), $7, $2
+                 WHERE (SELECT ok FROM go) AND NOT EXISTS (SELECT 1 FROM updated)
+                ON CONFLICT (name) DO NOTHING
+                RETURNING fence
             )
-            SELECT fence, NULL::bigint AS remaining_us FROM taken
+            SELECT fence, NULL::bigint AS remaining_us FROM updated
             UNION ALL
-            SELECT NULL, {REMAINING_US} FROM cur WHERE expires_at > clock_timestamp()"
+            SELECT fence, NULL FROM inserted
+            UNION ALL
+            SELECT NULL, {REMAINING_US} FROM cur WHERE live"
         );
         // The one expiring last: the time before which not all are free.
         let held = format!(

@@ -9,6 +9,7 @@ mod close;
 mod connect;
 mod eviction;
 mod fencing;
+mod grants;
 mod keys;
 mod locks;
 mod multi;
