@@ -65,6 +65,16 @@ pub(crate) struct Refusal {
     /// refused (the fence floor moved, a key name was still taken, the
     /// session was gone).
     pub(crate) again: bool,
+    /// The keys that refused us, as the `Txn` read them at `at`: until each
+    /// is deleted, another grant `Txn` would be refused too.
+    pub(crate) ahead: Ahead,
+}
+
+/// The keys that keep a waiter out, read at revision `at`.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Ahead {
+    pub(crate) at: i64,
+    pub(crate) keys: std::collections::HashSet<Vec<u8>>,
 }
 
 /// What a grant `Txn` came to.
@@ -106,16 +116,32 @@ fn rules(keys: &RwKeys, access: Access, mine: Option<i64>) -> (Vec<Compare>, Opt
 /// Whether the lock's keys `seen` (all of them, with their create
 /// revisions, at one revision) admit `access` for the waiter whose entry
 /// was created at `mine`.
+#[cfg(test)]
 fn admits<'a>(
     keys: &RwKeys,
     seen: impl IntoIterator<Item = (&'a [u8], i64)>,
     access: Access,
     mine: Option<i64>,
 ) -> bool {
+    refusing(keys, seen, access, mine).next().is_none()
+}
+
+/// Those of the lock's keys `seen` that keep `access` out for the waiter
+/// whose entry was created at `mine`: grants it excludes, and waiters that
+/// go before it.
+fn refusing<'a>(
+    keys: &RwKeys,
+    seen: impl IntoIterator<Item = (&'a [u8], i64)>,
+    access: Access,
+    mine: Option<i64>,
+) -> impl Iterator<Item = &'a [u8]> {
     let (held, waiting) = blockers(keys, access);
-    !seen.into_iter().any(|(key, created)| {
-        key.starts_with(&held) || (key.starts_with(&waiting) && mine.is_none_or(|m| created < m))
-    })
+    seen.into_iter()
+        .filter(move |(key, created)| {
+            key.starts_with(&held)
+                || (key.starts_with(&waiting) && mine.is_none_or(|m| *created < m))
+        })
+        .map(|(key, _)| key)
 }
 
 /// The grant `Txn`: `grant` under `base` and `first`, else (a nested
@@ -260,6 +286,7 @@ impl Inner {
                     queued: None,
                     gone: false,
                     again: true,
+                    ahead: Ahead::default(),
                 }));
             }
             Err(e) => {
@@ -326,8 +353,14 @@ impl Inner {
             self.sessions.unreserve(session, &held, n);
         }
         let mine = place.or(queued.as_ref()).map(|p| p.revision);
-        let entries = seen.iter().map(|kv| (kv.key(), kv.create_revision()));
-        let admitted = admits(&keys, entries, access, mine);
+        let entries = || seen.iter().map(|kv| (kv.key(), kv.create_revision()));
+        let ahead = Ahead {
+            at: revision,
+            keys: refusing(&keys, entries(), access, mine)
+                .map(<[u8]>::to_vec)
+                .collect(),
+        };
+        let admitted = ahead.keys.is_empty();
         let gone = place.is_some_and(|p| {
             let there = seen
                 .iter()
@@ -340,6 +373,7 @@ impl Inner {
             again: floor_moved || taken || admitted || (queue && queued.is_none()),
             queued,
             gone,
+            ahead,
         }))
     }
 

@@ -12,13 +12,13 @@
 //! waiter does (`Inner::leave_line`, a clean-up closing finishes); one
 //! dropped with a `Txn` in flight undoes what it may have written.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use lockcore::backend::wait::{WaitPolicy, Waiter, Wakeup};
 use lockcore::backend::{LockRequest, async_trait};
 use lockcore::{Access, Attempt, Lease, LockError};
 
-use super::{Admission, TRIES};
+use super::{Admission, Ahead, TRIES};
 use crate::connection::client::Inner;
 use crate::connection::session::Attached;
 use crate::error::BACKEND;
@@ -43,6 +43,7 @@ pub(crate) async fn acquire(
         access,
         place: None,
         sending: Sending::default(),
+        ahead: Arc::default(),
     };
     lockcore::backend::wait::wait(wait, &mut waiter).await
 }
@@ -56,6 +57,8 @@ struct ShareWaiter {
     place: Option<Attached>,
     /// What the `Txn` in flight may write.
     sending: Sending,
+    /// What refused our last `Txn`, while we wait in line.
+    ahead: Arc<Mutex<Option<Ahead>>>,
 }
 
 #[async_trait]
@@ -74,13 +77,29 @@ impl Waiter for ShareWaiter {
             Access::Write => vec![self.keys.base().to_vec()],
         };
         let own = self.place.as_ref().map(|p| p.key.clone());
+        // Filled in by the attempt this wake-up follows (it runs first).
+        let ahead = self.ahead.clone();
+        *ahead.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(Some(Box::pin(async move {
             // Also wakes when the watch is gone: the caller looks again.
             while let Some(deleted) = deletes.next().await {
-                if wakes.iter().any(|w| deleted.key.starts_with(w))
-                    || own.as_ref() == Some(&deleted.key)
-                {
+                if own.as_ref() == Some(&deleted.key) {
                     return;
+                }
+                let mut ahead = ahead.lock().unwrap_or_else(|p| p.into_inner());
+                match ahead.as_mut() {
+                    Some(ahead) => {
+                        if deleted.revision > ahead.at {
+                            ahead.keys.remove(&deleted.key);
+                        }
+                        if ahead.keys.is_empty() {
+                            return;
+                        }
+                    }
+                    // Not refused from a place in line: any delete that may
+                    // admit us.
+                    None if wakes.iter().any(|w| deleted.key.starts_with(w)) => return,
+                    None => {}
                 }
             }
         })))
@@ -116,6 +135,9 @@ impl Waiter for ShareWaiter {
                 self.place = Some(queued);
             }
             if self.place.is_some() && !refusal.again && !refusal.gone {
+                if !refusal.ahead.keys.is_empty() {
+                    *self.ahead.lock().unwrap_or_else(|p| p.into_inner()) = Some(refusal.ahead);
+                }
                 return Ok(Attempt::Held { expires_in: None });
             }
         }
