@@ -144,6 +144,11 @@ impl Queue {
         Queue { nodes }
     }
 
+    /// The queue nodes, by sequence number.
+    pub(crate) fn nodes(&self) -> &[QueueNode] {
+        &self.nodes
+    }
+
     /// The holder: the first node.
     pub(crate) fn head(&self) -> Option<&QueueNode> {
         self.nodes.first()

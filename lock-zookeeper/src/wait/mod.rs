@@ -85,28 +85,30 @@ impl<'a> LineWaiter<'a> {
         let (acls, cleanups) = (self.client.acls.clone(), self.client.cleanups.clone());
         let mut entry = Entry::new(session.clone(), parent, acls, cleanups, Some(self.request));
         let probe = line.probe();
-        let queue = entry.enqueue(probe.is_some()).await?;
+        let mut queue = entry.enqueue(probe.is_some()).await?;
         drop(probe);
-        if let Some(queue) = queue {
-            let queue = entry.prune(&queue).await?.unwrap_or(queue);
-            if let Some(ours) = entry.name().filter(|&n| queue.admits(n, entry.access)) {
-                let alone = queue.is_only(ours);
+        if let Some(listed) = queue.take() {
+            let listed = entry.prune(&listed).await?.unwrap_or(listed);
+            if let Some(ours) = entry.name().filter(|&n| listed.admits(n, entry.access)) {
+                let alone = listed.is_only(ours);
                 if !entry.ready().await? {
                     return Err(vanished(self.request.name()));
                 }
                 return Ok(Joined::First { live, entry, alone });
             }
+            queue = Some(listed);
         }
         let sequence = entry
             .sequence()
             .ok_or_else(|| LockError::store(BACKEND, "a created queue node has no sequence"))?;
         let reads = entry.access == Some(Access::Read);
+        // The listing read with the create is the view's: no second one.
         let turn = line.join(
-            sequence,
-            entry.guid,
+            (sequence, entry.guid),
             reads,
             self.woken.clone(),
             entry.clock.clone(),
+            queue.as_ref(),
         );
         Ok(Joined::InLine(Queued {
             live,

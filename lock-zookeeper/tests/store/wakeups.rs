@@ -192,6 +192,126 @@ async fn nodes_that_left_unseen_cost_one_listing_not_one_request_each() {
     guard.release().await.unwrap();
 }
 
+/// A waiter also watches the node ahead of the one just ahead of it. When
+/// that one goes (the one just ahead is about to hold), it lists the queue
+/// then, while the one just ahead still holds: the release of the one just
+/// ahead then grants it with no request in between (before: a `sync` and a
+/// listing, 2 requests, between the release and the grant, as nodes had
+/// left unseen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_sends_no_request_between_the_release_and_the_grant() {
+    let ([holder, second, third], observer, name, parent) = three_sessions("no-listing").await;
+    let store = zookeeper::shared();
+    let ours = connect(store.endpoint()).await.unwrap();
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    // Two waiters ahead of ours, each of a session of its own.
+    let mut ahead = Vec::new();
+    for (queued, backend) in [&second, &third].into_iter().enumerate() {
+        let (locker, name) = (locker(backend), name.clone());
+        ahead.push(tokio::spawn(async move {
+            locker.acquire_timeout(&name, Duration::from_secs(60)).await
+        }));
+        until(Duration::from_secs(10), "a waiter in line", || async {
+            children(&observer, &parent).await.len() == 2 + queued
+        })
+        .await;
+    }
+    let sid = session_id(&ours);
+    let patient = locker(&ours).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let (name, addr) = (name.clone(), store.addr());
+        async move {
+            let guard = patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await;
+            (guard, answered(addr, sid))
+        }
+    });
+    let queue = children(&observer, &parent).await;
+    let mut queue = queue
+        .iter()
+        .map(|n| format!("{parent}/{n}"))
+        .collect::<Vec<_>>();
+    queue.sort_by_key(|path| path[path.len() - 10..].to_owned());
+    until(
+        Duration::from_secs(10),
+        "our waiter watching the node ahead",
+        || async { watches(store.addr(), sid).contains(&queue[2]) },
+    )
+    .await;
+    // Watching the one beyond it too (the old code did not: it goes on).
+    let both = tokio::time::timeout(Duration::from_secs(5), async {
+        while !watches(store.addr(), sid).contains(&queue[1]) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let _ = both.await;
+    let before = answered(store.addr(), sid);
+    held.release().await.unwrap();
+    let first = ahead.remove(0).await.unwrap().unwrap();
+    first.release().await.unwrap();
+    let next = ahead.remove(0).await.unwrap().unwrap();
+    // Its listing while `next` holds: a `sync` and the listing (the old
+    // code sent none here, and the bound runs out).
+    let listed = tokio::time::timeout(Duration::from_secs(5), async {
+        while answered(store.addr(), sid) < before + 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let _ = listed.await;
+    let released = answered(store.addr(), sid);
+    next.release().await.unwrap();
+    let (guard, granted) = waiting.await.unwrap();
+    assert_eq!(
+        granted - released,
+        0,
+        "requests between the release of the node just ahead and the grant"
+    );
+    guard.unwrap().release().await.unwrap();
+}
+
+/// A waiter alone of its session on a name joins the view with the listing
+/// sent with its create: its create, that listing and the watch on the
+/// holder's node, 3 requests, before it waits (before: a `sync` and a
+/// second listing too, 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_joins_on_the_listing_sent_with_its_create() {
+    let ([holder, ours, _], observer, name, parent) = three_sessions("joins-listed").await;
+    let store = zookeeper::shared();
+    // The session's first grant reads the fence floor; this one is done.
+    locker(&ours)
+        .acquire(&name)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    // The holder's node, the only one yet.
+    let head = format!("{parent}/{}", children(&observer, &parent).await[0]);
+    let sid = session_id(&ours);
+    let before = answered(store.addr(), sid);
+    let patient = locker(&ours).recheck(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            patient
+                .acquire_timeout(&name, Duration::from_secs(60))
+                .await
+        }
+    });
+    until(
+        Duration::from_secs(10),
+        "our waiter watching the holder",
+        || async { watches(store.addr(), sid).contains(&head) },
+    )
+    .await;
+    let requests = answered(store.addr(), sid) - before;
+    assert!(requests <= 3, "{requests} requests to join the line");
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+}
+
 /// A waiter whose connection is reset while it waits keeps its place and
 /// is granted when the holder releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

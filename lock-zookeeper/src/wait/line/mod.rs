@@ -5,12 +5,17 @@
 //! would grow with the square of the waiters. A [`Line`] keeps the queue of
 //! one lock for the whole session, and one task watches it for every local
 //! waiter: it lists the queue when a waiter joined since the last listing
-//! (waiters that join together share one), and otherwise watches only the
+//! (waiters that join together share one; a waiter alone in the view joins
+//! on the listing sent with its create), and otherwise watches the
 //! node just ahead of the first local waiter (an `exists` watch, as in the
 //! classic recipe). When that node goes and none is left ahead, that waiter
 //! alone is told it is first; when others were ahead of it, they may have
 //! gone unseen, so the queue is listed again (one round trip, not one per
-//! node). A release by this session is known at once, without an event.
+//! node). To keep that listing out of the hand-off, the task also watches
+//! the next node ahead of the one just ahead: when it goes (the one just
+//! ahead is about to hold), the queue is listed then, so that the
+//! release of the one just ahead makes the waiter first on its own. A
+//! release by this session is known at once, without an event.
 //! A deletion event proves the node gone: `set_remaining`, which deletes a
 //! holder's node and creates it again at the same path in one transaction
 //! ([`crate::locks::remaining`]), writes it first, so a watcher hears of
@@ -48,7 +53,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::connection::session::Session;
-use crate::keys::names::QueueNode;
+use crate::keys::names::{Queue, QueueNode};
 
 mod task;
 
@@ -201,8 +206,10 @@ enum Step {
     /// List the queue (the listing's number), reading the time of its
     /// `sync` on the first local waiter's clock.
     List(u64, Option<Arc<dyn Clock>>),
-    /// Watch the node just ahead of the first local waiter.
-    Watch(u32, String),
+    /// Watch the node just ahead of the first local waiter, and the
+    /// nearest one ahead of that which keeps the waiter waiting (if the
+    /// view shows one).
+    Watch(u32, String, Option<(u32, String)>),
     /// Nothing to do until poked.
     Rest,
     /// The view ended, or nobody uses it.
@@ -245,17 +252,32 @@ impl Line {
     /// Joins the view with node `sequence` of owner `guid`, whose create
     /// was answered: `woken` is told when it may have become first (or the
     /// view ended). `clock`: the one its lease will be judged on. `reads`:
-    /// a reader of a reader-writer lock, which waits for no read.
+    /// a reader of a reader-writer lock, which waits for no read. `listed`:
+    /// the queue as read right behind the create (which shows the node);
+    /// when no other local waiter is in the view (whose node it might not
+    /// show), it is the view's listing, and the view lists nothing more for
+    /// this waiter.
     pub(crate) fn join(
         self: &Arc<Self>,
-        sequence: u32,
-        guid: Uuid,
+        (sequence, guid): (u32, Uuid),
         reads: bool,
         woken: Arc<Notify>,
         clock: Arc<dyn Clock>,
+        listed: Option<&Queue>,
     ) -> Turn {
         let mut state = self.lock();
-        let since = state.started;
+        let mut since = state.started;
+        if let Some(queue) = listed.filter(|_| state.waiting.is_empty()) {
+            // Numbered after every listing started so far: one in flight
+            // (read earlier or later, for a waiter since gone) is dropped.
+            state.started += 1;
+            let number = state.started;
+            state.nodes = (queue.nodes().iter())
+                .map(|n| (n.sequence, n.clone()))
+                .collect();
+            (state.listed, state.synced, state.stale) = (number, None, false);
+            since = number - 1;
+        }
         let waiting = Waiting {
             guid,
             woken,
@@ -334,6 +356,22 @@ impl Line {
         state.stale = stale;
     }
 
+    /// The node watched beyond the one just ahead, `far`, is gone. If the
+    /// view still shows nodes ahead of `near` (the one just ahead) that
+    /// keep the first local waiter waiting, they may have gone unseen: the
+    /// queue is listed again now, while `near` is still there. So when
+    /// `near` goes, the view already shows nothing else ahead, and its
+    /// delete alone makes the waiter first, with no listing between the
+    /// release and the grant.
+    fn passed_far(&self, far: u32, near: u32) {
+        let mut state = self.lock();
+        state.nodes.remove(&far);
+        let State { nodes, waiting, .. } = &*state;
+        let first = waiting.iter().find(|(s, w)| w.shown(nodes, **s));
+        let stale = first.is_some_and(|(_, w)| w.blocker(nodes, near).is_some());
+        state.stale |= stale;
+    }
+
     /// What the task does next (telling the first local waiter, if it is).
     fn next_step(&self) -> Step {
         let mut state = self.lock();
@@ -357,7 +395,9 @@ impl Line {
             return Step::Rest;
         };
         if let Some((&ahead, node)) = w.blocker(nodes, first) {
-            return Step::Watch(ahead, format!("{}/{}", self.parent, node.name));
+            let path = |name: &str| format!("{}/{name}", self.parent);
+            let far = (w.blocker(nodes, ahead)).map(|(&s, n)| (s, path(&n.name)));
+            return Step::Watch(ahead, path(&node.name), far);
         }
         if state.told != Some(first) {
             state.told = Some(first);

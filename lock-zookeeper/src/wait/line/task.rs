@@ -1,7 +1,9 @@
 //! The task that keeps a [`Line`]'s view: it lists the queue, or watches
-//! the node ahead of the first local waiter, and tells that waiter when it
-//! is first.
+//! the node ahead of the first local waiter (and the next one ahead of that,
+//! to list the queue before, not after, the release that makes the waiter
+//! first), and tells that waiter when it is first.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -57,8 +59,9 @@ pub(super) fn same_clock(a: &Arc<dyn Clock>, b: &Arc<dyn Clock>) -> bool {
 pub(super) async fn run(line: Weak<Line>, poke: Arc<Notify>, mut link: Link, parent: String) {
     let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut failures = 0;
-    // The node watched, and its watch (kept while it stays the one to watch).
-    let mut watching: Option<(u32, Fired)> = None;
+    // The nodes watched, and their watches (kept while they stay ones to
+    // watch).
+    let mut kept: HashMap<u32, Fired> = HashMap::new();
     loop {
         let Some(live) = line.upgrade() else {
             return;
@@ -102,51 +105,18 @@ pub(super) async fn run(line: Weak<Line>, poke: Arc<Notify>, mut link: Link, par
                     }
                 })
             }
-            (Step::Watch(sequence, path), Some(client)) => {
-                let kept = watching.take().filter(|(s, _)| *s == sequence);
-                let fired = match kept {
-                    Some((_, fired)) => Ok(Some(fired)),
-                    None => match client.check_and_watch_stat(&path).await {
-                        Ok((Some(_), watcher)) => Ok(Some(Box::pin(watcher.changed()) as Fired)),
-                        Ok((None, _)) => Ok(None),
-                        Err(e) => Err(e),
-                    },
-                };
-                // No handle is kept while waiting: it would hold up a close.
-                drop(client);
-                match fired {
-                    Ok(None) => {
-                        live.passed(sequence);
-                        Ok(())
-                    }
-                    Ok(Some(mut fired)) => {
-                        drop(live);
-                        tokio::select! {
-                            biased;
-                            event = &mut fired => match event.event_type {
-                                // Gone (a node kept by `set_remaining` is
-                                // written to first: `NodeDataChanged`).
-                                zk::EventType::NodeDeleted => {
-                                    if let Some(live) = line.upgrade() {
-                                        live.passed(sequence);
-                                    }
-                                    Ok(())
-                                }
-                                zk::EventType::Session if event.session_state.is_terminated() => {
-                                    Err(zk::Error::SessionExpired)
-                                }
-                                // Written to, or a session event: watch again.
-                                _ => Ok(()),
-                            },
-                            _ = poke.notified() => {
-                                watching = Some((sequence, fired));
-                                Ok(())
-                            }
-                            e = link.ended() => Err(e),
-                        }
-                    }
-                    Err(e) => Err(e),
-                }
+            (Step::Watch(near, path, far), Some(client)) => {
+                watch_step(
+                    live,
+                    &line,
+                    client,
+                    (near, path),
+                    far,
+                    &mut kept,
+                    &poke,
+                    &mut link,
+                )
+                .await
             }
         };
         match outcome {
@@ -166,5 +136,107 @@ pub(super) async fn run(line: Weak<Line>, poke: Arc<Notify>, mut link: Link, par
                 failures = failures.saturating_add(1);
             }
         }
+    }
+}
+
+/// Watches `near`, the node just ahead of the first local waiter, and
+/// `far`, the next one ahead that keeps it waiting, until one of them
+/// changes, the task is poked, or the session ends. Watches still pending
+/// go back to `kept`.
+#[allow(clippy::too_many_arguments)]
+async fn watch_step(
+    live: Arc<Line>,
+    line: &Weak<Line>,
+    client: zk::Client,
+    (near, path): (u32, String),
+    far: Option<(u32, String)>,
+    kept: &mut HashMap<u32, Fired>,
+    poke: &Notify,
+    link: &mut Link,
+) -> Result<(), zk::Error> {
+    let (near_kept, far_kept) = (
+        kept.remove(&near),
+        far.as_ref().and_then(|(s, _)| kept.remove(s)),
+    );
+    // Watches of nodes no longer to watch are dropped.
+    kept.clear();
+    let Some(mut fired) = watch(&client, near_kept, &path).await? else {
+        live.passed(near);
+        return Ok(());
+    };
+    let (far, mut beyond) = match far {
+        None => (None, Box::pin(std::future::pending()) as Fired),
+        Some((sequence, far_path)) => match watch(&client, far_kept, &far_path).await {
+            Ok(Some(beyond)) => (Some(sequence), beyond),
+            outcome => {
+                kept.insert(near, fired);
+                outcome?;
+                live.passed_far(sequence, near);
+                return Ok(());
+            }
+        },
+    };
+    // No handle is kept while waiting: it would hold up a close.
+    drop(client);
+    drop(live);
+    tokio::select! {
+        biased;
+        event = &mut fired => {
+            if gone(&event)?
+                && let Some(live) = line.upgrade()
+            {
+                live.passed(near);
+            }
+            if let Some(far) = far {
+                kept.insert(far, beyond);
+            }
+            Ok(())
+        }
+        event = &mut beyond => {
+            kept.insert(near, fired);
+            if gone(&event)?
+                && let (Some(far), Some(live)) = (far, line.upgrade())
+            {
+                live.passed_far(far, near);
+            }
+            Ok(())
+        }
+        _ = poke.notified() => {
+            kept.insert(near, fired);
+            if let Some(far) = far {
+                kept.insert(far, beyond);
+            }
+            Ok(())
+        }
+        e = link.ended() => Err(e),
+    }
+}
+
+/// The `exists` watch on the node at `path` (`kept`, if set before):
+/// `None` if the node is gone.
+async fn watch(
+    client: &zk::Client,
+    kept: Option<Fired>,
+    path: &str,
+) -> Result<Option<Fired>, zk::Error> {
+    if let Some(fired) = kept {
+        return Ok(Some(fired));
+    }
+    match client.check_and_watch_stat(path).await? {
+        (Some(_), watcher) => Ok(Some(Box::pin(watcher.changed()))),
+        (None, _) => Ok(None),
+    }
+}
+
+/// Whether a watched node's event says it is gone. A node kept by
+/// `set_remaining` (or created again by a reader-writer grant) is written
+/// to first (`NodeDataChanged`): watch it again, as after a session event.
+fn gone(event: &zk::WatchedEvent) -> Result<bool, zk::Error> {
+    match event.event_type {
+        zk::EventType::NodeDeleted => Ok(true),
+        zk::EventType::Session if event.session_state.is_terminated() => {
+            Err(zk::Error::SessionExpired)
+        }
+        _ => Ok(false),
     }
 }
