@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use lock_conformance::kit::poll::until;
+use lock_conformance::kit::scaled;
 use lock_postgres::sqlx;
 use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend};
@@ -77,7 +78,7 @@ async fn an_acquire_waiting_for_the_row_draws_its_fence_after() {
     };
     let pool = observer().await;
     until(
-        Duration::from_secs(10),
+        scaled(Duration::from_secs(10)),
         "the acquire waiting for the row",
         || {
             let pool = &pool;

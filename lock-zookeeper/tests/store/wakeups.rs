@@ -6,8 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_conformance::kit::poll::until;
+use lock_conformance::kit::poll::{TimedOut, try_eventually, until};
 use lock_conformance::kit::proxy::FaultProxy;
+use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::{FencingToken, LockError, LockName};
@@ -211,9 +212,11 @@ async fn a_hand_off_sends_no_request_between_the_release_and_the_grant() {
         ahead.push(tokio::spawn(async move {
             locker.acquire_timeout(&name, Duration::from_secs(60)).await
         }));
-        until(Duration::from_secs(10), "a waiter in line", || async {
-            children(&observer, &parent).await.len() == 2 + queued
-        })
+        until(
+            scaled(Duration::from_secs(10)),
+            "a waiter in line",
+            || async { children(&observer, &parent).await.len() == 2 + queued },
+        )
         .await;
     }
     let sid = session_id(&ours);
@@ -234,18 +237,18 @@ async fn a_hand_off_sends_no_request_between_the_release_and_the_grant() {
         .collect::<Vec<_>>();
     queue.sort_by_key(|path| path[path.len() - 10..].to_owned());
     until(
-        Duration::from_secs(10),
+        scaled(Duration::from_secs(10)),
         "our waiter watching the node ahead",
         || async { watches(store.addr(), sid).contains(&queue[2]) },
     )
     .await;
     // Watching the one beyond it too (the old code did not: it goes on).
-    let both = tokio::time::timeout(Duration::from_secs(5), async {
-        while !watches(store.addr(), sid).contains(&queue[1]) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    });
-    let _ = both.await;
+    // Awaited for a while only: the old code never gets there, and then
+    // fails at the count below, not here.
+    let _ = try_eventually(scaled(Duration::from_secs(5)), "the far watch", || async {
+        Ok::<_, TimedOut>(watches(store.addr(), sid).contains(&queue[1]).then_some(()))
+    })
+    .await;
     let before = answered(store.addr(), sid);
     held.release().await.unwrap();
     let first = ahead.remove(0).await.unwrap().unwrap();
@@ -253,12 +256,10 @@ async fn a_hand_off_sends_no_request_between_the_release_and_the_grant() {
     let next = ahead.remove(0).await.unwrap().unwrap();
     // Its listing while `next` holds: a `sync` and the listing (the old
     // code sent none here, and the bound runs out).
-    let listed = tokio::time::timeout(Duration::from_secs(5), async {
-        while answered(store.addr(), sid) < before + 2 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    });
-    let _ = listed.await;
+    let _ = try_eventually(scaled(Duration::from_secs(5)), "the listing", || async {
+        Ok::<_, TimedOut>((answered(store.addr(), sid) >= before + 2).then_some(()))
+    })
+    .await;
     let released = answered(store.addr(), sid);
     next.release().await.unwrap();
     let (guard, granted) = waiting.await.unwrap();
@@ -301,7 +302,7 @@ async fn a_waiter_joins_on_the_listing_sent_with_its_create() {
         }
     });
     until(
-        Duration::from_secs(10),
+        scaled(Duration::from_secs(10)),
         "our waiter watching the holder",
         || async { watches(store.addr(), sid).contains(&head) },
     )
@@ -333,9 +334,11 @@ async fn a_reconnection_loses_no_turn() {
                 .await
         }
     });
-    until(Duration::from_secs(10), "the waiter in line", || async {
-        children(&observer, &parent).await.len() == 2
-    })
+    until(
+        scaled(Duration::from_secs(10)),
+        "the waiter in line",
+        || async { children(&observer, &parent).await.len() == 2 },
+    )
     .await;
     let queued = children(&observer, &parent).await;
     link.reset_existing();
