@@ -56,6 +56,21 @@ async fn ttls_are_whole_seconds_and_never_below_the_clusters_minimum() {
             enforced as i64,
             "etcd's own view of {ask} ms"
         );
+        // inspect reports the upper end of what etcd has left (it counts
+        // whole seconds, rounded down), never more than the TTL: at least
+        // etcd's count read after it, plus one.
+        let left = backend
+            .inspect(&lock)
+            .await
+            .unwrap()
+            .and_then(|holder| holder.expires_in)
+            .expect("a held lock's remaining time");
+        let after = client.lease_time_to_live(id, None).await.unwrap().ttl() as u64;
+        assert!(
+            left <= Duration::from_secs(enforced)
+                && left >= Duration::from_secs((after + 1).min(enforced)),
+            "asked {ask} ms: inspect says {left:?} left, etcd then {after} s"
+        );
         assert_eq!(
             backend.release(&lease).await.unwrap(),
             ReleaseOutcome::Released

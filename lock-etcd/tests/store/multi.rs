@@ -50,11 +50,6 @@ async fn created(raw: &mut Client, lease: &Lease) -> (i64, i64) {
 }
 
 /// The store's revision now.
-async fn revision(raw: &mut Client) -> i64 {
-    let reply = raw.get("nothing", None).await.unwrap();
-    reply.header().unwrap().revision()
-}
-
 /// Every entry is put by the one `Txn`, at one revision: each name's fence
 /// is that revision (plus the offset), as inspect says; each entry is on
 /// the session of its own TTL; after a raise, every fence is above the

@@ -8,10 +8,11 @@ use std::time::Duration;
 use lock_conformance::kit::poll::until;
 use lock_conformance::kit::stores::etcd;
 use lock_etcd::EtcdBackend;
+use lock_etcd::etcd_client::Client;
 use lock_etcd::testing::key_of;
 use lockcore::backend::wait::WaitPolicy;
 use lockcore::backend::{LockBackendExt, LockRequest};
-use lockcore::{FencingToken, LockBackend, LockName};
+use lockcore::{FencingToken, Lease, LockBackend, LockError, LockName};
 use tokio::time::Instant;
 
 use crate::support::*;
@@ -27,6 +28,33 @@ async fn cycles(backend: &EtcdBackend, lock: &LockName, n: usize) -> FencingToke
         backend.release(&lease).await.unwrap();
     }
     last.expect("at least one cycle")
+}
+
+/// A waiter of `name` (held as `held`), spawned and seen in line.
+async fn queue_a_waiter(
+    waiter: &EtcdBackend,
+    name: &LockName,
+    held: &Lease,
+    raw: &Client,
+) -> tokio::task::JoinHandle<Result<Option<Lease>, LockError>> {
+    let waiting = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move {
+            let wait = WaitPolicy::new(Instant::now() + scaled(Duration::from_secs(30)));
+            waiter.acquire_for(&name, TTL, &wait).await
+        })
+    };
+    let queue = queue_of(held);
+    until(
+        scaled(Duration::from_secs(10)),
+        "the waiter in line",
+        || {
+            let (mut raw, queue) = (raw.clone(), queue.clone());
+            async move { queue_len(&mut raw, queue).await == 2 }
+        },
+    )
+    .await;
+    waiting
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,24 +94,8 @@ async fn after_a_restore_fences_go_back_until_the_floor_is_raised() {
     );
     let queued = name("queued");
     let held = acquire(&holder, &queued, TTL).await;
-    let waiting = {
-        let (waiter, queued) = (waiter.clone(), queued.clone());
-        tokio::spawn(async move {
-            let wait = WaitPolicy::new(Instant::now() + Duration::from_secs(30));
-            waiter.acquire_for(&queued, TTL, &wait).await
-        })
-    };
-    let queue = queue_of(&held);
     let raw = raw(&store.endpoint()).await;
-    until(
-        scaled(Duration::from_secs(10)),
-        "the waiter in line",
-        || {
-            let (mut raw, queue) = (raw.clone(), queue.clone());
-            async move { queue_len(&mut raw, queue).await == 2 }
-        },
-    )
-    .await;
+    let waiting = queue_a_waiter(&waiter, &queued, &held, &raw).await;
 
     // The procedure: raise the floor to the highest fence seen.
     client.raise_fence_floor(highest).await.unwrap();
@@ -173,23 +185,7 @@ async fn a_floor_beyond_the_counter_is_refused_and_the_largest_one_still_grants(
     let holder = connect(&store.endpoint()).await;
     let queued = name("largest-floor-queued");
     let held = acquire(&holder, &queued, TTL).await;
-    let waiting = {
-        let (client, queued) = (client.clone(), queued.clone());
-        tokio::spawn(async move {
-            let wait = WaitPolicy::new(Instant::now() + scaled(Duration::from_secs(30)));
-            client.acquire_for(&queued, TTL, &wait).await
-        })
-    };
-    let queue = queue_of(&held);
-    until(
-        scaled(Duration::from_secs(10)),
-        "the waiter in line",
-        || {
-            let (mut raw, queue) = (raw.clone(), queue.clone());
-            async move { queue_len(&mut raw, queue).await == 2 }
-        },
-    )
-    .await;
+    let waiting = queue_a_waiter(&client, &queued, &held, &raw).await;
     let floor = FencingToken::new(largest).unwrap();
     client.raise_fence_floor(floor).await.unwrap();
     let lock = cycles(&client, &name("largest-floor"), 2).await;
@@ -351,4 +347,80 @@ async fn clients_running_across_a_restore_resume_no_session_from_before_the_floo
     admin.release(&next).await.unwrap();
     waited.release().await.unwrap();
     held_a.release().await.unwrap();
+}
+
+/// A raise puts and deletes a marker in each queue with waiters, so every
+/// waiting client reads the new offset on its queue's own watch, in order
+/// with the deletes that hand the lock on (its watch of the floor key is
+/// another channel, read by another task). A queue with its holder alone
+/// gets none: nobody waits there to be told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_marks_each_queue_with_waiters_and_no_other() {
+    use lock_etcd::etcd_client::{EventType, WatchOptions};
+    let store = private_etcd().await;
+    let (holder, waiter, client) = (
+        connect(&store.endpoint()).await,
+        connect(&store.endpoint()).await,
+        connect(&store.endpoint()).await,
+    );
+    let (queued, alone) = (name("marked"), name("unmarked"));
+    let held = acquire(&holder, &queued, TTL).await;
+    let solo = acquire(&holder, &alone, TTL).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let waiting = queue_a_waiter(&waiter, &queued, &held, &raw).await;
+    let (marked, unmarked) = (queue_of(&held), queue_of(&solo));
+
+    let from = revision(&mut raw).await + 1;
+    let floor = FencingToken::new(1_000_000).unwrap();
+    client.raise_fence_floor(floor).await.unwrap();
+    // Everything the raise wrote comes before this put in the watch.
+    let end = format!("distlock/~end-{:08x}", rand_u32()).into_bytes();
+    raw.put(end.clone(), "", None).await.unwrap();
+    let since = WatchOptions::new().with_prefix().with_start_revision(from);
+    let mut events = raw.watch("distlock/", Some(since)).await.unwrap();
+    let mut seen = Vec::new();
+    'read: loop {
+        let reply = tokio::time::timeout(scaled(Duration::from_secs(10)), events.message())
+            .await
+            .expect("the watch reaches the end marker")
+            .unwrap()
+            .expect("the watch goes on");
+        for event in reply.events() {
+            let key = event.kv().map(|kv| kv.key().to_vec()).unwrap_or_default();
+            if key == end {
+                break 'read;
+            }
+            seen.push((event.event_type(), key));
+        }
+    }
+    let marker = [marked.as_slice(), b"~floor.1000000"].concat();
+    assert_eq!(
+        seen.iter()
+            .filter(|(_, key)| key.starts_with(&marked))
+            .cloned()
+            .collect::<Vec<_>>(),
+        [
+            (EventType::Put, marker.clone()),
+            (EventType::Delete, marker)
+        ],
+        "the queue with a waiter: its marker put, then deleted"
+    );
+    assert!(
+        !seen.iter().any(|(_, key)| key.starts_with(&unmarked)),
+        "the queue with its holder alone was written to: {seen:?}"
+    );
+    holder.release(&held).await.unwrap();
+    let waited = tokio::time::timeout(scaled(Duration::from_secs(10)), waiting)
+        .await
+        .expect("the waiter is served")
+        .unwrap()
+        .unwrap()
+        .expect("granted");
+    assert!(
+        waited.fence() > floor,
+        "{} after the floor {floor}",
+        waited.fence()
+    );
+    holder.release(&solo).await.unwrap();
+    waiter.release(&waited).await.unwrap();
 }

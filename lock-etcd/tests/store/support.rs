@@ -183,6 +183,12 @@ pub(crate) fn queue_of(lease: &Lease) -> Vec<u8> {
     key[..=end].to_vec()
 }
 
+/// The store's revision now.
+pub(crate) async fn revision(raw: &mut Client) -> i64 {
+    let reply = raw.get("nothing", None).await.unwrap();
+    reply.header().unwrap().revision()
+}
+
 /// How many entries the queue `queue` has right now.
 pub(crate) async fn queue_len(client: &mut Client, queue: Vec<u8>) -> usize {
     let options = lock_etcd::etcd_client::GetOptions::new()
