@@ -52,6 +52,11 @@ pub enum Flaw {
     /// the proxy as their "session" (a store that leaves an idle connection
     /// open, like Redis, is needed).
     FreedWithConnection,
+    /// A grant's lease counts from the moment its reply (or the message
+    /// carrying it) arrived, not from the request the store granted on: a
+    /// grant that reaches the client late is believed to last longer than
+    /// the store keeps it.
+    LeaseFromReply,
 }
 
 /// How late a [`Flaw::FreedWithConnection`] client learns that its locks
@@ -229,6 +234,10 @@ impl LockBackend for BrokenClient {
                 }
                 held => held,
             }),
+            Flaw::LeaseFromReply => Ok(match self.inner.try_acquire(request).await? {
+                Attempt::Acquired(lease) => Attempt::Acquired(lease.renewed(lease.now())),
+                held => held,
+            }),
         }
     }
 
@@ -257,9 +266,10 @@ impl LockBackend for BrokenClient {
 
     async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         match self.flaw {
-            Flaw::LongGrantUntilAnswered | Flaw::LateWaiter | Flaw::FreedWithConnection => {
-                self.inner.renew(lease).await
-            }
+            Flaw::LongGrantUntilAnswered
+            | Flaw::LateWaiter
+            | Flaw::FreedWithConnection
+            | Flaw::LeaseFromReply => self.inner.renew(lease).await,
             Flaw::ShortStoreTtl => {
                 let ttl = lease.ttl();
                 let store = short(&self.inner.capabilities(), ttl);

@@ -315,6 +315,7 @@ const CASES: &[&str] = &[
     "slow_renewal_counts_as_lost",
     "reset_mid_hold_keeps_or_reports",
     "lost_acquire_reply_leaves_no_phantom",
+    "late_grant_counts_from_the_waiters_request",
 ];
 
 async fn run(factory: impl Factory, cases: &[&str]) -> Report {
@@ -397,6 +398,18 @@ async fn a_lock_freed_with_its_connection_before_the_holder_knows_is_caught() {
         &[(
             "reset_mid_hold_keeps_or_reports",
             "while A's guard still counted on it",
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_counted_from_its_late_reply_is_caught() {
+    must_fail_saying(
+        Flaw::LeaseFromReply,
+        &[(
+            "late_grant_counts_from_the_waiters_request",
+            "its lease counts from the message",
         )],
     )
     .await;
