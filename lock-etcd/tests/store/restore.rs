@@ -424,3 +424,33 @@ async fn a_raise_marks_each_queue_with_waiters_and_no_other() {
     holder.release(&solo).await.unwrap();
     waiter.release(&waited).await.unwrap();
 }
+
+/// A client whose write is refused for a raise it has not heard of yet
+/// (its watch of the floor is late: the link's replies are delayed, and the
+/// write leaves before the raise's event arrives) writes again with the
+/// offset the refusal taught it, at once: a free name is granted on the
+/// first `try_acquire`, above the floor, never answered "held".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_for_a_raise_is_made_again_at_once() {
+    use lock_conformance::kit::proxy::{FaultProxy, Mode};
+    let store = private_etcd().await;
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = connect(&store.endpoint_via(proxy.addr())).await;
+    let raiser = connect(&store.endpoint()).await;
+    // The client has a session, and has written under the offset it knows.
+    cycles(&client, &name("before-the-raise"), 1).await;
+    proxy.set(Mode::DelayDownstream {
+        base: scaled(Duration::from_millis(300)),
+        jitter: Duration::ZERO,
+    });
+    let floor = FencingToken::new(1_000_000).unwrap();
+    raiser.raise_fence_floor(floor).await.unwrap();
+    let lease = acquire(&client, &name("after-the-raise"), TTL).await;
+    assert!(
+        lease.fence() > floor,
+        "{} after the floor {floor}",
+        lease.fence()
+    );
+    proxy.set(Mode::Pass);
+    client.release(&lease).await.unwrap();
+}
