@@ -172,3 +172,34 @@ async fn a_permit_waiter_is_woken_by_the_release_not_its_recheck() {
     assert!(lease.fence() > held.fence());
     waiter.release(&lease).await.unwrap();
 }
+
+/// Listing a name's holders looks at each etcd lease once, however many
+/// of them share it: three permits of one client (one session) cost one
+/// `LeaseTimeToLive`, and each holder reports the time its session has left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_on_one_session_cost_one_look_at_its_lease() {
+    use lockcore::backend::Kind;
+    let store = private_etcd().await;
+    let backend = connect(&store.endpoint()).await;
+    let pool = name("one-look");
+    let mut held = Vec::new();
+    for label in ["a", "b", "c"] {
+        let attempt = backend
+            .try_acquire_permit(&request(&backend, &pool, label), 3)
+            .await
+            .unwrap();
+        held.push(attempt.into_lease().expect("a free permit"));
+    }
+    let before = handled(&metrics(&store).await, "LeaseTimeToLive");
+    let holders = backend.holders(&pool, Kind::Semaphore).await.unwrap();
+    let looks = handled(&metrics(&store).await, "LeaseTimeToLive") - before;
+    assert_eq!(holders.len(), 3);
+    assert!(
+        holders.iter().all(|h| h.expires_in.is_some()),
+        "{holders:?}"
+    );
+    assert_eq!(looks, 1.0, "looks at the session's lease");
+    for lease in &held {
+        backend.release(lease).await.unwrap();
+    }
+}
