@@ -100,3 +100,40 @@ async fn evictions_reach_a_connected_holder_within_the_declared_notice() {
         took[took.len() - 1]
     );
 }
+
+/// An entry no distlock session wrote (another writer's key in the queue,
+/// on an etcd lease of its own) is evicted like any holder, and no notice
+/// is left under that lease: no session of ours follows it, so nobody
+/// would read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicting_another_writers_entry_leaves_no_notice() {
+    use lock_etcd::etcd_client::{GetOptions, PutOptions};
+    let url = etcd::shared().endpoint();
+    let backend = connect(&url).await;
+    let mut raw = raw(&url).await;
+    let lock = name("foreign");
+    let ours = acquire(&backend, &lock, Duration::from_secs(10)).await;
+    let value = raw.get(key_of(&ours).unwrap(), None).await.unwrap().kvs()[0]
+        .value()
+        .to_vec();
+    backend.release(&ours).await.unwrap();
+    let theirs = raw.lease_grant(60, None).await.unwrap().id();
+    let foreign = [queue_of(&ours).as_slice(), b"foreign"].concat();
+    raw.put(
+        foreign.clone(),
+        value,
+        Some(PutOptions::new().with_lease(theirs)),
+    )
+    .await
+    .unwrap();
+    let evicted = backend.evict(&lock, None).await.unwrap();
+    assert!(evicted.is_some(), "the foreign entry was the holder");
+    assert!(raw.get(foreign, None).await.unwrap().kvs().is_empty());
+    let notices = format!("distlock//sessions/{:016x}/", theirs);
+    let left = raw
+        .get(notices.clone(), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(left.kvs().is_empty(), "a notice left under {notices}");
+    raw.lease_revoke(theirs).await.unwrap();
+}
