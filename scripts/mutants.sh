@@ -20,6 +20,10 @@
 #                  "guard renewer locker" for renewer.rs; "lib" for the unit
 #                  tests); default: all of the crate's. lockcore's second pass
 #                  always runs all of them.
+#   MUTANTS_FILTER the first pass's tests whose names contain this only
+#                  (libtest's filter, e.g. "restore::"): for mutants that break
+#                  every test of a binary at once, which would otherwise run
+#                  until the timeout; default: every test
 #
 # Every run starts where the last left off: the mutants already caught or
 # unviable for the same sources (the ledger, mutants.out.ledger/CRATE) are
@@ -130,6 +134,7 @@ if [ -n "${MUTANTS_TESTS:-}" ]; then
     if [ "$t" = lib ]; then first+=(--lib); else first+=(--test "$t"); fi
   done
 fi
+[ -z "${MUTANTS_FILTER:-}" ] || first+=(-- "$MUTANTS_FILTER")
 pass "$crate: its own tests (${first[*]})" -- "${first[@]}"
 if [ "$crate" = lockcore ] && [ "$(survivors)" -gt 0 ]; then
   # No baseline: cargo-mutants runs it on the mutated package alone, which
