@@ -16,7 +16,7 @@ use lock_etcd::testing::{key_of, sessions};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::wait::WaitPolicy;
 use lockcore::backend::{CancellationToken, LockBackendExt};
-use lockcore::{Attempt, Lease, LockBackend, LockName, Locker, LossReason};
+use lockcore::{Attempt, Lease, LockBackend, LockError, LockName, Locker, LossReason};
 use tokio::time::Instant;
 
 use crate::support::*;
@@ -453,21 +453,38 @@ async fn hold_many(client: &EtcdBackend, test: &str, n: usize) -> Vec<Lease> {
 /// (128 unless raised). A renewal checks its keys in one transaction, and a
 /// batch just under, at and over that size must renew every lease: the
 /// check's own extra read (the fence floor) must not push a batch over.
+/// (Over it, the check asks the session's lease which keys it carries
+/// instead.) Either way, a key deleted behind the client's back is judged
+/// alone: its renewal is refused and its loss signal fires, at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_batches_around_etcds_transaction_limit_renew_every_lease() {
     let store = etcd::shared();
     let client = connect(&store.endpoint()).await;
+    let mut raw = raw(&store.endpoint()).await;
     for n in [127, 128, 129] {
-        let leases = hold_many(&client, &format!("batch-{n}"), n).await;
-        let renewed = client.renew_many(&leases).await;
+        let mut leases = hold_many(&client, &format!("batch-{n}"), n).await;
+        let gone = leases.pop().expect("a lease to delete");
+        raw.delete(key_of(&gone).unwrap(), None).await.unwrap();
+        leases.push(gone.clone());
+        let mut renewed = client.renew_many(&leases).await;
+        let refused = renewed.pop().expect("the deleted key's renewal");
+        assert!(
+            matches!(refused, Err(LockError::NotHeld { .. })),
+            "a batch of {n}: the deleted key's renewal: {refused:?}"
+        );
+        assert!(
+            gone.loss_signal().is_some_and(|lost| lost.is_cancelled()),
+            "a batch of {n}: the deleted key's loss signal did not fire"
+        );
         let failed: Vec<String> = renewed
             .iter()
             .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
             .collect();
         assert!(
             failed.is_empty(),
-            "a batch of {n}: {} of {n} renewals failed, first: {:?}",
+            "a batch of {n}: {} of the {} others' renewals failed, first: {:?}",
             failed.len(),
+            n - 1,
             failed.first()
         );
         for lease in renewed {
