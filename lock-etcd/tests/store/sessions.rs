@@ -439,11 +439,12 @@ async fn a_keep_alive_reply_that_comes_after_its_cancellation_extends_nothing() 
     client.release(&second).await.unwrap();
 }
 
-/// `n` locks held by `client` on fresh names, acquired a few at a time.
-async fn hold_many(client: &EtcdBackend, test: &str, n: usize) -> Vec<Lease> {
+/// `n` locks of `ttl` held by `client` on fresh names, acquired a few at a
+/// time.
+async fn hold_many(client: &EtcdBackend, test: &str, n: usize, ttl: Duration) -> Vec<Lease> {
     use futures_util::StreamExt;
     futures_util::stream::iter(0..n)
-        .map(|i| async move { acquire(client, &numbered(test, i), TTL).await })
+        .map(|i| async move { acquire(client, &numbered(test, i), ttl).await })
         .buffered(16)
         .collect()
         .await
@@ -462,7 +463,7 @@ async fn renewal_batches_around_etcds_transaction_limit_renew_every_lease() {
     let client = connect(&store.endpoint()).await;
     let mut raw = raw(&store.endpoint()).await;
     for n in [127, 128, 129] {
-        let mut leases = hold_many(&client, &format!("batch-{n}"), n).await;
+        let mut leases = hold_many(&client, &format!("batch-{n}"), n, TTL).await;
         let gone = leases.pop().expect("a lease to delete");
         raw.delete(key_of(&gone).unwrap(), None).await.unwrap();
         leases.push(gone.clone());
@@ -504,7 +505,10 @@ async fn more_keys_than_one_transaction_carries_all_move_off_a_retired_session()
     let timeout = scaled(Duration::from_millis(500));
     let (proxy, client) = behind_proxy(&store, timeout).await;
     let mut raw = raw(&store.endpoint()).await;
-    let leases = hold_many(&client, "moved", HELD).await;
+    // Long enough for the retired session's keys to wait for their move
+    // on a busy machine: the session is refreshed no more once retired.
+    let ttl = scaled(Duration::from_secs(15));
+    let leases = hold_many(&client, "moved", HELD, ttl).await;
     let session = etcd_lease_of(&mut raw, &key_of(&leases[0]).unwrap()).await;
 
     // An acquire whose reply comes too late retires the session. (One that
@@ -522,7 +526,7 @@ async fn more_keys_than_one_transaction_carries_all_move_off_a_retired_session()
             jitter: Duration::ZERO,
         });
         let err = client
-            .try_acquire_for(&numbered("moved-phantom", attempt), TTL)
+            .try_acquire_for(&numbered("moved-phantom", attempt), ttl)
             .await
             .unwrap_err();
         assert!(err.is_retryable(), "{err:?}");
@@ -554,6 +558,11 @@ async fn more_keys_than_one_transaction_carries_all_move_off_a_retired_session()
         );
     }
     for lease in renewed {
-        client.release(&lease.unwrap()).await.unwrap();
+        // The client's short request timeout may cut a release short on a
+        // busy machine: the key then goes with its session.
+        match client.release(&lease.unwrap()).await {
+            Err(e) if !e.is_retryable() => panic!("a release failed: {e}"),
+            _ => {}
+        }
     }
 }
