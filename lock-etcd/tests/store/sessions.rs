@@ -566,3 +566,28 @@ async fn more_keys_than_one_transaction_carries_all_move_off_a_retired_session()
         }
     }
 }
+
+/// A new grant on a session last proved alive more than a quarter of its
+/// TTL ago refreshes it first, so the grant's lease counts from a proof no
+/// older than that, and the grant gets at least 3/4 of its TTL. (Nothing
+/// else refreshes this session meanwhile: it carries a held lock and no
+/// waiter, and no renewer runs here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_on_a_stale_session_refreshes_it_first() {
+    let client = connect(&etcd::shared().endpoint()).await;
+    let first = acquire(&client, &name("stale-first"), TTL).await;
+    tokio::time::sleep(TTL / 4 + scaled(Duration::from_millis(200))).await;
+    let called = first.now();
+    assert!(
+        called.since(first.issued()) > TTL / 4,
+        "the session is stale"
+    );
+    let second = acquire(&client, &name("stale-second"), TTL).await;
+    let age = called.since(second.issued());
+    assert!(
+        age <= TTL / 4,
+        "the grant's lease counts from a proof {age:?} old when it was asked for"
+    );
+    client.release(&first).await.unwrap();
+    client.release(&second).await.unwrap();
+}
