@@ -591,3 +591,30 @@ async fn a_grant_on_a_stale_session_refreshes_it_first() {
     client.release(&first).await.unwrap();
     client.release(&second).await.unwrap();
 }
+
+/// A renewal whose keep-alive fails on a broken connection (reset, not
+/// answered "lease not found") fails retryably and takes nothing from the
+/// session: once the link heals, the next renewal of the same lease
+/// succeeds. Only etcd saying the lease is gone ends a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_cut_by_a_reset_ends_no_session() {
+    let store = etcd::shared();
+    let (proxy, client) = behind_proxy(&store, scaled(Duration::from_secs(2))).await;
+    let lease = acquire(&client, &name("reset-keep-alive"), TTL).await;
+    proxy.set(Mode::Reset);
+    let cut = client.renew(&lease).await;
+    assert!(
+        cut.as_ref().is_err_and(LockError::is_retryable),
+        "a renewal over a reset link: {cut:?}"
+    );
+    proxy.set(Mode::Pass);
+    let renewed = eventually(scaled(Duration::from_secs(5)), "a renewal", || async {
+        match client.renew(&lease).await {
+            Ok(renewed) => Some(renewed),
+            Err(e) if e.is_retryable() => None,
+            Err(e) => panic!("the healed renewal failed: {e}"),
+        }
+    })
+    .await;
+    client.release(&renewed).await.unwrap();
+}
