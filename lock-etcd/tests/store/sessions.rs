@@ -494,6 +494,34 @@ async fn renewal_batches_around_etcds_transaction_limit_renew_every_lease() {
     }
 }
 
+/// Retires the session `held` is on (the client's only one), `client`
+/// behind `proxy` with request timeout `timeout`: an acquire whose reply
+/// comes too late retires it. (One that timed out before its write, on a
+/// busy machine, retires nothing: try again.) Each attempt starts on the
+/// session just refreshed, or it would first refresh it (once it is no
+/// longer fresh enough), and that refresh, its reply late too, would time
+/// out before the write left.
+async fn retire(proxy: &FaultProxy, client: &EtcdBackend, held: &Lease, timeout: Duration) {
+    for attempt in 0.. {
+        assert!(attempt < 5, "the session was never retired");
+        let refreshed = client.renew(held).await;
+        assert!(refreshed.is_ok(), "{refreshed:?}");
+        proxy.set(Mode::DelayDownstream {
+            base: timeout * 2,
+            jitter: Duration::ZERO,
+        });
+        let err = client
+            .try_acquire_for(&numbered("retiring-phantom", attempt), held.ttl().get())
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable(), "{err:?}");
+        proxy.set(Mode::Pass);
+        if sessions(client) == 0 {
+            break;
+        }
+    }
+}
+
 /// The keys of a retired session move to a new one in transactions too
 /// (each key a nested transaction, whose operations count against what its
 /// parent leaves): more keys than one transaction may carry all move, and
@@ -511,30 +539,7 @@ async fn more_keys_than_one_transaction_carries_all_move_off_a_retired_session()
     let leases = hold_many(&client, "moved", HELD, ttl).await;
     let session = etcd_lease_of(&mut raw, &key_of(&leases[0]).unwrap()).await;
 
-    // An acquire whose reply comes too late retires the session. (One that
-    // timed out before its write, on a busy machine, retires nothing: try
-    // again.) Each attempt starts on a session just refreshed, or it would
-    // first refresh it (holding 300 locks on a busy machine takes longer
-    // than a session stays fresh enough), and that refresh, its reply late
-    // too, would time out before the write left.
-    for attempt in 0.. {
-        assert!(attempt < 5, "the session was never retired");
-        let refreshed = client.renew_many(&leases[..1]).await;
-        assert!(refreshed[0].is_ok(), "{refreshed:?}");
-        proxy.set(Mode::DelayDownstream {
-            base: timeout * 2,
-            jitter: Duration::ZERO,
-        });
-        let err = client
-            .try_acquire_for(&numbered("moved-phantom", attempt), ttl)
-            .await
-            .unwrap_err();
-        assert!(err.is_retryable(), "{err:?}");
-        proxy.set(Mode::Pass);
-        if sessions(&client) == 0 {
-            break;
-        }
-    }
+    retire(&proxy, &client, &leases[0], timeout).await;
 
     // Renewed as the renewer would: a retryable failure (the new session's
     // grant slow on a busy machine) is tried again, anything else fails.
@@ -617,4 +622,92 @@ async fn a_keep_alive_cut_by_a_reset_ends_no_session() {
     })
     .await;
     client.release(&renewed).await.unwrap();
+}
+
+/// A key gone from a retired session (deleted behind the client's back)
+/// is not moved: the move finds nothing on the old session, and its read
+/// does not show the key on the new one, so the renewal is refused and the
+/// loss fires. Never taken for moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_gone_from_a_retired_session_is_not_moved() {
+    let store = etcd::shared();
+    let timeout = scaled(Duration::from_millis(500));
+    let (proxy, client) = behind_proxy(&store, timeout).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let ttl = scaled(Duration::from_secs(15));
+    let kept = acquire(&client, &name("move-kept"), ttl).await;
+    let gone = acquire(&client, &name("move-gone"), ttl).await;
+    retire(&proxy, &client, &kept, timeout).await;
+    raw.delete(key_of(&gone).unwrap(), None).await.unwrap();
+    let renewed = eventually(scaled(Duration::from_secs(5)), "the move", || async {
+        let renewed = client.renew_many(&[kept.clone(), gone.clone()]).await;
+        if let Some(e) = renewed.iter().find_map(|r| r.as_ref().err()) {
+            if e.is_retryable() {
+                return None;
+            }
+        }
+        Some(renewed)
+    })
+    .await;
+    assert!(renewed[0].is_ok(), "the kept lock: {:?}", renewed[0]);
+    assert!(
+        matches!(renewed[1], Err(LockError::NotHeld { .. })),
+        "the deleted key: {:?}",
+        renewed[1]
+    );
+    assert!(gone.loss_signal().is_some_and(|lost| lost.is_cancelled()));
+    client.release(renewed[0].as_ref().unwrap()).await.unwrap();
+}
+
+/// A move whose reply was lost landed: its retry finds the key on the new
+/// session already (same create revision and value) and counts it as
+/// moved. The lock is kept, not lost to its own earlier move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_reply_was_lost_is_counted_on_its_retry() {
+    let store = etcd::shared();
+    let timeout = scaled(Duration::from_millis(500));
+    let (proxy, client) = behind_proxy(&store, timeout).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let ttl = scaled(Duration::from_secs(15));
+    let held = acquire(&client, &name("move-lost-reply"), ttl).await;
+    let retired = etcd_lease_of(&mut raw, &key_of(&held).unwrap()).await;
+    retire(&proxy, &client, &held, timeout).await;
+    // A new session of the same TTL to move to, fresh (the move then sends
+    // nothing before its write).
+    let target_name = name("move-target");
+    let other = eventually(scaled(Duration::from_secs(5)), "a new session", || async {
+        match client.try_acquire_for(&target_name, ttl).await {
+            Ok(attempt) => Some(attempt.into_lease().expect("a free name")),
+            Err(e) if e.is_retryable() => None,
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await;
+    let target = etcd_lease_of(&mut raw, &key_of(&other).unwrap()).await;
+    assert_ne!(target, retired);
+    proxy.set(Mode::DelayDownstream {
+        base: timeout * 2,
+        jitter: Duration::ZERO,
+    });
+    let late = client.renew(&held).await;
+    proxy.set(Mode::Pass);
+    assert!(
+        late.as_ref().is_err_and(LockError::is_retryable),
+        "{late:?}"
+    );
+    // The move landed (the target was fresh: nothing went before it).
+    let on = etcd_lease_of(&mut raw, &key_of(&held).unwrap()).await;
+    assert_eq!(on, target, "the move did not land");
+    // Retried until the late replies still in the link have gone by.
+    let renewed = eventually(scaled(Duration::from_secs(5)), "the retry", || async {
+        match client.renew(&held).await {
+            Ok(renewed) => Some(renewed),
+            Err(e) if e.is_retryable() => None,
+            Err(e) => panic!("a landed move's retry: {e:?}"),
+        }
+    })
+    .await;
+    assert!(!held.loss_signal().is_some_and(|lost| lost.is_cancelled()));
+    client.release(&renewed).await.unwrap();
+    client.release(&other).await.unwrap();
 }
