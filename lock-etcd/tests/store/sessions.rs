@@ -641,10 +641,11 @@ async fn a_key_gone_from_a_retired_session_is_not_moved() {
     raw.delete(key_of(&gone).unwrap(), None).await.unwrap();
     let renewed = eventually(scaled(Duration::from_secs(5)), "the move", || async {
         let renewed = client.renew_many(&[kept.clone(), gone.clone()]).await;
-        if let Some(e) = renewed.iter().find_map(|r| r.as_ref().err()) {
-            if e.is_retryable() {
-                return None;
-            }
+        if renewed
+            .iter()
+            .any(|r| r.as_ref().is_err_and(LockError::is_retryable))
+        {
+            return None;
         }
         Some(renewed)
     })
