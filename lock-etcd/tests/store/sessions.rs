@@ -712,3 +712,54 @@ async fn a_move_whose_reply_was_lost_is_counted_on_its_retry() {
     client.release(&renewed).await.unwrap();
     client.release(&other).await.unwrap();
 }
+
+/// An acquire whose write fails on a broken connection retires its session
+/// (the write may still land) and fails retryably; the locks already on
+/// that session are kept (moved on at their next renewal), not taken for
+/// lost with a session etcd never said was gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_cut_by_a_reset_keeps_the_sessions_locks() {
+    let store = etcd::shared();
+    let (proxy, client) = behind_proxy(&store, scaled(Duration::from_secs(2))).await;
+    let held = acquire(&client, &name("reset-write-held"), TTL).await;
+    proxy.set(Mode::Reset);
+    let cut = client.try_acquire_for(&name("reset-write"), TTL).await;
+    proxy.set(Mode::Pass);
+    assert!(
+        cut.as_ref().is_err_and(LockError::is_retryable),
+        "an acquire over a reset link: {cut:?}"
+    );
+    let renewed = eventually(scaled(Duration::from_secs(5)), "a renewal", || async {
+        match client.renew(&held).await {
+            Ok(renewed) => Some(renewed),
+            Err(e) if e.is_retryable() => None,
+            Err(e) => panic!("the held lock's renewal failed: {e}"),
+        }
+    })
+    .await;
+    client.release(&renewed).await.unwrap();
+}
+
+/// A write refused because etcd no longer has the session's lease (revoked
+/// behind the client's back, before the client heard) is made again at
+/// once on a new session: the acquire succeeds, it does not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_a_session_etcd_dropped_is_made_again_on_a_new_one() {
+    let store = etcd::shared();
+    let (proxy, client) = behind_proxy(&store, scaled(Duration::from_secs(5))).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let first = acquire(&client, &name("dropped-first"), TTL).await;
+    let session = etcd_lease_of(&mut raw, &key_of(&first).unwrap()).await;
+    // The client hears of the revoke late (its marker's delete is delayed
+    // on the link), after its next write left.
+    proxy.set(Mode::DelayDownstream {
+        base: scaled(Duration::from_millis(300)),
+        jitter: Duration::ZERO,
+    });
+    raw.lease_revoke(session).await.unwrap();
+    let second = acquire(&client, &name("dropped-second"), TTL).await;
+    proxy.set(Mode::Pass);
+    let on = etcd_lease_of(&mut raw, &key_of(&second).unwrap()).await;
+    assert_ne!(on, session, "granted on the dropped session");
+    client.release(&second).await.unwrap();
+}
