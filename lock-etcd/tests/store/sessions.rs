@@ -613,14 +613,7 @@ async fn a_keep_alive_cut_by_a_reset_ends_no_session() {
         "a renewal over a reset link: {cut:?}"
     );
     proxy.set(Mode::Pass);
-    let renewed = eventually(scaled(Duration::from_secs(5)), "a renewal", || async {
-        match client.renew(&lease).await {
-            Ok(renewed) => Some(renewed),
-            Err(e) if e.is_retryable() => None,
-            Err(e) => panic!("the healed renewal failed: {e}"),
-        }
-    })
-    .await;
+    let renewed = renewed_once_healed(&client, &lease).await;
     client.release(&renewed).await.unwrap();
 }
 
@@ -700,14 +693,7 @@ async fn a_move_whose_reply_was_lost_is_counted_on_its_retry() {
     let on = etcd_lease_of(&mut raw, &key_of(&held).unwrap()).await;
     assert_eq!(on, target, "the move did not land");
     // Retried until the late replies still in the link have gone by.
-    let renewed = eventually(scaled(Duration::from_secs(5)), "the retry", || async {
-        match client.renew(&held).await {
-            Ok(renewed) => Some(renewed),
-            Err(e) if e.is_retryable() => None,
-            Err(e) => panic!("a landed move's retry: {e:?}"),
-        }
-    })
-    .await;
+    let renewed = renewed_once_healed(&client, &held).await;
     assert!(!held.loss_signal().is_some_and(|lost| lost.is_cancelled()));
     client.release(&renewed).await.unwrap();
     client.release(&other).await.unwrap();
@@ -729,14 +715,7 @@ async fn a_write_cut_by_a_reset_keeps_the_sessions_locks() {
         cut.as_ref().is_err_and(LockError::is_retryable),
         "an acquire over a reset link: {cut:?}"
     );
-    let renewed = eventually(scaled(Duration::from_secs(5)), "a renewal", || async {
-        match client.renew(&held).await {
-            Ok(renewed) => Some(renewed),
-            Err(e) if e.is_retryable() => None,
-            Err(e) => panic!("the held lock's renewal failed: {e}"),
-        }
-    })
-    .await;
+    let renewed = renewed_once_healed(&client, &held).await;
     client.release(&renewed).await.unwrap();
 }
 
@@ -762,4 +741,18 @@ async fn a_write_on_a_session_etcd_dropped_is_made_again_on_a_new_one() {
     let on = etcd_lease_of(&mut raw, &key_of(&second).unwrap()).await;
     assert_ne!(on, session, "granted on the dropped session");
     client.release(&second).await.unwrap();
+}
+
+/// `lease` renewed once the link has healed: retryable failures (late
+/// replies still in the link) are tried again for up to 5 s (scaled);
+/// anything else fails the test.
+async fn renewed_once_healed(client: &EtcdBackend, lease: &Lease) -> Lease {
+    eventually(scaled(Duration::from_secs(5)), "a renewal", || async {
+        match client.renew(lease).await {
+            Ok(renewed) => Some(renewed),
+            Err(e) if e.is_retryable() => None,
+            Err(e) => panic!("the renewal of {} failed: {e:?}", lease.name()),
+        }
+    })
+    .await
 }
