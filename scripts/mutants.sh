@@ -24,6 +24,10 @@
 #                  (libtest's filter, e.g. "restore::"): for mutants that break
 #                  every test of a binary at once, which would otherwise run
 #                  until the timeout; default: every test
+#   MUTANTS_THREADS the first pass's tests run at once per binary (libtest's
+#                  --test-threads; the test command runs 4); default: one per
+#                  core. Store tests mostly wait on timers and servers, so
+#                  more than one per core shortens a pass.
 #
 # Every run starts where the last left off: the mutants already caught or
 # unviable for the same sources (the ledger, mutants.out.ledger/CRATE) are
@@ -134,7 +138,10 @@ if [ -n "${MUTANTS_TESTS:-}" ]; then
     if [ "$t" = lib ]; then first+=(--lib); else first+=(--test "$t"); fi
   done
 fi
-[ -z "${MUTANTS_FILTER:-}" ] || first+=(-- "$MUTANTS_FILTER")
+libtest=()
+[ -z "${MUTANTS_FILTER:-}" ] || libtest+=("$MUTANTS_FILTER")
+[ -z "${MUTANTS_THREADS:-}" ] || libtest+=(--test-threads "$MUTANTS_THREADS")
+[ ${#libtest[@]} -eq 0 ] || first+=(-- "${libtest[@]}")
 pass "$crate: its own tests (${first[*]})" -- "${first[@]}"
 if [ "$crate" = lockcore ] && [ "$(survivors)" -gt 0 ]; then
   # No baseline: cargo-mutants runs it on the mutated package alone, which
