@@ -57,6 +57,13 @@ pub enum Flaw {
     /// grant that reaches the client late is believed to last longer than
     /// the store keeps it.
     LeaseFromReply,
+    /// Every attempt runs to its end even when its caller is dropped, and
+    /// the client keeps each grant alive until it is released (as a store
+    /// whose grants ride on a session the client keeps alive for its other
+    /// locks, with nothing undone when a caller goes): an attempt dropped
+    /// in flight leaves a holder nobody knows of, for as long as the client
+    /// lives.
+    KeepsDroppedGrants,
 }
 
 /// How late a [`Flaw::FreedWithConnection`] client learns that its locks
@@ -180,6 +187,18 @@ struct BrokenClient {
     held: Held,
 }
 
+/// A [`Flaw::KeepsDroppedGrants`] grant, renewed every third of its TTL
+/// until a renewal fails (it was released, or lost).
+async fn keep_alive(store: Arc<dyn LockBackend>, mut lease: Lease) {
+    loop {
+        tokio::time::sleep(lease.ttl().get() / 3).await;
+        match store.renew(&lease).await {
+            Ok(renewed) => lease = renewed,
+            Err(_) => return,
+        }
+    }
+}
+
 /// How much longer than asked a [`Flaw::LongGrantUntilAnswered`] grant is
 /// until its reply comes.
 const LONG: u32 = 10;
@@ -238,6 +257,18 @@ impl LockBackend for BrokenClient {
                 Attempt::Acquired(lease) => Attempt::Acquired(lease.renewed(lease.now())),
                 held => held,
             }),
+            Flaw::KeepsDroppedGrants => {
+                let (inner, request) = (self.inner.clone(), request.clone());
+                tokio::spawn(async move {
+                    let attempt = inner.try_acquire(&request).await;
+                    if let Ok(Attempt::Acquired(lease)) = &attempt {
+                        tokio::spawn(keep_alive(inner, lease.clone()));
+                    }
+                    attempt
+                })
+                .await
+                .map_err(|e| LockError::unavailable("broken", e))?
+            }
         }
     }
 
@@ -269,7 +300,8 @@ impl LockBackend for BrokenClient {
             Flaw::LongGrantUntilAnswered
             | Flaw::LateWaiter
             | Flaw::FreedWithConnection
-            | Flaw::LeaseFromReply => self.inner.renew(lease).await,
+            | Flaw::LeaseFromReply
+            | Flaw::KeepsDroppedGrants => self.inner.renew(lease).await,
             Flaw::ShortStoreTtl => {
                 let ttl = lease.ttl();
                 let store = short(&self.inner.capabilities(), ttl);

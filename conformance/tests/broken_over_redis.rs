@@ -316,6 +316,7 @@ const CASES: &[&str] = &[
     "reset_mid_hold_keeps_or_reports",
     "lost_acquire_reply_leaves_no_phantom",
     "late_grant_counts_from_the_waiters_request",
+    "dropped_attempt_leaves_no_phantom",
 ];
 
 async fn run(factory: impl Factory, cases: &[&str]) -> Report {
@@ -398,6 +399,18 @@ async fn a_lock_freed_with_its_connection_before_the_holder_knows_is_caught() {
         &[(
             "reset_mid_hold_keeps_or_reports",
             "while A's guard still counted on it",
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_kept_alive_after_its_caller_was_dropped_is_caught() {
+    must_fail_saying(
+        Flaw::KeepsDroppedGrants,
+        &[(
+            "dropped_attempt_leaves_no_phantom",
+            "the lock free after an attempt dropped in flight",
         )],
     )
     .await;

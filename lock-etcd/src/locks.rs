@@ -27,10 +27,13 @@ use crate::connection::client::Inner;
 use crate::error::{BACKEND, timed};
 use crate::keys::record::Record;
 use crate::keys::{Keys, empty, range_end, unchanged};
-use grant::Grant;
+use grant::{Grant, InFlight};
 
 impl Inner {
-    pub(crate) async fn try_acquire(&self, request: &LockRequest) -> Result<Attempt, LockError> {
+    pub(crate) async fn try_acquire(
+        self: &Arc<Self>,
+        request: &LockRequest,
+    ) -> Result<Attempt, LockError> {
         let queue = self.keys.queue(request.name());
         let ttl = request.ttl().get();
         // A session may be gone behind our back, the fence floor raised:
@@ -51,7 +54,9 @@ impl Inner {
                     Some(PutOptions::new().with_lease(session.id)),
                 )])
                 .or_else([self.floor.get()]);
+            let mut in_flight = InFlight::entry(self, session.id, &key, &value);
             let reply = tokio::time::timeout(self.timeout, self.conn.kv()?.txn(txn)).await;
+            in_flight.answered();
             let reply = match self.written(reply, session.id, "acquire") {
                 Ok(Some(reply)) => reply,
                 Ok(None) => {

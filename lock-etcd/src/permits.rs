@@ -16,6 +16,7 @@ use lockcore::{Attempt, Holder, LockError, LockName, OwnerToken};
 use crate::connection::client::Inner;
 use crate::keys::record::Record;
 use crate::keys::{Keys, empty, range_end};
+use crate::locks::grant::InFlight;
 
 /// Tries per attempt: each miss shows which slots are taken.
 const TRIES: usize = 8;
@@ -29,7 +30,7 @@ struct Seen {
 
 impl Inner {
     pub(crate) async fn try_acquire_permit(
-        &self,
+        self: &Arc<Self>,
         request: &LockRequest,
         permits: u32,
     ) -> Result<Attempt, LockError> {
@@ -105,7 +106,9 @@ impl Inner {
                 ),
                 self.floor.get(),
             ]);
+            let mut in_flight = InFlight::entry(self, session.id, &key, &value);
             let reply = tokio::time::timeout(self.timeout, self.conn.kv()?.txn(txn)).await;
+            in_flight.answered();
             let Some(reply) = self.written(reply, session.id, "permit acquire")? else {
                 continue; // the session was gone: a new one
             };

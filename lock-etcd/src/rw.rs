@@ -45,7 +45,7 @@ use crate::error::{BACKEND, protocol};
 use crate::keys::record::Record;
 use crate::keys::rw::RwKeys;
 use crate::keys::{Keys, empty, range_end, unchanged};
-use crate::locks::grant::Sending;
+use crate::locks::grant::{InFlight, Sending};
 
 pub(crate) use waiter::acquire;
 
@@ -191,14 +191,14 @@ impl Inner {
     /// One attempt at `access`, no waiting: nothing is left in the store
     /// unless granted.
     pub(crate) async fn try_acquire_share(
-        &self,
+        self: &Arc<Self>,
         request: &LockRequest,
         access: Access,
     ) -> Result<Attempt, LockError> {
         for _ in 0..TRIES {
-            let mut sending = Sending::default();
+            let mut in_flight = InFlight::new(self);
             match self
-                .admit(request, access, None, false, &mut sending)
+                .admit(request, access, None, false, &mut in_flight.sending)
                 .await?
             {
                 Admission::Granted(lease) => return Ok(Attempt::Acquired(lease)),

@@ -42,6 +42,7 @@ use crate::connection::session::{Attached, Entry, Kind};
 use crate::error::{BACKEND, protocol};
 use crate::keys::record::Record;
 use crate::keys::{Keys, range_end};
+use crate::locks::grant::InFlight;
 use crate::wait::line::{Line, Read, Turn};
 
 /// `LockBackend::acquire`: wait in line until granted or the deadline.
@@ -124,7 +125,9 @@ impl LineWaiter {
             ])
             .and_then(ops)
             .or_else([inner.floor.get()]);
+        let mut in_flight = InFlight::entry(&inner, session.id, &key, &value);
         let reply = tokio::time::timeout(inner.timeout, inner.conn.kv()?.txn(txn)).await;
+        in_flight.answered();
         let reply = match inner.written(reply, session.id, "enqueue") {
             Ok(Some(reply)) if reply.succeeded() => reply,
             other => {

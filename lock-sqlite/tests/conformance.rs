@@ -20,6 +20,7 @@ lock_conformance::suite!(
         lost_acquire_reply_leaves_no_phantom,
         lost_release_reply_frees_within_ttl,
         late_grant_counts_from_the_waiters_request,
+        dropped_attempt_leaves_no_phantom,
         nemesis_history_is_clean,
         server_clock_steps_are_judged_on_the_server,
     ],

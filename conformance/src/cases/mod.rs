@@ -102,6 +102,7 @@ macro_rules! __for_each_case {
             faults::lost_acquire_reply_leaves_no_phantom,
             faults::lost_release_reply_frees_within_ttl,
             faults::late_grant_counts_from_the_waiters_request,
+            faults::dropped_attempt_leaves_no_phantom,
             faults::fences_survive_store_crash,
             faults::store_pause_keeps_invariants,
             clock::server_clock_steps_are_judged_on_the_server,

@@ -80,6 +80,50 @@ impl Sending {
     }
 }
 
+/// A grant `Txn` in flight: what it may write ([`Sending`]) is undone if
+/// this is dropped before the reply is in, as when the caller's future is
+/// dropped mid-flight (a timeout around it, a cancelled wait). Without it,
+/// a grant landing after that stays on a session the client keeps alive
+/// for its other locks: a holder nobody knows of, for as long as it lives.
+pub(crate) struct InFlight<'a> {
+    inner: &'a Arc<Inner>,
+    pub(crate) sending: Sending,
+}
+
+impl<'a> InFlight<'a> {
+    /// Nothing yet: what the `Txn` may write goes into `sending`.
+    pub(crate) fn new(inner: &'a Arc<Inner>) -> Self {
+        InFlight {
+            inner,
+            sending: Sending::default(),
+        }
+    }
+
+    /// A `Txn` that may put `key` with `value` on `session`.
+    pub(crate) fn entry(
+        inner: &'a Arc<Inner>,
+        session: i64,
+        key: &[u8],
+        value: &Arc<[u8]>,
+    ) -> Self {
+        let mut in_flight = InFlight::new(inner);
+        in_flight.sending.on(session);
+        in_flight.sending.may_write(key, value);
+        in_flight
+    }
+
+    /// The reply is in, and says what was written: nothing to undo.
+    pub(crate) fn answered(&mut self) {
+        self.sending = Sending::default();
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        std::mem::take(&mut self.sending).undo(self.inner);
+    }
+}
+
 impl Inner {
     /// A grant this client just wrote on `session`: recorded as held (its
     /// session's keeper keeps it, and its loss reaches the lease), then the

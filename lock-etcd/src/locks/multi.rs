@@ -29,7 +29,7 @@ use etcd_client::{Compare, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, Tx
 use lockcore::backend::{LockRequest, Moment, check_each};
 use lockcore::{AttemptEach, LockError, OwnerToken};
 
-use super::grant::Sending;
+use super::grant::InFlight;
 use crate::connection::MAX_TXN_OPS;
 use crate::connection::client::Inner;
 use crate::connection::session::Use;
@@ -54,26 +54,6 @@ struct Planned<'a> {
     key: Vec<u8>,
     record: Record,
     value: Arc<[u8]>,
-}
-
-/// The `Txn` in flight: what it may write is undone if this is dropped
-/// before its reply is judged (see [`Sending`]).
-struct InFlight<'a> {
-    inner: &'a Arc<Inner>,
-    sending: Sending,
-}
-
-impl InFlight<'_> {
-    /// The reply says what was written: nothing to undo.
-    fn answered(&mut self) {
-        self.sending = Sending::default();
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        std::mem::take(&mut self.sending).undo(self.inner);
-    }
 }
 
 /// `LockBackend::try_acquire_each`: every lock of `requests` (distinct
@@ -151,10 +131,7 @@ impl Inner {
             }
         };
         let mut kv = self.conn.kv()?;
-        let mut in_flight = InFlight {
-            inner: self,
-            sending: Sending::default(),
-        };
+        let mut in_flight = InFlight::new(self);
         for p in &planned {
             in_flight.sending.on(p.session);
             in_flight.sending.may_write(&p.key, &p.value);

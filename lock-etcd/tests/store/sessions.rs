@@ -4,7 +4,8 @@
 //! every guard on it at once. And the faults the conformance suite cannot
 //! aim this precisely: a write whose reply is lost retires its session (a
 //! phantom entry must not outlive its TTL, however busy the client keeps its
-//! other leases), and a late keep-alive reply extends nothing. And the
+//! other leases), a wait dropped with its entry in flight leaves nobody in
+//! line, and a late keep-alive reply extends nothing. And the
 //! batches that meet etcd's limit of operations per transaction.
 
 use std::time::Duration;
@@ -755,4 +756,58 @@ async fn renewed_once_healed(client: &EtcdBackend, lease: &Lease) -> Lease {
         }
     })
     .await
+}
+
+/// A wait dropped while the write of its entry in line is in flight (its
+/// caller timed out or was cancelled). The entry lands, on a session the
+/// client keeps alive for another lock; it must be undone, not left in line
+/// for as long as that session lives: there it would be handed the lock
+/// at the holder's release, and hold it for nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_dropped_while_its_entry_is_in_flight_leaves_nobody_in_line() {
+    let store = etcd::shared();
+    let (proxy, client) = behind_proxy(&store, scaled(Duration::from_secs(5))).await;
+    let other = connect(&store.endpoint()).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let locker = Locker::new(client.clone()).ttl(TTL);
+    let kept = locker.acquire(&name("in-flight-kept")).await.unwrap();
+    let wanted = name("in-flight-entry");
+    let held = acquire(&other, &wanted, TTL).await;
+    let queue = queue_of(&held);
+    let late = round_trip(&other).await + scaled(Duration::from_millis(300));
+    proxy.set(Mode::DelayDownstream {
+        base: late,
+        jitter: Duration::ZERO,
+    });
+    let wait = tokio::spawn({
+        let (locker, wanted) = (locker.clone(), wanted.clone());
+        async move { locker.acquire(&wanted).await }
+    });
+    until(scaled(Duration::from_secs(10)), "the entry in line", || {
+        let (mut raw, queue) = (raw.clone(), queue.clone());
+        async move { queue_len(&mut raw, queue).await == 2 }
+    })
+    .await;
+    assert!(!wait.is_finished(), "the wait ended before it was dropped");
+    wait.abort();
+    let _ = wait.await;
+    proxy.set(Mode::Pass);
+    other.release(&held).await.unwrap();
+    let within = TTL + other.capabilities().slack_for(TTL) + scaled(Duration::from_secs(1));
+    let next = eventually(within, "the name free after the dropped wait", || async {
+        other
+            .try_acquire_for(&wanted, TTL)
+            .await
+            .unwrap()
+            .into_lease()
+    })
+    .await;
+    let entries = queue_len(&mut raw, queue).await;
+    assert_eq!(
+        entries, 1,
+        "the queue holds {entries} entries, not only the holder's"
+    );
+    assert!(kept.is_held(), "the lock beside the dropped wait was lost");
+    other.release(&next).await.unwrap();
+    kept.release().await.unwrap();
 }

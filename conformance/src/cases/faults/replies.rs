@@ -1,13 +1,16 @@
 //! T3.2, T3.3: the reply to an acquire or a release is lost; T3.12: a
-//! grant reaches its waiter late.
+//! grant reaches its waiter late; T3.13: an attempt is dropped while its
+//! request is in flight.
 
 use std::time::Duration;
 
-use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, LeaseKind, LockBackend};
+use std::sync::Arc;
+
+use lockcore::backend::{Kind, LockBackendExt, LockRequest};
+use lockcore::{Access, Attempt, LeaseKind, LockBackend, LockName};
 use tokio::time::Instant;
 
-use crate::kit::proxy::Mode;
+use crate::kit::proxy::{FaultProxy, Mode};
 use crate::{CaseResult, Ctx, Failure, Outcome, ensure, skip};
 
 use super::support::{fault_ttl, joined, proxied, wait_for};
@@ -187,4 +190,136 @@ pub async fn late_grant_counts_from_the_waiters_request(cx: &Ctx) -> CaseResult 
     );
     taken.grant.release().await?;
     Ok(Outcome::Passed)
+}
+
+/// T3.13: an attempt dropped while its request is in flight (its caller
+/// timed out or was cancelled first), for a lock, a semaphore's permit and
+/// a reader-writer lock's write, as the backend keeps them. The store may
+/// have granted it; that grant is never renewed and frees the name within
+/// one TTL (+ slack), also while the same client holds another lock and
+/// keeps renewing it (a store whose grants ride on a session the client
+/// keeps alive must undo the dropped one, not keep it for as long as the
+/// session lives).
+pub async fn dropped_attempt_leaves_no_phantom(cx: &Ctx) -> CaseResult {
+    let (proxy, a) = match proxied(cx).await? {
+        Ok(p) => p,
+        Err(why) => skip!("{why}"),
+    };
+    let b = cx.client().await?;
+    // Long enough to see a grant in the store before its reply is back,
+    // and well inside a backend's request timeout (Redis's is 1 s).
+    let late = cx.round_trip().min(cx.scaled(Duration::from_millis(400)));
+    // The lock beside the attempts renews through the same slow link: its
+    // renewals, late by as much, must come back well inside its TTL.
+    let want = fault_ttl(cx).max(late * 8);
+    let ttl = cx.caps().effective_ttl(want).map_or(want, |t| t.get());
+    let kept = cx
+        .locker(&a, ttl)
+        .acquire(cx.name("dropped-attempt-beside"))
+        .await?;
+    let caps = cx.caps();
+    let kinds = [
+        (Kind::Lock, true),
+        (Kind::Semaphore, caps.semaphores),
+        (Kind::ReadWrite, caps.rw_locks),
+    ];
+    for (kind, _) in kinds.into_iter().filter(|(_, kept_by)| *kept_by) {
+        dropped_in_flight(cx, &proxy, [&a, &b], late, ttl, kind).await?;
+    }
+    ensure!(
+        kept.is_held(),
+        "the other lock of the dropped attempts' client was lost meanwhile"
+    );
+    kept.release().await?;
+    Ok(Outcome::Passed)
+}
+
+/// Rounds of [`dropped_in_flight`] before it gives up finding an attempt
+/// whose grant shows in the store before its reply is back.
+const ROUNDS: usize = 3;
+
+/// An attempt by `a` (behind `proxy`, its replies `late`) at a `kind` (a
+/// lock, a permit of one, a write), dropped once `b` sees its grant in
+/// the store and before its reply is back; then `b` must get it within one
+/// TTL (+ slack), with a larger fence.
+async fn dropped_in_flight(
+    cx: &Ctx,
+    proxy: &FaultProxy,
+    [a, b]: [&Arc<dyn LockBackend>; 2],
+    late: Duration,
+    ttl: Duration,
+    kind: Kind,
+) -> Result<(), Failure> {
+    let what = match kind {
+        Kind::Semaphore => "permit",
+        Kind::ReadWrite => "write",
+        _ => "lock",
+    };
+    let ask = |name: &LockName, ttl| -> Result<LockRequest, Failure> {
+        let request = cx.request(name, ttl)?;
+        Ok(match kind {
+            Kind::Semaphore => request.with_permits(1),
+            Kind::ReadWrite => request.with_access(Access::Write),
+            _ => request,
+        })
+    };
+    let mut ended = Vec::new();
+    for round in 1..=ROUNDS {
+        let name = cx.name(&format!("dropped-attempt-{what}-{round}"));
+        let then = ask(&name, cx.long_ttl())?;
+        proxy.set(Mode::DelayDownstream {
+            base: late,
+            jitter: Duration::ZERO,
+        });
+        let attempt = tokio::spawn({
+            let (a, request) = (a.clone(), ask(&name, ttl)?);
+            async move { a.try_acquire(&request).await }
+        });
+        // Its write may follow requests of its own, each answered `late`.
+        let seen = cx
+            .eventually(
+                cx.scaled(Duration::from_secs(10)),
+                &format!("the {what} attempt's grant in the store, or its end"),
+                || async {
+                    let over = attempt.is_finished();
+                    let holders = b.holders(&name, then.kind()).await?;
+                    Ok((over || !holders.is_empty()).then(|| holders.into_iter().next()))
+                },
+            )
+            .await?;
+        let Some(seen) = seen.filter(|_| !attempt.is_finished()) else {
+            // Answered first (or failed): no drop to judge. Again.
+            proxy.set(Mode::Pass);
+            let outcome = attempt.await;
+            if let Ok(Ok(Attempt::Acquired(lease))) = &outcome {
+                a.release(lease).await?;
+            }
+            ended.push(format!("{outcome:?}"));
+            continue;
+        };
+        attempt.abort();
+        let dropped = Instant::now();
+        let _ = attempt.await;
+        proxy.set(Mode::Pass);
+        let next = cx
+            .eventually(
+                (dropped + ttl + cx.slack(ttl)).saturating_duration_since(Instant::now()),
+                &format!("the {what} free after an attempt dropped in flight"),
+                || async { Ok(b.try_acquire(&then).await?.into_lease()) },
+            )
+            .await?;
+        ensure!(
+            next.fence() > seen.fence,
+            "F1: {what} fence {} after the dropped attempt is not above its {}",
+            next.fence(),
+            seen.fence
+        );
+        b.release(&next).await?;
+        return Ok(());
+    }
+    Err(Failure::new(format!(
+        "in {ROUNDS} rounds, no {what} attempt was seen granted before its reply came back \
+         (replies {late:?} late); they ended: {}",
+        ended.join("; ")
+    )))
 }
