@@ -7,10 +7,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use lock_conformance::kit::poll::until;
-use lock_conformance::kit::proxy::FaultProxy;
-use lock_conformance::kit::stores::etcd;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::stores::{self, etcd};
 use lock_etcd::etcd_client::Client;
-use lock_etcd::testing::{sessions, watched};
+use lock_etcd::testing::{key_of, sessions, watched};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::backend::wait::WaitPolicy;
 use lockcore::backend::{LockBackendExt, LockRequest};
@@ -317,4 +317,63 @@ async fn a_grant_whose_remaining_time_was_set_outlives_its_closed_client() {
         caps.min_ttl
     );
     other.release(&next).await.unwrap();
+}
+
+/// A client through a proxy, and a lock it holds on its session (etcd's
+/// lease id).
+async fn proxied_holder(store: &stores::Store, test: &str) -> (FaultProxy, EtcdBackend, i64) {
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = EtcdBackend::connect_with(EtcdConfig::new([store.endpoint_via(proxy.addr())]))
+        .await
+        .unwrap();
+    let lease = acquire(&client, &name(test), TTL).await;
+    let mut raw = raw(&store.endpoint()).await;
+    let session = etcd_lease_of(&mut raw, &key_of(&lease).unwrap()).await;
+    (proxy, client, session)
+}
+
+/// A session etcd already dropped (revoked behind the client's back; the
+/// client hears of it only after `close` began) is gone all the same:
+/// `close` says closed, not that a revoke failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_session_etcd_already_dropped_succeeds() {
+    let store = etcd::shared();
+    let (proxy, client, session) = proxied_holder(&store, "close-dropped").await;
+    proxy.set(Mode::DelayDownstream {
+        base: scaled(Duration::from_millis(500)),
+        jitter: Duration::ZERO,
+    });
+    raw(&store.endpoint())
+        .await
+        .lease_revoke(session)
+        .await
+        .unwrap();
+    let closed = client.close().await;
+    assert!(
+        closed.is_ok(),
+        "closing after etcd dropped the session: {closed:?}"
+    );
+}
+
+/// A close whose revokes fail (its connection reset) says so: the keys on
+/// those sessions live until their TTL runs out, and the caller must know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_whose_revokes_fail_says_so() {
+    let store = etcd::shared();
+    let (proxy, client, session) = proxied_holder(&store, "close-reset").await;
+    proxy.set(Mode::Reset);
+    let closed = client.close().await;
+    assert!(
+        closed
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("could not be revoked")),
+        "closing over a reset link: {closed:?}"
+    );
+    let left = raw(&store.endpoint())
+        .await
+        .lease_time_to_live(session, None)
+        .await
+        .unwrap()
+        .ttl();
+    assert!(left > 0, "the session was revoked after all");
 }
