@@ -811,3 +811,74 @@ async fn a_wait_dropped_while_its_entry_is_in_flight_leaves_nobody_in_line() {
     other.release(&next).await.unwrap();
     kept.release().await.unwrap();
 }
+
+/// A `try_acquire` dropped while its `Txn` is in flight deletes the entry
+/// that `Txn` put, at once (README, C1): the name is free within round
+/// trips, not only once the session carrying the entry is gone. Another
+/// lock on the same session, never renewed, keeps that session (retired
+/// by the drop) alive for its whole TTL, so only the delete can free the
+/// name in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_dropped_in_flight_deletes_its_entry_at_once() {
+    let ttl = scaled(Duration::from_secs(30));
+    let store = etcd::shared();
+    let (proxy, client) = behind_proxy(&store, ttl).await;
+    let other = connect(&store.endpoint()).await;
+    let kept_name = name("in-flight-attempt-kept");
+    let kept = acquire(&client, &kept_name, ttl).await;
+    let wanted = name("in-flight-attempt");
+    let rt = round_trip(&other).await;
+    proxy.set(Mode::DelayDownstream {
+        base: rt + scaled(Duration::from_millis(300)),
+        jitter: Duration::ZERO,
+    });
+    let attempt = tokio::spawn({
+        let (client, wanted) = (client.clone(), wanted.clone());
+        async move { client.try_acquire_for(&wanted, ttl).await }
+    });
+    let seen = eventually(
+        scaled(Duration::from_secs(10)),
+        "the attempt's entry in the store",
+        || async { other.inspect(&wanted).await.unwrap() },
+    )
+    .await;
+    assert!(
+        !attempt.is_finished(),
+        "the attempt ended before it was dropped"
+    );
+    attempt.abort();
+    let _ = attempt.await;
+    proxy.set(Mode::Pass);
+    // Far inside the TTL, the only other way the entry could go.
+    let within = 10 * rt + scaled(Duration::from_secs(1));
+    assert!(
+        within < ttl / 4,
+        "round trips of {rt:?} leave the test no room"
+    );
+    let next = eventually(
+        within,
+        "the name free after the dropped attempt",
+        || async {
+            other
+                .try_acquire_for(&wanted, ttl)
+                .await
+                .unwrap()
+                .into_lease()
+        },
+    )
+    .await;
+    assert!(
+        next.fence() > seen.fence,
+        "fence {} after the dropped attempt is not above its {}",
+        next.fence(),
+        seen.fence
+    );
+    let holder = other.inspect(&kept_name).await.unwrap();
+    assert_eq!(
+        holder.map(|h| h.fence),
+        Some(kept.fence()),
+        "the lock beside the dropped attempt was lost"
+    );
+    other.release(&next).await.unwrap();
+    client.release(&kept).await.unwrap();
+}
