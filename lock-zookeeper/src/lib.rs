@@ -22,4 +22,17 @@ pub use zookeeper_client as zk;
 #[doc(hidden)]
 pub mod testing {
     pub use crate::keys::names::decode_segment;
+
+    /// `lease` carrying the grant of `from` (the node this backend granted
+    /// it): a lease rebuilt around a real grant with another name, owner,
+    /// fence or access, which must act on nothing.
+    pub fn with_grant_of(lease: lockcore::Lease, from: &lockcore::Lease) -> lockcore::Lease {
+        use std::sync::Arc;
+
+        use crate::locks::held::Held;
+        match from.extension::<Arc<Held>>() {
+            Some(held) => lease.with_extension(held.clone()),
+            None => lease,
+        }
+    }
 }

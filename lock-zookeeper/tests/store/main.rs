@@ -17,6 +17,7 @@ mod keys;
 mod locks;
 mod multi;
 mod permits;
+mod rebuilt;
 mod remaining;
 mod restore;
 mod rw;
