@@ -12,6 +12,7 @@ mod cluster;
 mod connect;
 mod containers;
 mod eviction;
+mod expiry;
 mod fencing;
 mod keys;
 mod locks;
