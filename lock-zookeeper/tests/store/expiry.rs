@@ -60,7 +60,10 @@ async fn expired(backend: &ZooKeeperBackend, name: &LockName) -> Lease {
         .unwrap();
     let past = lease.deadline() + Duration::from_millis(20);
     std::thread::sleep(past.saturating_duration_since(Instant::now()));
-    assert!(Instant::now() >= lease.deadline(), "the lease is past its deadline");
+    assert!(
+        Instant::now() >= lease.deadline(),
+        "the lease is past its deadline"
+    );
     lease
 }
 

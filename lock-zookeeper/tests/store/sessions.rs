@@ -8,10 +8,13 @@ use std::time::Duration;
 use lock_conformance::history::History;
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::proxy::{FaultProxy, Mode};
+use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::zk;
 use lockcore::backend::LockBackendExt;
-use lockcore::{Attempt, LeaseKind, LockBackend, LockError, LossReason, ReleaseOutcome};
+use lockcore::{
+    Attempt, FencingToken, LeaseKind, LockBackend, LockError, LossReason, ReleaseOutcome,
+};
 use tokio::time::{Instant, timeout};
 
 use crate::support::{children, connect, connect_with, locker, raw, session_timeout, take, unique};
@@ -460,4 +463,82 @@ async fn short_sessions_hold_while_renewed() {
     }
     assert!(guard.is_held(), "lost: {:?}", guard.loss_reason());
     guard.release().await.unwrap();
+}
+
+/// An attempt its session ends under is made once more on a new session:
+/// granted, not failed. Here the end is a retirement: the fence floor is
+/// raised and the connection broken while the attempt's create is
+/// answered late, so the session finds the floor changed across a break
+/// (as after a restore) in the middle of the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_its_session_ends_under_is_made_again_on_a_new_session() {
+    let store = zookeeper::shared();
+    // A root of its own: the floor raised here is this test's alone.
+    let root = format!("/zk-tests-ended-under-{}", uuid::Uuid::new_v4().simple());
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = connect_with(&store.endpoint_via(proxy.addr()), |c| c.root(root.clone()))
+        .await
+        .unwrap();
+    let operator = connect_with(&store.endpoint(), |c| c.root(root.clone()))
+        .await
+        .unwrap();
+    let observer = raw(&store.endpoint()).await;
+    let name = unique("ended-under");
+    // The session's floor is known: the attempt goes out with no read first.
+    let settled = take(&client, &unique("ended-under-settle")).await;
+    client.release(&settled).await.unwrap();
+    let old = crate::support::session_id(&client);
+    let late = crate::support::round_trip(&client).await + scaled(Duration::from_millis(500));
+    proxy.set(Mode::DelayDownstream {
+        base: late,
+        jitter: Duration::ZERO,
+    });
+    let attempt = tokio::spawn({
+        let (client, name) = (client.clone(), name.clone());
+        async move {
+            client
+                .try_acquire_for(&name, client.session_timeout())
+                .await
+        }
+    });
+    let parent = client.lock_path(&name);
+    eventually(
+        scaled(Duration::from_secs(5)),
+        "the attempt's node",
+        || async { (!children(&observer, &parent).await.is_empty()).then_some(()) },
+    )
+    .await;
+    let floor = FencingToken::new(settled.fence().get() + 1_000_000).unwrap();
+    operator.raise_fence_floor(floor).await.unwrap();
+    proxy.set(Mode::Reset);
+    eventually(
+        scaled(Duration::from_secs(5)),
+        "the connection broken",
+        || async {
+            crate::support::connections(store.addr(), old)
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !attempt.is_finished(),
+        "the attempt ended before its session did"
+    );
+    proxy.set(Mode::Pass);
+    let outcome = timeout(session_timeout() * 2, attempt)
+        .await
+        .expect("the attempt ends")
+        .unwrap();
+    let lease = match outcome {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!("the attempt its session ended under was not made again: {other:?}"),
+    };
+    assert_ne!(
+        crate::support::session_id(&client),
+        old,
+        "granted on the retired session"
+    );
+    assert!(lease.fence() > floor, "granted under the floor");
+    client.release(&lease).await.unwrap();
 }
