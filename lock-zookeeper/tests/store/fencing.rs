@@ -17,7 +17,7 @@ use lockcore::backend::LockRequest;
 use lockcore::{Capabilities, FencingToken, LockBackend, LockError};
 use tokio::time::Instant;
 
-use crate::support::{behind_proxy, connect, raw, take, unique};
+use crate::support::{behind_proxy, connect, connect_with, raw, session_id, take, unique};
 
 fn token(n: u64) -> FencingToken {
     FencingToken::new(n).unwrap()
@@ -239,4 +239,43 @@ async fn the_largest_floor_accepted_still_lets_grants_happen() {
         assert!(permit.fence() > largest && permit.fence().get() <= caps.max_fence);
     }
     eprintln!("fences after the largest floor {largest}: up to {last}");
+}
+
+/// A raise of the floor that a client sees while connected (its watch on
+/// the floor fires) retires nothing: no restore can have come in between.
+/// The client's lock stays held and renews, and its next grant, on the
+/// same session, is above the floor. Only a floor changed across a break
+/// of the connection retires a session (`restore.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_seen_while_connected_retires_no_session() {
+    let store = zookeeper::shared();
+    // A root of its own: the floor raised here is this test's alone.
+    let root = format!(
+        "/zk-tests-raised-connected-{}",
+        uuid::Uuid::new_v4().simple()
+    );
+    let client = connect_with(&store.endpoint(), |c| c.root(root.clone()))
+        .await
+        .unwrap();
+    let operator = connect_with(&store.endpoint(), |c| c.root(root.clone()))
+        .await
+        .unwrap();
+    let held = take(&client, &unique("raised-connected-held")).await;
+    let session = session_id(&client);
+    let floor = FencingToken::new(held.fence().get() + 1_000_000).unwrap();
+    operator.raise_fence_floor(floor).await.unwrap();
+    let next = take(&client, &unique("raised-connected-next")).await;
+    assert!(next.fence() > floor, "granted under the floor");
+    assert_eq!(session_id(&client), session, "the session was retired");
+    let renewed = client.renew(&held).await;
+    assert!(
+        renewed.is_ok(),
+        "the held lock after the raise: {renewed:?}"
+    );
+    assert!(
+        !held.loss_signal().unwrap().is_cancelled(),
+        "the held lock was lost"
+    );
+    client.release(&next).await.unwrap();
+    client.release(&held).await.unwrap();
 }
