@@ -8,16 +8,19 @@
 
 use std::time::Duration;
 
-use lock_conformance::kit::proxy::Mode;
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{fenced_write, zk};
 use lockcore::backend::LockBackendExt;
 use lockcore::backend::LockRequest;
 use lockcore::{Capabilities, FencingToken, LockBackend, LockError};
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout};
 
-use crate::support::{behind_proxy, connect, connect_with, raw, session_id, take, unique};
+use crate::support::{
+    answered, behind_proxy, connect, connect_with, connections, raw, session_id, take, unique,
+};
 
 fn token(n: u64) -> FencingToken {
     FencingToken::new(n).unwrap()
@@ -278,4 +281,65 @@ async fn a_raise_seen_while_connected_retires_no_session() {
     );
     client.release(&next).await.unwrap();
     client.release(&held).await.unwrap();
+}
+
+/// A fenced write whose read of the fence lost its reply with the
+/// connection reads it again once the connection is back, and writes;
+/// one through a fence node it may not read fails with the store's refusal
+/// at once, instead of reading again as if the fence kept moving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_write_reads_the_fence_again_only_after_a_lost_connection() {
+    let store = zookeeper::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let client = raw(&store.endpoint_via(proxy.addr())).await;
+    let observer = raw(&store.endpoint()).await;
+    let base = format!("/zk-fenced-{}", uuid::Uuid::new_v4().simple());
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    observer.create(&base, &[], &open).await.unwrap();
+    let (fence, data) = (format!("{base}/fence"), format!("{base}/data"));
+    observer.create(&data, b"none", &open).await.unwrap();
+
+    let sid = client.session_id().0;
+    let before = answered(store.addr(), sid);
+    proxy.set(Mode::DelayDownstream {
+        base: scaled(Duration::from_secs(5)),
+        jitter: Duration::ZERO,
+    });
+    let writing = tokio::spawn({
+        let (client, fence, data) = (client.clone(), fence.clone(), data.clone());
+        async move {
+            let set = |multi: &mut zk::MultiWriter<'_>| multi.add_set_data(&data, b"written", None);
+            fenced_write(&client, &fence, token(3), set).await
+        }
+    });
+    eventually(scaled(Duration::from_secs(5)), "the fence read", || async {
+        (answered(store.addr(), sid) > before).then_some(())
+    })
+    .await;
+    proxy.set(Mode::Reset);
+    eventually(
+        scaled(Duration::from_secs(5)),
+        "the connection broken",
+        || async { connections(store.addr(), sid).is_empty().then_some(()) },
+    )
+    .await;
+    proxy.set(Mode::Pass);
+    let written = timeout(scaled(Duration::from_secs(10)), writing)
+        .await
+        .expect("the write ends once the connection is back")
+        .unwrap();
+    assert!(matches!(written, Ok(Ok(_))), "{written:?}");
+    assert_eq!(observer.get_data(&data).await.unwrap().0, b"written");
+
+    let hidden = format!("{base}/hidden");
+    let write_only = [zk::Acl::new(zk::Permission::WRITE, zk::AuthId::anyone())];
+    let write_only = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&write_only));
+    observer.create(&hidden, b"1", &write_only).await.unwrap();
+    let set = |multi: &mut zk::MultiWriter<'_>| multi.add_set_data(&data, b"hidden", None);
+    let refused = fenced_write(&client, &hidden, token(4), set).await;
+    assert!(
+        matches!(&refused, Err(LockError::Store { .. })),
+        "a fence node it may not read: {refused:?}"
+    );
+    assert_eq!(observer.get_data(&data).await.unwrap().0, b"written");
 }
