@@ -404,3 +404,29 @@ async fn another_recipes_nodes_count_by_the_rules() {
     }
     observer.delete(&parent, None).await.unwrap();
 }
+
+/// A session that read beside another reader, let its read go and then
+/// asks to write is refused while that reader holds. Its new node's
+/// sequence number right after its read's proves only that nobody created
+/// a node in between, not that nothing is ahead: a grant made beside
+/// another node vouches for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_beside_another_vouches_for_no_write_after_it() {
+    let store = zookeeper::shared();
+    let (a, b) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let name = unique("read-beside");
+    let first = share(&a, &name, Access::Read).await;
+    let beside = share(&b, &name, Access::Read).await;
+    assert_eq!(b.release(&beside).await.unwrap(), ReleaseOutcome::Released);
+    let write = try_share(&b, &name, Access::Write).await;
+    assert!(
+        write.is_none(),
+        "a write granted while another session reads: {write:?}"
+    );
+    assert_eq!(a.release(&first).await.unwrap(), ReleaseOutcome::Released);
+    let write = share(&b, &name, Access::Write).await;
+    b.release(&write).await.unwrap();
+}
