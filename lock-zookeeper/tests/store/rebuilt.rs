@@ -1,13 +1,19 @@
-//! A lease rebuilt around a real grant (its node, carried along) with
-//! another name, owner, fence or access acts on nothing: the node is
-//! released and renewed only through the lease it was granted as.
+//! Leases that are no grant (any more): one rebuilt around a real grant
+//! (its node, carried along) with another name, owner, fence or access,
+//! and one its owner released. Neither acts on anything: the node is
+//! released and renewed only through the lease it was granted as, and
+//! only while it holds.
 
+use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::testing::with_grant_of;
+use std::time::Duration;
+
 use lockcore::backend::LockBackendExt;
 use lockcore::{Access, FencingToken, Lease, LockBackend, LockError, OwnerToken, ReleaseOutcome};
 
-use crate::support::{connect, take, unique};
+use crate::support::{connect, session_id, take, unique, watches};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_rebuilt_around_a_grant_acts_on_nothing() {
@@ -65,5 +71,47 @@ async fn a_lease_rebuilt_around_a_grant_acts_on_nothing() {
     assert_eq!(
         backend.release(&lease).await.unwrap(),
         ReleaseOutcome::Released
+    );
+}
+
+/// A lease its owner released is over for good: a later renew or release
+/// says not held, and its loss signal never fires (it was let go, not
+/// lost), also once the client has heard its node's deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_is_never_lost_afterwards() {
+    let store = zookeeper::shared();
+    let backend = connect(store.endpoint()).await.unwrap();
+    let name = unique("released");
+    let lease = take(&backend, &name).await;
+    // Held until the client watches its node (it hears the deletion then).
+    let sid = session_id(&backend);
+    let node = format!("{}/", backend.lock_path(&name));
+    eventually(
+        scaled(Duration::from_secs(5)),
+        "the node watched",
+        || async {
+            let watched = watches(store.addr(), sid);
+            watched.iter().any(|p| p.starts_with(&node)).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        backend.release(&lease).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    for _ in 0..2 {
+        let renewed = backend.renew(&lease).await;
+        assert!(
+            matches!(renewed, Err(LockError::NotHeld { .. })),
+            "renew after the release: {renewed:?}"
+        );
+        assert_eq!(
+            backend.release(&lease).await.unwrap(),
+            ReleaseOutcome::NotHeld
+        );
+    }
+    assert!(
+        !lease.loss_signal().unwrap().is_cancelled(),
+        "the released lease was reported lost"
     );
 }
