@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
+use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lockcore::backend::LockBackendExt;
 use lockcore::backend::wait::WaitPolicy;
@@ -11,7 +12,7 @@ use lockcore::{Attempt, FencingToken, LockBackend, ReleaseOutcome};
 use rand::Rng;
 use tokio::time::{Instant, timeout};
 
-use crate::support::{children, connect, locker, raw, round_trip, take, unique};
+use crate::support::{children, connect, locker, raw, round_trip, short_lived, take, unique};
 
 /// A holder's loss signal fires within the declared eviction notice (plus a
 /// round trip) of a forced release, whether the release comes before its
@@ -252,4 +253,32 @@ async fn force_release_evicts_the_head_and_the_queue_moves_on() {
         Attempt::Held { .. }
     ));
     guard_b.release().await.unwrap();
+}
+
+/// The watch that tells a holder of a forced release outlives the lease's
+/// first deadlines: renewed past several of them, then evicted, the holder
+/// is told within the declared notice (plus a round trip), not only at its
+/// next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_after_renewals_reaches_the_holder_within_the_notice() {
+    let store = zookeeper::shared();
+    let holder = connect(store.endpoint()).await.unwrap();
+    let admin = connect(store.endpoint()).await.unwrap();
+    let notice = holder.capabilities().eviction_notice.unwrap();
+    let bound = notice + round_trip(&admin).await;
+    let name = unique("evict-after-renewals");
+    // Each deadline a few notices away: several pass while it is renewed.
+    let left = (notice * 4).max(scaled(Duration::from_millis(500)));
+    let mut lease = short_lived(&holder, &name, left).await;
+    let first = lease.deadline();
+    while Instant::now() < first + left {
+        tokio::time::sleep(left / 4).await;
+        lease = holder.renew(&lease).await.unwrap();
+    }
+    let lost = lease.loss_signal().expect("a loss signal").clone();
+    let evicted = admin.evict(&name, Some(lease.fence())).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
+    timeout(bound, lost.cancelled())
+        .await
+        .unwrap_or_else(|_| panic!("not told of the forced release within {bound:?}"));
 }

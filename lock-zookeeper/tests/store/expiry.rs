@@ -4,60 +4,24 @@
 //! would once that call has marked the grant expired: the name would stay
 //! blocked for as long as the client runs.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::ZooKeeperBackend;
-use lockcore::backend::{Clock, LockBackendExt, LockRequest, Moment};
+use lockcore::backend::LockBackendExt;
 use lockcore::{Lease, LockBackend, LockError, LockName, ReleaseOutcome};
 use tokio::time::Instant;
 
-use crate::support::{connect, session_id, take, unique};
-
-/// The system clocks, a fixed time behind: a grant stamped on it counts
-/// from a send that long ago (as if its request had been slow), so its
-/// local deadline comes that much early, long before its session could
-/// end.
-#[derive(Debug)]
-struct Behind(Duration);
-
-impl Clock for Behind {
-    fn now(&self) -> Moment {
-        let now = Moment::now();
-        Moment::from_parts(
-            now.mono() - self.0,
-            now.boot().map(|b| b.saturating_sub(self.0)),
-        )
-    }
-}
+use crate::support::{connect, session_id, short_lived, unique};
 
 /// A grant of `name` whose local deadline has just passed, with no task of
 /// the client run since it was granted (this test's runtime has one
 /// thread, and it sleeps through the deadline): the call that follows is
 /// the first to look at the grant.
 async fn expired(backend: &ZooKeeperBackend, name: &LockName) -> Lease {
-    let ttl = backend
-        .capabilities()
-        .effective_ttl(backend.session_timeout())
-        .unwrap();
-    // The margin this backend's grants keep, from one taken and let go.
-    let margin = {
-        let lease = take(backend, name).await;
-        backend.release(&lease).await.unwrap();
-        lease.margin()
-    };
-    let left = scaled(Duration::from_millis(300));
-    let clock = Arc::new(Behind(ttl.get() - margin - left));
-    let request = LockRequest::new(name.clone(), ttl).with_clock(clock);
-    let lease = backend
-        .try_acquire(&request)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = short_lived(backend, name, scaled(Duration::from_millis(300))).await;
     let past = lease.deadline() + Duration::from_millis(20);
     std::thread::sleep(past.saturating_duration_since(Instant::now()));
     assert!(

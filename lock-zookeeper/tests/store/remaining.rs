@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_conformance::kit::poll::until;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lockcore::backend::LockBackendExt;
@@ -16,8 +17,8 @@ use lockcore::{LockBackend, LockError, Locker, ReleaseOutcome};
 use tokio::time::Instant;
 
 use crate::support::{
-    children, connect, container_check_interval, may_launch_servers, raw, round_trip, take, tick,
-    unique,
+    children, connect, container_check_interval, may_launch_servers, raw, round_trip, short_lived,
+    take, tick, unique,
 };
 
 /// A name kept by `set_remaining` stays taken after its holder's session
@@ -289,4 +290,45 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
     fn make_writer(&'a self) -> Capture {
         self.clone()
     }
+}
+
+/// A keep answered only after the lease's local deadline: the deadline
+/// passing while the node is being kept deletes nothing (the transaction
+/// has replaced the node by then), so the kept node stays with the
+/// grant's fence, and the name stays taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_answered_after_the_deadline_keeps_the_node() {
+    let store = zookeeper::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let holder = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let other = connect(store.endpoint()).await.unwrap();
+    let name = unique("kept-late");
+    let left = scaled(Duration::from_millis(500));
+    let lease = short_lived(&holder, &name, left).await;
+    let long = (holder.capabilities())
+        .effective_remaining(Duration::from_secs(600))
+        .unwrap();
+    proxy.set(Mode::DelayDownstream {
+        base: left * 3,
+        jitter: Duration::ZERO,
+    });
+    let kept = holder.set_remaining(&lease, long).await;
+    proxy.set(Mode::Pass);
+    assert!(
+        Instant::now() > lease.deadline(),
+        "the keep was answered before the deadline"
+    );
+    let kept = kept.unwrap();
+    assert_eq!(
+        other.inspect(&name).await.unwrap().map(|h| h.fence),
+        Some(lease.fence()),
+        "the kept node"
+    );
+    let ttl = other.session_timeout();
+    let taken = other.try_acquire_for(&name, ttl).await.unwrap();
+    assert!(taken.into_lease().is_none(), "the kept name was granted");
+    assert_eq!(
+        holder.release(&kept).await.unwrap(),
+        ReleaseOutcome::Released
+    );
 }

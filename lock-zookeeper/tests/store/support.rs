@@ -7,8 +7,8 @@ use std::time::Duration;
 use lock_conformance::StoreFactory;
 use lock_conformance::kit::stores;
 use lock_zookeeper::{ZooKeeperBackend, ZooKeeperConfig};
-use lockcore::LockError;
 use lockcore::backend::LockBackendExt;
+use lockcore::{LockBackend, LockError};
 
 /// The session timeout the tests ask for: 4 s, stretched by
 /// `LOCK_TEST_TIME_SCALE` (the harness's ZooKeeper allows 1 s to 60 s).
@@ -265,4 +265,48 @@ pub(crate) async fn held_node_acl(
         .await
         .unwrap();
     (lease, acl)
+}
+
+/// The system clocks, a fixed time behind: a grant stamped on it counts
+/// from a send that long ago (as if its request had been slow), so its
+/// local deadline comes that much early, long before its session could
+/// end.
+#[derive(Debug)]
+pub(crate) struct Behind(pub(crate) Duration);
+
+impl lockcore::backend::Clock for Behind {
+    fn now(&self) -> lockcore::backend::Moment {
+        let now = lockcore::backend::Moment::now();
+        lockcore::backend::Moment::from_parts(
+            now.mono() - self.0,
+            now.boot().map(|b| b.saturating_sub(self.0)),
+        )
+    }
+}
+
+/// A grant of `name` (free) stamped on a clock [`Behind`] by so much that
+/// its local deadline is `left` away, and so is every renewal's.
+pub(crate) async fn short_lived(
+    backend: &ZooKeeperBackend,
+    name: &lockcore::LockName,
+    left: Duration,
+) -> lockcore::Lease {
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(backend.session_timeout())
+        .unwrap();
+    // The margin this backend's grants keep, from one taken and let go.
+    let margin = {
+        let lease = take(backend, name).await;
+        backend.release(&lease).await.unwrap();
+        lease.margin()
+    };
+    let clock = std::sync::Arc::new(Behind(ttl.get() - margin - left));
+    let request = lockcore::backend::LockRequest::new(name.clone(), ttl).with_clock(clock);
+    backend
+        .try_acquire(&request)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap_or_else(|| panic!("{name} was expected to be free"))
 }
