@@ -332,3 +332,28 @@ async fn a_keep_answered_after_the_deadline_keeps_the_node() {
         ReleaseOutcome::Released
     );
 }
+
+/// A keep that finds the node gone (evicted before the holder heard of it)
+/// says not held and fires the lease's loss signal: the grant is lost, not
+/// quietly dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_that_finds_the_node_evicted_loses_the_lease() {
+    let store = zookeeper::shared();
+    let (holder, admin) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let long = (holder.capabilities())
+        .effective_remaining(Duration::from_secs(600))
+        .unwrap();
+    let name = unique("kept-evicted");
+    let lease = take(&holder, &name).await;
+    let evicted = admin.evict(&name, Some(lease.fence())).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
+    let kept = holder.set_remaining(&lease, long).await;
+    assert!(matches!(kept, Err(LockError::NotHeld { .. })), "{kept:?}");
+    assert!(
+        lease.loss_signal().unwrap().is_cancelled(),
+        "the evicted lease was not reported lost"
+    );
+}
