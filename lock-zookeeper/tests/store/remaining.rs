@@ -357,3 +357,38 @@ async fn a_keep_that_finds_the_node_evicted_loses_the_lease() {
         "the evicted lease was not reported lost"
     );
 }
+
+/// A kept lease its owner released is over: a later renew or release says
+/// not held without a request to the servers (nothing is kept again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_kept_lease_asks_the_servers_nothing_more() {
+    let store = zookeeper::shared();
+    let holder = connect(store.endpoint()).await.unwrap();
+    let long = (holder.capabilities())
+        .effective_remaining(Duration::from_secs(600))
+        .unwrap();
+    let name = unique("kept-over");
+    let lease = take(&holder, &name).await;
+    let kept = holder.set_remaining(&lease, long).await.unwrap();
+    assert_eq!(
+        holder.release(&kept).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let sid = crate::support::session_id(&holder);
+    let before = crate::support::answered(store.addr(), sid);
+    let renewed = holder.renew(&kept).await;
+    assert!(
+        matches!(renewed, Err(LockError::NotHeld { .. })),
+        "{renewed:?}"
+    );
+    let kept_again = holder.set_remaining(&kept, long).await;
+    assert!(
+        matches!(kept_again, Err(LockError::NotHeld { .. })),
+        "{kept_again:?}"
+    );
+    assert_eq!(
+        crate::support::answered(store.addr(), sid),
+        before,
+        "requests sent for a released lease"
+    );
+}
