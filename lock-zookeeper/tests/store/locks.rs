@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::proxy::Mode;
+use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::wait::WaitPolicy;
@@ -501,4 +502,34 @@ async fn racing_attempts_of_one_session_never_share_the_lock() {
         assert_eq!(leases.len(), 1, "exactly one of the racing attempts holds");
         a.release(&leases[0]).await.unwrap();
     }
+}
+
+/// Renewing a lease whose node the client already watches costs one
+/// request, the session's `sync`: the watch, set before it and not fired
+/// by its answer, proves the node is still there (no read of the node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_a_watched_lease_costs_one_request() {
+    let store = zookeeper::shared();
+    let holder = connect(store.endpoint()).await.unwrap();
+    let name = unique("renew-watched");
+    let lease = take(&holder, &name).await;
+    let sid = session_id(&holder);
+    let node = format!("{}/", holder.lock_path(&name));
+    eventually(
+        scaled(Duration::from_secs(5)),
+        "the node watched",
+        || async {
+            let watched = crate::support::watches(store.addr(), sid);
+            watched.iter().any(|p| p.starts_with(&node)).then_some(())
+        },
+    )
+    .await;
+    let before = answered(store.addr(), sid);
+    let renewed = holder.renew(&lease).await.unwrap();
+    assert_eq!(
+        answered(store.addr(), sid) - before,
+        1,
+        "requests to renew a watched lease"
+    );
+    holder.release(&renewed).await.unwrap();
 }
