@@ -2,19 +2,20 @@
 //! (the client's pings keep it): whichever call notices the expiry first (a
 //! release, a renewal, `set_remaining`) deletes the node. Nothing else
 //! would once that call has marked the grant expired: the name would stay
-//! blocked for as long as the client runs.
+//! blocked for as long as the client runs. A delete the servers refuse for
+//! good is left to the session's end, not retried for as long as it lives.
 
 use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
-use lock_zookeeper::ZooKeeperBackend;
+use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::LockBackendExt;
 use lockcore::{Lease, LockBackend, LockError, LockName, ReleaseOutcome};
 use tokio::time::Instant;
 
-use crate::support::{connect, session_id, short_lived, unique};
+use crate::support::{answered, children, connect, raw, session_id, short_lived, unique, watches};
 
 /// A grant of `name` whose local deadline has just passed, with no task of
 /// the client run since it was granted (this test's runtime has one
@@ -69,4 +70,62 @@ async fn the_first_call_to_see_a_lease_expired_deletes_its_node() {
             "the session ended: it, not the client, deleted the node"
         );
     }
+}
+
+/// The client's delete of an expired node that fails for a reason no retry
+/// can change (here the parent's ACL no longer lets anyone delete under
+/// it) is tried once, then left to the session's end: not retried for as
+/// long as the session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_delete_of_an_expired_node_is_not_retried() {
+    let store = zookeeper::shared();
+    let backend = connect(store.endpoint()).await.unwrap();
+    let observer = raw(&store.endpoint()).await;
+    let name = unique("expired-refused");
+    let lease = short_lived(&backend, &name, scaled(Duration::from_secs(1))).await;
+    let parent = backend.lock_path(&name);
+    let no_delete = [zk::Acl::new(
+        zk::Permission::READ | zk::Permission::CREATE | zk::Permission::ADMIN,
+        zk::AuthId::anyone(),
+    )];
+    observer.set_acl(&parent, &no_delete, None).await.unwrap();
+    let sid = session_id(&backend);
+    // Its last request before the deadline: the keeper's watch on the node.
+    let node = format!("{parent}/");
+    eventually(
+        scaled(Duration::from_secs(5)),
+        "the node watched",
+        || async {
+            let watched = watches(store.addr(), sid);
+            watched.iter().any(|p| p.starts_with(&node)).then_some(())
+        },
+    )
+    .await;
+    let before = answered(store.addr(), sid);
+    assert!(
+        Instant::now() < lease.deadline(),
+        "watched only past the deadline"
+    );
+    eventually(
+        scaled(Duration::from_secs(5)),
+        "the client's delete of its expired node",
+        || async { (answered(store.addr(), sid) > before).then_some(()) },
+    )
+    .await;
+    assert!(Instant::now() >= lease.deadline());
+    let tried = answered(store.addr(), sid);
+    // Retries would come within 20 ms, 40 ms, 80 ms ... of each other.
+    tokio::time::sleep(scaled(Duration::from_millis(1500))).await;
+    assert_eq!(
+        answered(store.addr(), sid),
+        tried,
+        "the refused delete was tried again"
+    );
+    assert_eq!(
+        children(&observer, &parent).await.len(),
+        1,
+        "the node is left"
+    );
+    let open = [zk::Acl::new(zk::Permission::ALL, zk::AuthId::anyone())];
+    observer.set_acl(&parent, &open, None).await.unwrap();
 }
