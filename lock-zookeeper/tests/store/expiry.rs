@@ -15,7 +15,9 @@ use lockcore::backend::LockBackendExt;
 use lockcore::{Lease, LockBackend, LockError, LockName, ReleaseOutcome};
 use tokio::time::Instant;
 
-use crate::support::{answered, children, connect, raw, session_id, short_lived, unique, watches};
+use crate::support::{
+    answered, children, connect, raw, session_id, short_lived, unique, until_node_watched,
+};
 
 /// A grant of `name` whose local deadline has just passed, with no task of
 /// the client run since it was granted (this test's runtime has one
@@ -91,16 +93,7 @@ async fn a_refused_delete_of_an_expired_node_is_not_retried() {
     observer.set_acl(&parent, &no_delete, None).await.unwrap();
     let sid = session_id(&backend);
     // Its last request before the deadline: the keeper's watch on the node.
-    let node = format!("{parent}/");
-    eventually(
-        scaled(Duration::from_secs(5)),
-        "the node watched",
-        || async {
-            let watched = watches(store.addr(), sid);
-            watched.iter().any(|p| p.starts_with(&node)).then_some(())
-        },
-    )
-    .await;
+    until_node_watched(&store, &backend, &name).await;
     let before = answered(store.addr(), sid);
     assert!(
         Instant::now() < lease.deadline(),

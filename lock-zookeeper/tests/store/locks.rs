@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::proxy::Mode;
-use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::wait::WaitPolicy;
@@ -514,16 +513,7 @@ async fn renewing_a_watched_lease_costs_one_request() {
     let name = unique("renew-watched");
     let lease = take(&holder, &name).await;
     let sid = session_id(&holder);
-    let node = format!("{}/", holder.lock_path(&name));
-    eventually(
-        scaled(Duration::from_secs(5)),
-        "the node watched",
-        || async {
-            let watched = crate::support::watches(store.addr(), sid);
-            watched.iter().any(|p| p.starts_with(&node)).then_some(())
-        },
-    )
-    .await;
+    crate::support::until_node_watched(&store, &holder, &name).await;
     let before = answered(store.addr(), sid);
     let renewed = holder.renew(&lease).await.unwrap();
     assert_eq!(

@@ -4,16 +4,13 @@
 //! released and renewed only through the lease it was granted as, and
 //! only while it holds.
 
-use lock_conformance::kit::poll::eventually;
-use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::testing::with_grant_of;
-use std::time::Duration;
 
 use lockcore::backend::LockBackendExt;
 use lockcore::{Access, FencingToken, Lease, LockBackend, LockError, OwnerToken, ReleaseOutcome};
 
-use crate::support::{connect, session_id, take, unique, watches};
+use crate::support::{connect, take, unique, until_node_watched};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_rebuilt_around_a_grant_acts_on_nothing() {
@@ -84,17 +81,7 @@ async fn a_released_lease_is_never_lost_afterwards() {
     let name = unique("released");
     let lease = take(&backend, &name).await;
     // Held until the client watches its node (it hears the deletion then).
-    let sid = session_id(&backend);
-    let node = format!("{}/", backend.lock_path(&name));
-    eventually(
-        scaled(Duration::from_secs(5)),
-        "the node watched",
-        || async {
-            let watched = watches(store.addr(), sid);
-            watched.iter().any(|p| p.starts_with(&node)).then_some(())
-        },
-    )
-    .await;
+    until_node_watched(&store, &backend, &name).await;
     assert_eq!(
         backend.release(&lease).await.unwrap(),
         ReleaseOutcome::Released

@@ -310,3 +310,22 @@ pub(crate) async fn short_lived(
         .into_lease()
         .unwrap_or_else(|| panic!("{name} was expected to be free"))
 }
+
+/// Waits until `backend`'s session watches `name`'s granted node: its
+/// keeper sets that watch within the declared eviction notice of the
+/// grant, and from then on the client hears of the node's deletion.
+pub(crate) async fn until_node_watched(
+    store: &stores::Store,
+    backend: &ZooKeeperBackend,
+    name: &lockcore::LockName,
+) {
+    let sid = session_id(backend);
+    let node = format!("{}/", backend.lock_path(name));
+    let notice = backend.capabilities().eviction_notice.unwrap();
+    let within = notice * 4 + lock_conformance::kit::scaled(Duration::from_secs(1));
+    lock_conformance::kit::poll::eventually(within, "the node watched", || async {
+        let watched = watches(store.addr(), sid);
+        watched.iter().any(|p| p.starts_with(&node)).then_some(())
+    })
+    .await;
+}
