@@ -17,8 +17,8 @@ use lockcore::{LockBackend, LockError, Locker, ReleaseOutcome};
 use tokio::time::Instant;
 
 use crate::support::{
-    children, connect, container_check_interval, may_launch_servers, raw, round_trip, short_lived,
-    take, tick, unique,
+    children, connect, container_check_interval, kill_session, may_launch_servers, raw, round_trip,
+    short_lived, take, tick, unique,
 };
 
 /// A name kept by `set_remaining` stays taken after its holder's session
@@ -138,8 +138,7 @@ async fn a_kept_lease_is_released_renewed_and_evicted_as_its_grant() {
         connect(store.endpoint()).await.unwrap(),
         connect(store.endpoint()).await.unwrap(),
     );
-    let caps = holder.capabilities();
-    let long = caps.effective_remaining(Duration::from_secs(600)).unwrap();
+    let long = long(&holder);
 
     // Released by its owner.
     let name = unique("kept-released");
@@ -305,9 +304,7 @@ async fn a_keep_answered_after_the_deadline_keeps_the_node() {
     let name = unique("kept-late");
     let left = scaled(Duration::from_millis(500));
     let lease = short_lived(&holder, &name, left).await;
-    let long = (holder.capabilities())
-        .effective_remaining(Duration::from_secs(600))
-        .unwrap();
+    let long = long(&holder);
     proxy.set(Mode::DelayDownstream {
         base: left * 3,
         jitter: Duration::ZERO,
@@ -343,9 +340,7 @@ async fn a_keep_that_finds_the_node_evicted_loses_the_lease() {
         connect(store.endpoint()).await.unwrap(),
         connect(store.endpoint()).await.unwrap(),
     );
-    let long = (holder.capabilities())
-        .effective_remaining(Duration::from_secs(600))
-        .unwrap();
+    let long = long(&holder);
     let name = unique("kept-evicted");
     let lease = take(&holder, &name).await;
     let evicted = admin.evict(&name, Some(lease.fence())).await.unwrap();
@@ -364,9 +359,7 @@ async fn a_keep_that_finds_the_node_evicted_loses_the_lease() {
 async fn a_released_kept_lease_asks_the_servers_nothing_more() {
     let store = zookeeper::shared();
     let holder = connect(store.endpoint()).await.unwrap();
-    let long = (holder.capabilities())
-        .effective_remaining(Duration::from_secs(600))
-        .unwrap();
+    let long = long(&holder);
     let name = unique("kept-over");
     let lease = take(&holder, &name).await;
     let kept = holder.set_remaining(&lease, long).await.unwrap();
@@ -391,4 +384,67 @@ async fn a_released_kept_lease_asks_the_servers_nothing_more() {
         before,
         "requests sent for a released lease"
     );
+}
+
+/// A kept lease evicted before its owner let it go (the owner no longer
+/// watches a kept node, so it has not heard): the owner's release says not
+/// held, since its delete found nothing, and the name is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_an_evicted_kept_lease_says_not_held() {
+    let store = zookeeper::shared();
+    let (holder, admin) = (
+        connect(store.endpoint()).await.unwrap(),
+        connect(store.endpoint()).await.unwrap(),
+    );
+    let long = long(&holder);
+    let name = unique("kept-evicted-released");
+    let lease = take(&holder, &name).await;
+    let kept = holder.set_remaining(&lease, long).await.unwrap();
+    let evicted = admin.evict(&name, Some(kept.fence())).await.unwrap();
+    assert_eq!(evicted.map(|h| h.fence), Some(lease.fence()));
+    assert_eq!(
+        holder.release(&kept).await.unwrap(),
+        ReleaseOutcome::NotHeld,
+        "a release that deleted nothing"
+    );
+    let next = take(&admin, &name).await;
+    assert!(next.fence() > lease.fence());
+    admin.release(&next).await.unwrap();
+}
+
+/// A lease whose session ended (closed on the servers, its node with it)
+/// is never kept: `set_remaining` says not held, before anything else
+/// looked at the lease, and the name stays free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_session_ended_is_never_kept() {
+    let store = zookeeper::shared();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let holder = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let other = connect(store.endpoint()).await.unwrap();
+    let long = long(&holder);
+    let name = unique("kept-session-ended");
+    let lease = take(&holder, &name).await;
+    kill_session(&store, &proxy, &holder, || async {
+        other.inspect(&name).await.unwrap().is_none()
+    })
+    .await;
+    // The client hears of it once it reconnects (a session expiry).
+    let within = holder.session_timeout() * 2;
+    let lost = lease.loss_signal().unwrap();
+    tokio::time::timeout(within, lost.cancelled())
+        .await
+        .expect("the lease reported lost once its session ended");
+    let kept = holder.set_remaining(&lease, long).await;
+    assert!(matches!(kept, Err(LockError::NotHeld { .. })), "{kept:?}");
+    assert!(
+        other.inspect(&name).await.unwrap().is_none(),
+        "the name was kept"
+    );
+}
+
+/// A remaining time far longer than any test: the kept node outlives it.
+fn long(backend: &lock_zookeeper::ZooKeeperBackend) -> lockcore::backend::Ttl {
+    (backend.capabilities())
+        .effective_remaining(Duration::from_secs(600))
+        .unwrap()
 }

@@ -17,7 +17,9 @@ use lockcore::{
 };
 use tokio::time::{Instant, timeout};
 
-use crate::support::{children, connect, connect_with, locker, raw, session_timeout, take, unique};
+use crate::support::{
+    children, connect, connect_with, kill_session, locker, raw, session_timeout, take, unique,
+};
 
 /// The holder's session is expired by the server while it holds the lock and
 /// another client waits: the holder's `lost()` fires with the store's report
@@ -47,23 +49,11 @@ async fn expired_holder_session_fires_loss_and_hands_over() {
     })
     .await;
 
-    // Curator's KillSession: while A's client is briefly cut off (so it
-    // cannot take its session back), another connection takes the session
-    // over with its id and password and closes it. The server deletes the
-    // session's ephemerals, as it does when a session expires.
-    proxy.set(Mode::Refuse);
-    proxy.reset_existing();
-    let killer = zk::Client::connector()
-        .with_session(a.client().unwrap().session().clone())
-        .connect(&store.endpoint())
-        .await
-        .unwrap();
-    drop(killer);
-    eventually(ttl, "the server deleting the session's node", || async {
-        (children(&observer, &parent).await.len() == 1).then_some(())
+    // The servers delete the session's ephemerals, as when it expires.
+    kill_session(&store, &proxy, &a, || async {
+        children(&observer, &parent).await.len() == 1
     })
     .await;
-    proxy.set(Mode::Pass);
 
     let reason = timeout(ttl, guard.lost())
         .await

@@ -329,3 +329,32 @@ pub(crate) async fn until_node_watched(
     })
     .await;
 }
+
+/// Curator's KillSession: while `backend`'s client is cut off by `proxy`
+/// (so it cannot take its session back), another connection takes its
+/// session over with its id and password and closes it. The servers then
+/// delete the session's ephemeral nodes, as when a session expires.
+/// Returns once `closed` holds (within the session timeout), with the proxy
+/// passing again: the client reconnects and hears that its session is over.
+pub(crate) async fn kill_session<F, Fut>(
+    store: &stores::Store,
+    proxy: &lock_conformance::kit::proxy::FaultProxy,
+    backend: &ZooKeeperBackend,
+    closed: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    use lock_conformance::kit::proxy::Mode;
+    proxy.set(Mode::Refuse);
+    proxy.reset_existing();
+    let killer = lock_zookeeper::zk::Client::connector()
+        .with_session(backend.client().unwrap().session().clone())
+        .connect(&store.endpoint())
+        .await
+        .unwrap();
+    drop(killer);
+    let within = backend.session_timeout();
+    lock_conformance::kit::poll::until(within, "the session closed on the servers", closed).await;
+    proxy.set(Mode::Pass);
+}
