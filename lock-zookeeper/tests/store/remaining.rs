@@ -448,3 +448,25 @@ fn long(backend: &lock_zookeeper::ZooKeeperBackend) -> lockcore::backend::Ttl {
         .effective_remaining(Duration::from_secs(600))
         .unwrap()
 }
+
+/// A kept lease past its local deadline is never kept again: the servers
+/// may sweep its node at any moment. Its deadline counts on its own clock,
+/// here one behind the system's, so it has passed while the node is
+/// surely still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_past_its_deadline_is_never_kept_again() {
+    let store = zookeeper::shared();
+    let holder = connect(store.endpoint()).await.unwrap();
+    let name = unique("kept-past");
+    let lease = short_lived(&holder, &name, scaled(Duration::from_millis(500))).await;
+    let remaining = (holder.capabilities())
+        .effective_remaining(scaled(Duration::from_secs(1)))
+        .unwrap();
+    let kept = holder.set_remaining(&lease, remaining).await.unwrap();
+    assert!(
+        Instant::now() >= kept.deadline(),
+        "kept on a clock behind: its deadline has passed"
+    );
+    let again = holder.set_remaining(&kept, long(&holder)).await;
+    assert!(matches!(again, Err(LockError::NotHeld { .. })), "{again:?}");
+}
