@@ -245,11 +245,7 @@ async fn a_stopped_writers_intent_lapses_within_its_ttl() {
     let what = format!("rw write {n} {}", ttl.as_millis());
     let helper = support::helper(file.path(), &what).unwrap();
     intent_of(file.path(), &n).await;
-    // SAFETY: signalling our own child.
-    assert_eq!(
-        unsafe { libc::kill(helper.0.id() as i32, libc::SIGSTOP) },
-        0
-    );
+    support::stop_outside_a_write(&helper.0, file.path()).await;
     let stopped = Instant::now();
     let reader = Locker::new(a.clone()).ttl(LONG).rw_lock(&n).unwrap();
     let next = reader.read_timeout(LONG).await.unwrap();

@@ -482,3 +482,46 @@ pub(crate) fn inotify_watching(id: (u64, u64)) -> Vec<i32> {
         })
         .collect()
 }
+
+/// Stops `child` (`SIGSTOP`) at a moment it does not hold the write lock of
+/// the lock file at `path`: stopped inside a transaction it would stall
+/// every writer of the file (what `stall` does on purpose). While the write
+/// lock cannot be had at once, it continues the child and tries again.
+pub(crate) async fn stop_outside_a_write(child: &Child, path: &Path) {
+    let signal = |sig| {
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    };
+    for _ in 0..1000 {
+        signal(libc::SIGSTOP);
+        if write_lock_free(path).await {
+            return;
+        }
+        signal(libc::SIGCONT);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the helper held the file's write lock at every try");
+}
+
+/// Whether the write lock of the lock file at `path` can be had at once.
+async fn write_lock_free(path: &Path) -> bool {
+    use sqlx::ConnectOptions;
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+    let mut conn = SqliteConnectOptions::new()
+        .filename(path)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::ZERO)
+        .connect()
+        .await
+        .expect("a connection to the lock file");
+    let free = sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut conn)
+        .await
+        .is_ok();
+    if free {
+        sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.unwrap();
+    }
+    use sqlx::Connection;
+    conn.close().await.unwrap();
+    free
+}
