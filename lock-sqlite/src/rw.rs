@@ -9,7 +9,8 @@
 //! One `BEGIN IMMEDIATE` transaction per attempt: a read is granted while
 //! no live writer holds the name and no live intent is there; a write while
 //! no live holder is. A waiting writer's refused attempt makes its intent
-//! (or moves its expiry) in the same transaction; its grant deletes it in
+//! (or moves its expiry, once a third of its TTL has passed) in the same
+//! transaction; its grant deletes it in
 //! the same transaction. How a writer waits, and its intent's life, is in
 //! `intent.rs`.
 
@@ -24,7 +25,7 @@ use crate::error::{self, BACKEND};
 use crate::keys::Kind;
 use crate::locks::grant::NewRow;
 use crate::locks::{clock, sql as lease_sql};
-use intent::Intent;
+use intent::{Intent, REFRESH_AT_LEFT};
 
 impl Client {
     /// One attempt at `access` of the reader-writer lock `request.name()`;
@@ -72,10 +73,16 @@ impl Client {
         if let Some(until) = blocked_until {
             let mut expires_in = clock::duration(until - now);
             if let Some(intent) = waiting {
-                self.keep_intent(tx, request, intent, now).await?;
-                // Each attempt moves the intent's expiry a TTL on: the next
-                // comes well within it.
-                expires_in = expires_in.min(request.ttl().get() / 3);
+                let ttl = request.ttl().get();
+                match intent.as_ref().and_then(|i| i.due_in(now, ttl)) {
+                    // Not due: nothing written, `tx` goes uncommitted (a
+                    // woken writer that is refused costs no durable write).
+                    Some(due_in) => expires_in = expires_in.min(due_in),
+                    None => {
+                        self.keep_intent(tx, request, intent, now).await?;
+                        expires_in = expires_in.min(ttl.mul_f64(1.0 - REFRESH_AT_LEFT));
+                    }
+                }
             }
             return Ok(Attempt::Held {
                 expires_in: Some(expires_in),
@@ -124,7 +131,9 @@ impl Client {
                 .await
                 .map_err(error::map)?;
             if moved.is_some() {
-                return tx.commit().await.map_err(error::map);
+                tx.commit().await.map_err(error::map)?;
+                kept.moved(until);
+                return Ok(());
             }
             // Lapsed (this writer stood still past its TTL) and maybe taken
             // away: a new one, and the old one's row and file removed.

@@ -4,8 +4,9 @@
 //! The writer waits in the one wait loop (`lockcore::backend::wait`) with
 //! [`WriterWaits`]: each attempt either grants the write (deleting the
 //! intent in the same transaction) or makes the intent, or moves its
-//! expiry a TTL on; a refused attempt asks to be retried within a third of
-//! the TTL, so the intent outlives no attempt by more than a TTL. The
+//! expiry a TTL on once a third of the TTL has passed (other refused
+//! attempts write nothing); a refused attempt asks to be retried by then,
+//! so the intent outlives its writer's last attempt by at most a TTL. The
 //! intent has a presence file of its own, whose `flock` this client keeps
 //! in [`Intents`] while the writer waits: a writer whose process dies
 //! leaves an intent that every attempt sees gone at once, and one stopped
@@ -32,11 +33,18 @@ use crate::keys::Kind;
 use crate::locks::grant::Written;
 use crate::locks::undo::Undo;
 
+/// An intent's expiry moves a TTL on once this share of the TTL is left:
+/// it outlives its writer's last attempt by at most a TTL, and a waiting
+/// writer writes at most once per third of a TTL to keep it.
+pub(crate) const REFRESH_AT_LEFT: f64 = 2.0 / 3.0;
+
 /// A writer's intent in the lock file, made by one of its attempts.
 #[derive(Debug)]
 pub(crate) struct Intent {
     fence: i64,
     owner: OwnerToken,
+    /// Its expiry as last written (boot-clock nanoseconds).
+    expires_at: i64,
     client: Weak<Client>,
     /// Armed until the intent's row went with the writer's grant: dropped
     /// armed, it removes the row and then the presence file.
@@ -68,6 +76,7 @@ impl Intent {
         let intent = Intent {
             fence: written.fence,
             owner: written.owner,
+            expires_at: written.expires_at,
             client: client.me.clone(),
             undo: Some(undo.committed()),
         };
@@ -87,6 +96,19 @@ impl Intent {
 
     pub(crate) fn owner(&self) -> OwnerToken {
         self.owner
+    }
+
+    /// How long until its expiry is due to move a TTL on (for a TTL of
+    /// `ttl`), as last written: once a third of it has passed. `None` once
+    /// due.
+    pub(crate) fn due_in(&self, now: i64, ttl: std::time::Duration) -> Option<std::time::Duration> {
+        let due_at = self.expires_at - crate::locks::clock::nanos(ttl.mul_f64(REFRESH_AT_LEFT));
+        (due_at > now).then(|| crate::locks::clock::duration(due_at - now))
+    }
+
+    /// Its expiry moved to `expires_at`.
+    pub(crate) fn moved(&mut self, expires_at: i64) {
+        self.expires_at = expires_at;
     }
 
     /// Its row went with the writer's grant, committed: its presence file

@@ -416,3 +416,64 @@ async fn rw_attempts_cut_short_anywhere_leave_nothing_once_closed() {
     );
     holder.release(&read).await.unwrap();
 }
+
+/// The expiry of `n`'s one intent in the file.
+async fn intent_expiry(path: &Path, n: &LockName) -> i64 {
+    let mut conn = sqlx::SqliteConnection::connect(&support::url(path))
+        .await
+        .unwrap();
+    let expiry = sqlx::query_scalar(
+        "SELECT expires_at FROM distlock_leases WHERE kind = 'intent' AND name = ?1",
+    )
+    .bind(n.as_str())
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    expiry
+}
+
+/// A waiting writer woken while it is still refused writes nothing: its
+/// intent's expiry moves only once a third of its TTL has passed, so a
+/// wake-up for nothing costs no durable write. Here five wake-ups (the
+/// reader's presence file touched) within the first third of a minute's
+/// TTL leave the intent as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_writer_writes_nothing_until_its_intent_is_due() {
+    let file = support::SqliteFactory::fresh();
+    let a = connect(&file).await;
+    let n = name("rw/woken-writer");
+    let read = take(&a, &n, Access::Read).await;
+    let writer = connect(&file).await;
+    let write = request(&writer, &n, Access::Write, LONG);
+    let wait = WaitPolicy::new(Instant::now() + LONG).recheck(LONG);
+    let waiting = tokio::spawn({
+        let (writer, wait) = (writer.clone(), wait.clone());
+        async move { writer.acquire(&write, &wait).await }
+    });
+    intent_of(file.path(), &n).await;
+    let written = intent_expiry(file.path(), &n).await;
+    let reader_file = presence(file.path(), fence(&read));
+    for woken in 1..=5 {
+        let attempts = wait.attempts();
+        // A change of the reader's presence file wakes the writer.
+        let mode = std::fs::metadata(&reader_file).unwrap().permissions();
+        std::fs::set_permissions(&reader_file, mode).unwrap();
+        let within = Instant::now() + scaled(Duration::from_secs(5));
+        while wait.attempts() == attempts {
+            assert!(
+                Instant::now() < within,
+                "wake-up {woken}: the writer made no attempt"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert_eq!(
+        intent_expiry(file.path(), &n).await,
+        written,
+        "a refused attempt moved the intent"
+    );
+    a.release(&read).await.unwrap();
+    let granted = waiting.await.unwrap().unwrap().expect("the write");
+    writer.release(&granted).await.unwrap();
+}
