@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::{Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use lockcore::backend::wait::{Waiter, Wakeup};
 use lockcore::backend::{LockRequest, async_trait, timed};
@@ -30,6 +31,7 @@ use lockcore::{Access, Attempt, LockError, OwnerToken};
 use crate::connection::Client;
 use crate::error::BACKEND;
 use crate::keys::Kind;
+use crate::locks::clock;
 use crate::locks::grant::Written;
 use crate::locks::undo::Undo;
 
@@ -101,9 +103,9 @@ impl Intent {
     /// How long until its expiry is due to move a TTL on (for a TTL of
     /// `ttl`), as last written: once a third of it has passed. `None` once
     /// due.
-    pub(crate) fn due_in(&self, now: i64, ttl: std::time::Duration) -> Option<std::time::Duration> {
-        let due_at = self.expires_at - crate::locks::clock::nanos(ttl.mul_f64(REFRESH_AT_LEFT));
-        (due_at > now).then(|| crate::locks::clock::duration(due_at - now))
+    pub(crate) fn due_in(&self, now: i64, ttl: Duration) -> Option<Duration> {
+        let due_at = self.expires_at - clock::nanos(ttl.mul_f64(REFRESH_AT_LEFT));
+        (due_at > now).then(|| clock::duration(due_at - now))
     }
 
     /// Its expiry moved to `expires_at`.

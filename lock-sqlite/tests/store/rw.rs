@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_conformance::kit::poll::until;
 use lock_conformance::kit::scaled;
 use lock_sqlite::SqliteBackend;
 use lockcore::backend::wait::WaitPolicy;
@@ -459,14 +460,11 @@ async fn a_refused_writer_writes_nothing_until_its_intent_is_due() {
         // A change of the reader's presence file wakes the writer.
         let mode = std::fs::metadata(&reader_file).unwrap().permissions();
         std::fs::set_permissions(&reader_file, mode).unwrap();
-        let within = Instant::now() + scaled(Duration::from_secs(5));
-        while wait.attempts() == attempts {
-            assert!(
-                Instant::now() < within,
-                "wake-up {woken}: the writer made no attempt"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = format!("the writer's attempt after wake-up {woken}");
+        until(scaled(Duration::from_secs(5)), &what, || async {
+            wait.attempts() > attempts
+        })
+        .await;
     }
     assert_eq!(
         intent_expiry(file.path(), &n).await,

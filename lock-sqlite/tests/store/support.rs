@@ -505,8 +505,8 @@ pub(crate) async fn stop_outside_a_write(child: &Child, path: &Path) {
 
 /// Whether the write lock of the lock file at `path` can be had at once.
 async fn write_lock_free(path: &Path) -> bool {
-    use sqlx::ConnectOptions;
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+    use sqlx::{ConnectOptions, Connection};
     let mut conn = SqliteConnectOptions::new()
         .filename(path)
         .journal_mode(SqliteJournalMode::Wal)
@@ -521,7 +521,6 @@ async fn write_lock_free(path: &Path) -> bool {
     if free {
         sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.unwrap();
     }
-    use sqlx::Connection;
     conn.close().await.unwrap();
     free
 }
