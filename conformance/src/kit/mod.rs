@@ -18,8 +18,11 @@
 //! - `pki`: throwaway CAs and certificates for TLS tests.
 //! - `secrets`: a marker password and the checks that it never reaches
 //!   errors, `Debug` or tracing output.
+//! - `logs`: what a piece of code logs, captured for one test.
 
 pub mod env;
+#[cfg(feature = "stores")]
+pub mod logs;
 #[cfg(feature = "stores")]
 pub(crate) mod net;
 #[cfg(feature = "stores")]

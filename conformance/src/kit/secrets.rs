@@ -9,8 +9,9 @@
 //! assert!(secrets::leaks(&lockcore::backend::redact_url(&url)).is_none());
 //! ```
 
-use std::io::Write;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use crate::kit::logs::Buffer;
 
 /// The marker password: `#`, `/`, `?`, `@`, `:` and `%` between two runs of
 /// letters and digits that appear nowhere else.
@@ -53,7 +54,7 @@ pub fn assert_hidden(what: &str, text: &str) {
     }
 }
 
-static CAPTURED: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+static CAPTURED: OnceLock<Buffer> = OnceLock::new();
 
 /// Everything every thread of this process logs through `tracing`, at every
 /// level, from the first call on: install it at the start of each test of a
@@ -62,11 +63,11 @@ static CAPTURED: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
 pub fn capture_tracing() {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {
-        CAPTURED.get_or_init(Mutex::default);
+        let buffer = CAPTURED.get_or_init(Buffer::default).clone();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)
             .with_ansi(false)
-            .with_writer(|| Capture)
+            .with_writer(move || buffer.clone())
             .finish();
         tracing::subscriber::set_global_default(subscriber)
             .expect("capture_tracing needs to be the only global subscriber");
@@ -75,28 +76,5 @@ pub fn capture_tracing() {
 
 /// What [`capture_tracing`] captured so far.
 pub fn captured() -> String {
-    CAPTURED
-        .get()
-        .map(|buffer| {
-            String::from_utf8_lossy(&buffer.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
-        })
-        .unwrap_or_default()
-}
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if let Some(buffer) = CAPTURED.get() {
-            buffer
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend_from_slice(bytes);
-        }
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    CAPTURED.get().map(Buffer::text).unwrap_or_default()
 }

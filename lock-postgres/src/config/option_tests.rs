@@ -10,26 +10,7 @@ use super::{OWN_OPTIONS, PostgresConfig};
 
 /// What `from_url` logs, and its result.
 fn logged(url: &str) -> (String, Result<PostgresConfig, LockError>) {
-    use std::sync::{Arc, Mutex};
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let result = tracing::subscriber::with_default(subscriber, || PostgresConfig::from_url(url));
-    let text = String::from_utf8_lossy(&buffer.0.lock().unwrap()).into_owned();
+    let (result, text) = lock_conformance::kit::logs::captured(|| PostgresConfig::from_url(url));
     (text, result)
 }
 

@@ -355,10 +355,9 @@ fn without_query(url: &StoreUrl) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    use lock_conformance::kit::logs::captured as logged;
     use lock_conformance::kit::secrets;
 
     use super::*;
@@ -521,30 +520,6 @@ mod tests {
         assert_eq!(settings.username(), Some("u"));
         refused(&format!("redis://u:pw@h?password_file={}", file.display()));
         std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    /// Everything logged while `work` runs on this thread.
-    fn logged<T>(work: impl FnOnce() -> T) -> (T, String) {
-        #[derive(Clone, Default)]
-        struct Log(Arc<Mutex<Vec<u8>>>);
-        impl Write for Log {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let log = Log::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        let outcome = tracing::subscriber::with_default(subscriber, work);
-        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-        (outcome, text)
     }
 
     #[test]

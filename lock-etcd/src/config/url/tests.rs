@@ -2,9 +2,7 @@
 //! a warning naming the new one, bad values typed errors that show neither
 //! the value nor the password, unknown options refused naming the known ones.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
+use lock_conformance::kit::logs::captured as logged;
 use lock_conformance::kit::secrets::{self, MARKER};
 
 use super::*;
@@ -23,30 +21,6 @@ fn pem_files(dir: &tempfile::TempDir) -> (String, String, String) {
         file(dir, "cert.pem", "CERT"),
         file(dir, "key.pem", "KEY"),
     )
-}
-
-/// Everything `parse` logs on this thread, and what it returned.
-fn logged<T>(parse: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, parse);
-    let text = String::from_utf8_lossy(&buffer.0.lock().unwrap()).into_owned();
-    (out, text)
 }
 
 #[test]
