@@ -15,7 +15,8 @@ use lockcore::{FencingToken, LockError, LockName};
 use tokio::time::Instant;
 
 use crate::support::{
-    answered, children, connect, locker, raw, round_trip, session_id, unique, watches,
+    answered, children, connect, lasting_parent, locker, raw, round_trip, session_id, unique,
+    watches,
 };
 
 /// Three sessions of the shared server (the first one holds), a raw client
@@ -279,6 +280,11 @@ async fn a_hand_off_sends_no_request_between_the_release_and_the_grant() {
 async fn a_waiter_joins_on_the_listing_sent_with_its_create() {
     let ([holder, ours, _], observer, name, parent) = three_sessions("joins-listed").await;
     let store = zookeeper::shared();
+    // A parent that is not a container: the server would delete an empty
+    // one between our first grant and the holder's (every 200 ms here),
+    // and our next create would cost a request to watch the new parent (4
+    // requests, once in CI).
+    lasting_parent(&observer, &parent).await;
     // The session's first grant reads the fence floor; this one is done.
     locker(&ours)
         .acquire(&name)
