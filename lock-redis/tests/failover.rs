@@ -374,7 +374,12 @@ async fn with_wait_replicas_every_grant_survives_a_failover() {
 async fn with_wait_replicas_nothing_unreplicated_is_handed_out() {
     let topology = Topology::start().await;
     topology.caught_up().await;
-    let client = topology.client(|c| c.wait_replicas(1)).await;
+    // A WAIT may take half the response timeout: room for a loaded machine
+    // before the cut (the default's 500 ms was once not enough in CI).
+    let patient = scaled(RedisConfig::DEFAULT_RESPONSE_TIMEOUT * 4);
+    let client = topology
+        .client(|c| c.wait_replicas(1).response_timeout(patient))
+        .await;
     let held = take(&client, &unique("before-the-cut"), support::LONG).await;
     topology.cut();
 
