@@ -249,16 +249,28 @@ impl Client {
             }
         };
         // A lease let in by a turnstile still holds it: release on the
-        // turnstile's connection, and let go of the turnstile once the
-        // release has committed (dropping the ticket), so the next waiter
-        // comes in after the row is free, and finds it free.
+        // turnstile's connection, passing the turnstile on at the release's
+        // commit, so the next waiter comes in after the row is free, and
+        // finds it free. (Not passed, the ticket dropped lets go after.)
         if let Some(mut ticket) = lease
             .extension::<Held>()
             .and_then(|held| held.turnstile.take())
             && let Some(conn) = ticket.connection()
         {
-            match error::timed_sql("release", self.op_timeout, release().fetch_one(conn)).await {
-                Ok(released) => return Ok(outcome(released)),
+            let passing = sqlx::query_as::<_, (i64, bool)>(&self.sql.release_passing)
+                .bind(lease.name().as_str())
+                .bind(lease.owner().as_uuid())
+                .bind(fence)
+                .bind(&self.sql.channel)
+                .bind(watch)
+                .bind(keys::turnstile_key(&self.sql.table, lease.name().as_str()));
+            match error::timed_sql("release", self.op_timeout, passing.fetch_one(conn)).await {
+                Ok((released, passed)) => {
+                    if passed {
+                        ticket.passed_on();
+                    }
+                    return Ok(outcome(released));
+                }
                 // The turnstile's connection broke, or the server ended the
                 // session: the release runs on its own below (owner-checked,
                 // so harmless if the first one did take effect).

@@ -35,16 +35,45 @@ const LABEL: &str = "CASE WHEN label_owner = owner THEN label END";
 /// the change. (Every NOTIFY serializes its transaction's commit with all
 /// other notifying commits of the server.) `(channel, payload, key)` are
 /// the SQL expressions of the channel, the payload and the watch key.
-pub(crate) fn notifying(changed: &str, (channel, payload, key): (&str, &str, &str)) -> String {
+pub(crate) fn notifying(changed: &str, notify: (&str, &str, &str)) -> String {
+    notifying_after("", changed, notify, "")
+}
+
+/// [`notifying`], with the common table expressions `before` (each
+/// `name AS (...), `) ahead of the change, and `also` (`, expression`)
+/// after the count.
+fn notifying_after(
+    before: &str,
+    changed: &str,
+    (channel, payload, key): (&str, &str, &str),
+    also: &str,
+) -> String {
     format!(
-        "WITH changed AS (
+        "WITH {before}changed AS (
             {changed}
         )
-        SELECT count(*) FROM (
+        SELECT count(*){also} FROM (
             SELECT CASE WHEN pg_try_advisory_xact_lock({key}) THEN NULL
                         ELSE pg_notify({channel}, {payload}) END
               FROM changed
         ) notified"
+    )
+}
+
+/// The common table expression `pass` (column `passed`), which passes the
+/// turnstile `key` this session holds on at the commit of the statement's
+/// transaction, not before: the transaction takes the key too (granted at
+/// once to the session already holding it), then the session lets go of
+/// its own hold. The next waiter's `pg_advisory_lock` returns once the
+/// transaction's locks go, after its commit is flushed and visible.
+/// `passed` is false (the turnstile left as it was) if the session did not
+/// hold it.
+fn passing_turnstile(key: &str) -> String {
+    format!(
+        "pass AS (
+            SELECT CASE WHEN pg_try_advisory_xact_lock({key}) THEN pg_advisory_unlock({key})
+                        ELSE false END AS passed
+        ), "
     )
 }
 
@@ -86,6 +115,10 @@ pub(crate) struct Sql {
     /// `$1` name, `$2` owner, `$3` fence, `$4` channel, `$5` watch key →
     /// released count.
     pub(crate) release: String,
+    /// `release` on the connection of the turnstile the lease kept, `$6`
+    /// its key → `(released count, passed)`: the turnstile passes on at
+    /// the release's commit, with no statement after it.
+    pub(crate) release_passing: String,
     /// `$1` name, `$2` owner, `$3` channel, `$4` watch key → freed count: frees a grant
     /// whose fence is unknown (an acquire whose reply was lost); the owner
     /// token is unique to that one attempt.
@@ -253,14 +286,24 @@ impl Sql {
             SELECT i FROM locks UNION ALL SELECT i FROM permits UNION ALL SELECT i FROM shares"
         );
         // Releases notify only when somebody waits (see `notifying`).
-        let release = notifying(
-            &format!(
+        let freed = |after: &str| {
+            format!(
                 "UPDATE {t}
                     SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
                   WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
+                        {after}
                  RETURNING name"
-            ),
+            )
+        };
+        let release = notifying(&freed(""), ("$4", "name", "$5"));
+        // The turnstile is passed before the row is touched (the update
+        // waits for `pass`), so a release that waits for the row lock
+        // shows that the next waiter still waits for its commit.
+        let release_passing = notifying_after(
+            &passing_turnstile("$6"),
+            &freed("AND (SELECT passed FROM pass) IS NOT NULL"),
             ("$4", "name", "$5"),
+            ", (SELECT passed FROM pass)",
         );
         let forget = notifying(
             &format!(
@@ -385,6 +428,7 @@ impl Sql {
             held,
             renew_many,
             release,
+            release_passing,
             forget,
             gone,
             inspect,

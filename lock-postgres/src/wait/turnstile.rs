@@ -12,10 +12,11 @@
 //! held, waits for it as any waiter does (NOTIFY, the holder's expiry,
 //! re-checks). The lease it gets keeps the turnstile (the session keeps the
 //! advisory lock, idle, no transaction open) while the lease is held, and
-//! `release` runs on that connection: once the release has committed, the
-//! connection lets go of the advisory lock (in the background: the caller
-//! has its answer after one round trip), which lets the next waiter in, and
-//! that waiter finds the lock free. A hand-off costs the next waiter's own
+//! `release` runs on that connection and passes the turnstile on in the
+//! same statement, at its commit (the release's transaction takes the key
+//! over from the session; see `locks/sql.rs`): the next waiter is let in
+//! once the release is durable and visible, with no round trip after it,
+//! and finds the lock free. A hand-off costs the next waiter's own
 //! attempt, with no notification and no herd. The turnstile also ends when a
 //! renewal finds the lease gone, or when the lease is dropped.
 //!
@@ -86,6 +87,9 @@ enum Fate {
     Refused,
     /// The connection broke, or the answer did not come.
     Broken,
+    /// It got the turn, and a statement on its connection has passed the
+    /// turn on since (a release, at its commit).
+    PassedOn,
 }
 
 impl Fate {
@@ -335,7 +339,7 @@ impl Shared {
     async fn reuse(&self, session: Session, fate: Fate) {
         match fate {
             Fate::Turn => self.leave(session).await,
-            Fate::Refused => self.keep(session).await,
+            Fate::Refused | Fate::PassedOn => self.keep(session).await,
             Fate::Broken => {} // dropping the connection is all
         }
     }
@@ -463,6 +467,15 @@ impl Ticket {
         match &mut self.state {
             State::Holding(session) => Some(&mut session.conn),
             _ => None,
+        }
+    }
+
+    /// Spends a held turnstile that a statement on its connection passed
+    /// on: the connection is kept for the next waiter, with nothing more
+    /// to send.
+    pub(crate) fn passed_on(mut self) {
+        if let State::Holding(session) = std::mem::replace(&mut self.state, State::Left) {
+            self.shared.reuse_later(session, Fate::PassedOn);
         }
     }
 
