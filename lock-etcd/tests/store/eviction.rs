@@ -28,12 +28,12 @@ async fn lost_fires_when_etcd_drops_the_lease_not_at_the_next_renewal() {
     let id = etcd_lease_of(&mut client, &key).await;
     let revoked = Instant::now();
     client.lease_revoke(id).await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+    let reason = tokio::time::timeout(scaled(Duration::from_secs(2)), guard.lost())
         .await
         .expect("lost() must fire well before the next renewal (4 s)");
     assert_eq!(reason, LossReason::StoreReported);
     assert!(!guard.is_held());
-    assert!(revoked.elapsed() < Duration::from_secs(2));
+    assert!(revoked.elapsed() < scaled(Duration::from_secs(2)));
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotHeld);
 
     // 2. A forced release.
@@ -41,7 +41,7 @@ async fn lost_fires_when_etcd_drops_the_lease_not_at_the_next_renewal() {
     let guard = locker.acquire(&lock).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     backend.evict(&lock, None).await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+    let reason = tokio::time::timeout(scaled(Duration::from_secs(2)), guard.lost())
         .await
         .expect("lost() must fire at once on a forced release");
     assert_eq!(reason, LossReason::StoreReported);

@@ -71,7 +71,7 @@ async fn server_crash_is_unavailable_then_recovers() {
         .await
         .unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(started.elapsed() < scaled(Duration::from_secs(3)));
     store.restart_now().expect("restart on the same data");
     let holder = eventually(
         Duration::from_secs(10),
