@@ -506,6 +506,12 @@ async fn racing_attempts_of_one_session_never_share_the_lock() {
 /// Renewing a lease whose node the client already watches costs one
 /// request, the session's `sync`: the watch, set before it and not fired
 /// by its answer, proves the node is still there (no read of the node).
+///
+/// The server shows the watch once it has the `exists` that sets it; the
+/// client takes the watch when its keeper handles the reply, which a loaded
+/// machine can schedule after a renew has left (that renew reads the node
+/// too, two requests). So renews are tried until the client watches, within
+/// the declared eviction notice; a renew that always reads fails the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewing_a_watched_lease_costs_one_request() {
     let store = zookeeper::shared();
@@ -514,12 +520,19 @@ async fn renewing_a_watched_lease_costs_one_request() {
     let lease = take(&holder, &name).await;
     let sid = session_id(&holder);
     crate::support::until_node_watched(&store, &holder, &name).await;
-    let before = answered(store.addr(), sid);
-    let renewed = holder.renew(&lease).await.unwrap();
-    assert_eq!(
-        answered(store.addr(), sid) - before,
-        1,
-        "requests to renew a watched lease"
-    );
+    let notice = holder.capabilities().eviction_notice.unwrap();
+    let within = notice * 4 + lock_conformance::kit::scaled(Duration::from_secs(1));
+    let renewed = eventually(
+        within,
+        "a renew of the watched lease in one request",
+        || async {
+            let before = answered(store.addr(), sid);
+            let renewed = holder.renew(&lease).await.unwrap();
+            let requests = answered(store.addr(), sid) - before;
+            assert!(requests <= 2, "{requests} requests to renew one lease");
+            (requests == 1).then_some(renewed)
+        },
+    )
+    .await;
     holder.release(&renewed).await.unwrap();
 }

@@ -197,15 +197,27 @@ pub(crate) fn watches(addr: std::net::SocketAddr, sid: i64) -> Vec<String> {
 /// request id (`lcxid`) that `cons` reports for it (pings and watch events
 /// have ids of their own, outside this count).
 pub(crate) fn answered(addr: std::net::SocketAddr, sid: i64) -> u64 {
+    u64::from_str_radix(&session_stat(addr, sid, "lcxid=0x"), 16).unwrap()
+}
+
+/// How many of session `sid`'s requests the server has received and not yet
+/// answered (`queued` in `cons`). The server counts a request answered only
+/// after it has recorded its `lcxid`, so at 0 [`answered`] is up to date.
+fn unanswered(addr: std::net::SocketAddr, sid: i64) -> u64 {
+    session_stat(addr, sid, "queued=").parse().unwrap()
+}
+
+/// The value of the field starting with `prefix` in session `sid`'s `cons`
+/// line, e.g. `/127.0.0.1:5678[1](queued=0,recved=9,...,lcxid=0x8,...)`.
+fn session_stat(addr: std::net::SocketAddr, sid: i64, prefix: &str) -> String {
     let lines = connections(addr, sid);
     let line = lines
         .first()
         .unwrap_or_else(|| panic!("session 0x{sid:x} not in `cons`"));
-    let cxid = line
-        .split(',')
-        .find_map(|f| f.strip_prefix("lcxid=0x"))
-        .unwrap_or_else(|| panic!("no lcxid in {line}"));
-    u64::from_str_radix(cxid, 16).unwrap()
+    line.split(['(', ',', ')'])
+        .find_map(|f| f.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {line}"))
+        .to_owned()
 }
 
 /// The session id of `backend`'s current session.
@@ -313,7 +325,10 @@ pub(crate) async fn short_lived(
 
 /// Waits until `backend`'s session watches `name`'s granted node: its
 /// keeper sets that watch within the declared eviction notice of the
-/// grant, and from then on the client hears of the node's deletion.
+/// grant, and from then on the client hears of the node's deletion. It also
+/// waits until the server has answered the request that set the watch: the
+/// server registers the watch before it records the request as answered, so
+/// a count of [`answered`] requests taken in between would miss it.
 pub(crate) async fn until_node_watched(
     store: &stores::Store,
     backend: &ZooKeeperBackend,
@@ -325,7 +340,8 @@ pub(crate) async fn until_node_watched(
     let within = notice * 4 + lock_conformance::kit::scaled(Duration::from_secs(1));
     lock_conformance::kit::poll::eventually(within, "the node watched", || async {
         let watched = watches(store.addr(), sid);
-        watched.iter().any(|p| p.starts_with(&node)).then_some(())
+        let settled = unanswered(store.addr(), sid) == 0;
+        (settled && watched.iter().any(|p| p.starts_with(&node))).then_some(())
     })
     .await;
 }
