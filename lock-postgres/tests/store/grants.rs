@@ -13,7 +13,7 @@ use lockcore::backend::LockBackendExt;
 use lockcore::{Attempt, LockBackend};
 
 use crate::support::{
-    acquired, backend, lock_name, observer, sessions_waiting, shared_url, sql_conn, unique,
+    acquired, backend, lock_name, observer, row_locked, sessions_waiting, shared_url, unique,
     with_app, with_params,
 };
 
@@ -63,15 +63,7 @@ async fn an_acquire_waiting_for_the_row_draws_its_fence_after() {
     let first = acquired(&client, &name, Duration::from_secs(60)).await;
     client.release(&first).await.unwrap();
 
-    let mut conn = sql_conn(&url).await;
-    sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
-    sqlx::query(&format!(
-        "SELECT 1 FROM public.{table} WHERE name = $1 FOR UPDATE"
-    ))
-    .bind(name.as_str())
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    let mut conn = row_locked(&url, &table, &name).await;
     let waiting = {
         let (client, name) = (client.clone(), name.clone());
         tokio::spawn(async move { client.try_acquire_for(&name, Duration::from_secs(60)).await })

@@ -106,6 +106,22 @@ pub(crate) async fn sql_conn(url: &str) -> PgConnection {
     PgConnection::connect(url).await.expect("plain connection")
 }
 
+/// A plain connection inside a transaction that holds the row lock of
+/// `name` in `table` (`SELECT ... FOR UPDATE`), as a concurrent grant's
+/// transaction would: writers of that row wait until it commits.
+pub(crate) async fn row_locked(url: &str, table: &str, name: &LockName) -> PgConnection {
+    let mut conn = sql_conn(url).await;
+    sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM public.{table} WHERE name = $1 FOR UPDATE"
+    ))
+    .bind(name.as_str())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn
+}
+
 /// A round-trip allowance: four times the slowest of five `inspect` calls,
 /// plus 250 ms, scaled.
 pub(crate) async fn round_trip(client: &PostgresBackend) -> Duration {

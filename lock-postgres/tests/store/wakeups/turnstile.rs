@@ -21,8 +21,9 @@ use lockcore::{
 use tokio::time::Instant;
 
 use crate::support::{
-    acquired, app_url, await_sessions, backend, lock_name, observer, patient, sessions_waiting,
-    shared_url, spawn_acquire, sql_conn, turnstile_sessions, unique, with_app, with_params,
+    acquired, app_url, await_sessions, backend, lock_name, observer, patient, row_locked,
+    sessions_waiting, shared_url, spawn_acquire, sql_conn, turnstile_sessions, unique, with_app,
+    with_params,
 };
 
 /// One turnstile holder asks for the lease; every other waiting instance
@@ -248,15 +249,7 @@ async fn a_release_passes_its_turnstile_on_at_its_commit() {
         ref pids => panic!("one turnstile holder expected: {pids:?}"),
     };
 
-    let mut row_lock = sql_conn(&url).await;
-    sqlx::query("BEGIN").execute(&mut row_lock).await.unwrap();
-    sqlx::query(&format!(
-        "SELECT 1 FROM public.{table} WHERE name = $1 FOR UPDATE"
-    ))
-    .bind(name.as_str())
-    .execute(&mut row_lock)
-    .await
-    .unwrap();
+    let mut row_lock = row_locked(&url, &table, &name).await;
     let fence = first.fencing_token();
     let releasing = tokio::spawn(first.release());
     until(
