@@ -12,6 +12,8 @@
 #     --test conformance -- --exact nemesis_history_is_clean --nocapture
 #
 # LOCK_TEST_TIME_SCALE and the LOCK_TEST_* store variables apply as usual.
+# LOCK_TEST_LOG=lock_<backend>=debug keeps the adapter's debug log in each
+# run's log (in the folder printed at the end).
 set -uo pipefail
 
 usage() {

@@ -27,6 +27,8 @@ pub fn run_test<F, Fut>(
     F: Factory,
     Fut: Future<Output = F>,
 {
+    #[cfg(feature = "stores")]
+    crate::kit::logs::to_stderr_from_env();
     let from_env = crate::kit::env::expect_skips();
     let from_env: Vec<&str> = from_env.iter().map(String::as_str).collect();
     for listed in skip.iter().chain(expect_skips).chain(&from_env) {

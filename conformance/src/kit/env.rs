@@ -15,6 +15,7 @@
 //! | `LOCK_TEST_EXPECT_SKIPS` | more cases expected to skip here (CI against external stores) | |
 //! | `LOCK_TEST_PARTIAL` | `1`: a missing store binary skips instead of failing (never with `CI=true`) | |
 //! | `LOCK_TEST_NEMESIS_SEED` | replay a nemesis run (decimal or `0x` hex) | `LOCK_NEMESIS_SEED` |
+//! | `LOCK_TEST_LOG` | the suite's cases log to stderr at this filter (`RUST_LOG` syntax, e.g. `lock_zookeeper=debug`), for a soak's failed runs | |
 //! | `LOCK_TEST_ZK_TRIALS` | rounds of lock-zookeeper's ensemble tests | `LOCK_ZK_TRIALS` |
 //! | `LOCK_TEST_ETCD_FAILOVER_RUNS` | leader kills per lock-etcd failover test | `ETCD_FAILOVER_RUNS` |
 //! | `LOCK_TEST_FAILOVERS` | primary kills per run of the replicated stores' failover nemesis | |
@@ -218,6 +219,9 @@ pub const PARTIAL: Var = Var::new("LOCK_TEST_PARTIAL");
 /// The seed of a nemesis run to replay.
 pub const NEMESIS_SEED: Var =
     Var::renamed("LOCK_TEST_NEMESIS_SEED", "LOCK_NEMESIS_SEED", unchanged);
+/// What the suite's cases log to stderr (`RUST_LOG` syntax): what the
+/// adapter decided in a failed soak run.
+pub const LOG: Var = Var::new("LOCK_TEST_LOG");
 /// Rounds of lock-zookeeper's ensemble tests.
 pub const ZK_TRIALS: Var = Var::renamed("LOCK_TEST_ZK_TRIALS", "LOCK_ZK_TRIALS", unchanged);
 /// Primary kills per run of the failover nemesis (Redis, PostgreSQL).
@@ -246,6 +250,7 @@ pub const ALL: &[Var] = &[
     EXPECT_SKIPS,
     PARTIAL,
     NEMESIS_SEED,
+    LOG,
     ZK_TRIALS,
     FAILOVERS,
     ETCD_FAILOVER_RUNS,

@@ -40,6 +40,25 @@ pub fn captured<T>(work: impl FnOnce() -> T) -> (T, String) {
     (out, buffer.text())
 }
 
+/// Sends what the code under test logs to stderr at the filter
+/// `LOCK_TEST_LOG` gives (`RUST_LOG` syntax), once per process; nothing
+/// when it is unset. A soak keeps a failed run's output, and with it what
+/// the adapter decided on the way (the suite's tests call this first).
+pub fn to_stderr_from_env() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let Some(filter) = crate::kit::env::LOG.get() else {
+            return;
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+}
+
 /// Text written from any thread, kept for a test to read.
 #[derive(Clone, Default)]
 pub(crate) struct Buffer(Arc<Mutex<Vec<u8>>>);

@@ -32,11 +32,16 @@ pub(crate) async fn delete_node(client: &zk::Client, path: &str) -> Result<bool,
 
 /// Deletes every queue node of owner `guid` under `parent` (best effort).
 pub(crate) async fn sweep_owner(client: &zk::Client, parent: &str, guid: Uuid) {
-    let Ok(children) = retry(|| client.list_children(parent)).await else {
-        return;
+    let children = match retry(|| client.list_children(parent)).await {
+        Ok(children) => children,
+        Err(e) => {
+            tracing::debug!(%parent, owner = %guid, error = %e, "could not list the queue to sweep our strays");
+            return;
+        }
     };
     for node in Queue::new(&children).all_of(guid) {
-        let _ = delete_node(client, &format!("{parent}/{}", node.name)).await;
+        let deleted = delete_node(client, &format!("{parent}/{}", node.name)).await;
+        tracing::debug!(%parent, node = %node.name, ?deleted, "swept a queue node of ours");
     }
 }
 

@@ -135,6 +135,7 @@ impl Client {
             .as_ref()
             .ok_or_else(|| LockError::store(BACKEND, "granted a queue entry without a node"))?;
         let (fence, alive_since) = (node.fence()?, node.alive_since);
+        tracing::debug!(path = %node.path, %fence, "granted");
         let (session, access) = (entry.session.clone(), entry.access);
         // Whatever was asked, a lease lasts the negotiated session timeout.
         let ttl = self.capabilities().effective_ttl(session.timeout)?;

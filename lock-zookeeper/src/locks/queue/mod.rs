@@ -233,6 +233,7 @@ impl Entry {
                 Err(e) if connection_lost(&e) => {
                     drop((list, counting));
                     claim = None;
+                    tracing::debug!(parent = %self.parent, owner = %self.guid, error = %e, "a create's reply was lost; looking for our node");
                     self.strays = true;
                     last = Some(e);
                     if let Some(queue) = self.recover(offset).await? {
@@ -261,6 +262,7 @@ impl Entry {
         let sent = self.clock.now();
         let queue = self.relist(true).await?;
         let Some(ours) = queue.first_of(self.guid).cloned() else {
+            tracing::debug!(parent = %self.parent, owner = %self.guid, "no node of ours after a lost create reply; creating again");
             return Ok(None);
         };
         let path = format!("{}/{}", self.parent, ours.name);
@@ -453,6 +455,7 @@ impl Drop for Entry {
         // Requests go out in call order, so a create still in flight when
         // the future was dropped reaches the server before the sweep below.
         let strays = self.strays || node.is_none();
+        tracing::debug!(%parent, owner = %guid, node = ?node.as_ref().map(|n| &n.name), strays, "a queue entry was dropped; removing its node in the background");
         let parent_shown = parent.clone();
         let spawned = self.cleanups.spawn(async move {
             if let Err(e) = remove(&session, &parent, guid, node, strays).await {
