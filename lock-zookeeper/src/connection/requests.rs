@@ -1,14 +1,16 @@
 //! Requests that survive a lost connection: reads retried, deletes that
-//! tell whether they deleted, the listing of a queue, and a node created
-//! again in place.
+//! tell whether they deleted, the listing of a queue, a node created again
+//! in place, and clean-ups tried until done while their session lives.
 
 use std::future::Future;
+use std::time::Duration;
 
-use lockcore::LockError;
+use lockcore::{Backoff, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::error::{connection_lost, map};
+use crate::connection::session::Session;
+use crate::error::{connection_lost, map, transient};
 use crate::keys::names::Queue;
 
 /// How many times a request is tried again after its connection was lost.
@@ -91,6 +93,37 @@ where
         }
     }
     Err(last)
+}
+
+/// Runs the clean-up `op` (deleting what a lease or a place in line left)
+/// until it succeeds, trying again while it fails on connection trouble and
+/// `session` lives: a session outlives a network blip shorter than its
+/// timeout, and so would the node left behind, blocking its name for as
+/// long as this client runs. Each try is cut at the session timeout: the
+/// client library waits for a reply until the connection breaks, and a
+/// request the server never got (seen with a proxy that dropped it, the
+/// connection kept) would wait as long as the session lives. `what` names
+/// the clean-up in the log.
+pub(crate) async fn until_cleaned<F, Fut>(session: &Session, what: &str, op: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), zk::Error>>,
+{
+    let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    for attempt in 0.. {
+        let e = match tokio::time::timeout(session.timeout, op()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => zk::Error::Timeout,
+        };
+        let closed = matches!(e, zk::Error::ClientClosed);
+        if closed || !transient(&e) || session.is_ended() {
+            tracing::debug!(error = %e, "could not {what}; its session will");
+            return;
+        }
+        tracing::debug!(error = %e, "could not {what} yet; again");
+        tokio::time::sleep(backoff.delay(attempt)).await;
+    }
 }
 
 /// What a [`recreate`] transaction did.

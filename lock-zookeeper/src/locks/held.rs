@@ -6,10 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use lockcore::backend::CancellationToken;
-use lockcore::{Access, Backoff, FencingToken, HolderLabel, LockName};
+use lockcore::{Access, FencingToken, HolderLabel, LockName};
 use tokio::time::Instant;
 use uuid::Uuid;
 use zookeeper_client as zk;
@@ -281,30 +280,15 @@ impl Held {
     }
 
     /// Deletes the node of a grant whose deadline passed unrenewed, trying
-    /// again while it fails on connection trouble and its session lives: a
-    /// session outlives a network blip shorter than its timeout, and so
-    /// would the abandoned node, blocking the name for as long as this
-    /// client runs. Each try is cut at the session timeout: the client
-    /// library waits for a reply until the connection breaks, and a request
-    /// the server never got (seen with a proxy that dropped it, the
-    /// connection kept) would wait as long as the session lives.
+    /// again while it fails on connection trouble and its session lives
+    /// ([`requests::until_cleaned`]): an abandoned lease must not outlive its
+    /// deadline just because its session does.
     pub(crate) async fn delete_expired(&self) {
-        let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-        for attempt in 0.. {
-            let tried = tokio::time::timeout(self.session.timeout, self.delete()).await;
-            let e = match tried {
-                Ok(Ok(_)) => return,
-                Ok(Err(e)) => e,
-                Err(_) => zk::Error::Timeout,
-            };
-            let closed = matches!(e, zk::Error::ClientClosed);
-            if closed || !crate::error::transient(&e) || self.session.is_ended() {
-                tracing::debug!(path = %self.path, error = %e, "could not delete an expired lock node; its session will");
-                return;
-            }
-            tracing::debug!(path = %self.path, error = %e, "deleting an expired lock node failed; again");
-            tokio::time::sleep(backoff.delay(attempt)).await;
-        }
+        let what = format!("delete the expired lock node {}", self.path);
+        requests::until_cleaned(&self.session, &what, || async {
+            self.delete().await.map(drop)
+        })
+        .await;
     }
 
     /// Stops watching (after a release).

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::proxy::Mode;
+use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::wait::WaitPolicy;
@@ -296,6 +297,57 @@ async fn an_abandoned_lease_whose_deletion_is_lost_is_deleted_again() {
         "granted before the abandoned lease's deadline"
     );
     b.release(&next).await.unwrap();
+}
+
+/// A waiter dropped while its node's removal never reaches the server (a
+/// proxy drops it and keeps the connection, as for the abandoned lease
+/// above) has its node removed all the same, by a later try: once the
+/// holder releases, the name is free within a session timeout, not held by
+/// the dropped waiter's node for as long as its session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_whose_removal_is_lost_is_removed_again() {
+    let (proxy, a, observer) = behind_proxy().await;
+    let b = connect(zookeeper::shared().endpoint()).await.unwrap();
+    let name = unique("dropped-lost-removal");
+    let parent = b.lock_path(&name);
+    let ttl = a.session_timeout();
+    let lease = take(&b, &name).await;
+    let waiting = tokio::spawn({
+        let (a, name) = (a.clone(), name.clone());
+        async move { locker(&a).acquire(&name).await }
+    });
+    eventually(
+        scaled(Duration::from_secs(2)),
+        "A's waiter queueing",
+        || async { (children(&observer, &parent).await.len() == 2).then_some(()) },
+    )
+    .await;
+    // The waiter's removal is lost; the drop is shorter than the client's
+    // ping timeout, so the connection lives on.
+    proxy.set(Mode::DropUpstream);
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    proxy.set(Mode::Pass);
+    let healed = Instant::now();
+    assert_eq!(b.release(&lease).await.unwrap(), ReleaseOutcome::Released);
+    let bound = healed + ttl + scaled(Duration::from_secs(2));
+    let next = b
+        .acquire_for(&name, ttl, &WaitPolicy::new(bound))
+        .await
+        .unwrap();
+    let next = next.unwrap_or_else(|| {
+        panic!(
+            "the dropped waiter's node still held the name {:?} after the link healed",
+            bound - healed
+        )
+    });
+    b.release(&next).await.unwrap();
+    assert_eq!(
+        a.client().unwrap().state(),
+        zk::SessionState::SyncConnected,
+        "A's session lived on: its node had to be removed by A"
+    );
 }
 
 async fn cycle(backend: &ZooKeeperBackend, name: &LockName) -> lockcore::FencingToken {

@@ -9,7 +9,7 @@ use lockcore::{Access, FencingToken, HolderLabel, LockError};
 use uuid::Uuid;
 use zookeeper_client as zk;
 
-use crate::connection::requests::{ATTEMPTS, delete_node, list, retry, sweep_owner};
+use crate::connection::requests::{ATTEMPTS, delete_node, list, retry, sweep_owner, until_cleaned};
 use crate::connection::session::Session;
 use crate::error::{BACKEND, connection_lost, map};
 use crate::fence::floor::floor_raised;
@@ -457,10 +457,14 @@ impl Drop for Entry {
         let strays = self.strays || node.is_none();
         tracing::debug!(%parent, owner = %guid, node = ?node.as_ref().map(|n| &n.name), strays, "a queue entry was dropped; removing its node in the background");
         let parent_shown = parent.clone();
+        // Tried again until done while the session lives, like an expired
+        // lease's node (see `until_cleaned`).
         let spawned = self.cleanups.spawn(async move {
-            if let Err(e) = remove(&session, &parent, guid, node, strays).await {
-                tracing::debug!(%parent, error = %e, "could not remove an abandoned queue node; its session will");
-            }
+            let what = format!("remove an abandoned queue node under {parent}");
+            until_cleaned(&session, &what, || {
+                remove(&session, &parent, guid, node.clone(), strays)
+            })
+            .await;
         });
         if !spawned {
             tracing::debug!(parent = %parent_shown, "queue entry dropped outside a runtime; its session removes the node");
