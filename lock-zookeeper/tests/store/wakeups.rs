@@ -7,16 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_conformance::kit::poll::{TimedOut, try_eventually, until};
-use lock_conformance::kit::proxy::FaultProxy;
+use lock_conformance::kit::proxy::{FaultProxy, Mode};
 use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
-use lockcore::{FencingToken, LockError, LockName};
+use lockcore::{FencingToken, LockError, LockGuard, LockName};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::support::{
     answered, children, connect, lasting_parent, locker, raw, round_trip, session_id, unique,
-    watches,
+    until_node_watched, watches,
 };
 
 /// Three sessions of the shared server (the first one holds), a raw client
@@ -319,16 +320,27 @@ async fn a_waiter_joins_on_the_listing_sent_with_its_create() {
     waiting.await.unwrap().unwrap().release().await.unwrap();
 }
 
-/// A waiter whose connection is reset while it waits keeps its place and
-/// is granted when the holder releases.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reconnection_loses_no_turn() {
+/// A holder of a fresh lock name on the shared server, and a patient waiter
+/// queued behind it through a fault proxy of its own (re-checking every
+/// minute: only the view tells it in time), with a raw client to look.
+struct WaiterBehindProxy {
+    link: FaultProxy,
+    waiter: ZooKeeperBackend,
+    observer: zk::Client,
+    name: LockName,
+    parent: String,
+    held: LockGuard,
+    waiting: JoinHandle<Result<LockGuard, LockError>>,
+}
+
+/// [`WaiterBehindProxy`], once the waiter's node is in line.
+async fn waiter_behind_proxy(what: &str) -> WaiterBehindProxy {
     let store = zookeeper::shared();
     let link = FaultProxy::start(store.addr()).await.unwrap();
     let holder = connect(store.endpoint()).await.unwrap();
-    let waiter = connect(link.addr().to_string()).await.unwrap();
+    let waiter = connect(store.endpoint_via(link.addr())).await.unwrap();
     let observer = raw(&store.endpoint()).await;
-    let name = unique("reconnected");
+    let name = unique(what);
     let parent = holder.lock_path(&name);
     let held = locker(&holder).acquire(&name).await.unwrap();
     let patient = locker(&waiter).recheck(Duration::from_secs(60));
@@ -346,20 +358,68 @@ async fn a_reconnection_loses_no_turn() {
         || async { children(&observer, &parent).await.len() == 2 },
     )
     .await;
-    let queued = children(&observer, &parent).await;
-    link.reset_existing();
-    held.release().await.unwrap();
-    let guard = tokio::time::timeout(holder.session_timeout(), waiting)
+    WaiterBehindProxy {
+        link,
+        waiter,
+        observer,
+        name,
+        parent,
+        held,
+        waiting,
+    }
+}
+
+/// A waiter whose connection is reset while it waits keeps its place and
+/// is granted when the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnection_loses_no_turn() {
+    let w = waiter_behind_proxy("reconnected").await;
+    let queued = children(&w.observer, &w.parent).await;
+    w.link.reset_existing();
+    w.held.release().await.unwrap();
+    let guard = tokio::time::timeout(w.waiter.session_timeout(), w.waiting)
         .await
         .expect("granted within the session timeout")
         .unwrap()
         .unwrap();
     // Still the node it queued before the reset: no new one was created.
-    let now = children(&observer, &parent).await;
+    let now = children(&w.observer, &w.parent).await;
     assert_eq!(now.len(), 1, "{now:?}");
     assert!(
         queued.contains(&now[0]),
         "{now:?} was not in line before: {queued:?}"
     );
+    guard.release().await.unwrap();
+}
+
+/// A waiter whose view loses a request (the watch on the node ahead, set
+/// again after a write to that node, sent while a proxy drops the waiter's
+/// requests and keeps its connection) is still told it is first once the
+/// holder releases: the view's requests are cut at the session timeout and
+/// sent again, not waited for as long as the session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_view_loses_a_request_is_still_woken() {
+    let w = waiter_behind_proxy("view-request-lost").await;
+    until_node_watched(&zookeeper::shared(), &w.waiter, &w.name).await;
+    // Sequence numbers are zero-padded: the first name is the holder's.
+    let children = children(&w.observer, &w.parent).await;
+    let ahead = children.into_iter().min().unwrap();
+    // The write fires the view's watch, and the view's new watch is lost;
+    // the drop is shorter than the client's ping timeout, so the connection
+    // lives on.
+    w.link.set(Mode::DropUpstream);
+    w.observer
+        .set_data(&format!("{}/{ahead}", w.parent), b"scribble", None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    w.link.set(Mode::Pass);
+    w.held.release().await.unwrap();
+    let within = w.waiter.session_timeout() + scaled(Duration::from_secs(2));
+    let guard = tokio::time::timeout(within, w.waiting)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter was not granted within {within:?} of the release"))
+        .unwrap()
+        .unwrap();
     guard.release().await.unwrap();
 }

@@ -239,6 +239,7 @@ impl Line {
             session: Arc::downgrade(session),
             ended: session.ended.clone(),
             states: session.state_watcher(),
+            timeout: session.timeout,
         };
         let task = (session.tasks).spawn(run(Arc::downgrade(&line), poke, link, parent));
         let _ = line.task.set(task.abort_handle());

@@ -21,11 +21,16 @@ use crate::error::{map, transient};
 type Fired = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 
 /// What a line's task knows of its session: a handle per request, never
-/// one kept (so that shutting the session is not held up), and its end.
+/// one kept (so that shutting the session is not held up), its end, and
+/// its timeout, which cuts each of the task's requests: one the server
+/// never got while the connection stayed up (seen with a proxy that dropped
+/// it) would wait for its reply as long as the session lives, and the view
+/// would stall for every local waiter (see `requests::until_cleaned`).
 pub(super) struct Link {
     pub(super) session: Weak<Session>,
     pub(super) ended: CancellationToken,
     pub(super) states: zk::StateWatcher,
+    pub(super) timeout: Duration,
 }
 
 impl Link {
@@ -33,6 +38,16 @@ impl Link {
     fn client(&self) -> Result<zk::Client, zk::Error> {
         let session = self.session.upgrade().ok_or(zk::Error::ClientClosed)?;
         session.client()
+    }
+
+    /// `request`, cut at the session timeout (`Timeout`: tried again).
+    async fn cut<T>(
+        &self,
+        request: impl Future<Output = Result<T, zk::Error>>,
+    ) -> Result<T, zk::Error> {
+        tokio::time::timeout(self.timeout, request)
+            .await
+            .unwrap_or(Err(zk::Error::Timeout))
     }
 
     /// Completes when the session ended (or was retired, or shut).
@@ -90,10 +105,14 @@ pub(super) async fn run(line: Weak<Line>, poke: Arc<Notify>, mut link: Link, par
                 let synced = clock.map(|clock| (clock.now(), clock));
                 let syncing = client.sync(&parent);
                 let listing = client.list_children(&parent);
-                let listed = match syncing.await {
-                    Ok(()) | Err(zk::Error::NoNode) => listing.await,
-                    Err(e) => Err(e),
-                };
+                let listed = link
+                    .cut(async {
+                        match syncing.await {
+                            Ok(()) | Err(zk::Error::NoNode) => listing.await,
+                            Err(e) => Err(e),
+                        }
+                    })
+                    .await;
                 match listed {
                     Ok(children) => Ok((number, children, synced)),
                     Err(zk::Error::NoNode) => Ok((number, Vec::new(), synced)),
@@ -160,13 +179,13 @@ async fn watch_step(
     );
     // Watches of nodes no longer to watch are dropped.
     kept.clear();
-    let Some(mut fired) = watch(&client, near_kept, &path).await? else {
+    let Some(mut fired) = link.cut(watch(&client, near_kept, &path)).await? else {
         live.passed(near);
         return Ok(());
     };
     let (far, mut beyond) = match far {
         None => (None, Box::pin(std::future::pending()) as Fired),
-        Some((sequence, far_path)) => match watch(&client, far_kept, &far_path).await {
+        Some((sequence, far_path)) => match link.cut(watch(&client, far_kept, &far_path)).await {
             Ok(Some(beyond)) => (Some(sequence), beyond),
             outcome => {
                 kept.insert(near, fired);
