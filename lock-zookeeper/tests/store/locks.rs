@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::support::{
     answered, behind_proxy, children, connect, delete_parent, lasting_parent, locker, raw,
-    session_id, take, unique,
+    session_id, silent_drop, take, unique,
 };
 
 /// Waiters that time out, are cancelled, or whose acquire future is simply
@@ -322,12 +322,11 @@ async fn a_dropped_waiter_whose_removal_is_lost_is_removed_again() {
         || async { (children(&observer, &parent).await.len() == 2).then_some(()) },
     )
     .await;
-    // The waiter's removal is lost; the drop is shorter than the client's
-    // ping timeout, so the connection lives on.
+    // The waiter's removal is lost; the connection lives on.
     proxy.set(Mode::DropUpstream);
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(silent_drop(&a)).await;
     proxy.set(Mode::Pass);
     let healed = Instant::now();
     assert_eq!(b.release(&lease).await.unwrap(), ReleaseOutcome::Released);

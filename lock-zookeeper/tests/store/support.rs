@@ -220,6 +220,16 @@ fn session_stat(addr: std::net::SocketAddr, sid: i64, prefix: &str) -> String {
         .to_owned()
 }
 
+/// How long a test drops a client's requests so that one is lost while the
+/// connection lives on: the client pings after 3/20 of the session timeout
+/// without sending and gives a connection up after 2/5 without hearing
+/// back, so a drop of 3/20 swallows at most the ping sent as it ends. (If
+/// the connection breaks all the same, the lost request fails and is sent
+/// again: the tests' bounds hold either way, they only prove less.)
+pub(crate) fn silent_drop(backend: &ZooKeeperBackend) -> Duration {
+    backend.session_timeout() * 3 / 20
+}
+
 /// The session id of `backend`'s current session.
 pub(crate) fn session_id(backend: &ZooKeeperBackend) -> i64 {
     backend.client().unwrap().session_id().0
@@ -323,9 +333,10 @@ pub(crate) async fn short_lived(
         .unwrap_or_else(|| panic!("{name} was expected to be free"))
 }
 
-/// Waits until `backend`'s session watches `name`'s granted node: its
-/// keeper sets that watch within the declared eviction notice of the
-/// grant, and from then on the client hears of the node's deletion. It also
+/// Waits until `backend`'s session watches a node of `name`'s queue: a
+/// holder's keeper watches its granted node within the declared eviction
+/// notice of the grant (from then on the client hears of the node's
+/// deletion); a waiter's view watches the node ahead right after it queued. It also
 /// waits until the server has answered the request that set the watch: the
 /// server registers the watch before it records the request as answered, so
 /// a count of [`answered`] requests taken in between would miss it.

@@ -16,8 +16,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::support::{
-    answered, children, connect, lasting_parent, locker, raw, round_trip, session_id, unique,
-    until_node_watched, watches,
+    answered, children, connect, lasting_parent, locker, raw, round_trip, session_id, silent_drop,
+    unique, until_node_watched, watches,
 };
 
 /// Three sessions of the shared server (the first one holds), a raw client
@@ -405,14 +405,13 @@ async fn a_waiter_whose_view_loses_a_request_is_still_woken() {
     let children = children(&w.observer, &w.parent).await;
     let ahead = children.into_iter().min().unwrap();
     // The write fires the view's watch, and the view's new watch is lost;
-    // the drop is shorter than the client's ping timeout, so the connection
-    // lives on.
+    // the connection lives on.
     w.link.set(Mode::DropUpstream);
     w.observer
         .set_data(&format!("{}/{ahead}", w.parent), b"scribble", None)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(silent_drop(&w.waiter)).await;
     w.link.set(Mode::Pass);
     w.held.release().await.unwrap();
     let within = w.waiter.session_timeout() + scaled(Duration::from_secs(2));
