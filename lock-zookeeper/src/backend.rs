@@ -173,12 +173,16 @@ impl LockBackend for ZooKeeperBackend {
     }
 
     async fn holders(&self, name: &LockName, kind: Kind) -> Result<Vec<Holder>, LockError> {
-        match kind {
-            Kind::Lock => Ok(self.client.inspect(name).await?.into_iter().collect()),
-            Kind::Semaphore => self.client.inspect_permits(name).await,
-            Kind::ReadWrite => self.client.inspect_shares(name).await,
-            kind => Err(kind.unsupported(BACKEND)),
-        }
+        let client = &self.client;
+        let looking = async {
+            match kind {
+                Kind::Lock => Ok(client.inspect(name).await?.into_iter().collect()),
+                Kind::Semaphore => client.inspect_permits(name).await,
+                Kind::ReadWrite => client.inspect_shares(name).await,
+                kind => Err(kind.unsupported(BACKEND)),
+            }
+        };
+        (client.bounded("looking at the holders of", name, looking)).await
     }
 
     async fn evict(
@@ -186,20 +190,27 @@ impl LockBackend for ZooKeeperBackend {
         name: &LockName,
         expected: Option<FencingToken>,
     ) -> Result<Option<Holder>, LockError> {
-        self.client.evict(name, expected).await
+        let client = &self.client;
+        (client.bounded("evicting the holder of", name, client.evict(name, expected))).await
     }
 
     async fn watch(&self, name: &LockName, kind: Kind) -> Result<Option<Wakeup>, LockError> {
-        match kind {
-            Kind::Lock => self.client.watch(name).await,
-            Kind::Semaphore => self.client.watch_permits(name).await,
-            Kind::ReadWrite => self.client.watch_shares(name).await,
-            kind => Err(kind.unsupported(BACKEND)),
-        }
+        let client = &self.client;
+        let watching = async {
+            match kind {
+                Kind::Lock => client.watch(name).await,
+                Kind::Semaphore => client.watch_permits(name).await,
+                Kind::ReadWrite => client.watch_shares(name).await,
+                kind => Err(kind.unsupported(BACKEND)),
+            }
+        };
+        (client.bounded("watching", name, watching)).await
     }
 
     async fn raise_fence_floor(&self, floor: FencingToken) -> Result<(), LockError> {
-        self.client.raise_fence_floor(floor).await
+        let client = &self.client;
+        let raising = client.raise_fence_floor(floor);
+        (client.bounded_as(&format!("raising the fence floor to {floor}"), raising)).await
     }
 
     /// Loses every lease of this client (their loss signals fire), finishes

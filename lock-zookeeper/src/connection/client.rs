@@ -233,8 +233,16 @@ impl Client {
         name: &LockName,
         op: impl std::future::Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        let limit = self.session_timeout();
-        lockcore::backend::timed(BACKEND, &format!("{what} {name}"), limit, op).await
+        self.bounded_as(&format!("{what} {name}"), op).await
+    }
+
+    /// [`bounded`](Self::bounded), for an operation of no one name.
+    pub(crate) async fn bounded_as<T>(
+        &self,
+        what: &str,
+        op: impl std::future::Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        lockcore::backend::timed(BACKEND, what, self.session_timeout(), op).await
     }
 }
 

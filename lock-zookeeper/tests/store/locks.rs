@@ -6,13 +6,14 @@
 
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use lock_conformance::kit::poll::eventually;
 use lock_conformance::kit::proxy::Mode;
 use lock_conformance::kit::scaled;
 use lock_conformance::kit::stores::zookeeper;
 use lock_zookeeper::{ZooKeeperBackend, zk};
 use lockcore::backend::wait::WaitPolicy;
-use lockcore::backend::{CancellationToken, LockBackendExt};
+use lockcore::backend::{CancellationToken, Kind, LockBackendExt};
 use lockcore::{Attempt, LockBackend, LockError, LockName, ReleaseOutcome};
 use tokio::time::{Instant, timeout};
 use uuid::Uuid;
@@ -346,6 +347,64 @@ async fn a_dropped_waiter_whose_removal_is_lost_is_removed_again() {
         a.client().unwrap().state(),
         zk::SessionState::SyncConnected,
         "A's session lived on: its node had to be removed by A"
+    );
+}
+
+/// A call whose request is lost on a connection that lives on (a proxy
+/// drops it) ends within the session timeout, answered or `Unavailable`,
+/// instead of waiting for a reply as long as the session lives: each look
+/// at holders, each watch and an eviction. Once the link heals, the same
+/// session answers them again. (`raise_fence_floor` is bounded the same
+/// way; it is left out here because a raised floor retires the sessions of
+/// other tests sharing the server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_request_is_lost_ends_within_the_session_timeout() {
+    let (proxy, a, _observer) = behind_proxy().await;
+    let name = unique("lost-request");
+    let session = session_id(&a);
+    let limit = a.session_timeout() + scaled(Duration::from_secs(2));
+    let kinds = [Kind::Lock, Kind::Semaphore, Kind::ReadWrite];
+    let calls = |a: &ZooKeeperBackend| {
+        let mut calls: Vec<(String, BoxFuture<'static, Result<(), LockError>>)> = Vec::new();
+        for kind in kinds {
+            let (a, name) = (a.clone(), name.clone());
+            let looking = async move { a.holders(&name, kind).await.map(drop) };
+            calls.push((format!("holders of a {kind:?}"), Box::pin(looking)));
+        }
+        for kind in kinds {
+            let (a, name) = (a.clone(), name.clone());
+            let watching = async move { a.watch(&name, kind).await.map(drop) };
+            calls.push((format!("watch of a {kind:?}"), Box::pin(watching)));
+        }
+        let (a, name) = (a.clone(), name.clone());
+        let evicting = async move { a.evict(&name, None).await.map(drop) };
+        calls.push(("evict".to_owned(), Box::pin(evicting)));
+        calls
+    };
+    proxy.set(Mode::DropUpstream);
+    let lost: Vec<_> = calls(&a)
+        .into_iter()
+        .map(|(what, call)| (what, tokio::spawn(timeout(limit, call))))
+        .collect();
+    tokio::time::sleep(silent_drop(&a)).await;
+    proxy.set(Mode::Pass);
+    for (what, call) in lost {
+        let ended = call.await.unwrap();
+        let result = ended.unwrap_or_else(|_| panic!("the {what} still waited after {limit:?}"));
+        if let Err(error) = result {
+            assert!(error.is_retryable(), "the {what} failed for good: {error}");
+        }
+    }
+    for (what, call) in calls(&a) {
+        let answered = timeout(limit, call).await;
+        let answered =
+            answered.unwrap_or_else(|_| panic!("the {what} got no answer after healing"));
+        answered.unwrap_or_else(|e| panic!("the {what} failed after healing: {e}"));
+    }
+    assert_eq!(
+        session_id(&a),
+        session,
+        "the calls were lost on one session that lived on"
     );
 }
 
