@@ -183,17 +183,23 @@ impl Waiter for LineWaiter<'_> {
             self.queued = None;
         }
         let name = self.request.name();
+        // Each step's requests are cut at the session timeout (a request
+        // lost on a connection that lives on is never answered): a
+        // `Unavailable` the wait loop retries, keeping the place in line
+        // (a cut join drops its entry, whose node is removed in the
+        // background).
+        let client = self.client;
         let mut queued = match self.queued.take() {
             Some(queued) => queued,
-            None => match self.join().await? {
+            None => match client.bounded("queueing for", name, self.join()).await? {
                 Joined::InLine(queued) => queued,
                 Joined::First { live, entry, alone } => {
-                    let lease = self.client.grant(&live, name, entry, alone)?;
+                    let lease = client.grant(&live, name, entry, alone)?;
                     return Ok(Attempt::Acquired(lease));
                 }
             },
         };
-        match self.look(&mut queued).await {
+        match (client.bounded("waiting in line for", name, self.look(&mut queued))).await {
             Ok(Found::First { alone }) => {
                 // A fence floor raised while we waited: our node's fence
                 // (its czxid plus the offset it was created with) may be
@@ -201,12 +207,17 @@ impl Waiter for LineWaiter<'_> {
                 // is lost), never grant under it. (A reader-writer lock's
                 // node took its fence just now, under the floor in force.)
                 let created_with = queued.entry.node.as_ref().map(|n| n.offset);
-                match queued.live.session.floor_offset().await {
+                let floor = queued.live.session.floor_offset();
+                match client
+                    .bounded("reading the fence floor for", name, floor)
+                    .await
+                {
                     Ok(Some(offset)) if Some(offset) == created_with => {}
                     Ok(_) => {
                         tracing::debug!(%name, "the fence floor was raised while waiting; queueing again");
                         let Queued { entry, .. } = queued;
-                        if let Err(e) = entry.remove().await {
+                        let leaving = client.bounded("leaving the line of", name, entry.remove());
+                        if let Err(e) = leaving.await {
                             tracing::debug!(%name, error = %e, "could not remove a queue node now; retrying in the background");
                         }
                         self.woken.notify_one();
@@ -218,7 +229,7 @@ impl Waiter for LineWaiter<'_> {
                     }
                 }
                 let Queued { live, entry, .. } = queued;
-                let lease = self.client.grant(&live, name, entry, alone)?;
+                let lease = client.grant(&live, name, entry, alone)?;
                 Ok(Attempt::Acquired(lease))
             }
             Ok(Found::Waiting) => {

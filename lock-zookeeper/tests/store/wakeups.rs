@@ -343,15 +343,7 @@ async fn waiter_behind_proxy(what: &str) -> WaiterBehindProxy {
     let name = unique(what);
     let parent = holder.lock_path(&name);
     let held = locker(&holder).acquire(&name).await.unwrap();
-    let patient = locker(&waiter).recheck(Duration::from_secs(60));
-    let waiting = tokio::spawn({
-        let name = name.clone();
-        async move {
-            patient
-                .acquire_timeout(&name, Duration::from_secs(60))
-                .await
-        }
-    });
+    let waiting = wait_patiently(&waiter, &name);
     until(
         scaled(Duration::from_secs(10)),
         "the waiter in line",
@@ -369,6 +361,48 @@ async fn waiter_behind_proxy(what: &str) -> WaiterBehindProxy {
     }
 }
 
+/// `waiter`'s `acquire` of `name` in a task, with a deadline and re-check
+/// of a minute: only its wake-ups tell it in time.
+fn wait_patiently(
+    waiter: &ZooKeeperBackend,
+    name: &LockName,
+) -> JoinHandle<Result<LockGuard, LockError>> {
+    let patient = locker(waiter).recheck(Duration::from_secs(60));
+    let name = name.clone();
+    tokio::spawn(async move {
+        patient
+            .acquire_timeout(&name, Duration::from_secs(60))
+            .await
+    })
+}
+
+/// The guard of `waiting`, a wait of `waiter` that lost a request (cut at
+/// the session timeout) before or at the holder's release, just made: it
+/// must be granted within a session timeout and a margin of the release.
+async fn granted_past_a_lost_request(
+    waiter: &ZooKeeperBackend,
+    waiting: JoinHandle<Result<LockGuard, LockError>>,
+) -> LockGuard {
+    let within = waiter.session_timeout() + scaled(Duration::from_secs(2));
+    tokio::time::timeout(within, waiting)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter was not granted within {within:?} of the release"))
+        .unwrap()
+        .unwrap()
+}
+
+/// The queue under `parent` holds one node, one of `queued` (listed once
+/// the waiter was in line): the waiter was granted the place it kept, no
+/// new node was created.
+async fn granted_on_a_node_of(observer: &zk::Client, parent: &str, queued: &[String]) {
+    let now = children(observer, parent).await;
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert!(
+        queued.contains(&now[0]),
+        "{now:?} was not in line before: {queued:?}"
+    );
+}
+
 /// A waiter whose connection is reset while it waits keeps its place and
 /// is granted when the holder releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,12 +417,7 @@ async fn a_reconnection_loses_no_turn() {
         .unwrap()
         .unwrap();
     // Still the node it queued before the reset: no new one was created.
-    let now = children(&w.observer, &w.parent).await;
-    assert_eq!(now.len(), 1, "{now:?}");
-    assert!(
-        queued.contains(&now[0]),
-        "{now:?} was not in line before: {queued:?}"
-    );
+    granted_on_a_node_of(&w.observer, &w.parent, &queued).await;
     guard.release().await.unwrap();
 }
 
@@ -414,11 +443,48 @@ async fn a_waiter_whose_view_loses_a_request_is_still_woken() {
     tokio::time::sleep(silent_drop(&w.waiter)).await;
     w.link.set(Mode::Pass);
     w.held.release().await.unwrap();
-    let within = w.waiter.session_timeout() + scaled(Duration::from_secs(2));
-    let guard = tokio::time::timeout(within, w.waiting)
-        .await
-        .unwrap_or_else(|_| panic!("the waiter was not granted within {within:?} of the release"))
-        .unwrap()
-        .unwrap();
+    let guard = granted_past_a_lost_request(&w.waiter, w.waiting).await;
+    guard.release().await.unwrap();
+}
+
+/// A waiter whose create is lost (sent while a proxy drops its requests and
+/// keeps its connection) queues again once the try is cut at the session
+/// timeout, and is granted after the holder releases: it does not wait for
+/// the lost reply until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_create_is_lost_queues_again() {
+    let store = zookeeper::shared();
+    let link = FaultProxy::start(store.addr()).await.unwrap();
+    let holder = connect(store.endpoint()).await.unwrap();
+    let waiter = connect(store.endpoint_via(link.addr())).await.unwrap();
+    let name = unique("create-lost");
+    let held = locker(&holder).acquire(&name).await.unwrap();
+    link.set(Mode::DropUpstream);
+    let waiting = wait_patiently(&waiter, &name);
+    tokio::time::sleep(silent_drop(&waiter)).await;
+    link.set(Mode::Pass);
+    held.release().await.unwrap();
+    let guard = granted_past_a_lost_request(&waiter, waiting).await;
+    guard.release().await.unwrap();
+}
+
+/// A waiter first in line whose proof of life is lost (the `sync` it sends
+/// when the holder's release wakes it, its create being older than a
+/// lease may start from, sent while a proxy drops its requests) keeps its
+/// place, proves it again once the try is cut at the session timeout, and
+/// is granted: it does not wait for the lost reply until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_waiter_whose_proof_is_lost_proves_it_again() {
+    let w = waiter_behind_proxy("proof-lost").await;
+    let queued = children(&w.observer, &w.parent).await;
+    // Older than a quarter of the session: the grant needs a new proof.
+    tokio::time::sleep(w.waiter.session_timeout() / 3).await;
+    w.link.set(Mode::DropUpstream);
+    w.held.release().await.unwrap();
+    tokio::time::sleep(silent_drop(&w.waiter)).await;
+    w.link.set(Mode::Pass);
+    let guard = granted_past_a_lost_request(&w.waiter, w.waiting).await;
+    // Granted on the node it queued: its place was kept.
+    granted_on_a_node_of(&w.observer, &w.parent, &queued).await;
     guard.release().await.unwrap();
 }
