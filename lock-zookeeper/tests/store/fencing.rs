@@ -19,7 +19,8 @@ use lockcore::{Capabilities, FencingToken, LockBackend, LockError};
 use tokio::time::{Instant, timeout};
 
 use crate::support::{
-    answered, behind_proxy, connect, connect_with, connections, raw, session_id, take, unique,
+    answered, behind_proxy, connect, connect_with, connections, raw, session_id, silent_drop, take,
+    unique,
 };
 
 fn token(n: u64) -> FencingToken {
@@ -281,6 +282,49 @@ async fn a_raise_seen_while_connected_retires_no_session() {
     );
     client.release(&next).await.unwrap();
     client.release(&held).await.unwrap();
+}
+
+/// On a private server (a raised floor retires other sessions): a floor
+/// raise whose request is lost on a connection that lives on (a proxy drops
+/// it) ends within the session timeout, done or `Unavailable`, instead of
+/// waiting for a reply as long as the session lives; once the link heals,
+/// the same raise goes through on the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_raise_whose_request_is_lost_ends_within_the_session_timeout() {
+    if !crate::support::may_launch_servers(
+        "a_floor_raise_whose_request_is_lost_ends_within_the_session_timeout",
+    ) {
+        return;
+    }
+    let store = tokio::task::spawn_blocking(|| zookeeper::start(zookeeper::Options::default()))
+        .await
+        .unwrap()
+        .unwrap();
+    let proxy = FaultProxy::start(store.addr()).await.unwrap();
+    let a = connect(store.endpoint_via(proxy.addr())).await.unwrap();
+    let session = session_id(&a);
+    let limit = a.session_timeout() + scaled(Duration::from_secs(2));
+    let floor = token(1_000_000);
+    proxy.set(Mode::DropUpstream);
+    let raising = tokio::spawn({
+        let a = a.clone();
+        timeout(limit, async move { a.raise_fence_floor(floor).await })
+    });
+    tokio::time::sleep(silent_drop(&a)).await;
+    proxy.set(Mode::Pass);
+    let ended = raising.await.unwrap();
+    let ended = ended.unwrap_or_else(|_| panic!("the floor raise still waited after {limit:?}"));
+    if let Err(error) = ended {
+        assert!(error.is_retryable(), "the raise failed for good: {error}");
+    }
+    let again = timeout(limit, a.raise_fence_floor(floor)).await;
+    let again = again.unwrap_or_else(|_| panic!("the raise got no answer after healing"));
+    again.unwrap_or_else(|e| panic!("the raise failed after healing: {e}"));
+    assert_eq!(
+        session_id(&a),
+        session,
+        "the raise was lost on one session that lived on"
+    );
 }
 
 /// A fenced write whose read of the fence lost its reply with the

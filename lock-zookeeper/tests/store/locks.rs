@@ -354,9 +354,9 @@ async fn a_dropped_waiter_whose_removal_is_lost_is_removed_again() {
 /// drops it) ends within the session timeout, answered or `Unavailable`,
 /// instead of waiting for a reply as long as the session lives: each look
 /// at holders, each watch and an eviction. Once the link heals, the same
-/// session answers them again. (`raise_fence_floor` is bounded the same
-/// way; it is left out here because a raised floor retires the sessions of
-/// other tests sharing the server.)
+/// session answers them again. (`raise_fence_floor`, which retires the
+/// sessions of other tests sharing the server, has its own test on a
+/// private server: `fencing::a_floor_raise_whose_request_is_lost_...`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_request_is_lost_ends_within_the_session_timeout() {
     let (proxy, a, _observer) = behind_proxy().await;

@@ -362,18 +362,15 @@ async fn waiter_behind_proxy(what: &str) -> WaiterBehindProxy {
 }
 
 /// `waiter`'s `acquire` of `name` in a task, with a deadline and re-check
-/// of a minute: only its wake-ups tell it in time.
+/// of a minute (scaled): only its wake-ups tell it in time.
 fn wait_patiently(
     waiter: &ZooKeeperBackend,
     name: &LockName,
 ) -> JoinHandle<Result<LockGuard, LockError>> {
-    let patient = locker(waiter).recheck(Duration::from_secs(60));
+    let minute = scaled(Duration::from_secs(60));
+    let patient = locker(waiter).recheck(minute);
     let name = name.clone();
-    tokio::spawn(async move {
-        patient
-            .acquire_timeout(&name, Duration::from_secs(60))
-            .await
-    })
+    tokio::spawn(async move { patient.acquire_timeout(&name, minute).await })
 }
 
 /// The guard of `waiting`, a wait of `waiter` that lost a request (cut at
