@@ -132,10 +132,13 @@ impl Client {
             },
             Err(e) => Err(e),
         };
-        let mut renewed = Vec::with_capacity(group.len());
-        for (((i, held), read), sent) in group.iter().zip(reads).zip(sent) {
-            let (i, lease) = (*i, &leases[*i]);
-            let ours = match (&synced, read) {
+        // Each lease's proof, all at once: a node whose watch went (its
+        // release, a write) is read, and those reads go out together, so a
+        // batch taken while many of its locks are being released still
+        // costs one round trip, not one per lock in series.
+        let synced = &synced;
+        let proofs = (group.iter().zip(reads)).map(|((_, held), read)| async move {
+            match (synced, read) {
                 (Err(e), _) => Err(e.clone()),
                 (Ok(()), Some(read)) => read.await.map(|stat| self.is_ours(held, stat)),
                 (Ok(()), None) => match held.watched_through(sent_at) {
@@ -147,7 +150,12 @@ impl Client {
                         .await
                         .map(|s| self.is_ours(held, s)),
                 },
-            };
+            }
+        });
+        let proofs = futures_util::future::join_all(proofs).await;
+        let mut renewed = Vec::with_capacity(group.len());
+        for (((i, held), ours), sent) in group.iter().zip(proofs).zip(sent) {
+            let (i, lease) = (*i, &leases[*i]);
             let verdict = match ours {
                 Ok(true) => {
                     let lease = lease.renewed(sent);

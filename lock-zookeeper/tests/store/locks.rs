@@ -617,6 +617,72 @@ async fn racing_attempts_of_one_session_never_share_the_lock() {
 /// request, the session's `sync`: the watch, set before it and not fired
 /// by its answer, proves the node is still there (no read of the node).
 ///
+/// A renewal that runs while many of its locks are being released reads
+/// the nodes whose watch went (their release fired it) together, in one
+/// round trip. Read one after another, a round trip each, such a renewal
+/// outlasted the leases it renewed: the bench's 10,000 held locks, released
+/// 64 at a time, lost up to a quarter of the rest as `RenewalUnanswered`.
+/// Here every round trip is slowed to 100 ms, so 200 reads in series take
+/// 20 s, and the renewal must end within the session timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_during_many_releases_reads_their_nodes_together() {
+    const RELEASED: usize = 200;
+    let store = zookeeper::shared();
+    let (proxy, a, _raw) = behind_proxy().await;
+    let names: Vec<_> = (0..=RELEASED)
+        .map(|_| unique("renew-during-releases"))
+        .collect();
+    let leases = futures_util::future::join_all(names.iter().map(|name| take(&a, name))).await;
+    // Each holder's keeper watches its node within the eviction notice;
+    // then a renewal refreshes every lease (these leases have no renewer).
+    let sid = session_id(&a);
+    let nodes: Vec<_> = (names.iter())
+        .map(|name| format!("{}/", a.lock_path(name)))
+        .collect();
+    let notice = a.capabilities().eviction_notice.unwrap();
+    let within = notice * 4 + scaled(Duration::from_secs(1));
+    eventually(within, "every node watched", || async {
+        let watched = crate::support::watches(store.addr(), sid);
+        let all = (nodes.iter()).all(|node| watched.iter().any(|p| p.starts_with(node.as_str())));
+        all.then_some(())
+    })
+    .await;
+    let mut leases: Vec<_> = (a.renew_many(&leases).await.into_iter())
+        .map(|renewed| renewed.expect("every lock held"))
+        .collect();
+    let held_on = leases.pop().expect("one lock stays held");
+    let mut batch = leases.clone();
+    batch.push(held_on.clone());
+
+    let one_way = Duration::from_millis(50);
+    proxy.set(Mode::Delay {
+        base: one_way,
+        jitter: Duration::ZERO,
+    });
+    let started = Instant::now();
+    // The deletes go out first (join polls in order), then the renewal,
+    // whose batch still has every lock (no delete was answered yet): the
+    // server fires the watches before it answers the renewal's sync.
+    let releases = futures_util::future::join_all(leases.iter().map(|l| a.release(l)));
+    let (released, renewed) = futures_util::future::join(releases, a.renew_many(&batch)).await;
+    let took = started.elapsed();
+    proxy.set(Mode::Pass);
+
+    for outcome in released {
+        assert_eq!(outcome.unwrap(), ReleaseOutcome::Released);
+    }
+    let renewed = renewed.last().expect("the held lock's verdict").clone();
+    let renewed = renewed.unwrap_or_else(|e| panic!("the lock still held was not renewed: {e}"));
+    let limit = a.session_timeout();
+    assert!(
+        took < limit,
+        "renewing while {RELEASED} locks were released took {took:?} (round trips of {:?}), \
+         not within the session timeout {limit:?}",
+        one_way * 2
+    );
+    assert_eq!(a.release(&renewed).await.unwrap(), ReleaseOutcome::Released);
+}
+
 /// The server shows the watch once it has the `exists` that sets it; the
 /// client takes the watch when its keeper handles the reply, which a loaded
 /// machine can schedule after a renew has left (that renew reads the node
