@@ -200,6 +200,7 @@ impl PostgresBackend {
             config.turnstiles,
             facts.version,
             op_timeout,
+            (&sql, on_connect.clone()),
             pool.clone(),
             cleanups.clone(),
             closing.clone(),

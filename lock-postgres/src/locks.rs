@@ -53,7 +53,7 @@ pub(crate) enum Take {
 }
 
 /// A row of the acquire statement: `(fence, remaining_us)` (see `Sql::acquire`).
-type GrantRow = (Option<i64>, Option<i64>);
+pub(crate) type GrantRow = (Option<i64>, Option<i64>);
 
 impl Client {
     /// One attempt, in one statement, taking a free lock as `take` says.
@@ -91,10 +91,7 @@ impl Client {
                 return Err(e);
             }
         };
-        Ok(match verdict(&rows) {
-            Ok(fence) => Attempt::Acquired(granted(request, owner, fence, sent_at, pending)?),
-            Err(expires_in) => Attempt::Held { expires_in },
-        })
+        answered(request, owner, sent_at, pending, &rows)
     }
 
     /// The acquire statement of `request` by `owner` (`ttl_us`, its TTL in
@@ -344,15 +341,21 @@ impl Client {
     }
 
     /// Frees, in the background, what the acquire by `owner` may have got
-    /// when its reply was lost, so the name is not blocked for a whole TTL
-    /// by a grant nobody will use. Owner-checked (the owner token belongs to
+    /// when its reply was lost (or a grant its waiter will not use: see
+    /// `wait.rs`), so the name is not blocked for a whole TTL by a grant
+    /// nobody will use. Owner-checked (the owner token belongs to
     /// that one attempt), so it never frees anyone else's grant. Retries
     /// until the server answers, `until` passes (by then the grant has
     /// expired) or the backend is dropped. An acquire still in flight when
     /// the cleanup runs can still grant later; that grant expires.
-    fn forget_later(self: &Arc<Self>, name: &LockName, owner: OwnerToken, until: Instant) {
+    pub(crate) fn forget_later(
+        self: &Arc<Self>,
+        name: &LockName,
+        owner: OwnerToken,
+        until: Instant,
+    ) {
         let name = name.clone();
-        let what = "freeing the grant of an acquire whose reply was lost";
+        let what = "freeing a grant nobody will use";
         self.undo_later(until, what, move |client| {
             let name = name.clone();
             async move { client.forget(&name, owner).await }
@@ -398,6 +401,21 @@ impl Client {
         })
         .await
     }
+}
+
+/// The attempt the acquire statement's `rows` answer, for `request` by
+/// `owner` (sent at `sent_at`; `pending`, its eviction registration).
+pub(crate) fn answered(
+    request: &LockRequest,
+    owner: OwnerToken,
+    sent_at: Moment,
+    pending: Pending,
+    rows: &[GrantRow],
+) -> Result<Attempt, LockError> {
+    Ok(match verdict(rows) {
+        Ok(fence) => Attempt::Acquired(granted(request, owner, fence, sent_at, pending)?),
+        Err(expires_in) => Attempt::Held { expires_in },
+    })
 }
 
 /// What the acquire statement's rows say: the fence of a grant, or else

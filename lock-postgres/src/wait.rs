@@ -13,9 +13,14 @@
 //!    take a free lock nobody waits for, without queueing at all;
 //! 2. at the server, in the name's turnstile queue (`wait/turnstile.rs`).
 //!
-//! The turnstile holder tries the lease at once, then waits for it as any
-//! waiter does (LISTEN/NOTIFY, the holder's expiry, re-checks); the lease it
-//! gets keeps the turnstile until it is released. While queued, it looks at
+//! The queued statement asks for the lease itself, the moment the turn
+//! comes (`wait/turnstile.rs`): the waiter's attempt, sent when it queued,
+//! so its lease counts from then, never from when the answer came. A long
+//! wait leaves less of it: a lease with less than half its TTL left is
+//! renewed before it is handed out. If the lease was still held (or the
+//! session could not ask), the turnstile holder waits for it as any waiter
+//! does (LISTEN/NOTIFY, the holder's expiry, re-checks); the lease it gets
+//! keeps the turnstile until it is released. While queued, it looks at
 //! the lease soon after queueing, then at the holder's expiry (and at least
 //! every re-check interval): if the lease has been free or expired for
 //! [`TAKE_PAST_AFTER`], whoever holds the turnstile is not taking it (a
@@ -40,15 +45,16 @@ use std::task::Poll;
 use std::time::Duration;
 
 use lockcore::backend::wait::{LocalLine, WaitPolicy, Waiter, Wakeup};
-use lockcore::backend::{LockRequest, async_trait};
-use lockcore::{Attempt, Lease, LockError};
+use lockcore::backend::{LockRequest, Moment, async_trait};
+use lockcore::{Attempt, Lease, LockError, OwnerToken};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use self::turnstile::{Ticket, Turn, Turnstiles};
-use crate::connection::Client;
+use self::notify::Pending;
+use self::turnstile::{Ask, Ticket, Turn, Turnstiles};
+use crate::connection::{Client, ttl_micros};
 use crate::keys;
-use crate::locks::{Held, Take};
+use crate::locks::{GrantRow, Held, Take, answered};
 
 /// How long a lease must have been free (or expired) before a waiter
 /// queued at its turnstile takes it past whoever holds the turnstile: a
@@ -129,12 +135,26 @@ enum Stage {
     Start,
     /// First in the local line: queue at the turnstile.
     Enter,
-    /// In the server's queue; look at the lease at `look_at`.
-    Queued { ticket: Ticket, look_at: Instant },
+    /// In the server's queue, asking for the lease when the turn comes
+    /// (`asked`); look at the lease at `look_at`.
+    Queued {
+        ticket: Ticket,
+        asked: Option<Asked>,
+        look_at: Instant,
+    },
     /// Holding the turnstile: the only waiter asking for the lease.
     Turn(Ticket),
     /// No turnstile: waiting like any client, unordered.
     Plain,
+}
+
+/// The attempt a queued statement makes when its turn comes: its owner
+/// token, when it was sent (its lease counts from then), and its eviction
+/// registration.
+struct Asked {
+    owner: OwnerToken,
+    sent_at: Moment,
+    pending: Pending,
 }
 
 impl<'a> LineWaiter<'a> {
@@ -167,9 +187,11 @@ impl<'a> LineWaiter<'a> {
         if !self.turnstiles.enabled() {
             return Stage::Plain;
         }
-        match self.turnstiles.enter(key, self.signal.clone()).await {
+        let (ask, asked) = self.ask().unzip();
+        match self.turnstiles.enter(key, ask, self.signal.clone()).await {
             Some(ticket) => Stage::Queued {
                 ticket,
+                asked,
                 look_at: Instant::now() + self.first_look_in(),
             },
             None => {
@@ -179,15 +201,55 @@ impl<'a> LineWaiter<'a> {
         }
     }
 
+    /// The attempt the queued statement makes when the turn comes, with
+    /// what the turnstile sends (`None` while a failover's lock delay holds
+    /// grants back, or the TTL does not fit).
+    fn ask(&self) -> Option<(Ask, Asked)> {
+        if self.client.era.grants_wait().is_some() {
+            return None;
+        }
+        let name = self.request.name().as_str();
+        let owner = OwnerToken::new();
+        let ask = Ask {
+            name: name.to_owned(),
+            owner: owner.as_uuid(),
+            ttl_us: ttl_micros(self.request.ttl()).ok()?,
+            label: self.request.label().as_str().to_owned(),
+            watch: keys::watch_key(&self.client.sql.table, &keys::lock_topic(name)),
+        };
+        // Read before the statement goes out: the lease may only end early.
+        let sent_at = self.request.now();
+        // Registered before it is sent: an eviction right after the grant
+        // must find it.
+        let pending = self.client.wakeups.expect(name, ask.owner);
+        Some((
+            ask,
+            Asked {
+                owner,
+                sent_at,
+                pending,
+            },
+        ))
+    }
+
     /// Queued at the turnstile: its turn, or a look at the lease when one
     /// is due (taking it if it has been left free for `TAKE_PAST_AFTER`).
-    async fn queued(&mut self, mut ticket: Ticket, look_at: Instant) -> Result<Attempt, LockError> {
+    async fn queued(
+        &mut self,
+        mut ticket: Ticket,
+        asked: Option<Asked>,
+        look_at: Instant,
+    ) -> Result<Attempt, LockError> {
         match ticket.turn() {
             Turn::Mine => {
-                // Most often the lease was just released by the previous
-                // turnstile holder: try at once.
+                let answer = ticket.answer();
                 self.stage = Stage::Turn(ticket);
-                return self.try_lease().await;
+                return match answer.zip(asked) {
+                    Some((rows, asked)) => self.take_answer(&rows, asked).await,
+                    // Most often the lease was just released by the
+                    // previous turnstile holder: try at once.
+                    None => self.try_lease().await,
+                };
             }
             Turn::Lost(error) => {
                 tracing::debug!(lock = %self.request.name(), %error, "turnstile connection lost; waiting without one");
@@ -198,7 +260,11 @@ impl<'a> LineWaiter<'a> {
         }
         let now = Instant::now();
         if now < look_at {
-            self.stage = Stage::Queued { ticket, look_at };
+            self.stage = Stage::Queued {
+                ticket,
+                asked,
+                look_at,
+            };
             return Ok(Attempt::Held {
                 expires_in: Some(look_at - now),
             });
@@ -226,6 +292,7 @@ impl<'a> LineWaiter<'a> {
         let next = next.min(self.recheck);
         self.stage = Stage::Queued {
             ticket,
+            asked,
             look_at: Instant::now() + next,
         };
         Ok(Attempt::Held {
@@ -246,6 +313,46 @@ impl<'a> LineWaiter<'a> {
             held.turnstile.keep(ticket);
         }
         Ok(attempt)
+    }
+
+    /// The lease the queued statement's acquire got (`rows`), if any,
+    /// kept as `try_lease` keeps one: renewed first when the wait in line
+    /// left it less than half its TTL (counted from the send), and given
+    /// back if a failover's lock delay began meanwhile.
+    async fn take_answer(&mut self, rows: &[GrantRow], asked: Asked) -> Result<Attempt, LockError> {
+        let Asked {
+            owner,
+            sent_at,
+            pending,
+        } = asked;
+        let attempt = answered(self.request, owner, sent_at, pending, rows)?;
+        let Attempt::Acquired(mut lease) = attempt else {
+            return Ok(attempt);
+        };
+        let until = sent_at.mono() + self.request.ttl().get();
+        if let Some(wait) = self.client.era.grants_wait() {
+            self.client.forget_later(self.request.name(), owner, until);
+            return Ok(Attempt::Held {
+                expires_in: Some(wait),
+            });
+        }
+        if lease.remaining() < self.request.ttl().get() / 2 {
+            let renewed = self.client.renew_many(std::slice::from_ref(&lease)).await;
+            match renewed.into_iter().next() {
+                Some(Ok(renewed)) => lease = renewed,
+                // Not kept: freed, and the lease asked for again.
+                _ => {
+                    self.client.forget_later(self.request.name(), owner, until);
+                    return self.try_lease().await;
+                }
+            }
+        }
+        if let Some(held) = lease.extension::<Held>()
+            && let Stage::Turn(ticket) = std::mem::replace(&mut self.stage, Stage::Plain)
+        {
+            held.turnstile.keep(ticket);
+        }
+        Ok(Attempt::Acquired(lease))
     }
 
     /// When to look at the lease first once queued: just past the holder's
@@ -322,7 +429,11 @@ impl LineWaiter<'_> {
                         });
                     }
                 }
-                Stage::Queued { ticket, look_at } => return self.queued(ticket, look_at).await,
+                Stage::Queued {
+                    ticket,
+                    asked,
+                    look_at,
+                } => return self.queued(ticket, asked, look_at).await,
                 Stage::Turn(ticket) => {
                     self.stage = Stage::Turn(ticket);
                     return self.try_lease().await;

@@ -30,9 +30,11 @@ use support::{acquired, lock_name, scaled};
 /// a sequence logs ahead, so the standby's sequence is surely behind.
 const GRANTS_AFTER_THE_CUT: usize = 40;
 
-/// How far the standby replayed the primary's WAL, in bytes behind it.
+/// How far the standby replayed the primary's WAL, in bytes behind it:
+/// behind all of it, releases too (they commit without waiting for their
+/// flush; the WAL writer flushes them within `wal_writer_delay`).
 async fn lag(primary: &mut PgConnection, standby: &mut PgConnection) -> i64 {
-    let sent: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+    let sent: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
         .fetch_one(&mut *primary)
         .await
         .unwrap();

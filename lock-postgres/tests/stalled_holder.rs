@@ -83,14 +83,15 @@ async fn waiter_gets_the_lock_at_expiry(
     };
     let observer = PgPool::connect(&url).await.unwrap();
     // At the turnstile: queued on it (waiting on the advisory lock), or
-    // holding it (the session idle after its `pg_advisory_lock` returned).
+    // holding it (the session idle after its queued statement returned:
+    // `distlock_turn`, or a plain `pg_advisory_lock`).
     // Behind a holder let in by the line the waiter is usually queued; but
     // under load the holder's grant sometimes came from a plain attempt,
     // which keeps no turnstile (its session's last statement was the
     // acquire, no advisory lock held), and the waiter then holds the
     // turnstile, as behind a lone holder (the second case below).
     let in_line = "SELECT count(*) FROM pg_stat_activity
-          WHERE application_name = $1 AND query LIKE '%pg_advisory_lock(%'
+          WHERE application_name = $1 AND (query LIKE '%distlock_turn(%' OR query LIKE '%pg_advisory_lock(%')
             AND (wait_event = 'advisory' OR state = 'idle')";
     until(
         ttl / 2,

@@ -24,6 +24,17 @@ use crate::rw::sql::RwSql;
 pub(crate) const REMAINING_US: &str = "CASE WHEN expires_at = '-infinity' THEN 1
     ELSE GREATEST((extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint, 1) END";
 
+/// The last condition of a release's `UPDATE` (or `DELETE`): the release's
+/// transaction commits without waiting for its WAL flush
+/// (`synchronous_commit = off` for that transaction alone). Nothing rests
+/// on a release being durable: it draws no fence, and a release lost in a
+/// crash of the server leaves the lease to expire, as a lost reply or a
+/// crashed holder does. Every grant still commits durably, and WAL is
+/// flushed in order, so the grant that follows a release (the next
+/// waiter's) makes both durable with one flush: a hand-off costs one.
+pub(crate) const RELEASE_COMMITS_ASYNC: &str =
+    "AND set_config('synchronous_commit', 'off', true) IS NOT NULL";
+
 /// The label of the row's grant (`NULL` when written for another grant).
 const LABEL: &str = "CASE WHEN label_owner = owner THEN label END";
 
@@ -104,6 +115,17 @@ pub(crate) struct Sql {
     /// row: held by a grant this statement's snapshot cannot see yet, free
     /// for less than `$4`, or (gated) free with waiters in line.
     pub(crate) acquire: String,
+    /// Creates, in a turnstile session, `pg_temp.distlock_turn`: its
+    /// parameters are `acquire`'s, and it queues for the turnstile `$6`
+    /// (`pg_advisory_lock`), then runs `acquire` at once, on a snapshot
+    /// taken after its turn came (each statement of a volatile function
+    /// takes its own). Temporary: the session's own, gone with it, and no
+    /// schema change.
+    pub(crate) turn_function: String,
+    /// `$1` name, `$2` owner, `$3` TTL µs, `$4` turnstile key, `$5` label
+    /// → `acquire`'s rows, once the turn came: `distlock_turn` for any
+    /// free row.
+    pub(crate) turn: &'static str,
     /// `$1` names (array) → `(name, remaining_us)` of the live holder among
     /// them that expires last, if any: a multi-lock's look before it
     /// writes anything.
@@ -244,6 +266,20 @@ impl Sql {
             UNION ALL
             SELECT NULL, {REMAINING_US} FROM cur WHERE live"
         );
+        // `$distlock$` cannot occur in the statement: identifiers are
+        // letters, digits and underscores.
+        let turn_function = format!(
+            "CREATE OR REPLACE FUNCTION pg_temp.distlock_turn(
+                 text, uuid, bigint, bigint, boolean, bigint, text)
+             RETURNS TABLE (fence bigint, remaining_us bigint)
+             LANGUAGE plpgsql VOLATILE AS $distlock$
+             #variable_conflict use_column
+             BEGIN
+                 PERFORM pg_advisory_lock($6);
+                 RETURN QUERY {acquire};
+             END
+             $distlock$"
+        );
         // The one expiring last: the time before which not all are free.
         let held = format!(
             "SELECT name, {REMAINING_US} FROM {t}
@@ -291,7 +327,7 @@ impl Sql {
                 "UPDATE {t}
                     SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
                   WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
-                        {after}
+                        {after} {RELEASE_COMMITS_ASYNC}
                  RETURNING name"
             )
         };
@@ -402,7 +438,7 @@ impl Sql {
                 "UPDATE {p}
                     SET owner = NULL, expires_at = '-infinity', updated_at = clock_timestamp()
                   WHERE name = $1 AND slot = $2 AND owner = $3 AND fence = $4
-                    AND expires_at > clock_timestamp()
+                    AND expires_at > clock_timestamp() {RELEASE_COMMITS_ASYNC}
                  RETURNING name"
             ),
             ("$5", "$6", "$7"),
@@ -425,6 +461,8 @@ impl Sql {
             format!("SELECT setval('{seq}'::regclass, GREATEST($1, nextval('{seq}'::regclass)))");
         Sql {
             acquire,
+            turn_function,
+            turn: "SELECT fence, remaining_us FROM pg_temp.distlock_turn($1, $2, $3, 0, false, $4, $5)",
             held,
             renew_many,
             release,

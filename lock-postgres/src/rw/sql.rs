@@ -4,7 +4,7 @@
 //! is part of the lock table's batch renewal (`locks/sql.rs`), as are the
 //! fence floor's lock and `purge_free`.
 
-use crate::locks::sql::{REMAINING_US, notifying};
+use crate::locks::sql::{RELEASE_COMMITS_ASYNC, REMAINING_US, notifying};
 
 /// The statements of one lock table's reader-writer locks.
 #[derive(Debug)]
@@ -103,6 +103,7 @@ impl RwSql {
             &format!(
                 "DELETE FROM {rw}
                   WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
+                        {RELEASE_COMMITS_ASYNC}
                  RETURNING name"
             ),
             ("$4", "$5", "$6"),

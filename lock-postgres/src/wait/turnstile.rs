@@ -8,9 +8,22 @@
 //! nothing. A task drives the queued call and signals the waiter when its
 //! turn comes.
 //!
-//! The waiter holding the turnstile tries the lease at once, and, if it is
-//! held, waits for it as any waiter does (NOTIFY, the holder's expiry,
-//! re-checks). The lease it gets keeps the turnstile (the session keeps the
+//! A waiter's place in the queue asks for the lease too: the queued
+//! statement is `pg_temp.distlock_turn` (see `Sql::turn`), which takes the
+//! lease in the server process the moment the turn comes, on a snapshot
+//! taken after it, and answers with the acquire's verdict. A hand-off then
+//! costs the release's commit, the server waking the next process, and the
+//! next acquire's commit: no round trip to the waiting client and back in
+//! between. The grant is an ordinary attempt by the waiter (its own owner
+//! token, its lease counted from before the statement was sent); one that
+//! no waiter takes (it gave up meanwhile) is freed on the same connection,
+//! owner-checked, before the turnstile is let go. A session that cannot
+//! create the temporary function (no TEMP privilege) queues with a plain
+//! `pg_advisory_lock`, and its waiter asks for the lease once in.
+//!
+//! The waiter holding the turnstile without a lease (the queued acquire
+//! found it held) waits for it as any waiter does (NOTIFY, the holder's
+//! expiry, re-checks). The lease it gets keeps the turnstile (the session keeps the
 //! advisory lock, idle, no transaction open) while the lease is held, and
 //! `release` runs on that connection and passes the turnstile on in the
 //! same statement, at its commit (the release's transaction takes the key
@@ -52,6 +65,9 @@ use sqlx::{Connection, Executor, Row};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::connection::Pool;
+use crate::fence::failover::OnConnect;
+use crate::locks::GrantRow;
+use crate::locks::sql::Sql;
 
 /// The first PostgreSQL version with `client_connection_check_interval`.
 const CONNECTION_CHECK_SINCE: i32 = 140_000;
@@ -67,6 +83,22 @@ pub(crate) struct Turnstiles {
     /// (settings, not connection options, which some poolers refuse), and
     /// reads its process id.
     setup: &'static str,
+    /// The failover check every new connection runs before it grants.
+    on_connect: Arc<OnConnect>,
+    /// Creates the session's `pg_temp.distlock_turn`.
+    turn_function: String,
+}
+
+/// What a waiter asks for when its turn comes, in the statement that
+/// queues it: the lease of `name` for `owner`.
+#[derive(Debug, Clone)]
+pub(crate) struct Ask {
+    pub(crate) name: String,
+    pub(crate) owner: uuid::Uuid,
+    pub(crate) ttl_us: i64,
+    pub(crate) label: String,
+    /// The name's watch key (a grant given back notifies its waiters).
+    pub(crate) watch: i64,
 }
 
 /// A turnstile connection and its server process id (to cancel its wait),
@@ -76,6 +108,11 @@ struct Session {
     conn: PgConnection,
     pid: i32,
     permit: Option<OwnedSemaphorePermit>,
+    /// Whether the session has `pg_temp.distlock_turn`.
+    turns: bool,
+    /// A grant its last turn made that no lease took yet: freed before the
+    /// session is let go or reused.
+    granted: Option<Ask>,
 }
 
 /// How a session's wait in the queue ended.
@@ -83,7 +120,9 @@ struct Session {
 enum Fate {
     /// It got the turn.
     Turn,
-    /// The server answered with an error (cancelled): the connection is fine.
+    /// The server answered with an error (cancelled): the connection is
+    /// fine, but the session may hold the turnstile (a cancel that struck
+    /// the acquire after the turn came).
     Refused,
     /// The connection broke, or the answer did not come.
     Broken,
@@ -93,9 +132,9 @@ enum Fate {
 }
 
 impl Fate {
-    fn of(result: &Result<(), sqlx::Error>) -> Fate {
+    fn of<T>(result: &Result<T, sqlx::Error>) -> Fate {
         match result {
-            Ok(()) => Fate::Turn,
+            Ok(_) => Fate::Turn,
             Err(error) => Fate::failed(error),
         }
     }
@@ -118,16 +157,25 @@ struct Shared {
     pool: Pool,
     /// Leaving a turnstile (queued or held) is a clean-up the client owes.
     cleanups: Cleanups,
+    /// The queued acquire (`Sql::turn`).
+    turn: &'static str,
+    /// Frees a grant nobody took (`Sql::forget`), and the channel it
+    /// notifies.
+    forget: String,
+    channel: String,
     /// The backend's: cancelled when it closes, which ends every wait.
     closing: CancellationToken,
 }
 
 impl Turnstiles {
+    /// `sql`, the backend's statements; `on_connect`, the failover check.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         options: PgConnectOptions,
         capacity: u32,
         server_version: i32,
         op_timeout: Duration,
+        (sql, on_connect): (&Sql, Arc<OnConnect>),
         pool: Pool,
         cleanups: Cleanups,
         closing: CancellationToken,
@@ -141,6 +189,9 @@ impl Turnstiles {
                 pool,
                 cleanups,
                 closing,
+                turn: sql.turn,
+                forget: sql.forget.clone(),
+                channel: sql.channel.clone(),
             }),
             options,
             permits: Arc::new(Semaphore::new(capacity)),
@@ -160,6 +211,8 @@ impl Turnstiles {
                  SET default_transaction_isolation = 'read committed'; \
                  SELECT pg_backend_pid();"
             },
+            on_connect,
+            turn_function: sql.turn_function.clone(),
         }
     }
 
@@ -168,12 +221,18 @@ impl Turnstiles {
         self.capacity > 0
     }
 
-    /// A place in the server's queue for `key`, on a connection of its own;
+    /// A place in the server's queue for `key`, on a connection of its own,
+    /// asking for the lease `ask` when the turn comes (if the session can);
     /// `signal` is notified when the turn comes (or the place is lost).
     /// `None` when no turnstile connection can be had (all in use,
     /// connecting failed, or the backend closed): the caller then waits
     /// without.
-    pub(crate) async fn enter(&self, key: i64, signal: Arc<Notify>) -> Option<Ticket> {
+    pub(crate) async fn enter(
+        &self,
+        key: i64,
+        ask: Option<Ask>,
+        signal: Arc<Notify>,
+    ) -> Option<Ticket> {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         let idle = self.shared.idle().pop();
         let mut session = match idle {
@@ -197,7 +256,7 @@ impl Turnstiles {
         let queued = Shared::queue(
             self.shared.clone(),
             session,
-            key,
+            (key, ask),
             gave_up.clone(),
             sender,
             signal,
@@ -207,21 +266,34 @@ impl Turnstiles {
         }
         Some(Ticket {
             state: State::Queued(turn),
+            answer: None,
             shared: self.shared.clone(),
             gave_up,
         })
     }
 
-    /// A new turnstile connection, set up, with its process id.
+    /// A new turnstile connection, set up and checked for a failover (it
+    /// grants), with its process id.
     async fn connect(&self) -> Result<Session, sqlx::Error> {
         let mut conn = PgConnection::connect_with(&self.options).await?;
         // A bare string runs as a simple query: several statements.
         let row = conn.fetch_one(self.setup).await?;
         let pid = row.try_get(0)?;
+        self.on_connect.run(&mut conn).await?;
+        let turns = match conn.execute(self.turn_function.as_str()).await {
+            Ok(_) => true,
+            Err(sqlx::Error::Database(error)) => {
+                tracing::debug!(%error, "no temporary function in a turnstile session; its waiters ask for the lease once in");
+                false
+            }
+            Err(error) => return Err(error),
+        };
         Ok(Session {
             conn,
             pid,
             permit: None,
+            turns,
+            granted: None,
         })
     }
 
@@ -269,37 +341,61 @@ impl Shared {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One waiter's place in the server's queue: `pg_advisory_lock(key)`
-    /// on `session`, its outcome handed to the ticket (and `signal`
-    /// notified). Given up before its turn, the wait is cancelled on the
-    /// server at once (not when the server notices a closed connection),
-    /// and a turn that came meanwhile is let go.
+    /// One waiter's place in the server's queue: `pg_temp.distlock_turn`
+    /// asking for `ask` (or a plain `pg_advisory_lock(key)`) on `session`,
+    /// its outcome handed to the ticket (and `signal` notified). Given up
+    /// before its turn, the wait is cancelled on the server at once (not
+    /// when the server notices a closed connection), and a turn that came
+    /// meanwhile is let go, with the grant it made.
     async fn queue(
         shared: Arc<Shared>,
         mut session: Session,
-        key: i64,
+        (key, ask): (i64, Option<Ask>),
         gave_up: CancellationToken,
         sender: oneshot::Sender<Queued>,
         signal: Arc<Notify>,
     ) {
-        // `key` is an integer, safe to inline.
-        let sql = format!("SELECT pg_advisory_lock({key})");
+        let ask = ask.filter(|_| session.turns);
         let pid = session.pid;
         let result = {
-            let queued = session.conn.execute(sql.as_str());
+            let conn = &mut session.conn;
+            let queued = async {
+                match &ask {
+                    Some(ask) => sqlx::query_as::<_, GrantRow>(shared.turn)
+                        .bind(ask.name.as_str())
+                        .bind(ask.owner)
+                        .bind(ask.ttl_us)
+                        .bind(key)
+                        .bind(ask.label.as_str())
+                        .fetch_all(conn)
+                        .await
+                        .map(Some),
+                    // `key` is an integer, safe to inline.
+                    None => conn
+                        .execute(format!("SELECT pg_advisory_lock({key})").as_str())
+                        .await
+                        .map(|_| None),
+                }
+            };
             tokio::pin!(queued);
             tokio::select! {
-                result = &mut queued => result.map(drop),
+                result = &mut queued => result,
                 _ = gave_up.cancelled() => {
                     shared.cancel(pid).await;
                     match tokio::time::timeout(shared.op_timeout, queued).await {
-                        Ok(result) => result.map(drop),
-                        // No answer: dropping the connection ends the wait.
+                        Ok(result) => result,
+                        // No answer: dropping the connection ends the wait
+                        // (and rolls back an acquire still running).
                         Err(_) => return,
                     }
                 }
             }
         };
+        if let Ok(Some(rows)) = &result
+            && rows.iter().any(|(fence, _)| fence.is_some())
+        {
+            session.granted = ask;
+        }
         if gave_up.is_cancelled() {
             return shared.reuse(session, Fate::of(&result)).await;
         }
@@ -334,13 +430,41 @@ impl Shared {
         }
     }
 
-    /// A session whose wait ended and that no waiter takes: let go of a
-    /// turn it got; keep it if its wait only failed on the server.
-    async fn reuse(&self, session: Session, fate: Fate) {
+    /// A session whose wait ended and that no waiter takes: free the grant
+    /// its turn made for nobody, then let go of the turnstile it may hold;
+    /// keep it as it is once a release passed the turnstile on.
+    async fn reuse(&self, mut session: Session, fate: Fate) {
+        if let Some(ask) = session.granted.take()
+            && !self.give_back(&mut session, &ask).await
+        {
+            // In doubt: closing the connection lets go of the turnstile,
+            // and the grant expires.
+            return;
+        }
         match fate {
-            Fate::Turn => self.leave(session).await,
-            Fate::Refused | Fate::PassedOn => self.keep(session).await,
+            Fate::Turn | Fate::Refused => self.leave(session).await,
+            Fate::PassedOn => self.keep(session).await,
             Fate::Broken => {} // dropping the connection is all
+        }
+    }
+
+    /// Frees the grant `ask` got (owner-checked: it is that attempt's
+    /// alone) on `session`, notifying the name's waiters: whether the
+    /// server answered.
+    async fn give_back(&self, session: &mut Session, ask: &Ask) -> bool {
+        let forget = sqlx::query_scalar::<_, i64>(&self.forget)
+            .bind(ask.name.as_str())
+            .bind(ask.owner)
+            .bind(&self.channel)
+            .bind(ask.watch)
+            .fetch_one(&mut session.conn);
+        match tokio::time::timeout(self.op_timeout, forget).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(error)) => {
+                tracing::debug!(lock = %ask.name, %error, "freeing a grant nobody took failed; it expires");
+                false
+            }
+            Err(_) => false,
         }
     }
 
@@ -401,8 +525,8 @@ impl HeldTurnstile {
 }
 
 /// What the queueing task hands back: its session, and whether the
-/// advisory lock was granted on it.
-type Queued = (Session, Result<(), sqlx::Error>);
+/// advisory lock was granted on it, with the acquire's rows if it asked.
+type Queued = (Session, Result<Option<Vec<GrantRow>>, sqlx::Error>);
 
 enum State {
     /// In the server's queue: the task waits for the advisory lock.
@@ -431,6 +555,8 @@ pub(crate) enum Turn {
 /// the next waiter goes on.
 pub(crate) struct Ticket {
     state: State,
+    /// The acquire's rows, when the queued statement asked for the lease.
+    answer: Option<Vec<GrantRow>>,
     shared: Arc<Shared>,
     gave_up: CancellationToken,
 }
@@ -446,8 +572,9 @@ impl Ticket {
         };
         match turn.try_recv() {
             Err(oneshot::error::TryRecvError::Empty) => Turn::Waiting,
-            Ok((session, Ok(()))) => {
+            Ok((session, Ok(answer))) => {
                 self.state = State::Holding(session);
+                self.answer = answer;
                 Turn::Mine
             }
             Ok((session, Err(error))) => {
@@ -460,6 +587,17 @@ impl Ticket {
                 Turn::Lost(sqlx::Error::WorkerCrashed)
             }
         }
+    }
+
+    /// The rows of the acquire the turn ran, if it asked for the lease:
+    /// taken once, and a grant among them is then the caller's to keep or
+    /// free.
+    pub(crate) fn answer(&mut self) -> Option<Vec<GrantRow>> {
+        let answer = self.answer.take()?;
+        if let State::Holding(session) = &mut self.state {
+            session.granted = None;
+        }
+        Some(answer)
     }
 
     /// The connection of a held turnstile.

@@ -7,6 +7,7 @@
 mod clocks;
 mod close;
 mod connect;
+mod durability;
 mod eviction;
 mod fencing;
 mod grants;
