@@ -146,18 +146,16 @@ async fn a_grant_nobody_takes_is_given_back() {
     line.queued.abort();
     assert!(line.queued.await.unwrap_err().is_cancelled());
     proxy.set(Mode::Pass);
-    eventually(
-        scaled(Duration::from_secs(20)),
-        "the grant given back",
-        || async {
-            line.blocker
-                .inspect(&name)
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        },
-    )
+    // Well below the TTL (only a give-back frees the name before it),
+    // above the give-back's few operation timeouts.
+    eventually(ttl / 4, "the grant given back", || async {
+        line.blocker
+            .inspect(&name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
     .await;
     let conn = observer().await;
     await_sessions(&conn, &app, "the waiter's turnstile let go", |s| {
@@ -175,7 +173,8 @@ async fn a_grant_after_a_wait_longer_than_the_ttl_is_renewed_first() {
     let (app, name) = (unique("longwait"), lock_name("longwait"));
     let ttl = scaled(Duration::from_secs(2));
     let mut line = line(&name, &proxy, &app, |b| patient(b).ttl(ttl)).await;
-    // The wait in line itself: longer than the waiter's TTL.
+    // The wait in line itself, longer than the waiter's TTL: the scenario
+    // is time passing, not a condition to await.
     tokio::time::sleep(ttl + ttl / 4).await;
     first_served_and_released(&mut line).await;
     let guard = line
